@@ -1,0 +1,553 @@
+"""Pure tests of the known-answer probe: prompt generation, answer checks, tolerance rule,
+prompts-file validation and scoring."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from pydantic import ValidationError
+
+from tuner.core.known_answers import (
+    ProbeAnswer,
+    ProbeItem,
+    ProbeResult,
+    PromptsFileError,
+    accuracy_tolerance,
+    build_items,
+    check_answer,
+    number_to_words,
+    parse_prompts_jsonl,
+    score,
+)
+from tuner.core.probe_spec import ProbeSpec
+
+# ------------------------------------------------------------------ answer checkers
+
+
+@pytest.mark.parametrize(
+    ("answer", "ok"),
+    [
+        ("85", True),
+        ("85.", True),
+        ("  85\n", True),
+        ("The answer is 85.", True),
+        ("85.0", True),
+        ("**85**", True),
+        ("8 5", False),  # first integer is 8
+        ("85.5", False),
+        ("858", False),
+        ("86", False),
+        ("eighty-five", False),
+        ("37 + 48 = 85", False),  # the first number must be the answer
+        ("", False),
+        ("   ", False),
+        (None, False),
+    ],
+)
+def test_number_check(answer: str | None, ok: bool) -> None:
+    assert check_answer("number", "85", answer) is ok
+
+
+def test_number_check_thousands_and_sign() -> None:
+    assert check_answer("number", "1000", "1,000")
+    assert check_answer("number", "-3", "It is -3.")
+    assert not check_answer("number", "3", "-3")
+    assert check_answer("number", "412", "412\n\nThe number four hundred and twelve")
+
+
+@pytest.mark.parametrize(
+    ("answer", "ok"),
+    [
+        ("orange", True),
+        ("Orange.", True),
+        ("ORANGE!", True),
+        ("orange juice", True),  # first word-like token decides
+        ('"orange"', True),
+        ("oranges", False),
+        ("The value is orange", False),
+        ("", False),
+    ],
+)
+def test_word_check(answer: str, ok: bool) -> None:
+    assert check_answer("word", "orange", answer) is ok
+
+
+def test_word_check_multiword_expected() -> None:
+    assert check_answer("word", "New York", "new york city")
+    assert not check_answer("word", "New York", "New Jersey")
+
+
+LINE = "the quiet lantern repairs ten busy lanterns"
+
+
+@pytest.mark.parametrize(
+    ("answer", "ok"),
+    [
+        (LINE, True),
+        (LINE.upper() + ".", True),
+        (f'"{LINE}"', True),
+        (f"  {LINE}  \n", True),
+        (LINE.replace(" ", "   "), True),
+        (f"Here is the line:\n{LINE}", True),
+        (f"\n\n{LINE}\nanything after the line", True),
+        (f"{LINE} and more", False),
+        ("the quiet lantern repairs ten lanterns", False),
+        (f"Sure, I can do that.\n{LINE}", False),  # lead-in must end with ':'
+        ("", False),
+    ],
+)
+def test_line_check(answer: str, ok: bool) -> None:
+    assert check_answer("line", LINE, answer) is ok
+
+
+CAPITALS = ("Paris", "Berlin", "Rome", "Tokyo", "Madrid")
+
+
+@pytest.mark.parametrize(
+    ("expected", "answer", "ok"),
+    [
+        ("Paris", "The capital of France is Paris.", True),
+        ("Paris", "Paris", True),
+        ("Paris", "paris.", True),
+        ("Paris", "Paris. It is also the largest city in France.", True),
+        ("Paris", "Paris is not the capital", False),  # negation
+        ("Berlin", "Paris is not the capital", False),  # wrong city for a Germany item
+        ("Berlin", "Berlin is not the capital of Germany.", False),
+        ("Berlin", "Berlin isn't it.", False),
+        ("Berlin", "It is Paris or Berlin.", False),  # hedging with a distractor
+        ("Berlin", "I am not sure. Berlin.", False),  # answer only in the 2nd sentence
+        ("Berlin", "Berliner", False),  # whole words only
+        ("Berlin", "", False),
+    ],
+)
+def test_sentence_check(expected: str, answer: str, ok: bool) -> None:
+    others = [c for c in CAPITALS if c != expected]
+    assert check_answer("sentence", expected, answer, others) is ok
+
+
+def test_contains_check() -> None:
+    assert check_answer("contains", "Hello  World", "I say: hello world!")
+    assert not check_answer("contains", "hello world", "hello, world")
+
+
+def test_unknown_check_raises() -> None:
+    with pytest.raises(ValueError, match="unknown check"):
+        check_answer("regex", "x", "x")  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------- number words
+
+
+@pytest.mark.parametrize(
+    ("n", "use_and", "words"),
+    [
+        (0, True, "zero"),
+        (13, True, "thirteen"),
+        (40, True, "forty"),
+        (42, True, "forty-two"),
+        (100, True, "one hundred"),
+        (412, True, "four hundred and twelve"),
+        (412, False, "four hundred twelve"),
+        (999, True, "nine hundred and ninety-nine"),
+        (1005, True, "one thousand and five"),
+        (21_450, False, "twenty-one thousand four hundred fifty"),
+    ],
+)
+def test_number_to_words(n: int, use_and: bool, words: str) -> None:
+    assert number_to_words(n, use_and=use_and) == words
+
+
+def test_number_to_words_range() -> None:
+    with pytest.raises(ValueError, match="supports"):
+        number_to_words(-1)
+    with pytest.raises(ValueError, match="supports"):
+        number_to_words(1_000_000)
+
+
+_WORD_VALUES = {w: i for i, w in enumerate(
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen".split()
+)} | {w: 10 * i for i, w in enumerate(
+    "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+) if w != "_"}  # fmt: skip
+
+
+def _words_to_int(text: str) -> int:
+    """An independent reader of number words, so the generator is checked, not mirrored."""
+    total = 0
+    for word in text.replace("-", " ").split():
+        if word == "and":
+            continue
+        if word == "hundred":
+            total *= 100
+        else:
+            total += _WORD_VALUES[word]
+    return total
+
+
+# ------------------------------------------------------------------- item generation
+
+
+def _question(item: ProbeItem) -> str:
+    if item.api == "completions":
+        assert item.prompt.startswith("Question: ")
+        assert item.prompt.endswith("\nAnswer:")
+        return item.prompt[len("Question: ") : -len("\nAnswer:")]
+    return item.prompt
+
+
+def test_items_are_deterministic_and_seeded() -> None:
+    assert build_items(ProbeSpec()) == build_items(ProbeSpec())
+    assert build_items(ProbeSpec(seed=1)) != build_items(ProbeSpec(seed=0))
+
+
+def test_default_item_set_shape() -> None:
+    items = build_items(ProbeSpec())
+    assert len(items) == 24
+    assert len({i.id for i in items}) == 24
+    assert {i.family for i in items} == {"arithmetic", "copy", "number_words", "capital", "lookup"}
+    assert sum(i.api == "chat" for i in items) == sum(i.api == "completions" for i in items) == 12
+    # Each question is asked through both APIs with the same expected answer.
+    for chat, comp in zip(items[0::2], items[1::2], strict=True):
+        assert (chat.api, comp.api) == ("chat", "completions")
+        assert _question(comp) == chat.prompt
+        assert chat.expected == comp.expected
+
+
+def test_item_count_single_api_and_subset() -> None:
+    items = build_items(ProbeSpec(items=7, api="chat", families=("capital", "arithmetic")))
+    assert len(items) == 7
+    assert {i.api for i in items} == {"chat"}
+    assert {i.family for i in items} == {"capital", "arithmetic"}
+    assert len(build_items(ProbeSpec(items=7))) == 8  # odd count rounds up with api=both
+
+
+def test_generated_answers_are_right() -> None:
+    """Recompute each expected answer from the prompt text, independently of the generator."""
+    items = build_items(ProbeSpec(items=60, api="chat", seed=3))
+    capitals = {"France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Japan": "Tokyo",
+                "Spain": "Madrid", "China": "Beijing", "Russia": "Moscow", "Egypt": "Cairo",
+                "Canada": "Ottawa", "United Kingdom": "London", "Greece": "Athens",
+                "Portugal": "Lisbon"}  # fmt: skip
+    ops = set()
+    for item in items:
+        q = item.prompt
+        if item.family == "arithmetic":
+            a, op, b = re.fullmatch(
+                r"What is (\d+) ([-+*]) (\d+)\? Answer with the number only\.", q
+            ).groups()  # type: ignore[union-attr]
+            ops.add(op)
+            want = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
+            assert item.expected == str(want) and want >= 0
+        elif item.family == "number_words":
+            words = q.removeprefix("Write this number in digits, with nothing else: ")
+            assert item.expected == str(_words_to_int(words))
+        elif item.family == "copy":
+            head, line = q.split("\n")
+            assert head == "Repeat the following line exactly, with nothing else:"
+            assert item.expected == line
+        elif item.family == "capital":
+            country = re.fullmatch(
+                r"What is the capital of (.+)\? Answer with one word\.", q
+            ).group(1)  # type: ignore[union-attr]
+            assert item.expected == capitals[country]
+            assert item.expected not in item.distractors
+        else:
+            *table, question = q.split("\n")
+            key = re.fullmatch(
+                r"What is the value of key (\d+)\? Answer with one word\.", question
+            ).group(1)  # type: ignore[union-attr]
+            rows = [re.fullmatch(r"key (\d+) = (\w+)", row) for row in table]
+            assert all(rows)
+            pairs = dict(row.groups() for row in rows)  # type: ignore[union-attr]
+            assert len(pairs) == len(table)  # keys are unique
+            assert item.expected == pairs[key]
+            assert item.expected not in item.distractors
+            assert set(item.distractors) | {item.expected} == set(pairs.values())
+        # Each item's own expected answer passes its check: no unanswerable items.
+        assert check_answer(item.check, item.expected, item.expected, item.distractors)
+    assert ops == {"+", "-", "*"}
+
+
+def test_lookup_lengths_cover_the_requested_sizes() -> None:
+    items = build_items(ProbeSpec(items=3, api="chat", families=("lookup",)))
+    words = [len(i.prompt.split()) for i in items]
+    # ~7 tokens per 4-word line: 300/600/1000 tokens -> about 170/340/570 words.
+    assert words == sorted(words)
+    assert 140 < words[0] < 200 and 300 < words[1] < 380 and 520 < words[2] < 620
+
+
+def test_default_set_has_all_three_lookup_lengths() -> None:
+    lookups = [i for i in build_items(ProbeSpec()) if i.family == "lookup" and i.api == "chat"]
+    assert len(lookups) == 3
+
+
+def test_garbage_answers_fail_checks() -> None:
+    """Fluent but wrong output (trap 1) and answers to other questions must not pass."""
+    items = build_items(ProbeSpec(items=40, seed=5))
+    fluent = "The answer to this question depends on several important factors."
+    assert not any(check_answer(i.check, i.expected, fluent, i.distractors) for i in items)
+    shifted = [
+        check_answer(i.check, i.expected, items[(n + 7) % len(items)].expected, i.distractors)
+        for n, i in enumerate(items)
+    ]
+    assert sum(shifted) <= 2
+
+
+# ------------------------------------------------------------------ tolerance rule
+
+
+def test_tolerance_values() -> None:
+    assert accuracy_tolerance(24, 1.0) == pytest.approx(0.104, abs=0.002)
+    assert accuracy_tolerance(12, 1.0) == pytest.approx(0.194, abs=0.002)
+    assert accuracy_tolerance(200, 0.9) == pytest.approx(0.050, abs=0.002)
+    assert accuracy_tolerance(24, 1.0, confidence=0.99) > accuracy_tolerance(24, 1.0)
+
+
+def test_tolerance_shrinks_with_sample_size() -> None:
+    sizes = [6, 12, 24, 48, 96, 200, 1000]
+    tols = [accuracy_tolerance(n, 0.9) for n in sizes]
+    assert tols == sorted(tols, reverse=True)
+    assert tols[-1] < 0.025
+
+
+@pytest.mark.parametrize(
+    ("n", "reference", "correct", "passes"),
+    [
+        (24, 1.0, 22, True),
+        (24, 1.0, 21, False),
+        (12, 1.0, 10, True),
+        (12, 1.0, 9, False),
+        (200, 0.9, 170, True),  # 0.85 >= 0.9 - 0.05
+        (200, 0.9, 168, False),
+        (48, 0.5, 16, True),  # 0.333 >= 0.5 - 0.168
+        (48, 0.5, 15, False),
+    ],
+)
+def test_tolerance_decisions(n: int, reference: float, correct: int, passes: bool) -> None:
+    assert (correct / n >= reference - accuracy_tolerance(n, reference)) is passes
+
+
+def test_tolerance_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="n must be"):
+        accuracy_tolerance(0, 1.0)
+    with pytest.raises(ValueError, match="reference"):
+        accuracy_tolerance(10, 1.5)
+
+
+# ------------------------------------------------------------------------ spec
+
+
+def test_spec_defaults_and_normalisation() -> None:
+    spec = ProbeSpec()
+    assert spec.enabled and spec.items == 24 and spec.concurrency == (1, 8)
+    assert spec.apis == ("chat", "completions")
+    assert ProbeSpec(concurrency=[8, 1, 4]).concurrency == (1, 4, 8)
+    assert ProbeSpec(api="completions").apis == ("completions",)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"concurrency": [0, 1]},
+        {"concurrency": [1, 1]},
+        {"concurrency": []},
+        {"families": ["capital", "capital"]},
+        {"families": ["poetry"]},
+        {"families": []},
+        {"api": "grpc"},
+        {"items": 0},
+        {"min_accuracy": 1.2},
+        {"reference_accuracy": -0.1},
+        {"lookup_prompt_tokens": [10]},
+        {"prompts_file": "  "},
+        {"temperature": 0.7},  # extra fields are rejected
+    ],
+)
+def test_spec_rejects(bad: dict[str, object]) -> None:
+    with pytest.raises(ValidationError):
+        ProbeSpec.model_validate(bad)
+
+
+# ------------------------------------------------------------------ prompts file
+
+
+def test_prompts_file_valid() -> None:
+    text = "\n".join(
+        [
+            json.dumps({"prompt": "2+2?", "expected": 4, "check": "number"}),
+            "",
+            json.dumps({"prompt": "Say hi", "expected": "hi", "check": "word", "api": "chat"}),
+            json.dumps({"prompt": "x", "expected": "y", "check": "contains", "id": "mine"}),
+        ]
+    )
+    items = parse_prompts_jsonl(text, ("chat", "completions"))
+    assert [i.id for i in items] == [
+        "line1-chat", "line1-completions", "line3-chat", "mine-chat", "mine-completions",
+    ]  # fmt: skip
+    assert items[0].expected == "4" and items[0].family == "custom"
+    assert items[1].prompt == "2+2?"  # user prompts are sent verbatim, no framing
+
+
+def test_prompts_file_reports_every_bad_line() -> None:
+    lines = [
+        json.dumps({"prompt": "ok", "expected": "1", "check": "number"}),  # 1 fine
+        '{"prompt": "broken", ',  # 2 bad JSON
+        json.dumps({"prompt": "p", "check": "number"}),  # 3 missing expected
+        json.dumps({"prompt": "p", "expected": "a", "check": "regex"}),  # 4 bad check
+        json.dumps({"prompt": "p", "expected": "many", "check": "number"}),  # 5 not a number
+        json.dumps({"prompt": "p", "expected": "a", "check": "word", "colour": 1}),  # 6
+        "[1, 2]",  # 7 not an object
+        json.dumps({"prompt": "", "expected": "a", "check": "word"}),  # 8 empty prompt
+        json.dumps({"prompt": "p", "expected": "a", "check": "word", "api": "grpc"}),  # 9
+        json.dumps({"prompt": "q", "expected": "2", "check": "number", "id": "line1"}),  # 10
+    ]
+    with pytest.raises(PromptsFileError) as info:
+        parse_prompts_jsonl("\n".join(lines), ("chat",), source="mine.jsonl")
+    problems = {(line, field) for line, field, _ in info.value.problems}
+    assert problems == {
+        (2, "-"), (3, "expected"), (4, "check"), (5, "expected"), (6, "colour"),
+        (7, "-"), (8, "prompt"), (9, "api"), (10, "id"),
+    }  # fmt: skip
+    message = str(info.value)
+    assert message.startswith("mine.jsonl: 9 invalid line(s)")
+    assert "line 5: expected: must be a number" in message
+    assert "line 10: id: duplicate of line 1" in message
+
+
+def test_prompts_file_empty() -> None:
+    with pytest.raises(PromptsFileError, match="no prompts"):
+        parse_prompts_jsonl("\n  \n", ("chat",))
+
+
+# ------------------------------------------------------------------------ scoring
+
+
+def _answers(
+    items: list[ProbeItem], level: int, wrong: frozenset[int] | set[int] = frozenset()
+) -> list[ProbeAnswer]:
+    return [
+        ProbeAnswer(
+            item_id=item.id,
+            concurrency=level,
+            text="I do not know." if n in wrong else item.expected,
+            finish_reason="stop",
+            prompt_tokens=10,
+            completion_tokens=3,
+            latency_s=0.01,
+        )
+        for n, item in enumerate(items)
+    ]
+
+
+def test_score_all_correct() -> None:
+    spec = ProbeSpec()
+    items = build_items(spec)
+    result = score(items, _answers(items, 1) + _answers(items, 8), spec, probe_seconds=1.5)
+    assert result.passed and result.reason == "ok"
+    assert result.accuracy == 1.0 and result.total == 48 and result.consistency == 1.0
+    assert result.by_concurrency[8].total == 24
+    assert result.by_api["chat"].accuracy == 1.0
+    assert set(result.by_family) == {"arithmetic", "copy", "number_words", "capital", "lookup"}
+    assert [lv.consistency for lv in result.levels] == [None, 1.0]
+    assert not result.errors and not result.empty_outputs and not result.unexpected_finish_reasons
+    assert result.probe_seconds == 1.5
+    # Long lookup prompts are truncated for storage but keep their question.
+    lookup = next(r for r in result.records if r.family == "lookup")
+    assert len(lookup.prompt) < 300 and "What is the value of key" in lookup.prompt
+
+
+def test_score_garbage_fails_with_reason() -> None:
+    spec = ProbeSpec()
+    items = build_items(spec)
+    every = set(range(len(items)))
+    result = score(items, _answers(items, 1, every) + _answers(items, 8, every), spec)
+    assert not result.passed
+    assert "accuracy 0.00 < 0.80 at concurrency 1 (chat 0.00, completions 0.00)" in result.reason
+    assert "at concurrency 8" in result.reason
+    # Identical garbage at both levels is consistent: the accuracy gate catches it.
+    assert result.consistency == 1.0
+
+
+def test_score_batch_dependent_bug_fails_consistency() -> None:
+    spec = ProbeSpec(min_accuracy=0.0)  # isolate the consistency rule
+    items = build_items(spec)
+    # Wrong at both levels, but differently wrong at concurrency 8 for half the items.
+    wrong = set(range(len(items)))
+    level8 = [
+        a.model_copy(update={"text": f"{a.text} maybe"}) if n % 2 else a
+        for n, a in enumerate(_answers(items, 8, wrong))
+    ]
+    result = score(items, _answers(items, 1, wrong) + level8, spec)
+    assert result.consistency == 0.5
+    assert not result.passed
+    assert "consistency 0.50 < 0.90 at concurrency 8 vs 1" in result.reason
+    assert [lv.passed for lv in result.levels] == [True, False]
+
+
+def test_score_errors_count_wrong_and_are_listed() -> None:
+    spec = ProbeSpec(concurrency=[1])
+    items = build_items(spec)
+    answers = _answers(items, 1)
+    answers[0] = ProbeAnswer(item_id=items[0].id, concurrency=1, error="HTTP 500: boom")
+    answers[1] = ProbeAnswer(item_id=items[1].id, concurrency=1, text="", finish_reason="stop")
+    answers[2] = answers[2].model_copy(update={"finish_reason": "abort"})
+    result = score(items, answers, spec)
+    assert result.correct == 23 - 1  # error and empty are wrong; abort'ed answer is right
+    assert [(f.item_id, f.detail) for f in result.errors] == [(items[0].id, "HTTP 500: boom")]
+    assert [f.item_id for f in result.empty_outputs] == [items[1].id]
+    assert [f.detail for f in result.unexpected_finish_reasons] == ["finish_reason='abort'"]
+    assert result.passed  # 22/24 >= 0.8
+    assert result.consistency is None  # one level: nothing to compare
+
+
+def test_score_missing_answers_are_errors() -> None:
+    spec = ProbeSpec()
+    items = build_items(spec)
+    result = score(items, _answers(items, 1), spec)  # level 8 never ran
+    assert not result.passed
+    assert result.by_concurrency[8].correct == 0
+    assert {f.detail for f in result.errors} == {"no answer recorded"}
+    assert "24 request error(s)" in result.reason
+
+
+def test_score_reference_rule() -> None:
+    spec = ProbeSpec(concurrency=[1], reference_accuracy=1.0, min_accuracy=0.99)
+    items = build_items(spec)
+    ok = score(items, _answers(items, 1, {0, 1}), spec)  # 22/24, floor 0.99 not applied
+    assert ok.passed and ok.levels[0].threshold == pytest.approx(1 - accuracy_tolerance(24, 1.0))
+    bad = score(items, _answers(items, 1, {0, 1, 2}), spec)  # 21/24
+    assert not bad.passed
+    assert "accuracy 0.88 < 0.90 (reference 1.00 - tolerance 0.10, n=24)" in bad.reason
+
+
+def test_score_rejects_caller_bugs() -> None:
+    spec = ProbeSpec(concurrency=[1])
+    items = build_items(spec)
+    stray = ProbeAnswer(item_id="nope", concurrency=1, text="x")
+    with pytest.raises(ValueError, match="unknown item"):
+        score(items, [stray], spec)
+    twice = _answers(items, 1)[:1] * 2
+    with pytest.raises(ValueError, match="two answers"):
+        score(items, twice, spec)
+    with pytest.raises(ValueError, match="unexpected concurrency"):
+        score(items, _answers(items, 4), spec)
+    with pytest.raises(ValueError, match="no probe items"):
+        score([], [], spec)
+
+
+def test_result_round_trips_through_json() -> None:
+    spec = ProbeSpec()
+    items = build_items(spec)
+    result = score(items, _answers(items, 1, {3}) + _answers(items, 8, {3, 4}), spec)
+    again = ProbeResult.model_validate_json(result.model_dump_json())
+    assert again == result
+    dumped = json.loads(result.model_dump_json())
+    assert dumped["by_concurrency"]["8"]["accuracy"] == pytest.approx(22 / 24)
+
+
+def test_disabled_result() -> None:
+    result = ProbeResult.disabled()
+    assert result.passed and result.skipped and result.reason == "probe disabled"

@@ -1,0 +1,281 @@
+"""The probe client against a tiny OpenAI-compatible starlette app served by uvicorn on
+127.0.0.1 in a thread. The app's behaviour is chosen by the first path segment of the
+base URL (``/good``, ``/garbage``, ``/batchy``, ...), so one server serves every test."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from tuner.adapters.probe_client import load_probe_items, run_probe
+from tuner.core.known_answers import PromptsFileError, build_items
+from tuner.core.probe_spec import ProbeSpec
+
+MODEL = "tiny-test-model"
+
+
+class FakeServer:
+    """State of the in-test server: the answer key and what it has seen."""
+
+    def __init__(self) -> None:
+        self.oracle: dict[str, str] = {}
+        self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def learn(self, spec: ProbeSpec) -> None:
+        for item in build_items(spec):
+            self.oracle[item.prompt] = item.expected
+
+    def reset(self) -> None:
+        self.bodies.clear()
+        self.headers.clear()
+        self.max_in_flight = 0
+
+    def right_answer(self, prompt: str) -> str:
+        expected = self.oracle[prompt]
+        # Answer capitals the way SmolLM2 does: in a sentence.
+        if "capital of" in prompt:
+            return f"The capital city is {expected}."
+        return expected
+
+
+FAKE = FakeServer()
+
+
+async def _handle(request: Request) -> Response:
+    mode = request.path_params["mode"]
+    body = await request.json()
+    FAKE.bodies.append(body)
+    FAKE.headers.append(dict(request.headers))
+    chat = "messages" in body
+    prompt = body["messages"][0]["content"] if chat else body["prompt"]
+    FAKE.in_flight += 1
+    FAKE.max_in_flight = max(FAKE.max_in_flight, FAKE.in_flight)
+    try:
+        # A short wait so requests sent together really overlap in the server.
+        await asyncio.sleep(1.0 if mode == "slow" else 0.02)
+        crowded = FAKE.in_flight > 1
+    finally:
+        FAKE.in_flight -= 1
+    if mode == "flaky" and ("capital of" in prompt or "key" in prompt):
+        return PlainTextResponse("internal error", status_code=500)
+    if mode == "broken":
+        return PlainTextResponse("this is not json", status_code=200)
+    if mode == "garbage":
+        text = "The answer to this question depends on several important factors."
+    elif mode == "batchy" and crowded:
+        # A batch-dependent bug: wrong, and differently wrong, when requests share a batch.
+        text = "I think it is 7."
+    else:
+        text = FAKE.right_answer(prompt)
+    usage = {"prompt_tokens": len(prompt.split()), "completion_tokens": 3, "total_tokens": 0}
+    if chat:
+        choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": text}}
+    else:
+        choice = {"index": 0, "text": " " + text}
+    choice["finish_reason"] = "stop"
+    return JSONResponse({"id": "x", "model": MODEL, "choices": [choice], "usage": usage})
+
+
+APP = Starlette(
+    routes=[
+        Route("/{mode}/v1/chat/completions", _handle, methods=["POST"]),
+        Route("/{mode}/v1/completions", _handle, methods=["POST"]),
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        APP, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
+    )
+    srv = uvicorn.Server(config)
+    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not srv.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("test server did not start")
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{port}"
+    srv.should_exit = True
+    thread.join(timeout=5)
+    sock.close()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_state() -> None:
+    FAKE.reset()
+
+
+def _run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+def test_correct_server_passes(server: str) -> None:
+    spec = ProbeSpec()
+    FAKE.learn(spec)
+    result = _run(run_probe(f"{server}/good", MODEL, spec, headers={"Authorization": "Bearer k"}))
+    assert result.passed, result.reason
+    assert result.accuracy == 1.0 and result.total == 48 and result.consistency == 1.0
+    assert result.probe_seconds is not None and 0 < result.probe_seconds < 10
+    assert all(r.latency_s and r.latency_s > 0 for r in result.records)
+    assert all(r.prompt_tokens for r in result.records)
+    # The semaphore really limits and really allows 8 requests in flight.
+    assert FAKE.max_in_flight == 8
+    assert FAKE.headers[0]["authorization"] == "Bearer k"
+
+
+def test_requests_are_greedy_and_well_formed(server: str) -> None:
+    spec = ProbeSpec(concurrency=[1], max_tokens=20)
+    FAKE.learn(spec)
+    _run(run_probe(f"{server}/good/", MODEL, spec))  # trailing slash tolerated
+    assert len(FAKE.bodies) == 24
+    for body in FAKE.bodies:
+        assert body["temperature"] == 0 and body["seed"] == 0
+        assert body["max_tokens"] == 20 and body["model"] == MODEL and body["stream"] is False
+    chat = [b for b in FAKE.bodies if "messages" in b]
+    comp = [b for b in FAKE.bodies if "prompt" in b]
+    assert len(chat) == len(comp) == 12
+    assert chat[0]["messages"][0]["role"] == "user"
+    assert all(b["prompt"].startswith("Question: ") for b in comp)
+    assert all(b["stop"] == ["\nQuestion:"] for b in comp)
+
+
+def test_garbage_server_fails_with_clear_reason(server: str) -> None:
+    spec = ProbeSpec()
+    FAKE.learn(spec)
+    result = _run(run_probe(f"{server}/garbage", MODEL, spec))
+    assert not result.passed
+    assert result.reason.startswith(
+        "accuracy 0.00 < 0.80 at concurrency 1 (chat 0.00, completions 0.00)"
+    )
+    assert not result.errors  # the server "worked": only the answers were wrong
+
+
+def test_batch_dependent_bug_fails_at_high_concurrency(server: str) -> None:
+    spec = ProbeSpec()
+    FAKE.learn(spec)
+    result = _run(run_probe(f"{server}/batchy", MODEL, spec))
+    low, high = result.levels
+    assert low.concurrency == 1 and low.passed and low.accuracy == 1.0
+    assert high.concurrency == 8 and not high.passed and high.accuracy < 0.5
+    assert result.consistency is not None and result.consistency < 0.5
+    assert not result.passed
+    assert "at concurrency 8" in result.reason and "consistency" in result.reason
+    assert "at concurrency 1" not in result.reason
+
+
+def test_server_errors_count_as_wrong(server: str) -> None:
+    spec = ProbeSpec(concurrency=[1, 4])
+    FAKE.learn(spec)
+    result = _run(run_probe(f"{server}/flaky", MODEL, spec))
+    failing = {r.id for r in result.records if r.family in ("capital", "lookup")}
+    assert len(failing) == 10
+    assert {f.item_id for f in result.errors} == failing
+    assert all(f.detail.startswith("HTTP 500: internal error") for f in result.errors)
+    assert result.by_family["capital"].correct == 0
+    assert result.correct == result.total - 2 * len(failing)
+    assert not result.passed  # 14/24 < 0.8
+    assert "request error(s), e.g. HTTP 500" in result.reason
+
+
+def test_malformed_body_is_recorded(server: str) -> None:
+    spec = ProbeSpec(items=4, concurrency=[1])
+    FAKE.learn(spec)
+    result = _run(run_probe(f"{server}/broken", MODEL, spec))
+    assert result.correct == 0
+    assert all(f.detail.startswith("bad response body") for f in result.errors)
+
+
+def test_request_timeout_is_recorded(server: str) -> None:
+    spec = ProbeSpec(items=2, concurrency=[2], request_timeout_s=0.2)
+    FAKE.learn(spec)
+    started = time.perf_counter()
+    result = _run(run_probe(f"{server}/slow", MODEL, spec))
+    assert time.perf_counter() - started < 0.9
+    assert [f.detail for f in result.errors] == ["timeout after 0.2 s"] * 2
+
+
+def test_deadline_bounds_the_probe(server: str) -> None:
+    spec = ProbeSpec(items=6, concurrency=[1])
+    FAKE.learn(spec)
+    started = time.perf_counter()
+    result = _run(run_probe(f"{server}/slow", MODEL, spec, deadline_s=0.3))
+    assert time.perf_counter() - started < 0.9
+    details = [f.detail for f in result.errors]
+    assert details[0].startswith("timeout after 0.3")  # capped by the remaining budget
+    assert details[1:] == ["not sent: probe deadline reached"] * 5
+
+
+def test_refused_connection_is_recorded() -> None:
+    with socket.socket() as sock:  # find a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    spec = ProbeSpec(items=2, concurrency=[1])
+    result = _run(run_probe(f"http://127.0.0.1:{port}", MODEL, spec))
+    assert not result.passed and len(result.errors) == 2
+    assert all(f.detail.startswith("ConnectError") for f in result.errors)
+
+
+def test_cancellation_propagates(server: str) -> None:
+    spec = ProbeSpec(items=4, concurrency=[4])
+    FAKE.learn(spec)
+
+    async def cancel_soon() -> None:
+        task = asyncio.create_task(run_probe(f"{server}/slow", MODEL, spec))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        await task
+
+    started = time.perf_counter()
+    with pytest.raises(asyncio.CancelledError):
+        _run(cancel_soon())
+    assert time.perf_counter() - started < 0.9
+
+
+def test_disabled_probe_sends_nothing(server: str) -> None:
+    result = _run(run_probe(f"{server}/good", MODEL, ProbeSpec(enabled=False)))
+    assert result.skipped and result.passed and not FAKE.bodies
+
+
+def test_prompts_file_end_to_end(server: str, tmp_path: Path) -> None:
+    lines = [
+        {"prompt": "What is 2 + 2?", "expected": "4", "check": "number"},
+        {"prompt": "Say the word lemon.", "expected": "lemon", "check": "word", "api": "chat"},
+    ]
+    (tmp_path / "mine.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+    FAKE.oracle.update({"What is 2 + 2?": "4", "Say the word lemon.": "lemon"})
+    spec = ProbeSpec(prompts_file="mine.jsonl", concurrency=[1])
+    items = load_probe_items(spec, base_dir=tmp_path)
+    assert [i.id for i in items] == ["line1-chat", "line1-completions", "line2-chat"]
+    result = _run(run_probe(f"{server}/good", MODEL, spec, items=items))
+    assert result.passed and result.total == 3
+    assert result.by_family == {"custom": result.by_family["custom"]}
+
+
+def test_prompts_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(PromptsFileError, match="cannot read"):
+        load_probe_items(ProbeSpec(prompts_file="missing.jsonl"), base_dir=tmp_path)
+    (tmp_path / "bad.jsonl").write_text('{"prompt": "p", "expected": "x", "check": "nope"}\n')
+    with pytest.raises(PromptsFileError, match=r"line 1: check: "):
+        load_probe_items(ProbeSpec(prompts_file=str(tmp_path / "bad.jsonl")))

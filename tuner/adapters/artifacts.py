@@ -1,0 +1,129 @@
+"""The study folder on disk, and writes that never leave a half-written file.
+
+    results/<study>/
+        study.json          name, storage URL (credentials removed), versions, created
+        spec.yaml           the resolved study spec (resume runs exactly this)
+        optuna.db           the Optuna storage, unless another URL was given
+        pareto.json         the current front, rewritten atomically after every trial
+        exports/            what `tuner export` wrote
+        trials/0007/
+            command.json    argv and environment (secrets redacted)
+            server.log      the server's stdout and stderr
+            server.pid      while a server runs: its process group (for crash recovery)
+            effective_config.json, verification.json, probe.json
+            requests-c16.jsonl   raw per-request records of each load level
+            metrics.json, outcome.json
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from tuner.errors import ArtifactWriteError
+
+__all__ = [
+    "StudyPaths",
+    "atomic_write_text",
+    "atomic_write_json",
+    "redact_env",
+    "is_secret_name",
+    "redact_url",
+]
+
+_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE_?KEY|AUTH)", re.I)
+
+
+def is_secret_name(name: str) -> bool:
+    return bool(_SECRET_NAME.search(name))
+
+
+def redact_env(env: dict[str, str], extra_secret_names: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
+    """A copy of ``env`` whose secret-looking values are replaced by '<redacted>'."""
+
+    return {
+        k: ("<redacted>" if (is_secret_name(k) or k in extra_secret_names) else v)
+        for k, v in env.items()
+    }
+
+
+def redact_url(url: str) -> str:
+    """Drop the password from a storage URL such as postgresql://user:pw@host/db."""
+
+    return re.sub(r"(//[^:/@]+):[^@/]*@", r"\1:<redacted>@", url)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file, fsync and rename: readers see old or new, never half.
+
+    A full disk raises ArtifactWriteError and leaves the previous file untouched.
+    """
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        with contextlib.suppress(OSError):
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        reason = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "artifact_write_failed"
+        raise ArtifactWriteError(f"could not write {path}: {exc}", reason=reason) from exc
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+
+
+class StudyPaths:
+    """Names of every file of one study folder (no I/O in the constructor)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def study_json(self) -> Path:
+        return self.root / "study.json"
+
+    @property
+    def spec_yaml(self) -> Path:
+        return self.root / "spec.yaml"
+
+    @property
+    def sqlite(self) -> Path:
+        return self.root / "optuna.db"
+
+    @property
+    def pareto_json(self) -> Path:
+        return self.root / "pareto.json"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "run.lock"
+
+    @property
+    def exports(self) -> Path:
+        return self.root / "exports"
+
+    def trial_dir(self, number: int) -> Path:
+        return self.root / "trials" / f"{number:04d}"
+
+    def pid_files(self) -> list[Path]:
+        return sorted((self.root / "trials").glob("*/server.pid"))
+
+    def default_storage_url(self) -> str:
+        return f"sqlite:///{self.sqlite.resolve()}"

@@ -1,0 +1,260 @@
+"""Start, watch and stop one server process group.
+
+The server runs in its own session (so it and every child it forks share one process
+group we can signal), writes stdout and stderr straight to the trial's log file (never an
+unread pipe), and is ready when ``/health`` answers 200 and ``/v1/models`` lists the served
+name. Waiting ends early when the process exits or prints a known fatal line, so a dead
+server costs a poll interval, not the startup timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from tuner.adapters import proctree
+from tuner.core.failure_signatures import FatalLineScanner
+from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerStartTimeout
+
+__all__ = ["ServerProcess", "StopReport", "port_owner_message", "check_port_free"]
+
+logger = logging.getLogger(__name__)
+
+POLL_S = 0.1  # readiness and exit polling period: detection latency after a crash
+
+
+@dataclass
+class StopReport:
+    signal_used: str  # "none" (already exited), "SIGTERM" or "SIGKILL"
+    seconds: float
+    exit_code: int | None
+    leftover_pids: list[int] = field(default_factory=list)
+
+
+def port_owner_message(host: str, port: int) -> str:
+    owners = proctree.listening_pids(port)
+    who = f" (held by pid {', '.join(map(str, owners))})" if owners else ""
+    return f"port {port} on {host} is already in use{who}; stop that process or change server.port"
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Raise PortInUse when something already listens on host:port."""
+
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        # SO_REUSEADDR lets us bind over TIME_WAIT leftovers of the previous trial's
+        # server, while a live listener still makes bind fail.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                raise PortInUse(port_owner_message(host, port)) from exc
+            raise
+
+
+class ServerProcess:
+    """One server process group. Not thread-safe; one trial owns one instance."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        *,
+        host: str,
+        port: int,
+        served_model_name: str,
+        pid_file: Path | None = None,
+    ) -> None:
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.log_path = log_path
+        self.host = host
+        self.port = port
+        self.served_model_name = served_model_name
+        self.pid_file = pid_file
+        self.process: asyncio.subprocess.Process | None = None
+        self._popen_pid: int | None = None
+        self._scanner = FatalLineScanner()
+        self._log_offset = 0
+        self.started_at: float | None = None
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._popen_pid
+
+    def start(self) -> None:
+        check_port_free(self.host, self.port)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - handed to the child
+        try:
+            import subprocess
+
+            proc = subprocess.Popen(  # argument vector only, never a shell
+                self.argv,
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+            )
+        finally:
+            log.close()
+        self._proc = proc
+        self._popen_pid = proc.pid
+        self.started_at = time.monotonic()
+        if self.pid_file is not None:
+            record = {
+                "pgid": proc.pid,
+                "argv": self.argv,
+                "host": socket.gethostname(),
+                "started_unix": time.time(),
+                "port": self.port,
+            }
+            tmp = self.pid_file.with_suffix(".tmp")
+            tmp.write_text(json.dumps(record))
+            os.replace(tmp, self.pid_file)
+        logger.info("started server pid=%d port=%d", proc.pid, self.port)
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll() if self._popen_pid is not None else None
+
+    def is_running(self) -> bool:
+        return self._popen_pid is not None and self._proc.poll() is None
+
+    def _scan_new_log(self) -> None:
+        try:
+            with open(self.log_path, "rb") as fh:
+                fh.seek(self._log_offset)
+                chunk = fh.read()
+        except FileNotFoundError:
+            return
+        if chunk:
+            self._log_offset += len(chunk)
+            self._scanner.feed(chunk.decode("utf-8", errors="replace"))
+
+    def log_excerpt(self) -> str:
+        self._scan_new_log()
+        return self._scanner.excerpt()
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(encoding="utf-8", errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    async def wait_ready(self, timeout_s: float) -> float:
+        """Seconds until ready. Raises ServerExited, ServerFatalLog or ServerStartTimeout."""
+
+        assert self.started_at is not None, "start() first"
+        deadline = self.started_at + timeout_s
+        async with httpx.AsyncClient(timeout=httpx.Timeout(2.0), trust_env=False) as client:
+            while True:
+                self._scan_new_log()
+                code = self.exit_code()
+                if code is not None:
+                    self._scan_new_log()
+                    found = self._scanner.signature
+                    detail = f": {found.summary}" if found else ""
+                    raise ServerExited(
+                        f"server exited with code {code} before it was ready{detail}",
+                        reason=found.reason if found else "server_exited",
+                        log_excerpt=self._scanner.excerpt(),
+                    )
+                found = self._scanner.signature
+                if found is not None and self._scanner.settled():
+                    raise ServerFatalLog(
+                        f"server printed a fatal line: {found.summary}",
+                        reason=found.reason,
+                        log_excerpt=self._scanner.excerpt(),
+                    )
+                if await self._ready(client):
+                    return time.monotonic() - self.started_at
+                if time.monotonic() >= deadline:
+                    raise ServerStartTimeout(
+                        f"server not ready after {timeout_s:.0f}s (startup timeout)",
+                        log_excerpt=self._scanner.excerpt(),
+                    )
+                await asyncio.sleep(POLL_S)
+
+    async def _ready(self, client: httpx.AsyncClient) -> bool:
+        try:
+            health = await client.get(f"{self.base_url}/health")
+            if health.status_code != 200:
+                return False
+            models = await client.get(f"{self.base_url}/v1/models")
+            if models.status_code != 200:
+                return False
+            names = {m.get("id") for m in models.json().get("data", [])}
+            return self.served_model_name in names
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    async def stop(self, grace_s: float) -> StopReport:
+        """SIGTERM the group, wait ``grace_s``, SIGKILL the group, reap, confirm it is gone."""
+
+        if self._popen_pid is None:
+            return StopReport("none", 0.0, None)
+        began = time.monotonic()
+        pgid = self._popen_pid
+        used = "none"
+        if self._group_alive(pgid):
+            used = "SIGTERM"
+            proctree.signal_group(pgid, signal.SIGTERM)
+            while time.monotonic() - began < grace_s:
+                self._proc.poll()
+                if not self._group_alive(pgid):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                used = "SIGKILL"
+                proctree.signal_group(pgid, signal.SIGKILL)
+        # Reap our direct child; grandchildren are re-parented and reaped by init.
+        with contextlib.suppress(Exception):
+            for _ in range(100):
+                if self._proc.poll() is not None:
+                    break
+                await asyncio.sleep(0.02)
+        for _ in range(100):
+            if not self._group_alive(pgid):
+                break
+            proctree.signal_group(pgid, signal.SIGKILL)
+            await asyncio.sleep(0.02)
+        leftovers = proctree.group_members(pgid)
+        if self.pid_file is not None and not leftovers:
+            with contextlib.suppress(FileNotFoundError):
+                self.pid_file.unlink()
+        report = StopReport(used, time.monotonic() - began, self._proc.poll(), leftovers)
+        logger.info("stopped server pgid=%d with %s in %.2fs", pgid, used, report.seconds)
+        return report
+
+    def kill_now(self) -> None:
+        """Synchronous last resort (signal handlers, interpreter exit)."""
+
+        if self._popen_pid is not None:
+            proctree.signal_group(self._popen_pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                self._proc.wait(timeout=5)
+
+    @staticmethod
+    def _group_alive(pgid: int) -> bool:
+        return bool(proctree.group_members(pgid))

@@ -1,0 +1,623 @@
+"""Async closed-loop load generator for an OpenAI-compatible (vLLM) server.
+
+One level = C streams, each sending its next request as soon as the previous one
+finished (an ``asyncio.Semaphore(C)``), every request streamed with
+``stream_options.include_usage`` so token counts come from the server's usage, never a
+client tokenizer (measurement.md §1). Raw SSE bytes go straight into
+:class:`tuner.core.sse.SSEParser`: ``aiter_lines`` would decode and split every line in
+Python first, which costs more than the parse itself at high chunk rates.
+
+Failures never escape a level: a non-200 status, an error event mid-stream, a reset
+connection or a timeout becomes a record with ``ok=False`` and a typed reason; only
+cancellation propagates. Times are ``perf_counter()`` seconds since the level start.
+
+A sweep (:func:`run_sweep`) runs, per level: prompt fitting through ``/tokenize`` →
+warm-up with different prompts → ``/metrics`` scrape → measured level → scrape, so the
+server-side deltas cover the measured requests only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.core.load_spec import Api, LoadSpec
+from tuner.core.metrics import LevelMetrics, RequestError, RequestRecord, compute_level_metrics
+from tuner.core.prometheus import MetricsSnapshot, parse_prometheus_text, server_side_metrics
+from tuner.core.sse import SSEError, SSEParser
+from tuner.core.workload import RequestDraft, RequestPlan, TokenFitter, draft_requests, level_stream
+
+__all__ = [
+    "TOKEN_AGREEMENT_TOLERANCE",
+    "LevelResult",
+    "SweepResult",
+    "TokenAgreement",
+    "WarmupSummary",
+    "fetch_token_count",
+    "fit_plan",
+    "read_records_jsonl",
+    "run_level",
+    "run_sweep",
+    "scrape_metrics",
+    "write_records_jsonl",
+]
+
+logger = logging.getLogger(__name__)
+
+# aiperf flags client/server usage discrepancies; measurement.md §4.7 asks for 1 %.
+TOKEN_AGREEMENT_TOLERANCE = 0.01
+# Auxiliary calls (/tokenize, /metrics) are small; a server that needs longer is unwell.
+_AUX_TIMEOUT_S = 30.0
+_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def _root(base_url: str) -> str:
+    # Accept both http://host:port and http://host:port/v1, the two forms users copy.
+    url = base_url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
+def _request_body(model: str, item: RequestPlan, api: Api, continuous_usage: bool) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": item.max_tokens,
+        # vLLM no longer forces greedy in its bench; set it so every config decodes alike.
+        "temperature": 0,
+        "ignore_eos": item.ignore_eos,
+        "stream": True,
+        # continuous_usage_stats puts cumulative usage in every chunk: exact tokens per
+        # chunk even when a speculative step emits several. Servers without it still send
+        # the final usage chunk, and the metrics fall back to text-length weighting.
+        "stream_options": {"include_usage": True, "continuous_usage_stats": continuous_usage},
+    }
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": item.prompt}]
+    else:
+        body["prompt"] = item.prompt
+    return body
+
+
+class _StreamState:
+    """What one streamed response has told us so far (the per-event hot path)."""
+
+    __slots__ = (
+        "chat", "times", "chars", "cumulative", "per_chunk_usage", "finish",
+        "prompt_tokens", "output_tokens", "error",
+    )
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.times: list[float] = []
+        self.chars: list[int] = []
+        self.cumulative: list[int] = []
+        self.per_chunk_usage = True
+        self.finish: str | None = None
+        self.prompt_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.error: RequestError | None = None
+
+    def on_events(self, events: list[dict[str, Any] | SSEError], now: float) -> None:
+        for ev in events:
+            if isinstance(ev, SSEError):
+                kind = "server_error" if ev.kind == "server_error" else "malformed_stream"
+                self.error = RequestError(type=kind, message=ev.message)
+                return
+            choices = ev.get("choices")
+            usage = ev.get("usage")
+            if choices:
+                # Every chunk with choices counts for TTFT/ITL/E2EL, empty text included
+                # (the chat role chunk, a finish-only chunk), exactly as vLLM's bench.
+                self.times.append(now)
+                c0 = choices[0]
+                if self.chat:
+                    delta = c0.get("delta") or {}
+                    text = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+                else:
+                    text = c0.get("text") or ""
+                self.chars.append(len(text))
+                if c0.get("finish_reason"):
+                    self.finish = c0["finish_reason"]
+                if usage and usage.get("completion_tokens") is not None:
+                    self.cumulative.append(usage["completion_tokens"])
+                else:
+                    self.per_chunk_usage = False
+            elif usage:
+                self.prompt_tokens = usage.get("prompt_tokens")
+                self.output_tokens = usage.get("completion_tokens")
+
+
+async def _one_request(
+    client: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    item: RequestPlan,
+    *,
+    api: Api,
+    concurrency: int,
+    scheduled_s: float,
+    t0: float,
+    request_timeout_s: float,
+) -> RequestRecord:
+    perf = time.perf_counter
+    st = _StreamState(chat=api == "chat")
+    parser = SSEParser()
+    status: int | None = None
+    error: RequestError | None = None
+
+    dispatch_s = perf() - t0
+    try:
+        # httpx timeouts are per socket operation; a server trickling bytes forever would
+        # never trip them, so the whole request also runs under one total timeout.
+        async with asyncio.timeout(request_timeout_s):
+            async with client.stream("POST", url, json=body) as resp:
+                status = resp.status_code
+                if status != 200:
+                    text = (await resp.aread())[:500].decode("utf-8", "replace")
+                    error = RequestError(type="http_status", message=f"HTTP {status}: {text}")
+                else:
+                    async for raw in resp.aiter_raw():
+                        st.on_events(parser.feed(raw), perf() - t0)
+                        if st.error is not None:
+                            break
+                    if st.error is None:
+                        st.on_events(parser.close(), perf() - t0)
+                    error = st.error
+                    if error is None and not parser.done:
+                        error = RequestError(
+                            type="incomplete_stream", message="stream ended without data: [DONE]"
+                        )
+    except TimeoutError:
+        error = RequestError(type="timeout", message=f"no complete response in {request_timeout_s}s")
+    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+        error = RequestError(type="connect_error", message=f"{type(exc).__name__}: {exc}")
+    except httpx.TimeoutException as exc:
+        error = RequestError(type="timeout", message=f"{type(exc).__name__}: {exc}")
+    except httpx.HTTPError as exc:
+        # RemoteProtocolError / ReadError: the server closed or reset mid-response.
+        error = RequestError(type="connection_error", message=f"{type(exc).__name__}: {exc}")
+    except Exception as exc:
+        # One odd response must not take down a level that other requests are still
+        # measuring; it is recorded (and logged with its traceback), not swallowed.
+        logger.exception("unexpected client error in request %d", item.index)
+        error = RequestError(type="client_exception", message=f"{type(exc).__name__}: {exc}")
+    done_s = perf() - t0
+
+    times = st.times
+    if error is None and not times:
+        error = RequestError(type="no_content", message="stream carried no choices")
+    exact = st.per_chunk_usage and bool(times) and len(st.cumulative) == len(times)
+    output_tokens = st.output_tokens
+    if output_tokens is None and exact:
+        output_tokens = st.cumulative[-1]  # usage-only chunk lost; the last cumulative is it
+    chunk_tokens = None
+    if exact:
+        chunk_tokens = [b - a for a, b in zip([0, *st.cumulative], st.cumulative, strict=False)]
+    return RequestRecord(
+        index=item.index,
+        class_name=item.class_name,
+        concurrency=concurrency,
+        scheduled_s=scheduled_s,
+        dispatch_s=dispatch_s,
+        chunk_times_s=times,
+        chunk_tokens=chunk_tokens,
+        chunk_chars=st.chars,
+        done_s=done_s,
+        prompt_tokens=st.prompt_tokens,
+        output_tokens=output_tokens,
+        ok=error is None,
+        error=error,
+        finish_reason=st.finish,
+        http_status=status,
+    )
+
+
+async def run_level(
+    base_url: str,
+    model: str,
+    plan: Sequence[RequestPlan],
+    *,
+    concurrency: int,
+    api: Api,
+    deadline_s: float | None,
+    request_timeout_s: float,
+    headers: dict[str, str] | None = None,
+    continuous_usage: bool = True,
+) -> list[RequestRecord]:
+    """Run ``plan`` in a closed loop of ``concurrency`` streams.
+
+    Args:
+        base_url: server root, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1`` is
+            accepted).
+        model: served model name sent in every request.
+        plan: requests in issue order.
+        concurrency: number of concurrent streams C.
+        api: ``completions`` or ``chat``.
+        deadline_s: no request is issued later than this many seconds after the level
+            starts (None: no limit). In-flight requests still finish, each bounded by
+            ``request_timeout_s``.
+        request_timeout_s: total time allowed per request, stream included.
+        headers: extra HTTP headers (e.g. an API key).
+        continuous_usage: ask for per-chunk usage (exact tokens per chunk on vLLM).
+
+    Returns:
+        One record per issued request, in issue order.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if request_timeout_s <= 0:
+        raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
+    url = _root(base_url) + _PATHS[api]
+    limits = httpx.Limits(
+        max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4
+    )
+    # Pool waits are bounded by the per-request total timeout; the connect timeout is
+    # shorter so a dead server fails fast instead of after request_timeout_s.
+    timeout = httpx.Timeout(request_timeout_s, connect=min(request_timeout_s, _AUX_TIMEOUT_S))
+    # identity: aiter_raw yields undecoded bytes, so the stream must not be compressed.
+    all_headers = {"Accept-Encoding": "identity", **(headers or {})}
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=all_headers) as client:
+        sem = asyncio.Semaphore(concurrency)
+        tasks: list[asyncio.Task[RequestRecord]] = []
+        t0 = time.perf_counter()
+        try:
+            for item in plan:
+                await sem.acquire()
+                scheduled_s = time.perf_counter() - t0
+                if deadline_s is not None and scheduled_s >= deadline_s:
+                    sem.release()
+                    logger.info(
+                        "c=%d: deadline %.1fs reached after %d of %d requests",
+                        concurrency, deadline_s, len(tasks), len(plan),
+                    )
+                    break
+                body = _request_body(model, item, api, continuous_usage)
+                task = asyncio.create_task(
+                    _one_request(
+                        client, url, body, item,
+                        api=api, concurrency=concurrency, scheduled_s=scheduled_s,
+                        t0=t0, request_timeout_s=request_timeout_s,
+                    )
+                )
+                task.add_done_callback(lambda _t: sem.release())
+                tasks.append(task)
+            return list(await asyncio.gather(*tasks))
+        except BaseException:
+            # Cancelled (or a bug in this loop): leave no request running behind us.
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            raise
+
+
+async def fetch_token_count(
+    client: httpx.AsyncClient, base_url: str, model: str, text: str, *, chat: bool = False
+) -> int | None:
+    """Token count of ``text`` by the server's ``/tokenize``; None if unavailable.
+
+    With ``chat`` the text is sent as one user message with the generation prompt, so the
+    chat template's tokens are counted as the chat endpoint will see them.
+    """
+    body: dict[str, Any] = {"model": model}
+    if chat:
+        body["messages"] = [{"role": "user", "content": text}]
+        body["add_generation_prompt"] = True
+    else:
+        body["prompt"] = text
+    try:
+        resp = await client.post(_root(base_url) + "/tokenize", json=body, timeout=_AUX_TIMEOUT_S)
+        if resp.status_code != 200:
+            return None
+        data = resp.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        logger.debug("/tokenize failed: %s", exc)
+        return None
+    if not isinstance(data, dict):
+        return None
+    count = data.get("count")
+    if isinstance(count, int):
+        return count
+    tokens = data.get("tokens")
+    return len(tokens) if isinstance(tokens, list) else None
+
+
+async def fit_plan(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    drafts: Sequence[RequestDraft],
+    *,
+    ignore_eos: bool,
+    api: Api = "completions",
+    parallel: int = 8,
+) -> list[RequestPlan] | None:
+    """Trim every draft to its exact target length with ``/tokenize``.
+
+    Returns None as soon as the endpoint fails, so the caller can fall back to estimates
+    for the whole level rather than mixing exact and estimated prompts.
+    """
+    sem = asyncio.Semaphore(parallel)
+    chat = api == "chat"
+
+    async def fit_one(d: RequestDraft) -> RequestPlan | None:
+        fitter = TokenFitter(d.draft, d.target_prompt_tokens)
+        while (n := fitter.next_probe()) is not None:
+            async with sem:
+                count = await fetch_token_count(client, base_url, model, d.draft.render(n), chat=chat)
+            if count is None:
+                return None
+            fitter.observe(n, count)
+        return d.to_plan(ignore_eos=ignore_eos, prompt=d.draft.render(fitter.result()))
+
+    plans = await asyncio.gather(*(fit_one(d) for d in drafts))
+    if any(p is None for p in plans):
+        return None
+    return [p for p in plans if p is not None]
+
+
+async def scrape_metrics(client: httpx.AsyncClient, base_url: str) -> MetricsSnapshot | None:
+    """Parsed ``/metrics``, or None when the server has no usable metrics endpoint."""
+    try:
+        resp = await client.get(_root(base_url) + "/metrics", timeout=_AUX_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        logger.warning("/metrics unreachable: %s", exc)
+        return None
+    if resp.status_code != 200:
+        return None
+    try:
+        return parse_prometheus_text(resp.text)
+    except ValueError as exc:
+        logger.warning("/metrics unparsable: %s", exc)
+        return None
+
+
+class TokenAgreement(BaseModel):
+    """Client Σ usage.completion_tokens vs the server's generation_tokens delta."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    client_output_tokens: int
+    server_generation_tokens: float | None
+    relative_diff: float | None = Field(description="|client − server| / server.")
+    agree: bool | None = Field(description=f"relative_diff <= {TOKEN_AGREEMENT_TOLERANCE}.")
+    note: str | None = None
+
+
+class WarmupSummary(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    requests: int
+    completed: int
+    failed: int
+    failure_reasons: dict[str, int]
+    duration_s: float
+
+
+class LevelResult(BaseModel):
+    """One concurrency level: metrics, the server's view, and the raw records."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    concurrency: int
+    prompts_fitted: bool = Field(description="Prompts trimmed to exact length via /tokenize.")
+    deadline_hit: bool = Field(description="The level stopped issuing before its plan ended.")
+    warmup: WarmupSummary
+    metrics: LevelMetrics
+    server: dict[str, Any] | None = Field(
+        description="server_side_metrics() over the measured requests; None without /metrics."
+    )
+    token_agreement: TokenAgreement
+    records: list[RequestRecord]
+
+
+class SweepResult(BaseModel):
+    """Everything a trial's load measurement produced. Crosses Ray as ``model_dump()``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str
+    base_url: str
+    load: LoadSpec
+    ignore_eos: bool
+    started_at: str = Field(description="Wall-clock start, ISO 8601 UTC (for humans only).")
+    duration_s: float
+    levels: list[LevelResult]
+    skipped_levels: list[int] = Field(description="Levels not run because the budget ran out.")
+    notes: list[str]
+
+    def to_json(self, *, include_records: bool = True, indent: int | None = None) -> str:
+        exclude = {"levels": {"__all__": {"records"}}} if not include_records else None
+        return self.model_dump_json(exclude=exclude, indent=indent)
+
+    def flat_by_level(self) -> dict[int, dict[str, float]]:
+        """``LevelMetrics.flat()`` of each level, keyed by concurrency."""
+        return {lv.concurrency: lv.metrics.flat() for lv in self.levels}
+
+
+def write_records_jsonl(path: Path, records: Sequence[RequestRecord]) -> None:
+    """Write records one JSON object per line, atomically (temp file + rename)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with tmp.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(r.model_dump_json())
+            f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_records_jsonl(path: Path) -> list[RequestRecord]:
+    with path.open(encoding="utf-8") as f:
+        return [RequestRecord.model_validate_json(line) for line in f if line.strip()]
+
+
+def _agreement(records: Sequence[RequestRecord], server: dict[str, Any] | None) -> TokenAgreement:
+    client = sum(r.output_tokens or 0 for r in records)
+    gen = server.get("generation_tokens") if server else None
+    if gen is None:
+        return TokenAgreement(
+            client_output_tokens=client,
+            server_generation_tokens=None,
+            relative_diff=None,
+            agree=None,
+            note="server exposes no vllm:generation_tokens_total",
+        )
+    rel = abs(client - gen) / gen if gen > 0 else (0.0 if client == 0 else float("inf"))
+    note = None
+    failed = sum(1 for r in records if not r.ok)
+    if failed:
+        # Aborted requests generated tokens the client never got a usage count for.
+        note = f"{failed} failed requests: their server-side tokens have no client usage"
+    return TokenAgreement(
+        client_output_tokens=client,
+        server_generation_tokens=gen,
+        relative_diff=rel,
+        agree=rel <= TOKEN_AGREEMENT_TOLERANCE,
+        note=note,
+    )
+
+
+async def run_sweep(
+    base_url: str,
+    model: str,
+    load_spec: LoadSpec,
+    *,
+    ignore_eos: bool,
+    deadline_s: float | None,
+    headers: dict[str, str] | None = None,
+) -> SweepResult:
+    """Warm up and measure every concurrency level of ``load_spec``.
+
+    Args:
+        base_url: server root (see :func:`run_level`).
+        model: served model name.
+        load_spec: the study's load section.
+        ignore_eos: resolved value (``WorkloadSpec.resolve_ignore_eos``).
+        deadline_s: budget for the whole sweep in seconds from the call; levels that
+            would start after it are skipped and listed. None: only ``max_level_seconds``.
+        headers: extra HTTP headers for every call.
+    """
+    t_start = time.perf_counter()
+    started_at = datetime.now(UTC).isoformat()
+    notes: list[str] = []
+    levels: list[LevelResult] = []
+    skipped: list[int] = []
+    spec = load_spec
+    async with httpx.AsyncClient(timeout=_AUX_TIMEOUT_S, headers=headers) as aux:
+        can_fit = False
+        if spec.fit_prompt_tokens:
+            can_fit = await fetch_token_count(aux, base_url, model, "hello") is not None
+            if not can_fit:
+                notes.append("/tokenize unavailable: prompt lengths are ~1.3 tokens/word estimates")
+        for c in spec.concurrency:
+            remaining = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
+            if remaining is not None and remaining <= 0:
+                skipped.append(c)
+                continue
+            budget = spec.max_level_seconds if remaining is None else min(spec.max_level_seconds, remaining)
+
+            drafts = draft_requests(
+                spec.workload, spec.requests_for(c), seed=spec.seed, stream=level_stream("measure", c)
+            )
+            plan = None
+            if can_fit:
+                plan = await fit_plan(aux, base_url, model, drafts, ignore_eos=ignore_eos, api=spec.api)
+                if plan is None:
+                    notes.append(f"c={c}: /tokenize failed while fitting; prompt lengths estimated")
+            fitted = plan is not None
+            if plan is None:
+                plan = [d.to_plan(ignore_eos=ignore_eos) for d in drafts]
+
+            warmup = await _warm_up(base_url, model, spec, c, ignore_eos, budget, headers)
+            before = await scrape_metrics(aux, base_url)
+            records = await run_level(
+                base_url, model, plan,
+                concurrency=c, api=spec.api, deadline_s=budget,
+                request_timeout_s=spec.request_timeout_s, headers=headers,
+            )
+            after = await scrape_metrics(aux, base_url)
+            server = server_side_metrics(before, after) if before and after else None
+            agreement = _agreement(records, server)
+            if agreement.agree is False:
+                # vLLM records stats just after handing tokens out; one late scrape rules
+                # out a race before the disagreement is reported.
+                await asyncio.sleep(1.0)
+                late = await scrape_metrics(aux, base_url)
+                if before and late:
+                    server = server_side_metrics(before, late)
+                    agreement = _agreement(records, server)
+            if agreement.agree is False:
+                logger.warning(
+                    "c=%d: client/server token counts disagree: %d vs %s",
+                    c, agreement.client_output_tokens, agreement.server_generation_tokens,
+                )
+            levels.append(
+                LevelResult(
+                    concurrency=c,
+                    prompts_fitted=fitted,
+                    deadline_hit=len(records) < len(plan),
+                    warmup=warmup,
+                    metrics=compute_level_metrics(records, concurrency=c, planned=len(plan)),
+                    server=server,
+                    token_agreement=agreement,
+                    records=records,
+                )
+            )
+    if skipped:
+        notes.append(f"levels {skipped} skipped: sweep budget of {deadline_s}s exhausted")
+    return SweepResult(
+        model=model,
+        base_url=base_url,
+        load=spec,
+        ignore_eos=ignore_eos,
+        started_at=started_at,
+        duration_s=time.perf_counter() - t_start,
+        levels=levels,
+        skipped_levels=skipped,
+        notes=notes,
+    )
+
+
+async def _warm_up(
+    base_url: str,
+    model: str,
+    spec: LoadSpec,
+    concurrency: int,
+    ignore_eos: bool,
+    budget_s: float,
+    headers: dict[str, str] | None,
+) -> WarmupSummary:
+    n = spec.warmup_for(concurrency)
+    # A separate seed stream: warming the prefix or suffix cache with the measured
+    # prompts would inflate the level's numbers (measurement.md §4.4, §6).
+    plan = [
+        d.to_plan(ignore_eos=ignore_eos)
+        for d in draft_requests(
+            spec.workload, n, seed=spec.seed, stream=level_stream("warmup", concurrency)
+        )
+    ]
+    t = time.perf_counter()
+    records = (
+        await run_level(
+            base_url, model, plan,
+            concurrency=concurrency, api=spec.api, deadline_s=budget_s,
+            request_timeout_s=spec.request_timeout_s, headers=headers,
+        )
+        if plan
+        else []
+    )
+    failed = [r for r in records if not r.ok]
+    return WarmupSummary(
+        requests=len(records),
+        completed=len(records) - len(failed),
+        failed=len(failed),
+        failure_reasons=dict(Counter(r.error.type if r.error else "unknown" for r in failed)),
+        duration_s=time.perf_counter() - t,
+    )

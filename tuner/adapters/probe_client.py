@@ -1,0 +1,219 @@
+"""Known-answer correctness probe, I/O part: send the items to a running server, collect
+the answers, and hand them to the pure scorer in ``tuner.core.known_answers``.
+
+Server misbehaviour (HTTP errors, timeouts, malformed JSON, refused connections) is
+recorded per request and counted as a wrong answer: a broken server is exactly what the
+probe is for, so it must never crash the trial. Only cancellation propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+import httpx
+
+from tuner.core.known_answers import (
+    ProbeAnswer,
+    ProbeItem,
+    ProbeResult,
+    PromptsFileError,
+    build_items,
+    parse_prompts_jsonl,
+    score,
+)
+from tuner.core.probe_spec import ProbeSpec
+
+__all__ = ["load_probe_items", "parse_response", "request_for", "run_probe"]
+
+# The raw-completion framing ("Question: ...\nAnswer:") invites the model to go on with a
+# next question; stopping there saves decode time on a slow CPU server without touching
+# the answer line itself.
+_COMPLETION_STOP = ["\nQuestion:"]
+
+
+def load_probe_items(spec: ProbeSpec, *, base_dir: Path | None = None) -> list[ProbeItem]:
+    """The items a probe run sends: the user's ``prompts_file`` or the generated set.
+
+    Call it when the study is loaded, so a bad prompts file stops the study before any
+    server starts. A relative ``prompts_file`` is resolved against ``base_dir`` (the
+    study file's folder) when given.
+
+    Raises:
+        PromptsFileError: the file cannot be read or has invalid lines (all listed).
+    """
+    if spec.prompts_file is None:
+        return build_items(spec)
+    path = Path(spec.prompts_file)
+    if base_dir is not None and not path.is_absolute():
+        path = base_dir / path
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PromptsFileError(str(path), [(0, "-", f"cannot read: {exc}")]) from exc
+    return parse_prompts_jsonl(text, spec.apis, source=str(path))
+
+
+def request_for(item: ProbeItem, model: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
+    """Path and JSON body for one item.
+
+    ``temperature: 0`` is sent explicitly: vLLM's default ``--generation-config auto``
+    fills any omitted sampling field from the model's generation_config.json, which
+    would make the probe non-greedy and its answers unrepeatable (vllm-knobs.md §6).
+    """
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 0,
+        "stream": False,
+    }
+    if item.api == "chat":
+        body["messages"] = [{"role": "user", "content": item.prompt}]
+        return "/v1/chat/completions", body
+    body["prompt"] = item.prompt
+    body["stop"] = _COMPLETION_STOP
+    return "/v1/completions", body
+
+
+def parse_response(
+    item: ProbeItem, payload: Any
+) -> tuple[str, str | None, int | None, int | None]:
+    """(text, finish_reason, prompt_tokens, completion_tokens) from an OpenAI-style body.
+
+    Raises:
+        ValueError: the body does not have the OpenAI shape.
+    """
+    try:
+        choice = payload["choices"][0]
+        if item.api == "chat":
+            # content may be null (e.g. a refusal or tool call): that is an empty answer.
+            text = choice["message"].get("content") or ""
+        else:
+            text = choice["text"]
+        if not isinstance(text, str):
+            raise TypeError(f"text is {type(text).__name__}")
+        finish = choice.get("finish_reason")
+        usage = payload.get("usage") or {}
+        prompt_tokens = usage.get("prompt_tokens")
+        completion_tokens = usage.get("completion_tokens")
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed response ({type(exc).__name__}: {exc})") from exc
+    return (
+        text,
+        finish if isinstance(finish, str) else None,
+        prompt_tokens if isinstance(prompt_tokens, int) else None,
+        completion_tokens if isinstance(completion_tokens, int) else None,
+    )
+
+
+async def _ask(
+    client: httpx.AsyncClient,
+    item: ProbeItem,
+    level: int,
+    model: str,
+    spec: ProbeSpec,
+    gate: asyncio.Semaphore,
+    deadline: float | None,
+) -> ProbeAnswer:
+    async with gate:
+        timeout = spec.request_timeout_s
+        if deadline is not None:
+            remaining = deadline - perf_counter()
+            if remaining <= 0:
+                return ProbeAnswer(
+                    item_id=item.id, concurrency=level, error="not sent: probe deadline reached"
+                )
+            timeout = min(timeout, remaining)
+        path, body = request_for(item, model, spec.max_tokens)
+        start = perf_counter()
+        error: str | None = None
+        parsed: tuple[str, str | None, int | None, int | None] | None = None
+        try:
+            response = await client.post(path, json=body, timeout=timeout)
+            if response.status_code != 200:
+                error = f"HTTP {response.status_code}: {response.text[:200]}"
+            else:
+                parsed = parse_response(item, response.json())
+        except httpx.TimeoutException:
+            error = f"timeout after {timeout:.1f} s"
+        except httpx.HTTPError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        except ValueError as exc:  # JSON decoding or a malformed body
+            error = f"bad response body: {exc}"
+        latency = perf_counter() - start
+    if parsed is None:
+        return ProbeAnswer(item_id=item.id, concurrency=level, latency_s=latency, error=error)
+    text, finish, prompt_tokens, completion_tokens = parsed
+    return ProbeAnswer(
+        item_id=item.id,
+        concurrency=level,
+        text=text,
+        finish_reason=finish,
+        prompt_tokens=prompt_tokens,
+        completion_tokens=completion_tokens,
+        latency_s=latency,
+    )
+
+
+async def run_probe(
+    base_url: str,
+    model: str,
+    spec: ProbeSpec,
+    *,
+    deadline_s: float | None = None,
+    headers: Mapping[str, str] | None = None,
+    items: Sequence[ProbeItem] | None = None,
+) -> ProbeResult:
+    """Run the probe against ``base_url`` (the server root, without ``/v1``).
+
+    The item set runs once per level in ``spec.concurrency`` (lowest first, so it is the
+    consistency baseline), at most ``level`` requests in flight, non-streaming.
+
+    Args:
+        base_url: e.g. ``http://127.0.0.1:8000``.
+        model: the served model name sent in each request.
+        spec: the study's probe section.
+        deadline_s: time budget for the whole probe, counted from this call. Each
+            request's timeout is capped by what is left; items not started in time are
+            recorded as errors ("not sent"), so the call returns about on time.
+        headers: extra request headers (e.g. an API key).
+        items: a pre-loaded item set (from :func:`load_probe_items`); default: load now.
+
+    Returns:
+        The scored result with ``probe_seconds`` set; ``ProbeResult.disabled()`` when
+        ``spec.enabled`` is false.
+
+    Raises:
+        PromptsFileError: only when ``items`` is None and the prompts file is bad.
+        asyncio.CancelledError: when cancelled; in-flight requests are cancelled too.
+    """
+    if not spec.enabled:
+        return ProbeResult.disabled()
+    if items is None:
+        items = load_probe_items(spec)
+    start = perf_counter()
+    deadline = None if deadline_s is None else start + deadline_s
+    widest = max(spec.concurrency)
+    answers: list[ProbeAnswer] = []
+    async with httpx.AsyncClient(
+        base_url=base_url.rstrip("/"),
+        headers=dict(headers or {}),
+        timeout=spec.request_timeout_s,
+        limits=httpx.Limits(max_connections=widest, max_keepalive_connections=widest),
+        # The probe talks to a server the tuner started; a proxy from the environment
+        # must not sit between them and distort answers or latencies.
+        trust_env=False,
+    ) as client:
+        for level in spec.concurrency:
+            gate = asyncio.Semaphore(level)
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(_ask(client, item, level, model, spec, gate, deadline))
+                    for item in items
+                ]
+            answers.extend(task.result() for task in tasks)
+    return score(items, answers, spec, probe_seconds=perf_counter() - start)

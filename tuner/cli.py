@@ -1,0 +1,261 @@
+"""The `tuner` command line: the only place that parses arguments, configures logging,
+prints and chooses exit codes.
+
+Exit codes: 0 done, 1 unexpected error, 2 invalid input (study file, arguments),
+3 the study cannot run (locked, missing, mismatched), 130 interrupted (resumable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import random
+import sys
+from pathlib import Path
+from typing import Any
+
+from tuner import __version__
+from tuner.core import space
+from tuner.core.durations import format_duration, parse_duration
+from tuner.core.render import RenderedCommand, shell_line
+from tuner.core.spec import StudySpec, parse_study
+from tuner.errors import SpecError, StudyError
+
+__all__ = ["main"]
+
+DEFAULT_RESULTS = Path("results")
+
+
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
+def load_spec_file(path: str) -> StudySpec:
+    file = Path(path)
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the study file: {exc.strerror}") from exc
+    return parse_study(text, str(file))
+
+
+# -- validate ---------------------------------------------------------------------
+
+
+def _command_text(spec: StudySpec, values: dict[str, Any]) -> str:
+    from tuner.orchestrator import trial_command
+
+    argv, env = trial_command(spec, values, python="python")
+    return shell_line(RenderedCommand(argv, env), redact=tuple(spec.server.secret_env))
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    spec = load_spec_file(args.file)
+    size, continuous, exact = space.discrete_size(spec)
+    _say(f"{args.file}: valid study {spec.name!r}")
+    _say(f"server: {' '.join(spec.server.command)} --model {spec.server.model} "
+         f"({spec.server.gpus_per_trial} GPUs per trial, {spec.server.host}:{spec.server.port})")
+    _say("")
+    _say("parameters (condition tree):")
+    for line in space.condition_tree(spec).splitlines():
+        _say("  " + line)
+    if spec.forbidden:
+        _say("forbidden combinations:")
+        for rule in spec.forbidden:
+            cond = ", ".join(f"{k} in {v}" if isinstance(v, list) else f"{k} = {v}" for k, v in rule.when.items())
+            _say(f"  - {cond}: {rule.reason}")
+    bound = "" if exact else " (at least; enumeration stopped)"
+    cont = f", plus {continuous} continuous parameter(s)" if continuous else ""
+    _say(f"discrete space: {size} allowed point(s){bound}{cont}")
+    _say("objectives: " + ", ".join(f"{o.label} ({o.direction})" for o in spec.objectives))
+    if spec.limits:
+        _say("limits: " + ", ".join(l.label for l in spec.limits))
+    _say(f"load: concurrency {spec.load.concurrency}, api {spec.load.api}")
+    timeout = f", wall-clock limit {format_duration(spec.budget.timeout)}" if spec.budget.timeout else ""
+    _say(f"budget: {spec.budget.n_trials} trials{timeout}, {format_duration(spec.budget.trial_timeout)} per trial")
+    _say("")
+    baseline = space.baseline_values(spec)
+    _say("baseline trial: " + (" ".join(f"{k}={_fmt(v)}" for k, v in baseline.items()) or "(server defaults)"))
+    _say("  " + _command_text(spec, baseline))
+    point = space.random_values(spec, random.Random(args.seed))
+    _say(f"random point (seed {args.seed}): " + (" ".join(f"{k}={_fmt(v)}" for k, v in point.items()) or "(none)"))
+    _say("  " + _command_text(spec, point))
+    return 0
+
+
+def _fmt(value: Any) -> str:
+    return "unset" if value is None else str(value)
+
+
+# -- run / resume -----------------------------------------------------------------
+
+
+def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None) -> int:
+    from tuner.executor import RayExecutor, init_ray
+    from tuner.orchestrator import Orchestrator
+    from tuner.status import build_status, format_status
+    from tuner.study_store import StudyLock
+
+    spec = handle.spec
+    with StudyLock(handle.paths):
+        groups = spec.execution.parallel_trials
+        declared = spec.server.gpus_per_trial * (groups or 1)
+        init_ray(address=args.ray_address, gpus_needed=declared,
+                 cpus_needed=spec.server.cpus_per_trial * (groups or 1))
+        executor = RayExecutor(gpus_per_trial=spec.server.gpus_per_trial,
+                               cpus_per_trial=spec.server.cpus_per_trial, groups=groups)
+        executor.start()
+        orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s, progress=_say)
+        _say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU group(s); "
+             f"results in {handle.paths.root}")
+        try:
+            summary = orchestrator.run()
+        finally:
+            executor.shutdown()
+        study = handle.load()
+        _say("")
+        _say(format_status(build_status(handle, study), verbose=False))
+        _say(f"\npareto front written to {handle.paths.pareto_json}")
+        if summary.stopped_because == "interrupted":
+            _say(f"interrupted: continue with `tuner resume {handle.name}`")
+            return 130
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tuner.study_store import create_or_open
+
+    spec = load_spec_file(args.file)
+    timeout_s = parse_duration(args.timeout) if args.timeout else None
+    handle = create_or_open(spec, Path(args.results), name=args.study, storage_url=args.storage)
+    return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from tuner.study_store import open_existing
+
+    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    timeout_s = parse_duration(args.timeout) if args.timeout else None
+    return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)
+
+
+# -- status / export --------------------------------------------------------------
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from tuner.status import build_status, format_status
+    from tuner.study_store import open_existing
+
+    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    status = build_status(handle, handle.load())
+    if args.json:
+        _say(json.dumps(status, indent=2, default=str))
+    else:
+        _say(format_status(status, verbose=not args.brief))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from tuner.adapters.artifacts import atomic_write_text
+    from tuner.core.pareto import parse_filter
+    from tuner.export import ExportError, choose_record, render_export
+    from tuner.records import read_records
+    from tuner.study_store import open_existing
+
+    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    study = handle.load()
+    labels = list(study.metric_names or [])
+    directions = [d.name.lower() for d in study.directions]
+    try:
+        filters = [parse_filter(text) for text in args.where]
+        record = choose_record(read_records(study), labels, directions, trial=args.trial,
+                               pick=args.pick, filters=filters, force=args.force)
+        text = render_export(handle.spec, handle.name, record, args.format)
+    except (ExportError, ValueError) as exc:
+        print(f"tuner export: {exc}", file=sys.stderr)
+        return 2
+    if args.output:
+        atomic_write_text(Path(args.output), text)
+        print(f"wrote {args.output} (trial {record.number})", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+# -- parser -----------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="tuner", description="Find the best vLLM serving configuration.")
+    parser.add_argument("--version", action="version", version=f"tuner {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--results", default=str(DEFAULT_RESULTS), help="results root (default: results)")
+        p.add_argument("--storage", help="Optuna storage URL (default: SQLite file in the study folder)")
+
+    p = sub.add_parser("validate", help="check a study file and show its space and commands")
+    p.add_argument("file")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random example point")
+    p.set_defaults(func=cmd_validate)
+
+    for name, helptext in (("run", "start (or continue) a study from a study file"),
+                           ("resume", "continue an interrupted study by name")):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("file" if name == "run" else "name")
+        if name == "run":
+            p.add_argument("--study", help="study name (default: the file's name field)")
+        common(p)
+        p.add_argument("--n-trials", type=int, help="trials to reach (overrides budget.n_trials)")
+        p.add_argument("--timeout", help="wall-clock limit such as 8h (overrides budget.timeout)")
+        p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+        p.set_defaults(func=cmd_run if name == "run" else cmd_resume)
+
+    p = sub.add_parser("status", help="progress, failures and the current Pareto front")
+    p.add_argument("name")
+    common(p)
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--brief", action="store_true", help="omit the per-trial table")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("export", help="the command line and environment of a chosen trial")
+    p.add_argument("name")
+    common(p)
+    p.add_argument("--trial", type=int, help="export this trial number")
+    p.add_argument("--pick", help="knee (default), best-throughput, lowest-latency, best:<objective>")
+    p.add_argument("--where", action="append", default=[], metavar="OBJECTIVE<=N",
+                   help="filter before picking, e.g. 'tpot_ms.mean@c1<=30' (repeatable)")
+    p.add_argument("--format", default="shell", choices=("shell", "env", "json"))
+    p.add_argument("--force", action="store_true", help="allow a trial that failed probe/verification")
+    p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.set_defaults(func=cmd_export)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    if not args.verbose:
+        import optuna
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except StudyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

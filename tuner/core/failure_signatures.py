@@ -1,0 +1,229 @@
+"""Recognise the log lines that mean a vLLM server will not come up (or just died).
+
+`match_fatal_line(line)` classifies one line, statelessly. `FatalLineScanner` is what a
+launcher feeds while tailing the server log; it adds the context a single line lacks:
+
+* **Root cause first.** vLLM often logs a generic wrapper (`EngineCore failed to start.`)
+  *before* the traceback that names the cause (`ValueError: Free memory on device ...`).
+  Rule: a specific reason is reported at once; a generic one (``GENERIC_REASONS``) is held
+  as ``pending`` while up to ``grace_lines`` more lines are read, and the first specific
+  reason among them wins. Without one, the generic reason is reported when the grace runs
+  out or at ``finish()`` (end of the log / process exit).
+* **Startup vs serving.** After ``Application startup complete.`` a `ValueError`,
+  `KeyError` or `ImportError` belongs to one request, not to the server, so only reasons
+  that kill the engine (``RUNTIME_REASONS``) still count.
+* **Shutdown.** Once a ``[shutdown]`` line appears, the server is being stopped (usually
+  by us): lines after it are teardown noise — e.g. the API server logs
+  ``EngineDeadError: EngineCore encountered an issue`` when its SIGTERMed engine goes away
+  (cudagraph-piecewise.log) — and are not classified.
+
+Only ERROR/CRITICAL log records and unprefixed lines (raw tracebacks, NCCL output) are
+examined: a DEBUG/INFO/WARNING record never is, however alarming its words. Exception
+patterns are anchored at the start of the message, so a traceback's indented code line
+(``    raise ValueError(``) is not mistaken for its final line.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.core.effective_config import LogLine, excerpt, split_log_line, strip_ansi
+
+__all__ = [
+    "GENERIC_REASONS",
+    "REASONS",
+    "RUNTIME_REASONS",
+    "FatalLineScanner",
+    "FatalSignature",
+    "match_fatal_line",
+    "scan_log",
+]
+
+
+class FatalSignature(BaseModel):
+    """A fatal line: a stable snake_case ``reason``, a human ``summary`` and the line."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    reason: str
+    summary: str
+    line: str
+
+
+@dataclass(frozen=True)
+class _Rule:
+    reason: str
+    summary: str
+    pattern: re.Pattern[str]
+
+
+# An exception name at the start of the message, maybe module-qualified
+# (`torch.OutOfMemoryError`, `vllm.v1.engine.exceptions.EngineDeadError`).
+_EXC = r"^(?:[A-Za-z_][\w.]*\.)?"
+
+# Most specific first: the first matching rule names the line.
+_RULES: tuple[_Rule, ...] = (
+    _Rule("gpu_memory_insufficient", "free GPU memory is below --gpu-memory-utilization",
+          re.compile(r"Free memory on device\b.*\bis less than desired GPU memory utilization")),
+    _Rule("no_kv_cache_memory", "no GPU memory is left for the KV cache",
+          re.compile(r"No available memory for the cache blocks")),
+    # vLLM has printed both "model's" and "models's" here.
+    _Rule("max_model_len_too_large", "the KV cache cannot hold one request of max_model_len",
+          re.compile(r"To serve at least one request with the models?'s max seq len")),
+    _Rule("cuda_oom", "CUDA out of memory",
+          re.compile(r"\bCUDA out of memory\b|" + _EXC + r"OutOfMemoryError\b|\bCUDA error: out of memory\b")),
+    _Rule("nccl_error", "NCCL error",
+          re.compile(r"\bnccl(?:InvalidUsage|InvalidArgument|UnhandledCudaError|SystemError"
+                     r"|InternalError|RemoteError)\b|\bNCCL error\b")),
+    # The raise (support NEVER) says "please try cudagraph_mode=PIECEWISE"; the
+    # downgrade WARNING says "; setting cudagraph_mode=..." and is not fatal.
+    _Rule("unsupported_cudagraph_mode", "the attention backend cannot run the requested cudagraph mode",
+          re.compile(r"CUDAGraphMode\.\w+ is not\s+supported with .*please try cudagraph_mode=")),
+    _Rule("unsupported_speculative_method", "the model does not support the requested speculative method",
+          re.compile(_EXC + r"NotImplementedError: Unsupported speculative method\b")),
+    _Rule("missing_dependency", "a Python dependency is missing",
+          re.compile(_EXC + r"(?:ImportError|ModuleNotFoundError): ")),
+    _Rule("cuda_error", "CUDA error",
+          re.compile(_EXC + r"\w*(?:Error|Exception): CUDA error: ")),
+    _Rule("invalid_config", "vLLM rejected the configuration",
+          re.compile(
+              r"\bInvalid compilation mode: "
+              r"|^\s*Value error, "  # pydantic's detail line under a ValidationError
+              r"|" + _EXC + r"ValidationError: \d+ validation errors? for "
+              r"|^KeyError: '"  # e.g. an unknown CUDAGraphMode name (fail-bad-cudagraph-mode.log)
+              r"|" + _EXC + r"ValueError: "
+              r"|" + _EXC + r"TypeError: .*\bunexpected keyword argument\b"
+              r"|^[\w.\- ]+: error: (?:argument |unrecognized arguments: "
+              r"|the following arguments are required: )"  # argparse
+          )),
+    _Rule("worker_failed", "a worker process failed to start or died",
+          re.compile(r"\bWorkerProc failed to start\b|\bWorker proc \S+ died unexpectedly\b")),
+    _Rule("engine_core_failed", "the engine core failed to start",
+          re.compile(r"\bEngineCore failed to start\b|\bEngine core initialization failed\b")),
+    _Rule("engine_dead", "the engine core died",
+          re.compile(r"\bEngineCore encountered an issue\b|" + _EXC + r"EngineDeadError\b")),
+)
+
+REASONS: tuple[str, ...] = tuple(rule.reason for rule in _RULES)
+# Wrappers that say *that* something failed, not *what*: a root cause may follow.
+GENERIC_REASONS = frozenset({"worker_failed", "engine_core_failed", "engine_dead"})
+# Reasons that still mean "the server is broken" once it serves requests.
+RUNTIME_REASONS = frozenset({"cuda_oom", "nccl_error", "cuda_error"}) | GENERIC_REASONS
+
+_QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
+_SHUTDOWN_RE = re.compile(r"^\[shutdown\] ")
+_READY = "Application startup complete."
+_SIGNATURE_LINE_WIDTH = 1000
+
+
+def match_fatal_line(line: str) -> FatalSignature | None:
+    """Classify one log line; None unless it is one of the fatal signatures."""
+    return _classify(split_log_line(line), line)
+
+
+def _classify(parsed: LogLine, line: str) -> FatalSignature | None:
+    if parsed.level in _QUIET_LEVELS:
+        return None
+    for rule in _RULES:
+        if rule.pattern.search(parsed.message):
+            return FatalSignature(reason=rule.reason, summary=rule.summary,
+                                  line=excerpt(line, width=_SIGNATURE_LINE_WIDTH))
+    return None
+
+
+class FatalLineScanner:
+    """Incremental fatal-line detection over a growing log (see the module docstring).
+
+    ``feed(chunk)`` accepts any slice of the text, partial lines included, and returns the
+    decided signature (the same one on every later call) or None. ``pending`` is a
+    generic failure waiting for its root cause; ``finish()`` settles it at end of input.
+    """
+
+    def __init__(self, *, grace_lines: int = 200, excerpt_lines: int = 40,
+                 max_partial_chars: int = 1 << 16) -> None:
+        self._grace_lines = grace_lines
+        self._max_partial_chars = max_partial_chars
+        self._tail: deque[str] = deque(maxlen=excerpt_lines)
+        self._partial = ""
+        self._decided: FatalSignature | None = None
+        self._frozen_excerpt: list[str] | None = None
+        self._pending: FatalSignature | None = None
+        self._lines_since_pending = 0
+        self.ready_seen = False
+        self.shutdown_seen = False
+
+    @property
+    def signature(self) -> FatalSignature | None:
+        return self._decided
+
+    @property
+    def pending(self) -> FatalSignature | None:
+        return self._pending if self._decided is None else None
+
+    def feed(self, chunk: str) -> FatalSignature | None:
+        if self._decided is not None:
+            return self._decided
+        lines = (self._partial + chunk).split("\n")
+        self._partial = lines.pop()
+        if len(self._partial) > self._max_partial_chars:
+            # A progress bar redrawn with \r and no newline: only its last state matters.
+            self._partial = self._partial[self._partial.rfind("\r") + 1:][-self._max_partial_chars:]
+        for line in lines:
+            self._scan_line(line)
+            if self._decided is not None:
+                break
+        return self._decided
+
+    def finish(self) -> FatalSignature | None:
+        """End of input: classify the unterminated last line and settle a pending failure."""
+        if self._decided is None and self._partial:
+            self._scan_line(self._partial)
+        self._partial = ""
+        if self._decided is None and self._pending is not None:
+            self._decide(self._pending)
+        return self._decided
+
+    def excerpt(self) -> str:
+        """The last lines up to the decision (or up to now while undecided)."""
+        lines = self._frozen_excerpt if self._frozen_excerpt is not None else list(self._tail)
+        return "\n".join(lines)
+
+    def _decide(self, signature: FatalSignature) -> None:
+        self._decided = signature
+        self._frozen_excerpt = list(self._tail)
+
+    def _scan_line(self, line: str) -> None:
+        parsed = split_log_line(line)
+        self._tail.append(strip_ansi(line).rstrip("\r"))
+        if self.shutdown_seen:
+            return
+        if parsed.level in _QUIET_LEVELS:
+            # Fast path for the bulk of a log; quiet records are never fatal.
+            if _SHUTDOWN_RE.match(parsed.message):
+                self.shutdown_seen = True
+            elif parsed.message.startswith(_READY):
+                self.ready_seen = True
+        else:
+            found = _classify(parsed, line)
+            if found is not None and (not self.ready_seen or found.reason in RUNTIME_REASONS):
+                if found.reason not in GENERIC_REASONS:
+                    self._decide(found)
+                    return
+                if self._pending is None:
+                    self._pending, self._lines_since_pending = found, 0
+                    return
+        if self._pending is not None:
+            self._lines_since_pending += 1
+            if self._lines_since_pending >= self._grace_lines:
+                self._decide(self._pending)
+
+
+def scan_log(log_text: str, *, grace_lines: int = 200) -> FatalSignature | None:
+    """Classify a finished log: the scanner's verdict over the whole text."""
+    scanner = FatalLineScanner(grace_lines=grace_lines)
+    scanner.feed(log_text)
+    return scanner.finish()

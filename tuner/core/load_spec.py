@@ -1,0 +1,213 @@
+"""The study file's ``load:`` section: what load each trial is measured under.
+
+A trial is measured by a closed-loop concurrency sweep (measurement.md §4, recommended
+default 1): at each level C, C streams each send a request as soon as their previous one
+finished. Before each level a warm-up with *different* prompts touches CUDA-graph sizes,
+JIT and connections without warming the prefix or suffix-decoding cache (§4.4).
+
+Pure data: the runner is :mod:`tuner.adapters.loadgen`, prompts come from
+:mod:`tuner.core.workload`.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+__all__ = ["Api", "LoadSpec", "WorkloadClass", "WorkloadKind", "WorkloadSpec"]
+
+Api = Literal["completions", "chat"]
+WorkloadKind = Literal["open_ended", "copy_heavy"]
+
+
+class WorkloadClass(BaseModel):
+    """One kind of request in the synthetic workload, mixed with the others by weight."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_.-]+$",
+        description="Label carried into every request record; metrics can be split by it.",
+    )
+    kind: WorkloadKind = Field(
+        description=(
+            "open_ended: varied writing/explaining requests with filler context (where n-gram "
+            "speculation looks bad). copy_heavy: a passage of code or text to repeat with "
+            "small edits (where n-gram and suffix speculation look good). measurement.md §6 "
+            "asks for both so speculative configs are not judged on one content type."
+        ),
+    )
+    weight: float = Field(
+        default=1.0, gt=0, description="Relative share of this class among the requests."
+    )
+    prompt_tokens: int = Field(
+        default=128, ge=1, le=1_000_000, description="Target prompt length in tokens."
+    )
+    output_tokens: int = Field(
+        default=128, ge=1, le=1_000_000, description="max_tokens sent with every request."
+    )
+    prompt_tokens_jitter: float = Field(
+        default=0.1,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "Range ratio: each prompt's target is drawn uniformly from "
+            "prompt_tokens*(1±jitter), so requests do not move in lockstep (§4.9)."
+        ),
+    )
+
+
+def _default_classes() -> tuple[WorkloadClass, ...]:
+    return (WorkloadClass(name="open_ended", kind="open_ended"),)
+
+
+class WorkloadSpec(BaseModel):
+    """The request mix and how output length is controlled."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    classes: tuple[WorkloadClass, ...] = Field(
+        default_factory=_default_classes,
+        min_length=1,
+        description="Request classes, mixed by weight (exact proportions per level).",
+    )
+    ignore_eos: Literal["auto"] | bool = Field(
+        default="auto",
+        description=(
+            "Send ignore_eos so every config generates exactly max_tokens. 'auto' = true for "
+            "trials without speculative decoding and false for speculative ones, because "
+            "ignore_eos produces degenerate repetitive continuations that inflate n-gram "
+            "acceptance (measurement.md §4.9, §6)."
+        ),
+    )
+
+    @field_validator("classes")
+    @classmethod
+    def _unique_names(cls, classes: tuple[WorkloadClass, ...]) -> tuple[WorkloadClass, ...]:
+        seen: set[str] = set()
+        for c in classes:
+            if c.name in seen:
+                raise ValueError(f"workload class name {c.name!r} is used twice; names must be unique")
+            seen.add(c.name)
+        return classes
+
+    def resolve_ignore_eos(self, *, speculative: bool) -> bool:
+        """The ignore_eos value the runner sends for a trial.
+
+        Args:
+            speculative: whether the trial enables speculative decoding.
+        """
+        if self.ignore_eos == "auto":
+            return not speculative
+        return self.ignore_eos
+
+
+class LoadSpec(BaseModel):
+    """Closed-loop concurrency sweep run against every trial's server."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    api: Api = Field(
+        default="completions",
+        description="Endpoint: /v1/completions or /v1/chat/completions (single user message).",
+    )
+    concurrency: tuple[int, ...] = Field(
+        default=(1, 4, 16, 64),
+        min_length=1,
+        description=(
+            "Closed-loop levels, strictly ascending, each >= 1. Report E2EL/TPOT and per-user "
+            "tok/s at C=1 and throughput near saturation (measurement.md §4.1)."
+        ),
+    )
+    requests_per_level: int | None = Field(
+        default=None,
+        ge=1,
+        description=(
+            "Measured requests per level. None = max(min_requests, requests_per_stream x C)."
+        ),
+    )
+    requests_per_stream: int = Field(
+        default=3,
+        ge=1,
+        description=(
+            "Requests per concurrent stream when requests_per_level is None. The steady-state "
+            "window only exists with >= 2 per stream; §4.2 suggests ~10 for stable numbers."
+        ),
+    )
+    min_requests: int = Field(
+        default=8, ge=1, description="Floor on measured requests per level (matters at low C)."
+    )
+    max_level_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        description="A level stops issuing new requests after this long; in-flight ones finish.",
+    )
+    warmup_requests: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Warm-up requests before each level, at that level's concurrency and with prompts "
+            "distinct from the measured ones. None = max(2C, 4); 0 disables warm-up."
+        ),
+    )
+    request_timeout_s: float = Field(
+        default=600.0,
+        gt=0,
+        description="Total time allowed for one request, stream included; then it is failed.",
+    )
+    fit_prompt_tokens: bool = Field(
+        default=True,
+        description=(
+            "Trim measured prompts to exact token counts with the server's /tokenize. If the "
+            "endpoint is missing the ~1.3 tokens/word estimate is used (recorded in results)."
+        ),
+    )
+    workload: WorkloadSpec = Field(
+        default_factory=WorkloadSpec, description="The request mix and output-length control."
+    )
+    seed: int = Field(default=0, description="Seed of the synthetic prompts.")
+
+    @field_validator("concurrency")
+    @classmethod
+    def _ascending_levels(cls, levels: tuple[int, ...]) -> tuple[int, ...]:
+        for i, c in enumerate(levels):
+            if c < 1:
+                raise ValueError(f"concurrency level {c} at position {i} must be >= 1")
+            if i and c <= levels[i - 1]:
+                raise ValueError(
+                    f"concurrency levels must be strictly ascending; got {c} after "
+                    f"{levels[i - 1]} at position {i}"
+                )
+        return levels
+
+    @model_validator(mode="after")
+    def _enough_requests(self) -> LoadSpec:
+        # A level with fewer requests than streams never reaches its nominal concurrency,
+        # so its numbers would be reported under the wrong label.
+        top = self.concurrency[-1]
+        if self.requests_per_level is not None and self.requests_per_level < top:
+            raise ValueError(
+                f"requests_per_level={self.requests_per_level} is below the highest "
+                f"concurrency level {top}; that level would never run {top} requests at once"
+            )
+        return self
+
+    def requests_for(self, concurrency: int) -> int:
+        """Measured requests at one level."""
+        if self.requests_per_level is not None:
+            return self.requests_per_level
+        return max(self.min_requests, self.requests_per_stream * concurrency)
+
+    def warmup_for(self, concurrency: int) -> int:
+        """Warm-up requests before one level.
+
+        The default max(2C, 4) is below measurement.md's max(2C, 32): on the slow hosts this
+        tuner also targets, 32 long requests at C=1 would cost more than the level itself,
+        and two rounds of C already touch every batch size the level will use.
+        """
+        if self.warmup_requests is not None:
+            return self.warmup_requests
+        return max(2 * concurrency, 4)

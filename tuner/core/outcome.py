@@ -1,0 +1,65 @@
+"""What crosses the boundary between the orchestrator and a worker: one request, one outcome.
+
+Both are plain pydantic data so they travel through Ray as dicts and land on disk as JSON.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["TrialRequest", "TrialOutcome", "PHASES"]
+
+PHASES = ("prepare", "start", "verify", "probe", "load", "stop")
+
+
+class TrialRequest(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    study: str
+    number: int
+    values: dict[str, Any]
+    asked: dict[str, Any] = Field(description="flat target -> value the server is asked for")
+    argv: list[str]
+    env: dict[str, str] = Field(description="variables the study sets (on top of the worker's)")
+    secret_env: list[str] = Field(default_factory=list)
+    host: str
+    port: int
+    served_model_name: str
+    trial_dir: str
+    startup_timeout_s: float
+    stop_timeout_s: float
+    deadline_s: float = Field(description="the whole trial's budget in seconds")
+    load: dict[str, Any]
+    probe: dict[str, Any]
+    ignore_eos: bool
+    metrics_needed: list[int] = Field(default_factory=list, description="load levels to run")
+
+
+class TrialOutcome(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    number: int
+    status: Literal["completed", "failed"]
+    reason: str | None = None
+    message: str | None = None
+    phase: str | None = None
+    log_excerpt: str | None = None
+    host: str | None = None
+    started_unix: float | None = None
+    finished_unix: float | None = None
+    startup_s: float | None = None
+    probe_s: float | None = None
+    load_s: float | None = None
+    trial_s: float | None = None
+    levels: dict[str, dict[str, float | None]] = Field(
+        default_factory=dict, description="concurrency (as text) -> flat metrics"
+    )
+    server_side: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    applied: bool | None = None
+    mismatches: list[dict[str, Any]] = Field(default_factory=list)
+    probe_passed: bool | None = None
+    probe_reason: str | None = None
+    stop: dict[str, Any] = Field(default_factory=dict)
+    warnings: list[str] = Field(default_factory=list)

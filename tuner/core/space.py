@@ -1,0 +1,231 @@
+"""The search space: conditions, forbidden combinations, baseline, size and its tree.
+
+Pure functions over a ``StudySpec``; the optimizer adapter turns ``distribution()`` into
+Optuna suggestions in ``ordered_parameters()`` order, so a parameter is only suggested
+once every parameter its condition names has a value.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections.abc import Mapping
+from typing import Any
+
+from optuna.distributions import (
+    BaseDistribution,
+    CategoricalDistribution,
+    FloatDistribution,
+    IntDistribution,
+)
+
+from tuner.core.spec import (
+    BoolParam,
+    CategoricalParam,
+    FloatParam,
+    IntParam,
+    StudySpec,
+)
+
+__all__ = [
+    "ordered_parameters",
+    "is_active",
+    "distribution",
+    "forbidden_reason",
+    "baseline_values",
+    "random_values",
+    "settings_for",
+    "params_key",
+    "discrete_size",
+    "condition_tree",
+]
+
+AnyParam = CategoricalParam | IntParam | FloatParam | BoolParam
+
+
+def ordered_parameters(spec: StudySpec) -> list[AnyParam]:
+    """Parameters with every condition's parents first (stable w.r.t. file order)."""
+
+    done: list[AnyParam] = []
+    names: set[str] = set()
+    pending = list(spec.parameters)
+    while pending:
+        for p in pending:
+            if all(parent in names for parent in p.when):
+                done.append(p)
+                names.add(p.name)
+                pending.remove(p)
+                break
+        else:  # the spec validator rejects cycles, so this cannot loop forever
+            raise ValueError("parameter conditions form a cycle")
+    return done
+
+
+def _matches(value: Any, expected: Any) -> bool:
+    options = expected if isinstance(expected, list) else [expected]
+    return any(value == o and type(value) is type(o) for o in options) or any(
+        isinstance(value, (int, float)) and not isinstance(value, bool)
+        and isinstance(o, (int, float)) and not isinstance(o, bool) and value == o
+        for o in options
+    )
+
+
+def is_active(param: AnyParam, values: Mapping[str, Any]) -> bool:
+    """A parameter is active when each parent is active (has a value) and matches."""
+
+    return all(name in values and _matches(values[name], exp) for name, exp in param.when.items())
+
+
+def distribution(param: AnyParam) -> BaseDistribution:
+    if isinstance(param, CategoricalParam):
+        return CategoricalDistribution(param.values)
+    if isinstance(param, BoolParam):
+        return CategoricalDistribution([False, True])
+    if isinstance(param, IntParam):
+        return IntDistribution(param.low, param.high, step=param.step, log=param.log)
+    return FloatDistribution(param.low, param.high, step=param.step, log=param.log)
+
+
+def forbidden_reason(spec: StudySpec, values: Mapping[str, Any]) -> str | None:
+    """The reason of the first forbidden rule the values match, or None."""
+
+    for rule in spec.forbidden:
+        if all(name in values and _matches(values[name], exp) for name, exp in rule.when.items()):
+            return rule.reason
+    return None
+
+
+def _default_of(param: AnyParam) -> Any:
+    if param.default is not None:
+        return param.default
+    if isinstance(param, BoolParam):
+        return False
+    if isinstance(param, CategoricalParam) and None in param.values:
+        return None
+    raise ValueError(
+        f"parameter {param.name!r} has no baseline value: add it to 'baseline:' or give the "
+        "parameter a 'default' (the server's value when the knob is not set)"
+    )
+
+
+def baseline_values(spec: StudySpec) -> dict[str, Any]:
+    """Values of the baseline trial: the study's ``baseline`` or each knob's default."""
+
+    values: dict[str, Any] = {}
+    for param in ordered_parameters(spec):
+        if not is_active(param, values):
+            continue
+        values[param.name] = spec.baseline[param.name] if param.name in spec.baseline else _default_of(param)
+    return values
+
+
+def random_values(spec: StudySpec, rng: random.Random, *, max_tries: int = 1000) -> dict[str, Any]:
+    """A uniformly drawn point that no forbidden rule rejects."""
+
+    for _ in range(max_tries):
+        values: dict[str, Any] = {}
+        for param in ordered_parameters(spec):
+            if not is_active(param, values):
+                continue
+            domain = param.domain()
+            if domain is not None:
+                values[param.name] = rng.choice(domain)
+            elif isinstance(param, FloatParam) and param.log:
+                values[param.name] = math.exp(rng.uniform(math.log(param.low), math.log(param.high)))
+            else:
+                values[param.name] = rng.uniform(param.low, param.high)
+        if forbidden_reason(spec, values) is None:
+            return values
+    raise ValueError("no allowed point found: the forbidden rules may exclude the whole space")
+
+
+def settings_for(spec: StudySpec, values: Mapping[str, Any]) -> dict[str, Any]:
+    """Map parameter values to targets, dropping inactive parameters.
+
+    A null value is kept: it means "leave this knob at the server's default", which the
+    renderer omits and the verifier does not check.
+    """
+
+    out: dict[str, Any] = {}
+    for param in ordered_parameters(spec):
+        if param.name in values and is_active(param, values):
+            out[param.target] = values[param.name]
+    return out
+
+
+def params_key(values: Mapping[str, Any]) -> str:
+    """A canonical text of a parameter set, to spot duplicates."""
+
+    return json.dumps({k: values[k] for k in sorted(values)}, sort_keys=True, default=str)
+
+
+def discrete_size(spec: StudySpec, *, cap: int = 2_000_000) -> tuple[int, int, bool]:
+    """(allowed points, continuous parameters, exact) of the discrete part of the space.
+
+    Counts distinct *active* assignments (an inactive child does not multiply the count)
+    and subtracts forbidden combinations. Stops enumerating at ``cap`` points and then
+    returns an upper bound with ``exact=False``.
+    """
+
+    ordered = ordered_parameters(spec)
+    continuous = sum(1 for p in ordered if p.domain() is None)
+    count = 0
+    exact = True
+
+    def walk(i: int, values: dict[str, Any]) -> None:
+        nonlocal count, exact
+        if count >= cap:
+            exact = False
+            return
+        if i == len(ordered):
+            if forbidden_reason(spec, values) is None:
+                count += 1
+            return
+        param = ordered[i]
+        domain = param.domain()
+        if domain is None or not is_active(param, values):
+            walk(i + 1, values)
+            return
+        for value in domain:
+            values[param.name] = value
+            walk(i + 1, values)
+            del values[param.name]
+
+    walk(0, {})
+    return count, continuous, exact
+
+
+def _domain_text(param: AnyParam) -> str:
+    if isinstance(param, BoolParam):
+        return "bool"
+    if isinstance(param, CategoricalParam):
+        return "{" + ", ".join("unset" if v is None else str(v) for v in param.values) + "}"
+    scale = ", log" if param.log else ""
+    step = f", step {param.step}" if param.step not in (None, 1) else ""
+    return f"{param.kind} [{param.low}, {param.high}{step}{scale}]"
+
+
+def condition_tree(spec: StudySpec) -> str:
+    """An indented tree: each parameter under the parameter(s) its condition names."""
+
+    children: dict[str | None, list[AnyParam]] = {}
+    for param in ordered_parameters(spec):
+        parents = list(param.when)
+        key = parents[-1] if parents else None
+        children.setdefault(key, []).append(param)
+    lines: list[str] = []
+
+    def show(parent: str | None, depth: int) -> None:
+        for param in children.get(parent, []):
+            cond = ""
+            if param.when:
+                cond = "  when " + ", ".join(
+                    f"{k} in {v}" if isinstance(v, list) else f"{k} = {v}"
+                    for k, v in param.when.items()
+                )
+            lines.append(f"{'    ' * depth}- {param.name} -> {param.target}: {_domain_text(param)}{cond}")
+            show(param.name, depth + 1)
+
+    show(None, 0)
+    return "\n".join(lines) if lines else "(no parameters: only the baseline runs)"

@@ -1,0 +1,561 @@
+"""The study file: strict pydantic models of everything a study declares.
+
+A study file is YAML; ``parse_study`` turns its text into a frozen ``StudySpec`` or raises
+``SpecError`` whose lines each name the file, the field path, the bad value and what is
+allowed. Unknown keys are errors everywhere, so a typo never silently becomes a default.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from tuner.core.durations import parse_duration
+from tuner.core.load_spec import LoadSpec
+from tuner.core.probe_spec import ProbeSpec
+from tuner.core.vllm_catalog import MULTICAST_ALGOS, check_target_name, check_value
+from tuner.errors import SpecError
+
+__all__ = [
+    "StudySpec",
+    "ServerSpec",
+    "Parameter",
+    "CategoricalParam",
+    "IntParam",
+    "FloatParam",
+    "BoolParam",
+    "ForbiddenSpec",
+    "ObjectiveSpec",
+    "LimitSpec",
+    "BudgetSpec",
+    "SamplerSpec",
+    "VerifySpec",
+    "parse_study",
+    "SCHEMA_VERSION",
+]
+
+SCHEMA_VERSION = 1
+
+Scalar = str | int | float | bool | None
+Seconds = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ServerSpec(_Strict):
+    """How to start the server under test. Flags and env here are fixed for every trial."""
+
+    command: list[str] = Field(
+        default_factory=lambda: ["vllm", "serve"],
+        min_length=1,
+        description="argv prefix that starts the server; '{python}' is replaced by the "
+        "tuner's interpreter (used for the built-in simulator).",
+    )
+    model: str = Field(min_length=1, description="model path or id, passed as --model")
+    served_model_name: str | None = Field(None, description="name the API serves the model as")
+    host: str = Field("127.0.0.1", description="address the server binds; loopback unless needed")
+    port: int = Field(8000, ge=1, le=65535, description="first port; parallel groups add 1, 2, ...")
+    gpus_per_trial: int = Field(8, ge=0, description="GPUs one trial holds (a Ray resource)")
+    cpus_per_trial: float = Field(1.0, ge=0, description="CPUs one trial holds (a Ray resource)")
+    startup_timeout: Seconds = Field(1200.0, gt=0, description="readiness deadline, e.g. '20m'")
+    stop_timeout: Seconds = Field(30.0, gt=0, description="grace after SIGTERM before SIGKILL")
+    flags: dict[str, Any] = Field(default_factory=dict, description="fixed vLLM arguments")
+    env: dict[str, Scalar] = Field(default_factory=dict, description="fixed environment")
+    secret_env: list[str] = Field(
+        default_factory=list,
+        description="names of variables passed through from the tuner's environment "
+        "(tokens, keys); their values are never written anywhere",
+    )
+
+    @field_validator("flags")
+    @classmethod
+    def _check_flags(cls, flags: dict[str, Any]) -> dict[str, Any]:
+        for key, value in flags.items():
+            if error := check_target_name(key):
+                raise ValueError(f"flags.{key}: {error}")
+            for target, leaf in _leaves(key, value):
+                if error := check_value(target, leaf):
+                    raise ValueError(f"flags.{target}: {error}")
+        return flags
+
+    @field_validator("env")
+    @classmethod
+    def _check_env(cls, env: dict[str, Scalar]) -> dict[str, Scalar]:
+        for name, value in env.items():
+            if error := check_target_name(f"env:{name}"):
+                raise ValueError(f"env.{name}: {error}")
+            if error := check_value(f"env:{name}", _env_text(value)):
+                raise ValueError(f"env.{name}: {error}")
+        return env
+
+
+def _leaves(prefix: str, value: Any) -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        out: list[tuple[str, Any]] = []
+        for k, v in value.items():
+            out.extend(_leaves(f"{prefix}.{k}", v))
+        return out
+    return [(prefix, value)]
+
+
+def _env_text(value: Scalar) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+Condition = dict[str, Scalar | list[Scalar]]
+
+
+class _ParamBase(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_.\-]*$", description="unique parameter name")
+    flag: str | None = Field(None, description="vLLM argument: snake_case or dotted config field")
+    env: str | None = Field(None, description="environment variable the value goes to")
+    when: Condition = Field(
+        default_factory=dict,
+        description="active only when every named parameter has one of the given values",
+    )
+    default: Any = Field(None, description="the server's value when this knob is not set")
+    description: str = ""
+
+    @property
+    def target(self) -> str:
+        return self.flag if self.flag is not None else f"env:{self.env}"
+
+    @model_validator(mode="after")
+    def _one_target(self) -> _ParamBase:
+        if (self.flag is None) == (self.env is None):
+            raise ValueError(f"parameter {self.name!r}: give exactly one of 'flag' or 'env'")
+        if error := check_target_name(self.target):
+            raise ValueError(f"parameter {self.name!r}: {error}")
+        return self
+
+
+class CategoricalParam(_ParamBase):
+    kind: Literal["categorical"]
+    values: list[Scalar] = Field(min_length=1, description="choices; null means 'leave unset'")
+
+    @model_validator(mode="after")
+    def _check_values(self) -> CategoricalParam:
+        seen: set[str] = set()
+        for value in self.values:
+            key = repr(value)
+            if key in seen:
+                raise ValueError(f"parameter {self.name!r}: value {value!r} is listed twice")
+            seen.add(key)
+            checked = _env_text(value) if self.env is not None else value
+            if error := check_value(self.target, checked):
+                raise ValueError(f"parameter {self.name!r} ({self.target}): {error}")
+        return self
+
+    def domain(self) -> list[Any]:
+        return list(self.values)
+
+
+class IntParam(_ParamBase):
+    kind: Literal["int"]
+    low: int
+    high: int
+    step: int = Field(1, ge=1)
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _check_range(self) -> IntParam:
+        if self.low > self.high:
+            raise ValueError(f"parameter {self.name!r}: low {self.low} is above high {self.high}")
+        if self.log and (self.low < 1 or self.step != 1):
+            raise ValueError(f"parameter {self.name!r}: log scale needs low >= 1 and step 1")
+        for bound in (self.low, self.high):
+            if error := check_value(self.target, bound):
+                raise ValueError(f"parameter {self.name!r} ({self.target}): {error}")
+        return self
+
+    def domain(self) -> list[Any]:
+        return list(range(self.low, self.high + 1, self.step))
+
+
+class FloatParam(_ParamBase):
+    kind: Literal["float"]
+    low: float
+    high: float
+    step: float | None = Field(None, gt=0)
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _check_range(self) -> FloatParam:
+        if self.low > self.high:
+            raise ValueError(f"parameter {self.name!r}: low {self.low} is above high {self.high}")
+        if self.log and (self.low <= 0 or self.step is not None):
+            raise ValueError(f"parameter {self.name!r}: log scale needs low > 0 and no step")
+        return self
+
+    def domain(self) -> list[Any] | None:
+        if self.step is None:
+            return None
+        count = int(round((self.high - self.low) / self.step))
+        return [round(self.low + i * self.step, 12) for i in range(count + 1)]
+
+
+class BoolParam(_ParamBase):
+    kind: Literal["bool"]
+
+    def domain(self) -> list[Any]:
+        return [False, True]
+
+
+Parameter = Annotated[
+    CategoricalParam | IntParam | FloatParam | BoolParam, Field(discriminator="kind")
+]
+
+
+class ForbiddenSpec(_Strict):
+    """A combination rejected before any server starts."""
+
+    when: Condition = Field(min_length=1, description="every listed parameter matches")
+    reason: str = Field(min_length=1, description="shown when the combination is rejected")
+
+
+_METRIC = re.compile(r"^[a-z_]+(\.(mean|p50|p90|p99))?$")
+TRIAL_METRICS = ("startup_s", "probe_s", "trial_s")
+
+
+class ObjectiveSpec(_Strict):
+    metric: str = Field(description="e.g. output_tok_s, tpot_ms.mean, ttft_ms.p99, startup_s")
+    concurrency: int | Literal["max", "min"] = Field(
+        "max", description="load level the metric is read at (ignored for trial-level metrics)"
+    )
+    direction: Literal["maximize", "minimize"]
+
+    @field_validator("metric")
+    @classmethod
+    def _check_metric(cls, metric: str) -> str:
+        if not _METRIC.match(metric):
+            raise ValueError(
+                f"{metric!r} is not a metric name; use e.g. output_tok_s, request_per_s, "
+                "tpot_ms.mean, ttft_ms.p99, e2el_ms.p50, or one of " + ", ".join(TRIAL_METRICS)
+            )
+        return metric
+
+    @property
+    def label(self) -> str:
+        if self.metric in TRIAL_METRICS:
+            return self.metric
+        return f"{self.metric}@c{self.concurrency}"
+
+
+class LimitSpec(_Strict):
+    """A service-level limit; a trial that misses it is infeasible (told as a constraint)."""
+
+    metric: str
+    concurrency: int | Literal["max", "min"] = "max"
+    max: float | None = None
+    min: float | None = None
+
+    _check_metric = field_validator("metric")(ObjectiveSpec._check_metric.__func__)  # type: ignore[attr-defined]
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> LimitSpec:
+        if (self.max is None) == (self.min is None):
+            raise ValueError(f"limit on {self.metric!r}: give exactly one of 'max' or 'min'")
+        return self
+
+    @property
+    def label(self) -> str:
+        bound = f"<={self.max}" if self.max is not None else f">={self.min}"
+        where = self.metric if self.metric in TRIAL_METRICS else f"{self.metric}@c{self.concurrency}"
+        return f"{where}{bound}"
+
+
+class BudgetSpec(_Strict):
+    n_trials: int = Field(20, ge=1, description="trials that run a server (baseline included)")
+    timeout: Seconds | None = Field(None, gt=0, description="wall-clock limit, e.g. '8h'")
+    trial_timeout: Seconds = Field(1800.0, gt=0, description="one trial's deadline, e.g. '30m'")
+    max_retries: int = Field(1, ge=0, description="re-runs of a trial interrupted by the tuner")
+
+
+class SamplerSpec(_Strict):
+    name: Literal["tpe", "nsga2", "random", "grid"] = "tpe"
+    seed: int = 0
+    n_startup_trials: int | None = Field(None, ge=0, description="random trials before TPE models")
+
+
+class VerifySpec(_Strict):
+    require_applied: bool = Field(
+        True, description="a knob the server did not apply makes the trial infeasible"
+    )
+    nccl_debug: Literal["auto", "on", "off"] = Field(
+        "auto", description="auto: set NCCL_DEBUG=INFO when NCCL variables are searched"
+    )
+
+
+class ExecutionSpec(_Strict):
+    parallel_trials: int | None = Field(
+        None, ge=1, description="GPU groups used at once; default: as many as the cluster has"
+    )
+
+
+class SafetySpec(_Strict):
+    allow_multicast: bool = Field(
+        False, description="allow NVLS/NVLSTree (NVLink multicast) in NCCL_ALGO values"
+    )
+
+
+class StudySpec(_Strict):
+    schema_version: Literal[1] = 1
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="study name")
+    description: str = ""
+    server: ServerSpec
+    parameters: list[Parameter] = Field(default_factory=list)
+    forbidden: list[ForbiddenSpec] = Field(default_factory=list)
+    baseline: dict[str, Scalar] = Field(
+        default_factory=dict,
+        description="parameter values of the baseline trial; unlisted parameters take their "
+        "'default', or null/false",
+    )
+    objectives: list[ObjectiveSpec] = Field(
+        default_factory=lambda: [
+            ObjectiveSpec(metric="output_tok_s", concurrency="max", direction="maximize"),
+            ObjectiveSpec(metric="tpot_ms.mean", concurrency=1, direction="minimize"),
+        ],
+        min_length=1,
+    )
+    limits: list[LimitSpec] = Field(default_factory=list)
+    load: LoadSpec = Field(default_factory=LoadSpec)
+    probe: ProbeSpec = Field(default_factory=ProbeSpec)
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    sampler: SamplerSpec = Field(default_factory=SamplerSpec)
+    verify: VerifySpec = Field(default_factory=VerifySpec)
+    execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+    safety: SafetySpec = Field(default_factory=SafetySpec)
+
+    @model_validator(mode="after")
+    def _check_study(self) -> StudySpec:
+        params = {p.name: p for p in self.parameters}
+        if len(params) != len(self.parameters):
+            dup = [p.name for p in self.parameters if sum(q.name == p.name for q in self.parameters) > 1]
+            raise ValueError(f"parameters: name {dup[0]!r} is used twice")
+        targets: dict[str, str] = {}
+        for p in self.parameters:
+            if p.target in targets:
+                raise ValueError(
+                    f"parameters: {p.name!r} and {targets[p.target]!r} both set {p.target}"
+                )
+            targets[p.target] = p.name
+            if p.target in _fixed_targets(self.server):
+                raise ValueError(
+                    f"parameters: {p.name!r} sets {p.target}, which server.flags/env already fix"
+                )
+            _check_condition(f"parameter {p.name!r} 'when'", p.when, params, exclude=p.name)
+            if p.target == "env:NCCL_ALGO" and not self.safety.allow_multicast:
+                for value in p.domain() or []:
+                    if isinstance(value, str) and any(
+                        a.lower() in value.lower().replace("^", "") and not value.startswith("^")
+                        for a in MULTICAST_ALGOS
+                    ):
+                        raise ValueError(
+                            f"parameter {p.name!r}: value {value!r} uses NVLink multicast "
+                            "(NVLS), which is off-limits unless safety.allow_multicast is true"
+                        )
+        _check_acyclic(params)
+        for i, rule in enumerate(self.forbidden):
+            _check_condition(f"forbidden[{i}]", rule.when, params, exclude=None)
+        for name, value in self.baseline.items():
+            if name not in params:
+                raise ValueError(
+                    f"baseline: {name!r} is not a parameter; parameters: {', '.join(params) or 'none'}"
+                )
+            _check_in_domain(f"baseline.{name}", params[name], value)
+        for p in self.parameters:
+            if p.name not in self.baseline and p.default is not None:
+                _check_in_domain(f"parameter {p.name!r} default", p, p.default)
+        tp = int(self.server.flags.get("tensor_parallel_size", 1) or 1)
+        pp = int(self.server.flags.get("pipeline_parallel_size", 1) or 1)
+        if self.server.gpus_per_trial and tp * pp > self.server.gpus_per_trial:
+            raise ValueError(
+                f"server.gpus_per_trial: {self.server.gpus_per_trial} is fewer than "
+                f"tensor_parallel_size x pipeline_parallel_size = {tp * pp}"
+            )
+        levels = self.load.concurrency
+        for where, items in (("objectives", self.objectives), ("limits", self.limits)):
+            for item in items:
+                if isinstance(item.concurrency, int) and item.concurrency not in levels:
+                    raise ValueError(
+                        f"{where}: {item.metric} at concurrency {item.concurrency} is not a "
+                        f"measured level; load.concurrency is {list(levels)}"
+                    )
+        labels = [o.label for o in self.objectives]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"objectives: the same objective is listed twice: {labels}")
+        return self
+
+    def parameter(self, name: str) -> CategoricalParam | IntParam | FloatParam | BoolParam:
+        for p in self.parameters:
+            if p.name == name:
+                return p
+        raise KeyError(name)
+
+
+def _fixed_targets(server: ServerSpec) -> set[str]:
+    fixed = {t for key, value in server.flags.items() for t, _ in _leaves(key, value)}
+    fixed |= {f"env:{name}" for name in server.env}
+    return fixed
+
+
+def _check_condition(where: str, cond: Condition, params: dict[str, Any], *, exclude: str | None) -> None:
+    for name, expected in cond.items():
+        if name == exclude:
+            raise ValueError(f"{where}: a parameter cannot depend on itself")
+        if name not in params:
+            raise ValueError(
+                f"{where}: {name!r} is not a parameter; parameters: {', '.join(params) or 'none'}"
+            )
+        for value in expected if isinstance(expected, list) else [expected]:
+            _check_in_domain(f"{where}.{name}", params[name], value)
+
+
+def _check_in_domain(where: str, param: Any, value: Any) -> None:
+    domain = param.domain()
+    if domain is None:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
+            param.low <= value <= param.high
+        ):
+            raise ValueError(f"{where}: {value!r} is outside [{param.low}, {param.high}]")
+        return
+    if not any(value == d and type(value) is type(d) for d in domain) and not (
+        isinstance(value, (int, float)) and not isinstance(value, bool) and value in domain
+    ):
+        shown = ", ".join("null" if d is None else repr(d) for d in domain[:12])
+        more = ", ..." if len(domain) > 12 else ""
+        raise ValueError(f"{where}: {value!r} is not one of {param.name}'s values ({shown}{more})")
+
+
+def _check_acyclic(params: dict[str, Any]) -> None:
+    state: dict[str, int] = {}
+
+    def visit(name: str, path: list[str]) -> None:
+        if state.get(name) == 2:
+            return
+        if state.get(name) == 1:
+            raise ValueError(f"parameters: conditions form a cycle: {' -> '.join(path + [name])}")
+        state[name] = 1
+        for parent in params[name].when:
+            visit(parent, path + [name])
+        state[name] = 2
+
+    for name in params:
+        visit(name, [])
+
+
+def _format_loc(loc: tuple[Any, ...], data: Any) -> str:
+    """Render a pydantic location as ``parameters[2] (cudagraph_mode).values``."""
+
+    parts: list[str] = []
+    node = data
+    for item in loc:
+        if isinstance(item, int):
+            label = f"[{item}]"
+            if isinstance(node, list) and 0 <= item < len(node):
+                node = node[item]
+                if isinstance(node, dict) and "name" in node:
+                    label += f" ({node['name']})"
+            else:
+                node = None
+            parts.append(label)
+        else:
+            if item in ("categorical", "int", "float", "bool") and isinstance(node, dict):
+                continue  # the discriminator tag adds nothing for the reader
+            parts.append(("." if parts else "") + str(item))
+            node = node.get(item) if isinstance(node, dict) else None
+    return "".join(parts) or "(top level)"
+
+
+def _lookup(data: Any, loc: tuple[Any, ...]) -> tuple[bool, Any]:
+    node = data
+    for item in loc:
+        if isinstance(node, dict) and item in node:
+            node = node[item]
+        elif isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node):
+            node = node[item]
+        elif item in ("categorical", "int", "float", "bool"):
+            continue
+        else:
+            return False, None
+    return True, node
+
+
+def _allowed_keys(loc: tuple[Any, ...], data: Any) -> list[str]:
+    """Field names of the model at ``loc``, for 'unknown key' messages."""
+
+    import typing
+
+    model: Any = StudySpec
+    node = data
+    for item in loc:
+        if isinstance(item, int):
+            node = node[item] if isinstance(node, list) and item < len(node) else None
+            continue
+        if item in ("categorical", "int", "float", "bool"):
+            model = {"categorical": CategoricalParam, "int": IntParam,
+                     "float": FloatParam, "bool": BoolParam}[item]
+            continue
+        field = getattr(model, "model_fields", {}).get(item)
+        if field is None:
+            return []
+        node = node.get(item) if isinstance(node, dict) else None
+        model = None
+        stack = [field.annotation]
+        while stack:
+            ann = stack.pop()
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                model = ann
+                break
+            stack.extend(typing.get_args(ann))
+        if model is None:
+            return []
+    return sorted(getattr(model, "model_fields", {}))
+
+
+def parse_study(text: str, source: str = "<study>") -> StudySpec:
+    """Parse YAML text into a StudySpec, or raise SpecError naming source, field and value."""
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SpecError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: the study file must be a mapping of sections, got {type(data).__name__}")
+    try:
+        return StudySpec.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            where = _format_loc(loc, data)
+            message = err["msg"].removeprefix("Value error, ")
+            found, value = _lookup(data, loc)
+            got = ""
+            if found and err["type"] not in ("missing",) and not isinstance(value, (dict, list)):
+                got = f" (got {value!r})"
+            if err["type"] == "extra_forbidden":
+                where = _format_loc(loc[:-1], data)
+                allowed = _allowed_keys(loc[:-1], data)
+                message = f"unknown key {loc[-1]!r}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+                got = ""
+            prefix = f"{source}: {where}: " if loc else f"{source}: "
+            lines.append(f"{prefix}{message}{got}")
+        raise SpecError("\n".join(lines)) from exc

@@ -1,0 +1,136 @@
+"""Incremental Server-Sent Events parser for OpenAI-style streaming responses.
+
+This is the load generator's hot path: at high concurrency the client must keep up with
+tens of thousands of chunks per second on one core, or the measured latencies become the
+client's own (measurement.md §4.8). So it works on bytes with ``bytes.split``/``find`` and
+``startswith``, never per-line regexes or per-character loops, and hands ``json.loads``
+the raw bytes.
+
+What it handles: several events per read, events and lines split across reads at any
+byte, ``\\n`` or ``\\r\\n`` line ends, comment/keep-alive lines (``:``), multi-line
+``data:``, ``event: error``, ``data: [DONE]``, and a JSON ``{"error": ...}`` object
+mid-stream (vLLM reports engine errors that way after the 200 status is sent).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["SSEError", "SSEParser"]
+
+
+@dataclass(frozen=True, slots=True)
+class SSEError:
+    """An error reported inside the stream (the HTTP status was already 200).
+
+    ``kind`` is ``"server_error"`` for an error event or ``{"error": ...}`` object and
+    ``"malformed"`` for data that is not a JSON object.
+    """
+
+    kind: str
+    message: str
+
+
+class SSEParser:
+    """Feed raw byte chunks; get back decoded JSON objects and :class:`SSEError` items.
+
+    ``feed`` returns the events completed by that chunk in order. After ``data: [DONE]``
+    :attr:`done` is True. Call :meth:`close` at end of stream to flush an event that was
+    not terminated by a blank line (lenient: some proxies drop the final blank line).
+    """
+
+    __slots__ = ("_buf", "_data", "_event", "done")
+
+    def __init__(self) -> None:
+        self._buf = b""
+        # Data lines of the event being assembled. Almost every event has exactly one,
+        # so a single bytes object is kept and a list is only built for the rare rest.
+        self._data: bytes | list[bytes] | None = None
+        self._event: bytes | None = None
+        self.done = False
+
+    def feed(self, chunk: bytes) -> list[dict[str, Any] | SSEError]:
+        out: list[dict[str, Any] | SSEError] = []
+        buf = self._buf + chunk if self._buf else chunk
+        lines = buf.split(b"\n")
+        self._buf = lines.pop()  # text after the last newline is an incomplete line
+        for line in lines:
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if not line:
+                if self._data is not None or self._event is not None:
+                    self._dispatch(out)
+                continue
+            if line.startswith(b"data:"):
+                value = line[6:] if line.startswith(b"data: ") else line[5:]
+                if self._data is None:
+                    self._data = value
+                elif isinstance(self._data, list):
+                    self._data.append(value)
+                else:
+                    self._data = [self._data, value]
+            elif line.startswith(b":"):
+                continue  # comment / keep-alive
+            elif line.startswith(b"event:"):
+                self._event = line[6:].strip()
+            # id:, retry: and unknown fields carry nothing the runner needs.
+        return out
+
+    def close(self) -> list[dict[str, Any] | SSEError]:
+        """Flush a pending final line and event at end of stream."""
+        out = self.feed(b"\n\n") if self._buf else []
+        if self._data is not None or self._event is not None:
+            self._dispatch(out)
+        return out
+
+    def _dispatch(self, out: list[dict[str, Any] | SSEError]) -> None:
+        data = self._data
+        event = self._event
+        self._data = None
+        self._event = None
+        if isinstance(data, list):
+            data = b"\n".join(data)
+        if event is not None and event not in (b"message", b""):
+            if event == b"error":
+                text = data.decode("utf-8", "replace") if data is not None else ""
+                out.append(SSEError("server_error", _error_text(text)))
+                return
+            # Other named events (none sent by vLLM) are not part of the token stream.
+            return
+        if data is None:
+            return
+        if data == b"[DONE]":
+            self.done = True
+            return
+        try:
+            obj = json.loads(data)
+        except ValueError:
+            out.append(SSEError("malformed", f"invalid JSON in data line: {data[:200]!r}"))
+            return
+        if not isinstance(obj, dict):
+            out.append(SSEError("malformed", f"data is not a JSON object: {data[:200]!r}"))
+        elif "error" in obj and obj["error"] is not None and "choices" not in obj:
+            out.append(SSEError("server_error", _describe_error(obj["error"])))
+        else:
+            out.append(obj)
+
+
+def _error_text(text: str) -> str:
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(obj, dict) and "error" in obj:
+        return _describe_error(obj["error"])
+    return text
+
+
+def _describe_error(err: Any) -> str:
+    # vLLM sends {"error": {"message", "type", "code"}}; other servers send a string.
+    if isinstance(err, dict):
+        parts = [str(err.get(k)) for k in ("type", "code") if err.get(k) is not None]
+        message = str(err.get("message", err))
+        return f"{'/'.join(parts)}: {message}" if parts else message
+    return str(err)

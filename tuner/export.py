@@ -1,0 +1,115 @@
+"""Turn a chosen trial into something that starts the server exactly as it was measured.
+
+Every format comes from ``trial_command`` (the renderer the trial runner used), so the
+exported flags and environment are the measured ones. Secret variables are exported as
+references (``$HF_TOKEN``), never as values.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from typing import Any
+
+from tuner import __version__
+from tuner.adapters.artifacts import is_secret_name
+from tuner.core.pareto import Filter, pick_point
+from tuner.core.render import RenderedCommand, shell_line
+from tuner.core.spec import StudySpec
+from tuner.orchestrator import trial_command
+from tuner.records import TrialRecord, record_points
+
+__all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]
+
+FORMATS = ("shell", "env", "json")
+
+# Variables the tuner adds only to read the applied configuration back; they are not
+# part of the configuration being recommended.
+_VERIFY_ONLY_ENV = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS")
+
+
+class ExportError(Exception):
+    """The requested point cannot be exported (message says why and what to do)."""
+
+
+def choose_record(
+    records: list[TrialRecord],
+    labels: list[str],
+    directions: list[str],
+    *,
+    trial: int | None,
+    pick: str | None,
+    filters: list[Filter],
+    force: bool,
+) -> TrialRecord:
+    by_number = {r.number: r for r in records}
+    if trial is not None:
+        record = by_number.get(trial)
+        if record is None:
+            raise ExportError(f"trial {trial} does not exist in this study")
+        if record.kind != "run" or record.state != "COMPLETE":
+            raise ExportError(f"trial {trial} did not complete ({record.outcome}); nothing to export")
+        if not record.feasible and not force:
+            raise ExportError(
+                f"trial {trial} is not a valid configuration ({record.outcome}: "
+                f"{_why(record)}); use --force to export it anyway"
+            )
+        return record
+    point = pick_point(record_points(records, labels), labels, directions,
+                       policy=pick or "knee", filters=filters, include_infeasible=force)
+    if point is None:
+        raise ExportError("no feasible trial matches the pick" + (" and filters" if filters else ""))
+    return by_number[point.number]
+
+
+def _why(record: TrialRecord) -> str:
+    if record.outcome == "probe_failed":
+        return str(record.attrs.get("outcome", {}).get("probe_reason") or "correctness probe failed")
+    if record.outcome == "not_applied":
+        bad = record.attrs.get("outcome", {}).get("mismatches", [])
+        return "; ".join(f"{m.get('target')}: asked {m.get('asked')!r}, got {m.get('got')!r}" for m in bad) or "not applied"
+    if record.outcome == "limit_missed":
+        return ", ".join(k for k, v in record.constraints.items() if k.startswith("limit:") and v > 0)
+    return record.outcome
+
+
+def _command(spec: StudySpec, record: TrialRecord) -> RenderedCommand:
+    # 'python' rather than this machine's interpreter path: the export is for another box.
+    argv, env = trial_command(spec, record.params, python="python")
+    env = {k: v for k, v in env.items() if k not in _VERIFY_ONLY_ENV}
+    for name in spec.server.secret_env:
+        env.setdefault(name, "")
+    return RenderedCommand(argv, env)
+
+
+def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: str) -> str:
+    command = _command(spec, record)
+    secrets = tuple(n for n in command.env if is_secret_name(n) or n in spec.server.secret_env)
+    meta = {
+        "study": study_name,
+        "trial": record.number,
+        "outcome": record.outcome,
+        "objectives": record.values,
+        "params": record.params,
+        "tuner_version": __version__,
+        "exported_unix": int(time.time()),
+    }
+    if fmt == "shell":
+        header = [f"# tuner export: study {study_name}, trial {record.number} ({record.outcome})"]
+        header += [f"#   {k} = {v:.4g}" for k, v in record.values.items()]
+        header.append(f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        return "\n".join(header) + "\n" + shell_line(command, redact=secrets) + "\n"
+    if fmt == "env":
+        lines = [f"# tuner export: study {study_name}, trial {record.number}"]
+        for name, value in command.env.items():
+            lines.append(f"{name}=${{{name}}}" if name in secrets else f"{name}={shlex.quote(value)}")
+        return "\n".join(lines) + "\n"
+    if fmt == "json":
+        env = {k: (f"${{{k}}}" if k in secrets else v) for k, v in command.env.items()}
+        return json.dumps({"argv": command.argv, "env": env, **meta}, indent=2) + "\n"
+    raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
+
+
+def summary(record: TrialRecord) -> dict[str, Any]:
+    return {"trial": record.number, "values": record.values, "outcome": record.outcome}
