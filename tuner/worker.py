@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -22,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 from tuner.adapters import gpu
-from tuner.adapters.artifacts import atomic_write_json, atomic_write_text, redact_env
+from tuner.adapters.artifacts import atomic_write_json, redact_env
 from tuner.adapters.launcher import ServerProcess
-from tuner.adapters.loadgen import run_sweep
+from tuner.adapters.loadgen import run_sweep, write_records_jsonl
 from tuner.adapters.probe_client import run_probe
 from tuner.core.effective_config import parse_effective_config
 from tuner.core.load_spec import LoadSpec
@@ -44,6 +43,7 @@ class TrialWorker:
     def __init__(self, group_index: int = 0) -> None:
         self.group_index = group_index
         self._server: ServerProcess | None = None
+        self._began: float | None = None
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -59,7 +59,7 @@ class TrialWorker:
             number=request.number, status="failed", host=socket.gethostname(),
             started_unix=time.time(),
         )
-        began = time.monotonic()
+        began = self._began = time.monotonic()
         phase = "prepare"
         trial_dir = Path(request.trial_dir)
         try:
@@ -142,7 +142,8 @@ class TrialWorker:
         assert self._server is not None
         spec = ProbeSpec.model_validate(request.probe)
         began = time.monotonic()
-        result = await run_probe(self._server.base_url, request.served_model_name, spec)
+        result = await run_probe(self._server.base_url, request.served_model_name, spec,
+                                 deadline_s=self._remaining(request))
         outcome.probe_s = time.monotonic() - began
         outcome.probe_passed = result.passed
         outcome.probe_reason = result.reason
@@ -154,18 +155,22 @@ class TrialWorker:
         began = time.monotonic()
         sweep = await run_sweep(
             self._server.base_url, request.served_model_name, spec,
-            ignore_eos=request.ignore_eos,
+            ignore_eos=request.ignore_eos, deadline_s=self._remaining(request),
         )
         outcome.load_s = time.monotonic() - began
         for level in sweep.levels:
             key = str(level.concurrency)
-            outcome.levels[key] = level.metrics.flat()
+            # NaN marks "no sample" in metrics; JSON and the Optuna storage want null.
+            outcome.levels[key] = {k: (None if v != v else v) for k, v in level.metrics.flat().items()}
             if level.server_side is not None:
                 outcome.server_side[key] = level.server_side
-            lines = "".join(json.dumps(r.to_json()) + "\n" for r in level.records)
-            atomic_write_text(trial_dir / f"requests-c{level.concurrency}.jsonl", lines)
+            write_records_jsonl(trial_dir / f"requests-c{level.concurrency}.jsonl", level.records)
         outcome.warnings.extend(sweep.warnings)
         atomic_write_json(trial_dir / "metrics.json", sweep.summary())
+
+    def _remaining(self, request: TrialRequest) -> float:
+        assert self._began is not None
+        return max(1.0, request.deadline_s - (time.monotonic() - self._began))
 
     async def _watch(self, work: Any) -> None:
         """Run ``work`` but fail at once if the server process dies meanwhile."""

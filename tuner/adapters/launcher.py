@@ -173,6 +173,7 @@ class ServerProcess:
                 code = self.exit_code()
                 if code is not None:
                     self._scan_new_log()
+                    self._scanner.finish()  # the last line may lack its newline
                     found = self._scanner.signature
                     detail = f": {found.summary}" if found else ""
                     raise ServerExited(

@@ -20,15 +20,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from collections import Counter
-from collections.abc import Sequence
+from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from tuner.adapters.artifacts import atomic_write_text
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.core.load_spec import Api, LoadSpec
@@ -67,7 +69,9 @@ def _root(base_url: str) -> str:
     return url[:-3] if url.endswith("/v1") else url
 
 
-def _request_body(model: str, item: RequestPlan, api: Api, continuous_usage: bool) -> dict[str, Any]:
+def _request_body(
+    model: str, item: RequestPlan, api: Api, continuous_usage: bool
+) -> dict[str, Any]:
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": item.max_tokens,
@@ -136,20 +140,25 @@ class _StreamState:
                 self.output_tokens = usage.get("completion_tokens")
 
 
+@dataclass(frozen=True, slots=True)
+class _Level:
+    """What every request of one level shares."""
+
+    client: httpx.AsyncClient
+    url: str
+    api: Api
+    concurrency: int
+    t0: float  # perf_counter() at the level start; records are relative to it
+    request_timeout_s: float
+
+
 async def _one_request(
-    client: httpx.AsyncClient,
-    url: str,
-    body: dict[str, Any],
-    item: RequestPlan,
-    *,
-    api: Api,
-    concurrency: int,
-    scheduled_s: float,
-    t0: float,
-    request_timeout_s: float,
+    lv: _Level, item: RequestPlan, body: dict[str, Any], scheduled_s: float
 ) -> RequestRecord:
     perf = time.perf_counter
-    st = _StreamState(chat=api == "chat")
+    t0 = lv.t0
+    request_timeout_s = lv.request_timeout_s
+    st = _StreamState(chat=lv.api == "chat")
     parser = SSEParser()
     status: int | None = None
     error: RequestError | None = None
@@ -159,7 +168,7 @@ async def _one_request(
         # httpx timeouts are per socket operation; a server trickling bytes forever would
         # never trip them, so the whole request also runs under one total timeout.
         async with asyncio.timeout(request_timeout_s):
-            async with client.stream("POST", url, json=body) as resp:
+            async with lv.client.stream("POST", lv.url, json=body) as resp:
                 status = resp.status_code
                 if status != 200:
                     text = (await resp.aread())[:500].decode("utf-8", "replace")
@@ -177,7 +186,9 @@ async def _one_request(
                             type="incomplete_stream", message="stream ended without data: [DONE]"
                         )
     except TimeoutError:
-        error = RequestError(type="timeout", message=f"no complete response in {request_timeout_s}s")
+        error = RequestError(
+            type="timeout", message=f"no complete response in {request_timeout_s}s"
+        )
     except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
         error = RequestError(type="connect_error", message=f"{type(exc).__name__}: {exc}")
     except httpx.TimeoutException as exc:
@@ -205,7 +216,7 @@ async def _one_request(
     return RequestRecord(
         index=item.index,
         class_name=item.class_name,
-        concurrency=concurrency,
+        concurrency=lv.concurrency,
         scheduled_s=scheduled_s,
         dispatch_s=dispatch_s,
         chunk_times_s=times,
@@ -269,6 +280,7 @@ async def run_level(
         sem = asyncio.Semaphore(concurrency)
         tasks: list[asyncio.Task[RequestRecord]] = []
         t0 = time.perf_counter()
+        lv = _Level(client, url, api, concurrency, t0, request_timeout_s)
         try:
             for item in plan:
                 await sem.acquire()
@@ -281,13 +293,7 @@ async def run_level(
                     )
                     break
                 body = _request_body(model, item, api, continuous_usage)
-                task = asyncio.create_task(
-                    _one_request(
-                        client, url, body, item,
-                        api=api, concurrency=concurrency, scheduled_s=scheduled_s,
-                        t0=t0, request_timeout_s=request_timeout_s,
-                    )
-                )
+                task = asyncio.create_task(_one_request(lv, item, body, scheduled_s))
                 task.add_done_callback(lambda _t: sem.release())
                 tasks.append(task)
             return list(await asyncio.gather(*tasks))
@@ -352,7 +358,8 @@ async def fit_plan(
         fitter = TokenFitter(d.draft, d.target_prompt_tokens)
         while (n := fitter.next_probe()) is not None:
             async with sem:
-                count = await fetch_token_count(client, base_url, model, d.draft.render(n), chat=chat)
+                text = d.draft.render(n)
+                count = await fetch_token_count(client, base_url, model, text, chat=chat)
             if count is None:
                 return None
             fitter.observe(n, count)
@@ -412,7 +419,7 @@ class LevelResult(BaseModel):
     deadline_hit: bool = Field(description="The level stopped issuing before its plan ended.")
     warmup: WarmupSummary
     metrics: LevelMetrics
-    server: dict[str, Any] | None = Field(
+    server_side: dict[str, Any] | None = Field(
         description="server_side_metrics() over the measured requests; None without /metrics."
     )
     token_agreement: TokenAgreement
@@ -432,11 +439,15 @@ class SweepResult(BaseModel):
     duration_s: float
     levels: list[LevelResult]
     skipped_levels: list[int] = Field(description="Levels not run because the budget ran out.")
-    notes: list[str]
+    warnings: list[str] = Field(description="Degraded measurement: missing endpoints, budget.")
 
     def to_json(self, *, include_records: bool = True, indent: int | None = None) -> str:
         exclude = {"levels": {"__all__": {"records"}}} if not include_records else None
         return self.model_dump_json(exclude=exclude, indent=indent)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-ready dict of everything but the raw records (for metrics.json)."""
+        return self.model_dump(mode="json", exclude={"levels": {"__all__": {"records"}}})
 
     def flat_by_level(self) -> dict[int, dict[str, float]]:
         """``LevelMetrics.flat()`` of each level, keyed by concurrency."""
@@ -444,13 +455,8 @@ class SweepResult(BaseModel):
 
 
 def write_records_jsonl(path: Path, records: Sequence[RequestRecord]) -> None:
-    """Write records one JSON object per line, atomically (temp file + rename)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with tmp.open("w", encoding="utf-8") as f:
-        for r in records:
-            f.write(r.model_dump_json())
-            f.write("\n")
-    os.replace(tmp, path)
+    """Write records one JSON object per line, atomically (a full disk raises ArtifactWriteError)."""
+    atomic_write_text(path, "".join(r.model_dump_json() + "\n" for r in records))
 
 
 def read_records_jsonl(path: Path) -> list[RequestRecord]:
@@ -469,12 +475,21 @@ def _agreement(records: Sequence[RequestRecord], server: dict[str, Any] | None) 
             agree=None,
             note="server exposes no vllm:generation_tokens_total",
         )
-    rel = abs(client - gen) / gen if gen > 0 else (0.0 if client == 0 else float("inf"))
     note = None
     failed = sum(1 for r in records if not r.ok)
     if failed:
         # Aborted requests generated tokens the client never got a usage count for.
         note = f"{failed} failed requests: their server-side tokens have no client usage"
+    if gen <= 0:
+        # No relative difference exists; inf would not survive JSON either.
+        return TokenAgreement(
+            client_output_tokens=client,
+            server_generation_tokens=gen,
+            relative_diff=None,
+            agree=client == 0,
+            note=note or "server counted no generated tokens",
+        )
+    rel = abs(client - gen) / gen
     return TokenAgreement(
         client_output_tokens=client,
         server_generation_tokens=gen,
@@ -490,7 +505,7 @@ async def run_sweep(
     load_spec: LoadSpec,
     *,
     ignore_eos: bool,
-    deadline_s: float | None,
+    deadline_s: float | None = None,
     headers: dict[str, str] | None = None,
 ) -> SweepResult:
     """Warm up and measure every concurrency level of ``load_spec``.
@@ -509,79 +524,115 @@ async def run_sweep(
     notes: list[str] = []
     levels: list[LevelResult] = []
     skipped: list[int] = []
-    spec = load_spec
+
+    def budget() -> float | None:
+        """Seconds a level may issue for now; None once the sweep budget is spent."""
+        if deadline_s is None:
+            return load_spec.max_level_seconds
+        remaining = deadline_s - (time.perf_counter() - t_start)
+        return min(load_spec.max_level_seconds, remaining) if remaining > 0 else None
+
     async with httpx.AsyncClient(timeout=_AUX_TIMEOUT_S, headers=headers) as aux:
         can_fit = False
-        if spec.fit_prompt_tokens:
+        if load_spec.fit_prompt_tokens:
             can_fit = await fetch_token_count(aux, base_url, model, "hello") is not None
             if not can_fit:
                 notes.append("/tokenize unavailable: prompt lengths are ~1.3 tokens/word estimates")
-        for c in spec.concurrency:
-            remaining = None if deadline_s is None else deadline_s - (time.perf_counter() - t_start)
-            if remaining is not None and remaining <= 0:
+        sweep = _Sweep(
+            aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes
+        )
+        for c in load_spec.concurrency:
+            result = await _sweep_level(sweep, c)
+            if result is None:
                 skipped.append(c)
-                continue
-            budget = spec.max_level_seconds if remaining is None else min(spec.max_level_seconds, remaining)
-
-            drafts = draft_requests(
-                spec.workload, spec.requests_for(c), seed=spec.seed, stream=level_stream("measure", c)
-            )
-            plan = None
-            if can_fit:
-                plan = await fit_plan(aux, base_url, model, drafts, ignore_eos=ignore_eos, api=spec.api)
-                if plan is None:
-                    notes.append(f"c={c}: /tokenize failed while fitting; prompt lengths estimated")
-            fitted = plan is not None
-            if plan is None:
-                plan = [d.to_plan(ignore_eos=ignore_eos) for d in drafts]
-
-            warmup = await _warm_up(base_url, model, spec, c, ignore_eos, budget, headers)
-            before = await scrape_metrics(aux, base_url)
-            records = await run_level(
-                base_url, model, plan,
-                concurrency=c, api=spec.api, deadline_s=budget,
-                request_timeout_s=spec.request_timeout_s, headers=headers,
-            )
-            after = await scrape_metrics(aux, base_url)
-            server = server_side_metrics(before, after) if before and after else None
-            agreement = _agreement(records, server)
-            if agreement.agree is False:
-                # vLLM records stats just after handing tokens out; one late scrape rules
-                # out a race before the disagreement is reported.
-                await asyncio.sleep(1.0)
-                late = await scrape_metrics(aux, base_url)
-                if before and late:
-                    server = server_side_metrics(before, late)
-                    agreement = _agreement(records, server)
-            if agreement.agree is False:
-                logger.warning(
-                    "c=%d: client/server token counts disagree: %d vs %s",
-                    c, agreement.client_output_tokens, agreement.server_generation_tokens,
-                )
-            levels.append(
-                LevelResult(
-                    concurrency=c,
-                    prompts_fitted=fitted,
-                    deadline_hit=len(records) < len(plan),
-                    warmup=warmup,
-                    metrics=compute_level_metrics(records, concurrency=c, planned=len(plan)),
-                    server=server,
-                    token_agreement=agreement,
-                    records=records,
-                )
-            )
+            else:
+                levels.append(result)
     if skipped:
         notes.append(f"levels {skipped} skipped: sweep budget of {deadline_s}s exhausted")
     return SweepResult(
         model=model,
         base_url=base_url,
-        load=spec,
+        load=load_spec,
         ignore_eos=ignore_eos,
         started_at=started_at,
         duration_s=time.perf_counter() - t_start,
         levels=levels,
         skipped_levels=skipped,
-        notes=notes,
+        warnings=notes,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Sweep:
+    """What every level of one sweep shares."""
+
+    aux: httpx.AsyncClient  # for /tokenize and /metrics
+    base_url: str
+    model: str
+    spec: LoadSpec
+    ignore_eos: bool
+    can_fit: bool
+    budget: Callable[[], float | None]  # seconds a level may issue now; None = spent
+    headers: dict[str, str] | None
+    notes: list[str]  # appended to
+
+
+async def _sweep_level(sw: _Sweep, c: int) -> LevelResult | None:
+    """Fit → warm up → scrape → measure → scrape for one level; None if out of budget."""
+    aux, base_url, model, spec = sw.aux, sw.base_url, sw.model, sw.spec
+    ignore_eos, budget, headers = sw.ignore_eos, sw.budget, sw.headers
+    if budget() is None:
+        return None
+    drafts = draft_requests(
+        spec.workload, spec.requests_for(c), seed=spec.seed, stream=level_stream("measure", c)
+    )
+    plan = None
+    if sw.can_fit:
+        plan = await fit_plan(aux, base_url, model, drafts, ignore_eos=ignore_eos, api=spec.api)
+        if plan is None:
+            sw.notes.append(f"c={c}: /tokenize failed while fitting; prompt lengths estimated")
+    fitted = plan is not None
+    if plan is None:
+        plan = [d.to_plan(ignore_eos=ignore_eos) for d in drafts]
+
+    warm_budget = budget()
+    if warm_budget is None:
+        return None
+    warmup = await _warm_up(base_url, model, spec, c, ignore_eos, warm_budget, headers)
+    level_budget = budget()
+    if level_budget is None:
+        return None
+    before = await scrape_metrics(aux, base_url)
+    records = await run_level(
+        base_url, model, plan,
+        concurrency=c, api=spec.api, deadline_s=level_budget,
+        request_timeout_s=spec.request_timeout_s, headers=headers,
+    )
+    after = await scrape_metrics(aux, base_url)
+    server = server_side_metrics(before, after) if before and after else None
+    agreement = _agreement(records, server)
+    if agreement.agree is False and before is not None:
+        # vLLM records stats just after handing tokens out; one late scrape rules out a
+        # race before a disagreement is reported.
+        await asyncio.sleep(1.0)
+        late = await scrape_metrics(aux, base_url)
+        if late is not None:
+            server = server_side_metrics(before, late)
+            agreement = _agreement(records, server)
+    if agreement.agree is False:
+        logger.warning(
+            "c=%d: client/server token counts disagree: %d vs %s",
+            c, agreement.client_output_tokens, agreement.server_generation_tokens,
+        )
+    return LevelResult(
+        concurrency=c,
+        prompts_fitted=fitted,
+        deadline_hit=len(records) < len(plan),
+        warmup=warmup,
+        metrics=compute_level_metrics(records, concurrency=c, planned=len(plan)),
+        server_side=server,
+        token_agreement=agreement,
+        records=records,
     )
 
 

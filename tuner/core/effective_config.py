@@ -206,16 +206,18 @@ def _to_int_list(text: str) -> list[int]:
 
 # Fields read off the engine config line: (field, regex, converter).
 _ENGINE_FIELDS: tuple[tuple[str, re.Pattern[str], Callable[[str], Any]], ...] = (
-    ("model", re.compile(r"with config: model='([^']*)'"), str),
+    ("model", re.compile(r"\bmodel='([^']*)'"), str),  # the first key after 'with config: '
     ("dtype", re.compile(r", dtype=torch\.(\w+)"), str),
     ("tensor_parallel_size", re.compile(r", tensor_parallel_size=(\d+)"), int),
     ("pipeline_parallel_size", re.compile(r", pipeline_parallel_size=(\d+)"), int),
-    ("disable_custom_all_reduce", re.compile(r", disable_custom_all_reduce=(True|False)\b"), _to_bool),
+    ("disable_custom_all_reduce",
+     re.compile(r", disable_custom_all_reduce=(True|False)\b"), _to_bool),
     ("enforce_eager", re.compile(r", enforce_eager=(True|False)\b"), _to_bool),
     ("platform", re.compile(r", device_config=(\w+)"), str),
     ("compilation_mode", re.compile(r"'mode': <CompilationMode\.(\w+): \d+>"), str),
     ("cudagraph_mode_configured", re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)"), str),
-    ("cudagraph_capture_sizes", re.compile(r"'cudagraph_capture_sizes': \[([\d,\s]*)\]"), _to_int_list),
+    ("cudagraph_capture_sizes",
+     re.compile(r"'cudagraph_capture_sizes': \[([\d,\s]*)\]"), _to_int_list),
     ("max_cudagraph_capture_size", re.compile(r"'max_cudagraph_capture_size': (\d+)"), int),
 )
 _SPEC_RE = re.compile(r", speculative_config=(None|SpeculativeConfig\(([^)]*)\))")
@@ -227,8 +229,10 @@ _DOWNGRADE_RES = (
     # config time: "Cudagraph mode X is not compatible with compilation mode Y.[ ]Overriding to Z."
     re.compile(r"Cudagraph mode (?P<src>\w+) is not compatible with compilation mode \w+\."
                r"\s*Overriding to (?P<dst>[A-Z_]+)"),
-    # worker init, per attention backend: "CUDAGraphMode.X is not supported with ...; setting cudagraph_mode=Y"
-    re.compile(r"CUDAGraphMode\.(?P<src>\w+) is not\s+supported\b.*?; setting cudagraph_mode=(?P<dst>[A-Z_]+)"),
+    # worker init, per attention backend:
+    # "CUDAGraphMode.X is not supported with ...; setting cudagraph_mode=Y[ because ...]"
+    re.compile(r"CUDAGraphMode\.(?P<src>\w+) is not\s+supported\b.*?"
+               r"; setting cudagraph_mode=(?P<dst>[A-Z_]+)"),
     # pooling, encoder-decoder, DCP, empty splitting_ops. Capitalised on purpose: the
     # empty-splitting_ops message ends with a hint "consider manually setting
     # cudagraph_mode to FULL" that is not a change.
@@ -254,7 +258,8 @@ _BACKENDS_RE = re.compile(
     r"Using \[([^\]]*)\] all-reduce backends \(in dispatch order\) for (?:group )?'([^']+)'"
 )
 _ATTENTION_RE = re.compile(
-    r"\bUsing (?:AttentionBackendEnum\.([A-Z][A-Z0-9_]+) backend|([A-Z][A-Z0-9_]+) attention backend)\b"
+    r"\bUsing (?:AttentionBackendEnum\.([A-Z][A-Z0-9_]+) backend"
+    r"|([A-Z][A-Z0-9_]+) attention backend)\b"
 )
 _RUNNER_RE = re.compile(r"\bUsing (V\d) Model Runner\b|\busing the (V\d) model runner instead\b")
 _KV_RE = re.compile(r"\b(GPU|CPU) KV cache size: ([\d,]+) tokens")
@@ -263,7 +268,8 @@ _STARTUP_RES = (
     (re.compile(r"init engine \(profile, create kv cache, warmup model\) took ([\d.]+) s"
                 r"(?:econds)?(?: \(compilation: ([\d.]+) s\))?"), ("init_engine", "compilation")),
     (re.compile(r"torch\.compile took ([\d.]+) s in total"), ("torch_compile",)),
-    (re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"), ("model_loading",)),
+    (re.compile(r"Model loading took [\d.]+ GiB(?: memory)? and ([\d.]+) seconds"),
+     ("model_loading",)),
 )
 _VLLM_NCCL_RE = re.compile(r"vLLM is using nccl==(\S+)")
 _NCCL_VERSION_RE = re.compile(r"NCCL INFO NCCL version (\d[\w.]*)")
@@ -318,7 +324,8 @@ class _Scan:
             self.put("non_default_args", _parse_python_dict(m.group(1)), line, m)
             self.f["non_default_args_line"] = line.rstrip("\r")
         except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
-            self.warnings.append(f"non-default args not parsed ({type(exc).__name__}): {excerpt(line)}")
+            self.warnings.append(
+                f"non-default args not parsed ({type(exc).__name__}): {excerpt(line)}")
 
     def engine(self, line: str) -> None:
         if not (m := _ENGINE_RE.search(line)):
@@ -356,11 +363,14 @@ class _Scan:
     def downgrade(self, line: str) -> None:
         for regex in _DOWNGRADE_RES:
             if m := regex.search(line):
-                src = m.groupdict().get("src")
-                change = CudagraphDowngrade(from_mode=src, to_mode=m.group("dst"), line=excerpt(line))
-                if change not in self.downgrades:  # every TP worker logs the same warning
-                    self.downgrades.append(change)
-                self.put("cudagraph_mode", change.to_mode, line, m)
+                src, dst = m.groupdict().get("src"), m.group("dst")
+                last = self.downgrades[-1] if self.downgrades else None
+                # Every TP worker logs the same warning: keep the first of a run.
+                if last is None or (last.from_mode, last.to_mode) != (src, dst) \
+                        or self.f.get("cudagraph_mode") != dst:
+                    self.downgrades.append(
+                        CudagraphDowngrade(from_mode=src, to_mode=dst, line=excerpt(line)))
+                    self.put("cudagraph_mode", dst, line, m)
                 return
 
     def capture(self, line: str) -> None:
@@ -388,7 +398,8 @@ class _Scan:
     def custom_ar(self, line: str) -> None:
         if m := _CUSTOM_AR_RE.search(line):
             self.put("custom_all_reduce_active", False, line, m)
-            self.f["custom_all_reduce_reason"] = _CUSTOM_AR_REASONS.get(m.group("why") or "", "other")
+            why = m.group("why") or ""
+            self.f["custom_all_reduce_reason"] = _CUSTOM_AR_REASONS.get(why, "other")
             self.ar_reason_from_warning = True
 
     def backends(self, line: str) -> None:
@@ -523,6 +534,11 @@ def _finish(scan: _Scan) -> EffectiveConfig:
 
 
 def _derive_speculation(f: dict[str, Any], ev: dict[str, str]) -> None:
+    if "speculative_method" in ev and f.get("speculative_method") is None:
+        # `speculative_config=None`: every speculation field is seen, and off.
+        for key in ("prompt_lookup_min", "prompt_lookup_max"):
+            ev[key] = ev["speculative_method"]
+        return
     # prompt_lookup_* are not in the engine line's SpeculativeConfig repr; the parsed
     # CLI value is the best record of them.
     spec = (f.get("non_default_args") or {}).get("speculative_config")
@@ -541,7 +557,8 @@ def _derive_custom_ar(f: dict[str, Any], ev: dict[str, str], scan: _Scan) -> Non
     backends = f.get("allreduce_backends")
     if backends is not None:
         f["custom_all_reduce_active"] = "CUSTOM" in backends
-        f["custom_all_reduce_reason"] = None if "CUSTOM" in backends else "not_in_allreduce_backends"
+        f["custom_all_reduce_reason"] = (
+            None if "CUSTOM" in backends else "not_in_allreduce_backends")
         ev["custom_all_reduce_active"] = ev["allreduce_backends"]
     elif f.get("disable_custom_all_reduce"):
         f["custom_all_reduce_active"] = False

@@ -75,15 +75,18 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("max_model_len_too_large", "the KV cache cannot hold one request of max_model_len",
           re.compile(r"To serve at least one request with the models?'s max seq len")),
     _Rule("cuda_oom", "CUDA out of memory",
-          re.compile(r"\bCUDA out of memory\b|" + _EXC + r"OutOfMemoryError\b|\bCUDA error: out of memory\b")),
+          re.compile(r"\bCUDA out of memory\b|\bCUDA error: out of memory\b|"
+                     + _EXC + r"OutOfMemoryError\b")),
     _Rule("nccl_error", "NCCL error",
           re.compile(r"\bnccl(?:InvalidUsage|InvalidArgument|UnhandledCudaError|SystemError"
                      r"|InternalError|RemoteError)\b|\bNCCL error\b")),
     # The raise (support NEVER) says "please try cudagraph_mode=PIECEWISE"; the
     # downgrade WARNING says "; setting cudagraph_mode=..." and is not fatal.
-    _Rule("unsupported_cudagraph_mode", "the attention backend cannot run the requested cudagraph mode",
+    _Rule("unsupported_cudagraph_mode",
+          "the attention backend cannot run the requested cudagraph mode",
           re.compile(r"CUDAGraphMode\.\w+ is not\s+supported with .*please try cudagraph_mode=")),
-    _Rule("unsupported_speculative_method", "the model does not support the requested speculative method",
+    _Rule("unsupported_speculative_method",
+          "the model does not support the requested speculative method",
           re.compile(_EXC + r"NotImplementedError: Unsupported speculative method\b")),
     _Rule("missing_dependency", "a Python dependency is missing",
           re.compile(_EXC + r"(?:ImportError|ModuleNotFoundError): ")),
@@ -131,7 +134,7 @@ def _classify(parsed: LogLine, line: str) -> FatalSignature | None:
     for rule in _RULES:
         if rule.pattern.search(parsed.message):
             return FatalSignature(reason=rule.reason, summary=rule.summary,
-                                  line=excerpt(line, width=_SIGNATURE_LINE_WIDTH))
+                                  line=excerpt(strip_ansi(line), width=_SIGNATURE_LINE_WIDTH))
     return None
 
 
@@ -139,8 +142,10 @@ class FatalLineScanner:
     """Incremental fatal-line detection over a growing log (see the module docstring).
 
     ``feed(chunk)`` accepts any slice of the text, partial lines included, and returns the
-    decided signature (the same one on every later call) or None. ``pending`` is a
-    generic failure waiting for its root cause; ``finish()`` settles it at end of input.
+    settled signature (the same one on every later call) or None. ``signature`` is the
+    best answer so far: the settled one, else a generic failure still waiting for its root
+    cause (also in ``pending``). ``settled()`` tells which. ``finish()`` settles at end of
+    input (the process exited): call it before reading the final verdict.
     """
 
     def __init__(self, *, grace_lines: int = 200, excerpt_lines: int = 40,
@@ -158,11 +163,15 @@ class FatalLineScanner:
 
     @property
     def signature(self) -> FatalSignature | None:
-        return self._decided
+        return self._decided if self._decided is not None else self._pending
 
     @property
     def pending(self) -> FatalSignature | None:
         return self._pending if self._decided is None else None
+
+    def settled(self) -> bool:
+        """True once the verdict can no longer change."""
+        return self._decided is not None
 
     def feed(self, chunk: str) -> FatalSignature | None:
         if self._decided is not None:

@@ -90,7 +90,9 @@ class WorkloadSpec(BaseModel):
         seen: set[str] = set()
         for c in classes:
             if c.name in seen:
-                raise ValueError(f"workload class name {c.name!r} is used twice; names must be unique")
+                raise ValueError(
+                    f"workload class name {c.name!r} is used twice; names must be unique"
+                )
             seen.add(c.name)
         return classes
 

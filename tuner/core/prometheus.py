@@ -157,7 +157,9 @@ def _parse_labels(line: str, i: int) -> tuple[LabelSet, int]:
         labels.append((key, "".join(chars)))
 
 
-def diff_snapshots(before: MetricsSnapshot, after: MetricsSnapshot) -> tuple[MetricsSnapshot, list[str]]:
+def diff_snapshots(
+    before: MetricsSnapshot, after: MetricsSnapshot
+) -> tuple[MetricsSnapshot, list[str]]:
     """Per-series ``after − before`` and the names of metrics that went backwards.
 
     A series missing from ``before`` counts from 0 (a counter created during the window).
@@ -228,6 +230,10 @@ SERVER_METRIC_KEYS: tuple[str, ...] = (
 """Keys of :func:`server_side_metrics`' result, always all present."""
 
 
+def _position_key(p: str) -> tuple[bool, int, str]:
+    return (not p.isdigit(), int(p) if p.isdigit() else 0, p)
+
+
 def _ratio(num: float | None, den: float | None) -> float | None:
     if num is None or den is None or den <= 0:
         return None
@@ -265,7 +271,8 @@ def server_side_metrics(before: MetricsSnapshot, after: MetricsSnapshot) -> dict
     out["spec_mean_acceptance_length"] = None if ratio is None else 1.0 + ratio
     per_pos = delta.by_label(_ACCEPTED_POS, "position")
     if per_pos and drafts is not None and drafts > 0:
-        positions = sorted(per_pos, key=lambda p: (not p.isdigit(), int(p) if p.isdigit() else 0, p))
+        # Numeric order: "10" after "2".
+        positions = sorted(per_pos, key=_position_key)
         out["spec_acceptance_rate_per_position"] = [per_pos[p] / drafts for p in positions]
     else:
         out["spec_acceptance_rate_per_position"] = None

@@ -111,8 +111,13 @@ class SSEParser:
             return
         if not isinstance(obj, dict):
             out.append(SSEError("malformed", f"data is not a JSON object: {data[:200]!r}"))
-        elif "error" in obj and obj["error"] is not None and "choices" not in obj:
+        elif "choices" in obj:
+            out.append(obj)  # every token and usage chunk: one lookup on the hot path
+        elif obj.get("error") is not None:
             out.append(SSEError("server_error", _describe_error(obj["error"])))
+        elif obj.get("object") == "error":
+            # Older vLLM ErrorResponse shape: {"object": "error", "message", "type", "code"}.
+            out.append(SSEError("server_error", _describe_error(obj)))
         else:
             out.append(obj)
 

@@ -161,7 +161,9 @@ def _norm_generic(value: Any) -> Any:
 
 
 def _is_off(value: Any) -> bool:
-    return value is None or value is False or (isinstance(value, str) and value.strip().lower() in _OFF)
+    if isinstance(value, str):
+        return value.strip().lower() in _OFF
+    return value is None or value is False
 
 
 # ---------------------------------------------------------------------------------------
@@ -172,7 +174,14 @@ Checker = Callable[[str, Any, EffectiveConfig], KnobCheck]
 
 def _check(target: str, asked: Any, status: Status, got: Any = None, evidence: str | None = None,
            note: str | None = None) -> KnobCheck:
-    return KnobCheck(target=target, asked=asked, got=got, status=status, evidence=evidence, note=note)
+    return KnobCheck(target=target, asked=asked, got=got, status=status, evidence=evidence,
+                     note=note)
+
+
+def _uninterpretable(target: str, asked: Any, got: Any = None,
+                     evidence: str | None = None) -> KnobCheck:
+    return _check(target, asked, "unverifiable", got, evidence,
+                  note=f"cannot interpret the asked value {asked!r}")
 
 
 def _seen(eff: EffectiveConfig, field: str) -> bool:
@@ -205,8 +214,7 @@ def _field_rule(field: str, norm: Callable[[Any], Any]) -> Checker:
             return _from_non_default_args(target, asked, eff)
         want, got = norm(asked), getattr(eff, field)
         if want is None:
-            return _check(target, asked, "unverifiable", got, eff.evidence.get(field),
-                          note=f"cannot interpret the asked value {asked!r}")
+            return _uninterpretable(target, asked, got, eff.evidence.get(field))
         status: Status = "applied" if got is not None and norm(got) == want else "not_applied"
         return _check(target, asked, status, got, eff.evidence.get(field))
 
@@ -245,8 +253,7 @@ def _check_cudagraph_mode(target: str, asked: Any, eff: EffectiveConfig) -> Knob
     got = eff.cudagraph_mode
     evidence = eff.evidence.get("cudagraph_mode")
     if want is None:
-        return _check(target, asked, "unverifiable", got, evidence,
-                      note=f"cannot interpret the asked value {asked!r}")
+        return _uninterpretable(target, asked, got, evidence)
     if got is None:
         return _check(target, asked, "unverifiable", note="no engine config line in the log")
     if got != want:
@@ -270,8 +277,7 @@ def _check_compilation_mode(target: str, asked: Any, eff: EffectiveConfig) -> Kn
     if got is None:
         return _from_non_default_args(target, asked, eff)
     if want is None:
-        return _check(target, asked, "unverifiable", got, evidence,
-                      note=f"cannot interpret the asked value {asked!r}")
+        return _uninterpretable(target, asked, got, evidence)
     if got == want:
         return _check(target, asked, "applied", got, evidence)
     if want == "VLLM_COMPILE" and got == "DYNAMO_TRACE_ONCE" and eff.platform == "cpu":
@@ -299,7 +305,7 @@ def _check_enforce_eager(target: str, asked: Any, eff: EffectiveConfig) -> KnobC
 def _check_custom_all_reduce(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
     want_disabled = _norm_bool(asked)
     if want_disabled is None:
-        return _check(target, asked, "unverifiable", note=f"cannot interpret the asked value {asked!r}")
+        return _uninterpretable(target, asked)
     active = eff.custom_all_reduce_active
     active_ev = eff.evidence.get("custom_all_reduce_active")
     config, config_ev = eff.disable_custom_all_reduce, eff.evidence.get("disable_custom_all_reduce")
@@ -337,8 +343,7 @@ def _check_speculative_method(target: str, asked: Any, eff: EffectiveConfig) -> 
         return _check(target, asked, "not_applied", got, evidence,
                       note="speculative decoding is on although none was asked (leftover setting?)")
     if not isinstance(asked, str):
-        return _check(target, asked, "unverifiable", got, evidence,
-                      note=f"cannot interpret the asked value {asked!r}")
+        return _uninterpretable(target, asked, got, evidence)
     want = asked.strip().lower()
     if got is not None and got.lower() == want:
         return _check(target, asked, "applied", got, evidence)
@@ -366,7 +371,8 @@ def _check_nccl_env(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
         return _check(target, asked, "unverifiable", note="NCCL not used on this platform")
     env = eff.nccl_env or {}
     if name in env:
-        status: Status = "applied" if _nccl_value(env[name]) == _nccl_value(asked) else "not_applied"
+        same = _nccl_value(env[name]) == _nccl_value(asked)
+        status: Status = "applied" if same else "not_applied"
         return _check(target, asked, status, env[name], eff.evidence.get(f"nccl_env.{name}"))
     if env and name in _NCCL_ALWAYS_LOGGED:
         return _check(target, asked, "not_applied", None, eff.evidence.get("nccl_env"),
@@ -391,10 +397,10 @@ def _allreduce_env_rule(backend: str) -> Checker:
         want = _norm_bool(asked)
         backends = eff.allreduce_backends
         if want is None:
-            return _check(target, asked, "unverifiable", note=f"cannot interpret the asked value {asked!r}")
+            return _uninterpretable(target, asked)
         if backends is None:
-            return _check(target, asked, "unverifiable",
-                          note="no all-reduce backends line (tensor_parallel_size=1, CPU, or older vLLM)")
+            return _check(target, asked, "unverifiable", note="no all-reduce backends line "
+                          "(tensor_parallel_size=1, CPU, or older vLLM)")
         evidence = eff.evidence.get("allreduce_backends")
         if (backend in backends) == want:
             return _check(target, asked, "applied", backends, evidence)
@@ -418,9 +424,11 @@ _CHECKERS: dict[str, Checker] = {
     "pipeline_parallel_size": _field_rule("pipeline_parallel_size", _norm_int),
     "compilation_config.cudagraph_mode": _check_cudagraph_mode,
     "compilation_config.mode": _check_compilation_mode,
-    "compilation_config.cudagraph_capture_sizes": _field_rule("cudagraph_capture_sizes", _norm_int_list),
+    "compilation_config.cudagraph_capture_sizes":
+        _field_rule("cudagraph_capture_sizes", _norm_int_list),
     "cudagraph_capture_sizes": _field_rule("cudagraph_capture_sizes", _norm_int_list),
-    "compilation_config.max_cudagraph_capture_size": _field_rule("max_cudagraph_capture_size", _norm_int),
+    "compilation_config.max_cudagraph_capture_size":
+        _field_rule("max_cudagraph_capture_size", _norm_int),
     "max_cudagraph_capture_size": _field_rule("max_cudagraph_capture_size", _norm_int),
     "speculative_config.method": _check_speculative_method,
     "speculative_config.num_speculative_tokens": _field_rule("num_speculative_tokens", _norm_int),

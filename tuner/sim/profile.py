@@ -73,7 +73,9 @@ class ServingDefaults(_Strict):
 
     max_num_seqs: int = Field(gt=0)
     max_num_batched_tokens: int = Field(gt=0)
-    activation_peak_gib: float = Field(ge=0, description="Profiling-run peak, per rank.")
+    activation_fixed_gib: float = Field(ge=0, description="Profiling-run peak, per rank, fixed part.")
+    activation_gib_per_1k_batched_tokens: float = Field(
+        ge=0, description="Peak part that grows with max_num_batched_tokens (MoE workspaces).")
     non_torch_gib: float = Field(ge=0)
     block_size: int = Field(default=16, gt=0)
 
@@ -124,6 +126,8 @@ class PerfSpec(_Strict):
     sched_overhead_ms: float = Field(ge=0, description="CPU scheduling hidden by async scheduling.")
     sched_per_seq_us: float = Field(ge=0)
     ngram_lookup_us_per_seq: float = Field(ge=0)
+    verify_ms_per_draft_token: float = Field(
+        ge=0, description="Rejection sampling + multi-query attention per verified draft token.")
     drafter_ms_per_token: float = Field(ge=0, description="MTP/draft-model cost per drafted token.")
     drafter_accept_prob: list[float] = Field(description="Per-position acceptance of model drafters.")
     pp_send_us: float = Field(ge=0)

@@ -1,0 +1,462 @@
+"""Load generator against a small in-test streaming server (starlette + uvicorn thread).
+
+The server plays vLLM's streaming protocol. A prompt starting with ``SCRIPT {json}`` makes
+it follow a script (chunk delays and token counts, an HTTP error, an error event mid-
+stream, a stall, a dropped connection); any other prompt gets ``max_tokens`` one-token
+chunks 2 ms apart. It also serves ``/tokenize`` (one token per word) and ``/metrics``
+(counters of what it generated), each of which a test can switch off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from tuner.adapters.loadgen import (
+    SweepResult,
+    fetch_token_count,
+    read_records_jsonl,
+    run_level,
+    run_sweep,
+    write_records_jsonl,
+)
+from tuner.core.load_spec import Api, LoadSpec, WorkloadClass, WorkloadSpec
+from tuner.core.metrics import RequestRecord, compute_level_metrics
+from tuner.core.workload import RequestPlan, draft_requests, level_stream
+
+
+@dataclass
+class FakeState:
+    bodies: list[dict[str, Any]] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+    generation_tokens: int = 0
+    prompt_tokens: int = 0
+    metrics_enabled: bool = True
+    tokenize_enabled: bool = True
+    tokenize_calls: int = 0
+    # Tokens the "server" counts per request beyond what it streams (like aborted work).
+    uncounted_tokens: int = 0
+
+    def reset(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
+
+def _sse(obj: Any) -> bytes:
+    return b"data: " + json.dumps(obj).encode() + b"\n\n"
+
+
+def build_app(state: FakeState) -> Starlette:
+    async def completions(request: Request) -> Response:
+        body = await request.json()
+        state.bodies.append(body)
+        chat = request.url.path.endswith("/chat/completions")
+        prompt = body["messages"][-1]["content"] if chat else body["prompt"]
+        script: dict[str, Any] = {}
+        if prompt.startswith("SCRIPT "):
+            script = json.loads(prompt[len("SCRIPT "):])
+        if "status" in script:
+            return JSONResponse(
+                {"error": {"message": "scripted failure", "type": "BadRequestError"}},
+                status_code=script["status"],
+            )
+        chunks = script.get(
+            "chunks", [[0.002, 1] for _ in range(int(body["max_tokens"]))]
+        )
+        n_prompt = len(prompt.split())
+        continuous = script.get(
+            "continuous", bool(body.get("stream_options", {}).get("continuous_usage_stats"))
+        )
+        kind = "chat.completion.chunk" if chat else "text_completion"
+
+        def chunk(tokens: int, cumulative: int, last: bool) -> dict[str, Any]:
+            text = " tok" * tokens
+            choice: dict[str, Any] = {"index": 0, "finish_reason": "length" if last else None}
+            if chat:
+                choice["delta"] = {"content": text}
+            else:
+                choice["text"] = text
+            ev: dict[str, Any] = {"id": "x", "object": kind, "choices": [choice]}
+            if continuous:
+                ev["usage"] = {"prompt_tokens": n_prompt, "completion_tokens": cumulative,
+                               "total_tokens": n_prompt + cumulative}
+            return ev
+
+        async def stream() -> AsyncIterator[bytes]:
+            state.in_flight += 1
+            state.max_in_flight = max(state.max_in_flight, state.in_flight)
+            try:
+                yield b": keep-alive\n\n"
+                if "hang" in script:
+                    await asyncio.sleep(script["hang"])
+                total = 0
+                for i, (delay, tokens) in enumerate(chunks):
+                    await asyncio.sleep(delay)
+                    if i == script.get("error_after"):
+                        yield _sse({"error": {"message": "boom", "type": "InternalServerError",
+                                              "code": 500}})
+                        yield b"data: [DONE]\n\n"
+                        return
+                    if i == script.get("reset_after"):
+                        raise ConnectionResetError("scripted reset")
+                    if chat and i == 0:
+                        role = {"index": 0, "delta": {"role": "assistant", "content": ""},
+                                "finish_reason": None}
+                        yield _sse({"id": "x", "object": kind, "choices": [role]})
+                    total += tokens
+                    state.generation_tokens += tokens
+                    yield _sse(chunk(tokens, total, i == len(chunks) - 1))
+                state.prompt_tokens += n_prompt
+                state.generation_tokens += state.uncounted_tokens
+                if script.get("usage", True):
+                    yield _sse({"id": "x", "object": kind, "choices": [],
+                                "usage": {"prompt_tokens": n_prompt, "completion_tokens": total,
+                                          "total_tokens": n_prompt + total}})
+                if not script.get("no_done"):
+                    yield b"data: [DONE]\n\n"
+            finally:
+                state.in_flight -= 1
+
+        return StreamingResponse(stream(), media_type="text/event-stream")
+
+    async def tokenize(request: Request) -> Response:
+        if not state.tokenize_enabled:
+            return PlainTextResponse("not found", status_code=404)
+        state.tokenize_calls += 1
+        body = await request.json()
+        text = body["messages"][-1]["content"] if "messages" in body else body["prompt"]
+        n = len(text.split())
+        return JSONResponse({"count": n, "max_model_len": 4096, "tokens": list(range(n))})
+
+    async def metrics(request: Request) -> Response:
+        if not state.metrics_enabled:
+            return PlainTextResponse("not found", status_code=404)
+        return PlainTextResponse(
+            "# TYPE vllm:generation_tokens_total counter\n"
+            f'vllm:generation_tokens_total{{engine="0",model_name="fake"}} '
+            f"{float(state.generation_tokens)}\n"
+            "# TYPE vllm:prompt_tokens_total counter\n"
+            f'vllm:prompt_tokens_total{{engine="0",model_name="fake"}} '
+            f"{float(state.prompt_tokens)}\n"
+            "# TYPE vllm:num_preemptions_total counter\n"
+            'vllm:num_preemptions_total{engine="0",model_name="fake"} 0.0\n'
+        )
+
+    return Starlette(
+        routes=[
+            Route("/v1/completions", completions, methods=["POST"]),
+            Route("/v1/chat/completions", completions, methods=["POST"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
+        ]
+    )
+
+
+@dataclass
+class Served:
+    base_url: str
+    state: FakeState
+
+
+@pytest.fixture(scope="module")
+def _server() -> Iterator[Served]:
+    state = FakeState()
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(
+        build_app(state), log_level="critical", lifespan="off", timeout_graceful_shutdown=1
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if time.monotonic() > deadline:
+            raise RuntimeError("test server did not start")
+        time.sleep(0.01)
+    yield Served(f"http://127.0.0.1:{port}", state)
+    server.should_exit = True
+    thread.join(timeout=5)
+    sock.close()
+
+
+@pytest.fixture
+def served(_server: Served) -> Served:
+    _server.state.reset()
+    return _server
+
+
+def plan_item(index: int, script: dict[str, Any] | None = None, *, max_tokens: int = 4,
+              prompt: str | None = None) -> RequestPlan:
+    text = prompt if prompt is not None else "SCRIPT " + json.dumps(script or {})
+    return RequestPlan(index=index, class_name="t", kind="open_ended", prompt=text,
+                       max_tokens=max_tokens, ignore_eos=True, target_prompt_tokens=8)
+
+
+def level(served: Served, plan: list[RequestPlan], *, concurrency: int = 1,
+          api: Api = "completions", deadline_s: float | None = None,
+          timeout_s: float = 10.0, continuous_usage: bool = True) -> list[RequestRecord]:
+    return asyncio.run(
+        run_level(served.base_url, "fake", plan, concurrency=concurrency, api=api,
+                  deadline_s=deadline_s, request_timeout_s=timeout_s,
+                  continuous_usage=continuous_usage)
+    )
+
+
+SPEC_SCRIPT = {"chunks": [[0.15, 1], [0.06, 1], [0.06, 3], [0.06, 1]]}
+
+
+def test_known_timings_and_a_speculative_chunk(served: Served) -> None:
+    (r,) = level(served, [plan_item(0, SPEC_SCRIPT)])
+    assert r.ok and r.error is None and r.http_status == 200
+    assert r.chunk_tokens == [1, 1, 3, 1]
+    assert r.output_tokens == 6
+    assert r.prompt_tokens == len(plan_item(0, SPEC_SCRIPT).prompt.split())  # fake tokenizer
+    assert r.finish_reason == "length"
+    assert r.ttft_s is not None and 0.14 <= r.ttft_s < 0.4
+    gaps = [b - a for a, b in zip(r.chunk_times_s, r.chunk_times_s[1:], strict=False)]
+    assert all(0.05 <= g < 0.2 for g in gaps), gaps
+    assert r.scheduled_s <= r.dispatch_s < r.chunk_times_s[0] <= r.done_s
+    m = compute_level_metrics([r], concurrency=1)
+    # TPOT = (last − first chunk)/(6 − 1) ≈ 0.18/5 s; ITL ≈ 60 ms per chunk gap.
+    assert 30 <= (m.tpot_ms.mean or 0) < 80
+    assert 50 <= (m.itl_ms.mean or 0) < 200
+
+
+def test_request_body_is_what_vllm_bench_sends(served: Served) -> None:
+    level(served, [plan_item(0, max_tokens=3, prompt="hello there")])
+    (body,) = served.state.bodies
+    assert body == {
+        "model": "fake", "prompt": "hello there", "max_tokens": 3, "temperature": 0,
+        "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+    }
+
+
+def test_without_per_chunk_usage_the_total_comes_from_the_usage_chunk(served: Served) -> None:
+    (r,) = level(served, [plan_item(0, SPEC_SCRIPT)], continuous_usage=False)
+    assert r.ok and r.chunk_tokens is None and r.output_tokens == 6
+    assert r.chunk_chars == [4, 4, 12, 4]  # the 3-token chunk carries 3x the text
+
+
+def test_chat_api_role_chunk_counts_for_ttft(served: Served) -> None:
+    script = {"chunks": [[0.02, 1], [0.02, 2]], "continuous": False}
+    (r,) = level(served, [plan_item(0, script)], api="chat")
+    assert r.ok
+    body = served.state.bodies[0]
+    assert body["messages"] == [{"role": "user", "content": plan_item(0, script).prompt}]
+    assert "prompt" not in body
+    assert r.chunk_chars == [0, 4, 8]  # role chunk, then content
+    assert r.output_tokens == 3
+
+
+def test_http_500_is_a_typed_failure(served: Served) -> None:
+    (r,) = level(served, [plan_item(0, {"status": 500})])
+    assert not r.ok and r.http_status == 500
+    assert r.error is not None and r.error.type == "http_status"
+    assert "HTTP 500" in r.error.message and "scripted failure" in r.error.message
+
+
+def test_error_mid_stream(served: Served) -> None:
+    (r,) = level(served, [plan_item(0, {"chunks": [[0.0, 1], [0.0, 1], [0.0, 1]],
+                                       "error_after": 2})])
+    assert not r.ok and r.http_status == 200
+    assert r.error is not None and r.error.type == "server_error"
+    assert "boom" in r.error.message
+    assert len(r.chunk_times_s) == 2  # what arrived before the error is kept
+
+
+def test_hang_past_the_timeout(served: Served) -> None:
+    start = time.perf_counter()
+    (r,) = level(served, [plan_item(0, {"hang": 5})], timeout_s=0.4)
+    assert time.perf_counter() - start < 3
+    assert not r.ok and r.error is not None and r.error.type == "timeout"
+    assert 0.35 <= r.done_s - r.dispatch_s < 2
+
+
+def test_connection_dropped_mid_stream(served: Served) -> None:
+    (r,) = level(served, [plan_item(0, {"chunks": [[0.0, 1], [0.0, 1]], "reset_after": 1})])
+    assert not r.ok and r.error is not None and r.error.type == "connection_error"
+
+
+def test_stream_without_done(served: Served) -> None:
+    (r,) = level(served, [plan_item(0, {"no_done": True})])
+    assert not r.ok and r.error is not None and r.error.type == "incomplete_stream"
+
+
+def test_connect_error_never_raises(served: Served) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, not listening: connections are refused
+        recs = asyncio.run(
+            run_level(f"http://127.0.0.1:{port}", "fake", [plan_item(0), plan_item(1)],
+                      concurrency=2, api="completions", deadline_s=None, request_timeout_s=5)
+        )
+    assert [r.error.type if r.error else None for r in recs] == ["connect_error"] * 2
+
+
+def test_closed_loop_keeps_exactly_c_in_flight(served: Served) -> None:
+    script = {"chunks": [[0.1, 1], [0.0, 1]]}
+    recs = level(served, [plan_item(i, script) for i in range(8)], concurrency=3)
+    assert [r.index for r in recs] == list(range(8))
+    assert all(r.ok for r in recs)
+    assert served.state.max_in_flight == 3
+    # Each slot runs its requests back to back: the 4th request goes out when the first
+    # finishes (~0.1 s), not at t=0.
+    order = sorted(recs, key=lambda r: r.dispatch_s)
+    assert order[2].dispatch_s < 0.05 < order[3].dispatch_s
+    assert all(r.concurrency == 3 for r in recs)
+    assert all(0 <= r.client_queue_s < 0.05 for r in recs)
+
+
+def test_more_streams_than_httpx_default_pool(served: Served) -> None:
+    # httpx's default pool caps at 100 connections; the level must raise it to C + 4.
+    script = {"chunks": [[0.4, 1]]}
+    recs = level(served, [plan_item(i, script) for i in range(120)], concurrency=120)
+    assert all(r.ok for r in recs)
+    assert served.state.max_in_flight == 120
+
+
+def test_deadline_stops_issuing_but_lets_in_flight_finish(served: Served) -> None:
+    script = {"chunks": [[0.1, 1]]}
+    recs = level(served, [plan_item(i, script) for i in range(20)], deadline_s=0.25)
+    assert 2 <= len(recs) <= 4
+    assert all(r.ok for r in recs)
+    assert max(r.scheduled_s for r in recs) < 0.25
+
+
+def test_cancellation_propagates_and_stops_requests(served: Served) -> None:
+    async def go() -> None:
+        task = asyncio.create_task(
+            run_level(served.base_url, "fake", [plan_item(i, {"hang": 5}) for i in range(4)],
+                      concurrency=2, api="completions", deadline_s=None, request_timeout_s=10)
+        )
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    start = time.perf_counter()
+    asyncio.run(go())
+    assert time.perf_counter() - start < 2
+
+
+def test_fetch_token_count(served: Served) -> None:
+    async def go() -> tuple[int | None, int | None]:
+        async with httpx.AsyncClient() as client:
+            first = await fetch_token_count(client, served.base_url, "fake", "one two three")
+            served.state.tokenize_enabled = False
+            second = await fetch_token_count(client, served.base_url + "/v1", "fake", "x y")
+            return first, second
+
+    assert asyncio.run(go()) == (3, None)
+
+
+SWEEP = LoadSpec(
+    concurrency=[1, 2],
+    requests_per_stream=2,
+    min_requests=3,
+    warmup_requests=2,
+    request_timeout_s=10,
+    workload=WorkloadSpec(
+        classes=[
+            WorkloadClass(name="chat", kind="open_ended", prompt_tokens=40, output_tokens=6),
+            WorkloadClass(name="edit", kind="copy_heavy", prompt_tokens=60, output_tokens=5),
+        ]
+    ),
+)
+
+
+def test_sweep_end_to_end(served: Served, tmp_path: Path) -> None:
+    result = asyncio.run(run_sweep(served.base_url, "fake", SWEEP, ignore_eos=True,
+                                   deadline_s=60))
+    assert [lv.concurrency for lv in result.levels] == [1, 2]
+    assert result.skipped_levels == [] and result.warnings == []
+    for lv in result.levels:
+        assert lv.prompts_fitted and not lv.deadline_hit
+        assert lv.warmup.requests == 2 and lv.warmup.completed == 2
+        assert lv.metrics.completed == SWEEP.requests_for(lv.concurrency)
+        assert lv.metrics.failed == 0
+        # The fake tokenizer counts words and prompts are cut at words, so fitting through
+        # /tokenize lands every prompt exactly on its jittered target.
+        drafts = draft_requests(SWEEP.workload, len(lv.records), seed=SWEEP.seed,
+                                stream=level_stream("measure", lv.concurrency))
+        targets = {d.index: d.target_prompt_tokens for d in drafts}
+        assert [r.prompt_tokens for r in lv.records] == [targets[r.index] for r in lv.records]
+        # The /metrics delta excludes the warm-up: client and server agree exactly.
+        assert lv.token_agreement.agree is True
+        assert lv.server_side is not None
+        assert lv.server_side["generation_tokens"] == lv.token_agreement.client_output_tokens
+        assert lv.server_side["spec_drafts"] is None
+    c1 = result.levels[0]
+    assert {r.class_name for r in c1.records} == {"chat", "edit"}
+    assert c1.metrics.total_output_tokens == sum(
+        6 if r.class_name == "chat" else 5 for r in c1.records
+    )
+    # Every prompt the server saw is distinct: warm-up never repeats a measured prompt.
+    prompts = [b["prompt"] for b in served.state.bodies]
+    assert len(prompts) == 2 + 3 + 2 + 4
+    assert len(set(prompts)) == len(prompts)
+    assert all(b["ignore_eos"] is True for b in served.state.bodies)
+
+    # Serialisation: through JSON and back, and records as JSON lines.
+    again = SweepResult.model_validate_json(result.to_json())
+    assert again == result
+    slim = json.loads(result.to_json(include_records=False))
+    assert "records" not in slim["levels"][0]
+    assert result.summary() == slim
+    assert set(result.flat_by_level()) == {1, 2}
+    path = tmp_path / "records-c2.jsonl"
+    write_records_jsonl(path, result.levels[1].records)
+    assert read_records_jsonl(path) == result.levels[1].records
+    assert len(path.read_text().splitlines()) == 4
+
+
+def test_sweep_flags_client_server_token_disagreement(served: Served) -> None:
+    served.state.uncounted_tokens = 1
+    spec = SWEEP.model_copy(update={"concurrency": (1,), "warmup_requests": 0})
+    (lv,) = asyncio.run(run_sweep(served.base_url, "fake", spec, ignore_eos=True,
+                                  deadline_s=None)).levels
+    client = lv.token_agreement.client_output_tokens
+    assert lv.token_agreement.server_generation_tokens == client + 3  # 3 requests, +1 each
+    assert lv.token_agreement.relative_diff == pytest.approx(3 / (client + 3))
+    assert lv.token_agreement.agree is False
+
+
+def test_sweep_without_metrics_or_tokenize(served: Served) -> None:
+    served.state.metrics_enabled = False
+    served.state.tokenize_enabled = False
+    spec = SWEEP.model_copy(update={"concurrency": (2,)})
+    result = asyncio.run(run_sweep(served.base_url, "fake", spec, ignore_eos=False,
+                                   deadline_s=None))
+    (lv,) = result.levels
+    assert lv.server_side is None
+    assert lv.token_agreement.agree is None and lv.token_agreement.server_generation_tokens is None
+    assert not lv.prompts_fitted
+    assert any("/tokenize unavailable" in n for n in result.warnings)
+    assert lv.metrics.completed == 4
+    assert all(b["ignore_eos"] is False for b in served.state.bodies)
+
+
+def test_sweep_budget_exhausted_skips_levels(served: Served) -> None:
+    result = asyncio.run(run_sweep(served.base_url, "fake", SWEEP, ignore_eos=True,
+                                   deadline_s=0.0))
+    assert result.levels == [] and result.skipped_levels == [1, 2]
+    assert any("skipped" in n for n in result.warnings)
+    assert served.state.bodies == []

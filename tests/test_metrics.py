@@ -1,0 +1,279 @@
+"""Metrics from hand-built request records, with hand-computed expectations.
+
+Times are binary fractions (0.25, 0.125 …) so window boundaries compare exactly.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tuner.core.metrics import (
+    FLAT_KEYS,
+    P99_MIN_SAMPLES,
+    LevelMetrics,
+    RequestError,
+    RequestRecord,
+    Stat,
+    compute_level_metrics,
+    percentile,
+    token_timeline,
+)
+
+
+def rec(
+    dispatch: float,
+    chunks: list[float],
+    *,
+    out: int | None = None,
+    prompt: int | None = 100,
+    index: int = 0,
+    ok: bool = True,
+    done: float | None = None,
+    chunk_tokens: list[int] | None = None,
+    chunk_chars: list[int] | None = None,
+    error: str | None = None,
+    scheduled: float | None = None,
+    cls: str = "default",
+    concurrency: int = 1,
+) -> RequestRecord:
+    return RequestRecord(
+        index=index,
+        class_name=cls,
+        concurrency=concurrency,
+        scheduled_s=dispatch if scheduled is None else scheduled,
+        dispatch_s=dispatch,
+        chunk_times_s=chunks,
+        chunk_tokens=chunk_tokens,
+        chunk_chars=chunk_chars if chunk_chars is not None else [4] * len(chunks),
+        done_s=done if done is not None else (chunks[-1] if chunks else dispatch),
+        prompt_tokens=prompt,
+        output_tokens=len(chunks) if out is None else out,
+        ok=ok,
+        error=None if ok else RequestError(type=error or "timeout", message="it failed"),
+        finish_reason="length" if ok else None,
+        http_status=200,
+    )
+
+
+def test_single_request_with_a_three_token_speculative_chunk() -> None:
+    # 4 chunks, the third carries 3 tokens: 6 tokens in total.
+    r = rec(1.0, [1.5, 1.625, 1.75, 1.875], out=6, chunk_tokens=[1, 1, 3, 1])
+    m = compute_level_metrics([r], concurrency=1)
+    assert m.ttft_ms.mean == pytest.approx(500)
+    assert m.e2el_ms.mean == pytest.approx(875)
+    # TPOT spreads decode time over every token after the first: 0.375 s / 5.
+    assert m.tpot_ms.mean == pytest.approx(75)
+    # ITL counts chunk gaps, blind to the 3-token chunk: why specs compare on TPOT.
+    assert m.itl_ms.n == 3 and m.itl_ms.mean == pytest.approx(125)
+    assert m.output_tok_s_per_user == pytest.approx(6 / 0.875)
+    assert m.completed == 1 and m.failed == 0
+    assert m.total_output_tokens == 6 and m.total_prompt_tokens == 100
+
+
+def test_requests_with_at_most_one_token_are_dropped_from_tpot_only() -> None:
+    one = rec(0.0, [0.5], out=1, index=0)
+    two = rec(0.0, [0.25, 0.75], out=2, index=1)
+    m = compute_level_metrics([one, two], concurrency=2)
+    assert m.tpot_ms.n == 1 and m.tpot_ms.mean == pytest.approx(500)
+    assert m.ttft_ms.n == 2 and m.ttft_ms.mean == pytest.approx(375)
+    assert m.e2el_ms.n == 2
+
+
+def test_failures_are_excluded_from_latency_and_counted_by_reason() -> None:
+    good = rec(0.0, [0.25, 0.5], out=2, index=0)
+    timed_out = rec(0.0, [2.0, 9.0], out=None, ok=False, index=1, error="timeout", done=10.0)
+    http = rec(0.0, [], ok=False, index=2, error="http_status", out=None)
+    http2 = rec(0.0, [], ok=False, index=3, error="http_status", out=None)
+    m = compute_level_metrics([good, timed_out, http, http2], concurrency=4, planned=5)
+    assert m.completed == 1 and m.failed == 3 and m.issued == 4 and m.planned == 5
+    assert m.failure_reasons == {"http_status": 2, "timeout": 1}
+    assert m.failure_examples["timeout"] == "it failed"
+    assert m.ttft_ms.n == 1 and m.ttft_ms.mean == pytest.approx(250)
+    assert m.itl_ms.n == 1 and m.itl_ms.mean == pytest.approx(250)
+    assert m.total_output_tokens == 2
+
+
+def _closed_loop_c2() -> list[RequestRecord]:
+    """Two streams, three 1-second requests each, 4 one-token chunks every 0.25 s."""
+    out = []
+    for stream in range(2):
+        for k in range(3):
+            t = float(k)
+            out.append(
+                rec(t, [t + 0.25, t + 0.5, t + 0.75, t + 1.0], index=2 * k + stream,
+                    concurrency=2)
+            )
+    return out
+
+
+def test_steady_state_window_hand_computed() -> None:
+    m = compute_level_metrics(_closed_loop_c2(), concurrency=2)
+    # first dispatch 0, last dispatch (t_stop) 2; 15 % of the span = 0.3, but the first
+    # wave of C=2 requests completes at 1.0, so t_warm = 1.0 and the window is [1, 2).
+    assert not m.window_fallback and m.window_fallback_reason is None
+    assert (m.window_start_s, m.window_end_s, m.window_s) == (1.0, 2.0, 1.0)
+    # Chunks in [1, 2): the first wave's last chunk (1.0) x2 and 3 chunks x2 of the second
+    # wave = 8 tokens: exactly the true steady rate of 2 streams x 4 tok/s.
+    assert m.output_tok_s == pytest.approx(8.0)
+    # Prompt tokens count at first-token time: the second wave's (1.25) x 100 x 2.
+    assert m.total_tok_s == pytest.approx(208.0)
+    # Requests ending in [1, 2): the first wave's two.
+    assert m.request_per_s == pytest.approx(2.0)
+    assert m.ramp_up_s == pytest.approx(1.0)
+    assert m.drain_s == pytest.approx(1.0)  # last dispatch 2 → last done 3
+    # vLLM's whole-run figure includes ramp and drain: 24 tokens / 3 s.
+    assert m.run_duration_s == pytest.approx(3.0)
+    assert m.run_output_tok_s == pytest.approx(8.0)
+
+
+def test_window_uses_15_percent_when_the_first_wave_is_quick() -> None:
+    # C=1, ten 0.5 s requests back to back: first completion at 0.5, 15 % of the 4.5 s
+    # issuing span = 0.675 → t_warm = 0.675, window [0.675, 4.5).
+    recs = [rec(0.5 * k, [0.5 * k + 0.25, 0.5 * k + 0.5], index=k) for k in range(10)]
+    m = compute_level_metrics(recs, concurrency=1)
+    assert m.window_start_s == pytest.approx(0.675)
+    assert m.window_end_s == pytest.approx(4.5)
+    # Chunk times in [0.675, 4.5): 0.75, 1.0, …, 4.25 → 15 tokens.
+    assert m.output_tok_s == pytest.approx(15 / 3.825)
+
+
+def test_window_fallback_when_every_request_starts_at_once() -> None:
+    recs = [rec(0.0, [0.5, 1.0], index=i, concurrency=2) for i in range(2)]
+    m = compute_level_metrics(recs, concurrency=2)
+    assert m.window_fallback
+    assert "no steady state" in (m.window_fallback_reason or "")
+    # Whole-run fallback as vLLM: 4 tokens / 1 s, 2 requests / 1 s.
+    assert m.output_tok_s == pytest.approx(4.0)
+    assert m.request_per_s == pytest.approx(2.0)
+    assert m.total_tok_s == pytest.approx(204.0)
+
+
+def test_window_fallback_when_window_is_a_sliver_of_the_run() -> None:
+    recs = [
+        rec(0.0, [1.0], index=0),
+        rec(1.0, [1.0625], index=1),
+        rec(1.0625, [10.0], index=2),
+    ]
+    m = compute_level_metrics(recs, concurrency=1)
+    assert m.window_fallback
+    assert "under 10%" in (m.window_fallback_reason or "")
+    assert m.output_tok_s == pytest.approx(3 / 10.0)
+
+
+def test_window_fallback_when_too_few_chunks_in_window() -> None:
+    recs = [
+        rec(0.0, [1.0], index=0),
+        rec(1.0, [1.5], index=1),
+        rec(1.5, [1.625], index=2),
+    ]
+    m = compute_level_metrics(recs, concurrency=1)
+    assert m.window_fallback
+    assert "only 1 chunk arrivals" in (m.window_fallback_reason or "")
+
+
+def test_no_records() -> None:
+    m = compute_level_metrics([], concurrency=4)
+    assert m.completed == 0 and m.window_fallback and m.output_tok_s == 0.0
+    flat = m.flat()
+    assert math.isnan(flat["ttft_ms.p50"]) and flat["completed"] == 0.0
+
+
+def test_token_timeline_exact_counts() -> None:
+    r = rec(0.0, [0.25, 0.5, 0.75], out=5, chunk_tokens=[1, 3, 1])
+    assert token_timeline(r) == [(0.25, 1.0), (0.5, 3.0), (0.75, 1.0)]
+
+
+def test_token_timeline_spreads_usage_total_by_text_length() -> None:
+    # Chat: empty role chunk, then a 3-token speculative chunk with 3x the text.
+    r = rec(0.0, [0.25, 0.5, 0.75, 1.0], out=5, chunk_chars=[0, 5, 15, 5])
+    assert token_timeline(r) == [(0.25, 0.0), (0.5, 1.0), (0.75, 3.0), (1.0, 1.0)]
+
+
+def test_token_timeline_ignores_inconsistent_exact_counts() -> None:
+    r = rec(0.0, [0.25, 0.5], out=4, chunk_tokens=[1, 1], chunk_chars=[1, 3])
+    assert token_timeline(r) == [(0.25, 1.0), (0.5, 3.0)]
+
+
+def test_token_timeline_even_without_text() -> None:
+    r = rec(0.0, [0.25, 0.5], out=4, chunk_chars=[0, 0])
+    assert token_timeline(r) == [(0.25, 2.0), (0.5, 2.0)]
+
+
+def test_missing_usage_falls_back_to_counting_text_chunks() -> None:
+    r = rec(0.0, [0.25, 0.5, 0.75], out=None, chunk_chars=[0, 2, 2]).model_copy(
+        update={"output_tokens": None}
+    )
+    assert r.tokens_estimated and r.n_output_tokens() == 2
+    m = compute_level_metrics([r], concurrency=1)
+    assert m.tokens_estimated == 1 and m.total_output_tokens == 2
+
+
+def test_client_queue_stat() -> None:
+    recs = [rec(0.5, [1.0], scheduled=0.25, index=0), rec(1.0, [1.5], scheduled=1.0, index=1)]
+    m = compute_level_metrics(recs, concurrency=1)
+    assert m.client_queue_ms.mean == pytest.approx(125)
+    assert m.client_queue_ms.max == pytest.approx(250)
+
+
+def test_by_class_split() -> None:
+    recs = [
+        rec(0.0, [0.25, 0.5], cls="code", index=0),
+        rec(0.0, [0.5, 1.5], cls="chat", index=1),
+    ]
+    m = compute_level_metrics(recs, concurrency=2)
+    assert set(m.by_class) == {"chat", "code"}
+    assert m.by_class["code"].tpot_ms.mean == pytest.approx(250)
+    assert m.by_class["chat"].tpot_ms.mean == pytest.approx(1000)
+
+
+def test_percentiles_match_numpy_linear() -> None:
+    rng = random.Random(7)
+    for n in (1, 2, 3, 10, 101, 1234):
+        xs = [rng.expovariate(1.0) for _ in range(n)]
+        s = Stat.of(xs)
+        for q, got in ((50, s.p50), (90, s.p90), (95, s.p95), (99, s.p99)):
+            assert got == pytest.approx(float(np.percentile(xs, q)))
+        assert s.mean == pytest.approx(float(np.mean(xs)))
+        assert s.std == pytest.approx(float(np.std(xs)))
+        assert s.low_confidence_p99 is (n < P99_MIN_SAMPLES)
+
+
+def test_percentile_small_hand_example() -> None:
+    assert percentile([10.0, 20.0, 30.0, 40.0], 50) == 25.0
+    assert percentile([10.0, 20.0, 30.0, 40.0], 90) == pytest.approx(37.0)
+    with pytest.raises(ValueError, match="empty"):
+        percentile([], 50)
+
+
+def test_empty_stat() -> None:
+    s = Stat.of([])
+    assert s.n == 0 and s.mean is None and s.low_confidence_p99
+
+
+def test_flat_has_exactly_the_stable_keys() -> None:
+    m = compute_level_metrics(_closed_loop_c2(), concurrency=2)
+    flat = m.flat()
+    assert tuple(flat) == FLAT_KEYS
+    assert {
+        "output_tok_s", "total_tok_s", "request_per_s", "output_tok_s_per_user",
+        "ttft_ms.mean", "ttft_ms.p50", "ttft_ms.p90", "ttft_ms.p99",
+        "tpot_ms.mean", "itl_ms.p99", "e2el_ms.p90", "failed", "completed",
+    } <= set(flat)
+    assert all(isinstance(v, float) for v in flat.values())
+    assert flat["output_tok_s"] == pytest.approx(8.0)
+    assert flat["ttft_ms.mean"] == pytest.approx(250)
+    assert flat["completed"] == 6.0
+
+
+def test_records_and_metrics_round_trip_through_json() -> None:
+    recs = _closed_loop_c2() + [rec(0.0, [], ok=False, out=None, index=9, error="http_status")]
+    for r in recs:
+        assert RequestRecord.model_validate_json(r.model_dump_json()) == r
+    m = compute_level_metrics(recs, concurrency=2)
+    dumped: dict[str, Any] = m.model_dump(mode="json")
+    assert LevelMetrics.model_validate(dumped) == m

@@ -1,0 +1,539 @@
+"""Pure performance model of a vLLM engine on a simulated machine (no I/O, no clocks).
+
+Three pieces, all deterministic:
+- `CostModel.step_ms(shape)`: time of one engine step (one forward over the scheduled tokens),
+  built from the field-notes decomposition: launch overhead by execution regime (eager,
+  compiled, piecewise graphs, full graphs) + GPU time (a roofline of weight streaming, where an
+  MoE touches more experts as the batch grows, against per-token compute) + one all-reduce per
+  layer half over the chosen backend and NCCL protocol/algorithm + CPU scheduling when async
+  scheduling is off + drafting.
+- `Scheduler`: a small vLLM-V1-like continuous-batching scheduler (token budget, max_num_seqs,
+  chunked prefill, KV blocks with recompute preemption, prefix cache). The live engine and the
+  estimator both drive it, so a server run and `estimate()` agree.
+- `estimate()`: closed-loop clients at several concurrencies, simulated step by step.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+
+from tuner.sim.profile import Profile
+
+MODEL_DRAFTERS = frozenset({"mtp", "eagle", "eagle3", "draft_model", "medusa", "mlp_speculator",
+                            "dflash", "dspark", "custom_class"})
+NGRAM_METHODS = frozenset({"ngram", "ngram_gpu", "suffix"})
+
+
+@dataclass(frozen=True)
+class PerfConfig:
+    """The slice of the effective configuration that decides speed (built by effective.py)."""
+
+    tp: int = 1
+    pp: int = 1
+    compile_mode: int = 3                 # CompilationMode value; 0 = no torch.compile
+    cudagraph_mode: str = "FULL_AND_PIECEWISE"   # final mode, after every downgrade
+    max_capture_size: int = 512
+    allreduce_backends: tuple[str, ...] = ("PYNCCL",)   # dispatch order actually in use
+    nccl_protos: tuple[str, ...] | None = None  # None: NCCL default; else the enabled set
+    nccl_algo: str = "Ring"
+    nccl_p2p_disabled: bool = False
+    nccl_max_channels: int | None = None
+    spec_method: str | None = None
+    num_spec_tokens: int = 0
+    prompt_lookup_min: int = 5
+    prompt_lookup_max: int = 5
+    async_scheduling: bool = True
+    kv_fp8: bool = False
+    activation_bytes: int = 2
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    kv_capacity_tokens: int = 1_000_000
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+
+
+@dataclass(frozen=True)
+class StepShape:
+    decode_seqs: int = 0
+    draft_tokens: int = 0
+    prefill_tokens: int = 0
+    prefill_seqs: int = 0
+    context_tokens: int = 0       # KV tokens read by the decode sequences
+    uniform_decode: bool = True   # every decode sequence has the same query length, no prefill
+
+    @property
+    def tokens(self) -> int:
+        return self.decode_seqs + self.draft_tokens + self.prefill_tokens
+
+
+class CostModel:
+    def __init__(self, profile: Profile, cfg: PerfConfig) -> None:
+        self.profile = profile
+        self.cfg = cfg
+        perf = profile.perf
+        # Per-GPU work shrinks with TP; pipeline stages run one after another for a step, so
+        # PP does not shorten a step (a documented simplification: no micro-batch overlap).
+        self._scale = perf.reference_tp / cfg.tp
+        self._n_ar = profile.model.allreduces_per_step if cfg.tp > 1 else 0
+
+    # -- execution regime -------------------------------------------------------------------
+    def regime(self, shape: StepShape) -> str:
+        cfg = self.cfg
+        compiled = "compiled" if cfg.compile_mode != 0 else "eager"
+        mode = cfg.cudagraph_mode
+        if mode == "NONE" or shape.tokens > cfg.max_capture_size:
+            return compiled
+        decode_only = shape.prefill_tokens == 0 and shape.uniform_decode
+        if decode_only and mode in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL"):
+            return "full"
+        if not decode_only and mode == "FULL":
+            return "full"
+        if mode in ("FULL_AND_PIECEWISE", "PIECEWISE"):
+            return "piecewise"
+        return compiled
+
+    # -- all-reduce ---------------------------------------------------------------------------
+    def nccl_call_us(self, nbytes: int) -> float:
+        nccl = self.profile.nccl
+        cfg = self.cfg
+        n = cfg.tp
+        if cfg.nccl_protos is None or nccl.default_proto in cfg.nccl_protos:
+            candidates: Iterable[str] = (nccl.default_proto,)
+        else:
+            candidates = cfg.nccl_protos
+        lat_f = nccl.algo_latency_factor.get(cfg.nccl_algo, 1.0)
+        bw_f = nccl.algo_bw_factor.get(cfg.nccl_algo, 1.0)
+        if cfg.nccl_p2p_disabled:
+            lat_f *= nccl.shm_latency_factor
+            bw_f *= nccl.shm_bw_factor
+        if cfg.nccl_max_channels is not None:
+            bw_f *= min(1.0, cfg.nccl_max_channels / nccl.default_channels)
+        best = math.inf
+        for proto in candidates:
+            lat = (nccl.base_us[proto] + 2 * (n - 1) * nccl.hop_us[proto]) * lat_f
+            bw = nccl.busbw_gbps[proto] * bw_f * 1e3  # bytes per microsecond
+            best = min(best, lat + 2 * (n - 1) / n * nbytes / bw)
+        return best
+
+    def allreduce_call_us(self, tokens: int) -> float:
+        nbytes = max(tokens, 1) * self.profile.model.hidden_size * self.cfg.activation_bytes
+        ar = self.profile.allreduce
+        for backend in self.cfg.allreduce_backends:
+            wire = 2 * (self.cfg.tp - 1) / self.cfg.tp * nbytes / (ar.other_busbw_gbps * 1e3)
+            if backend == "CUSTOM" and nbytes < ar.custom_max_bytes:
+                return ar.custom_us + wire
+            if backend in ("FLASHINFER", "FLASHINFER_PCIE_IPC") and nbytes < 64 * 2**20:
+                return ar.flashinfer_us + wire
+            if backend in ("SYMM_MEM", "NCCL_SYMM_MEM") and nbytes < ar.custom_max_bytes:
+                return ar.symm_mem_us + wire
+            if backend == "PYNCCL":
+                return self.nccl_call_us(nbytes)
+        return self.nccl_call_us(nbytes)
+
+    # -- one step -----------------------------------------------------------------------------
+    def step_ms(self, shape: StepShape) -> float:
+        perf = self.profile.perf
+        model = self.profile.model
+        cfg = self.cfg
+        tokens = shape.tokens
+        if tokens == 0:
+            return 0.0
+        regime = self.regime(shape)
+        seqs = shape.decode_seqs + shape.prefill_seqs
+        if model.num_experts > 0:
+            # Distinct experts touched: extra tokens of one sequence route similarly, so they
+            # count only partly as independent draws.
+            independent = seqs + perf.same_seq_token_weight * (tokens - seqs)
+            miss = 1.0 - model.experts_per_token / model.num_experts
+            used = 1.0 - miss ** independent
+        else:
+            used = 0.0
+        weights_ms = (perf.dense_ms + perf.expert_ms * used) * self._scale
+        compute_ms = perf.per_token_ms * tokens * self._scale
+        attn_scale = self._scale if model.kv_sharded_by_tp else 1.0
+        attn_ms = perf.attention_us_per_ctx_token * shape.context_tokens / 1e3 * attn_scale
+        if cfg.kv_fp8:
+            attn_ms /= perf.kv_fp8_speedup
+        gpu_ms = max(weights_ms, compute_ms) + attn_ms
+        ar_us = self.allreduce_call_us(tokens)
+        if regime in ("eager", "compiled"):
+            ar_us += perf.eager_allreduce_extra_us
+        total = perf.overhead_ms[regime] + gpu_ms + self._n_ar * ar_us / 1e3
+        if not cfg.async_scheduling:
+            total += perf.sched_overhead_ms + perf.sched_per_seq_us * seqs / 1e3
+        total += perf.verify_ms_per_draft_token * shape.draft_tokens
+        if cfg.spec_method in NGRAM_METHODS:
+            total += perf.ngram_lookup_us_per_seq * shape.decode_seqs / 1e3
+        elif cfg.spec_method in MODEL_DRAFTERS and shape.decode_seqs:
+            total += cfg.num_spec_tokens * perf.drafter_ms_per_token * (1 + shape.decode_seqs / 64)
+        total += (cfg.pp - 1) * perf.pp_send_us / 1e3
+        return total
+
+
+# ------------------------------------------------------------------------------------------
+# Scheduler
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class SeqState:
+    seq_id: int
+    prompt_len: int
+    max_output: int                       # the most tokens this sequence may emit
+    block_hashes: tuple[int, ...] = ()    # prefix-cache keys of the prompt's full blocks
+    read_cache: bool = True
+    num_computed: int = 0
+    num_output: int = 0
+    prefill_target: int = 0
+    blocks: int = 0
+    cached_tokens: int = 0
+    running: bool = False
+    finished: bool = False
+
+    @property
+    def prefilling(self) -> bool:
+        return self.num_computed < self.prefill_target
+
+
+@dataclass
+class Scheduled:
+    seq: SeqState
+    num_tokens: int
+    drafts: int
+    prefill: bool
+
+    @property
+    def completes_prefill(self) -> bool:
+        return self.prefill and self.seq.num_computed + self.num_tokens >= self.seq.prefill_target
+
+
+@dataclass
+class StepPlan:
+    entries: list[Scheduled] = field(default_factory=list)
+    preempted: list[SeqState] = field(default_factory=list)
+
+    def shape(self) -> StepShape:
+        decode = [e for e in self.entries if not e.prefill]
+        prefill = [e for e in self.entries if e.prefill]
+        drafts = {e.drafts for e in decode}
+        return StepShape(
+            decode_seqs=len(decode),
+            draft_tokens=sum(e.drafts for e in decode),
+            prefill_tokens=sum(e.num_tokens for e in prefill),
+            prefill_seqs=len(prefill),
+            context_tokens=sum(e.seq.num_computed for e in decode),
+            uniform_decode=not prefill and len(drafts) <= 1,
+        )
+
+
+class Scheduler:
+    """Continuous batching in the shape of vLLM's V1 scheduler (simplified, documented)."""
+
+    def __init__(self, cfg: PerfConfig) -> None:
+        self.cfg = cfg
+        self.total_blocks = max(1, cfg.kv_capacity_tokens // cfg.block_size)
+        self.free_blocks = self.total_blocks
+        self.waiting: deque[SeqState] = deque()
+        self.running: list[SeqState] = []
+        self.num_preemptions = 0
+        self.prefix_queries = 0
+        self.prefix_hits = 0
+        self._cache: OrderedDict[int, None] = OrderedDict()
+
+    def add(self, seq: SeqState) -> None:
+        self.waiting.append(seq)
+
+    @property
+    def kv_usage(self) -> float:
+        return 1.0 - self.free_blocks / self.total_blocks
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.cfg.block_size)
+
+    def _release(self, seq: SeqState) -> None:
+        self.free_blocks += seq.blocks
+        seq.blocks = 0
+
+    def _preempt(self, seq: SeqState) -> None:
+        # Recompute preemption: the KV is dropped and the sequence re-prefills prompt+output.
+        self.running.remove(seq)
+        self._release(seq)
+        seq.running = False
+        seq.num_computed = 0
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def abort(self, seq: SeqState) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+            self._release(seq)
+        elif seq in self.waiting:
+            self.waiting.remove(seq)
+        seq.finished = True
+
+    def _prefix_hit(self, seq: SeqState) -> int:
+        if not (self.cfg.enable_prefix_caching and seq.block_hashes):
+            return 0
+        self.prefix_queries += seq.prompt_len
+        if not seq.read_cache:
+            return 0
+        hit = 0
+        for h in seq.block_hashes:
+            if h not in self._cache:
+                break
+            self._cache.move_to_end(h)
+            hit += 1
+        # At least one token must be computed to produce logits, as in vLLM.
+        tokens = min(hit * self.cfg.block_size, seq.prefill_target - 1)
+        self.prefix_hits += max(tokens, 0)
+        return max(tokens, 0)
+
+    def schedule(self, draft_fn: Callable[[SeqState], int]) -> StepPlan:
+        plan = StepPlan()
+        budget = self.cfg.max_num_batched_tokens
+        i = 0
+        while i < len(self.running) and budget > 0:
+            seq = self.running[i]
+            if seq.prefilling:
+                n, drafts = min(seq.prefill_target - seq.num_computed, budget), 0
+            else:
+                remaining = seq.max_output - seq.num_output
+                drafts = max(0, min(draft_fn(seq), remaining - 1, budget - 1))
+                n = 1 + drafts
+            need = self._blocks_for(seq.num_computed + n) - seq.blocks
+            while need > self.free_blocks and self.running[-1] is not seq:
+                plan.preempted.append(self.running[-1])
+                self._preempt(self.running[-1])
+            if need > self.free_blocks:
+                plan.preempted.append(seq)
+                self._preempt(seq)
+                continue
+            self.free_blocks -= need
+            seq.blocks += need
+            plan.entries.append(Scheduled(seq, n, drafts, seq.prefilling))
+            budget -= n
+            i += 1
+        while (self.waiting and not plan.preempted and budget > 0
+               and len(self.running) < self.cfg.max_num_seqs):
+            seq = self.waiting[0]
+            seq.prefill_target = seq.prompt_len + seq.num_output
+            cached = self._prefix_hit(seq)
+            n = min(seq.prefill_target - cached, budget)
+            need = self._blocks_for(cached + n)
+            if need > self.free_blocks:
+                break
+            self.waiting.popleft()
+            seq.num_computed = cached
+            seq.cached_tokens = cached
+            seq.blocks = need
+            self.free_blocks -= need
+            seq.running = True
+            self.running.append(seq)
+            plan.entries.append(Scheduled(seq, n, 0, True))
+            budget -= n
+        return plan
+
+    def commit(self, entry: Scheduled, emitted: int, finished: bool) -> None:
+        """Record what one scheduled sequence produced in the step just run."""
+        seq = entry.seq
+        if entry.prefill:
+            seq.num_computed += entry.num_tokens
+        else:
+            seq.num_computed += emitted
+        seq.num_output += emitted
+        if finished or seq.num_output >= seq.max_output:
+            seq.finished = True
+            if seq in self.running:
+                self.running.remove(seq)
+            self._release(seq)
+            if self.cfg.enable_prefix_caching:
+                for h in seq.block_hashes:
+                    self._cache[h] = None
+                    self._cache.move_to_end(h)
+                while len(self._cache) > self.total_blocks:
+                    self._cache.popitem(last=False)
+
+
+# ------------------------------------------------------------------------------------------
+# Closed-loop estimate
+# ------------------------------------------------------------------------------------------
+
+
+def unit_hash(*parts: int) -> float:
+    """Deterministic uniform number in [0, 1) from integers (splitmix64 mixing)."""
+    x = 0x9E3779B97F4A7C15
+    for p in parts:
+        x = (x ^ (p & 0xFFFFFFFFFFFFFFFF)) * 0xBF58476D1CE4E5B9 & 0xFFFFFFFFFFFFFFFF
+        x = (x ^ (x >> 31)) * 0x94D049BB133111EB & 0xFFFFFFFFFFFFFFFF
+        x ^= x >> 29
+    return (x >> 11) / float(1 << 53)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Closed-loop client: `concurrency` streams, each sending requests back to back."""
+
+    prompt_tokens: int = 100
+    output_tokens: int = 128            # every request runs to this length (ignore_eos)
+    requests_per_stream: int = 3
+    ngram_hit_rate: float = 0.0         # share of steps where n-gram lookup finds a draft
+    ngram_accept_prob: float = 0.0      # per-position acceptance of an n-gram draft
+    output_jitter: float = 0.0          # +-fraction of output_tokens, deterministic per request
+
+    def output_len(self, request_no: int) -> int:
+        if not self.output_jitter:
+            return self.output_tokens
+        u = unit_hash(request_no, 11)
+        return max(1, round(self.output_tokens * (1 + self.output_jitter * (2 * u - 1))))
+
+
+@dataclass(frozen=True)
+class LevelEstimate:
+    concurrency: int
+    output_tok_s: float
+    mean_latency_s: float
+    mean_ttft_s: float
+    mean_tpot_s: float
+    requests: int
+    duration_s: float
+    steady_output_tok_s: float          # tokens inside [first wave done, first stream done]
+    mean_acceptance_length: float | None
+
+
+def accepted_drafts(cfg: PerfConfig, profile: Profile, workload: Workload,
+                    seq_id: int, step: int, drafts: int) -> int:
+    """How many of `drafts` proposed tokens the target model accepts (deterministic)."""
+    if cfg.spec_method in NGRAM_METHODS:
+        probs: Sequence[float] = [workload.ngram_accept_prob] * drafts
+    else:
+        table = profile.perf.drafter_accept_prob
+        probs = [table[min(i, len(table) - 1)] for i in range(drafts)]
+    n = 0
+    for pos, p in enumerate(probs):
+        if unit_hash(seq_id, step, pos, 7) >= p:
+            break
+        n += 1
+    return n
+
+
+def simulate_closed_loop(profile: Profile, cfg: PerfConfig, workload: Workload,
+                         concurrency: int) -> LevelEstimate:
+    cost = CostModel(profile, cfg)
+    sched = Scheduler(cfg)
+    k = cfg.num_spec_tokens if cfg.spec_method else 0
+    step_no = 0
+
+    def draft_fn(seq: SeqState) -> int:
+        if not k:
+            return 0
+        if cfg.spec_method in NGRAM_METHODS:
+            return k if unit_hash(seq.seq_id, step_no, 3) < workload.ngram_hit_rate else 0
+        return k
+
+    now = 0.0
+    next_id = 0
+    arrival: dict[int, float] = {}
+    first_token: dict[int, float] = {}
+    latencies: list[float] = []
+    ttfts: list[float] = []
+    tpots: list[float] = []
+    sent = [0] * concurrency
+    owner: dict[int, int] = {}
+    drafted = accepted = draft_steps = 0
+    emissions: list[tuple[float, int]] = []
+    first_wave_left = concurrency
+    t_warm: float | None = None
+    t_stop: float | None = None
+
+    def submit(stream: int) -> None:
+        nonlocal next_id
+        seq = SeqState(next_id, workload.prompt_tokens, workload.output_len(next_id))
+        arrival[next_id] = now
+        owner[next_id] = stream
+        sent[stream] += 1
+        next_id += 1
+        sched.add(seq)
+
+    for s in range(concurrency):
+        submit(s)
+    total_out = 0
+    while sched.has_work():
+        plan = sched.schedule(draft_fn)
+        if not plan.entries:
+            raise RuntimeError("scheduler cannot make progress (KV cache too small?)")
+        now += cost.step_ms(plan.shape()) / 1e3
+        step_no += 1
+        for entry in plan.entries:
+            if entry.prefill:
+                emitted = 1 if entry.completes_prefill else 0
+            else:
+                acc = accepted_drafts(cfg, profile, workload, entry.seq.seq_id, step_no,
+                                      entry.drafts)
+                if entry.drafts:
+                    drafted += entry.drafts
+                    accepted += acc
+                    draft_steps += 1
+                emitted = acc + 1
+            seq = entry.seq
+            emitted = min(emitted, seq.max_output - seq.num_output)
+            if emitted and seq.seq_id not in first_token:
+                first_token[seq.seq_id] = now
+            total_out += emitted
+            if emitted:
+                emissions.append((now, emitted))
+            sched.commit(entry, emitted, False)
+            if seq.finished:
+                if seq.seq_id < concurrency:
+                    first_wave_left -= 1
+                    if first_wave_left == 0:
+                        t_warm = now
+                lat = now - arrival[seq.seq_id]
+                ttft = first_token[seq.seq_id] - arrival[seq.seq_id]
+                latencies.append(lat)
+                ttfts.append(ttft)
+                if seq.max_output > 1:
+                    tpots.append((lat - ttft) / (seq.max_output - 1))
+                stream = owner[seq.seq_id]
+                if sent[stream] < workload.requests_per_stream:
+                    submit(stream)
+                elif t_stop is None:
+                    t_stop = now
+    n = len(latencies)
+    steady = total_out / now if now else 0.0
+    if t_warm is not None and t_stop is not None and t_stop > t_warm:
+        steady = sum(k for t, k in emissions if t_warm < t <= t_stop) / (t_stop - t_warm)
+    return LevelEstimate(
+        concurrency=concurrency,
+        output_tok_s=total_out / now if now else 0.0,
+        mean_latency_s=sum(latencies) / n,
+        mean_ttft_s=sum(ttfts) / n,
+        mean_tpot_s=sum(tpots) / len(tpots) if tpots else 0.0,
+        requests=n,
+        duration_s=now,
+        steady_output_tok_s=steady,
+        mean_acceptance_length=(1 + accepted / draft_steps) if draft_steps else None,
+    )
+
+
+def estimate(profile: Profile, cfg: PerfConfig, workload: Workload | None = None,
+             concurrencies: Sequence[int] = (1, 2, 10, 64, 256)) -> dict[str, object]:
+    """Closed-loop throughput/latency per concurrency, without any server.
+
+    Returns {"levels": {c: LevelEstimate}, "output_tok_s": {c: float}, "tpot_c1_s": float|None,
+    "single_stream_tok_s": float|None}. Units are simulated seconds (time scale 1).
+    """
+    wl = workload or Workload()
+    levels = {c: simulate_closed_loop(profile, cfg, wl, c) for c in concurrencies}
+    first = levels.get(1)
+    return {
+        "levels": levels,
+        "output_tok_s": {c: lv.output_tok_s for c, lv in levels.items()},
+        "tpot_c1_s": first.mean_tpot_s if first else None,
+        "single_stream_tok_s": first.output_tok_s if first else None,
+    }
