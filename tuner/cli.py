@@ -37,7 +37,17 @@ def load_spec_file(path: str) -> StudySpec:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"{path}: cannot read the study file: {exc.strerror}") from exc
-    return parse_study(text, str(file))
+    spec = parse_study(text, str(file))
+    if spec.probe.prompts_file:
+        # Relative to the study file, and checked now: a bad prompts file must stop the
+        # study before any server starts.
+        from tuner.adapters.probe_client import load_probe_items
+
+        resolved = (file.parent / spec.probe.prompts_file).resolve()
+        probe = spec.probe.model_copy(update={"prompts_file": str(resolved)})
+        load_probe_items(probe)
+        spec = spec.model_copy(update={"probe": probe})
+    return spec
 
 
 # -- validate ---------------------------------------------------------------------
@@ -71,7 +81,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     _say("objectives: " + ", ".join(f"{o.label} ({o.direction})" for o in spec.objectives))
     if spec.limits:
         _say("limits: " + ", ".join(l.label for l in spec.limits))
-    _say(f"load: concurrency {spec.load.concurrency}, api {spec.load.api}")
+    _say(f"load: concurrency {list(spec.load.concurrency)}, api {spec.load.api}")
     timeout = f", wall-clock limit {format_duration(spec.budget.timeout)}" if spec.budget.timeout else ""
     _say(f"budget: {spec.budget.n_trials} trials{timeout}, {format_duration(spec.budget.trial_timeout)} per trial")
     _say("")
@@ -97,12 +107,18 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
     from tuner.status import build_status, format_status
     from tuner.study_store import StudyLock
 
+    from tuner.runfile import clean_up_previous_run, clear_run, record_run
+
     spec = handle.spec
     with StudyLock(handle.paths):
+        stale = clean_up_previous_run(handle.paths.root)
+        if stale:
+            _say(f"[resume] stopped {len(stale)} process(es) left by an earlier, killed run")
         groups = spec.execution.parallel_trials
         declared = spec.server.gpus_per_trial * (groups or 1)
         init_ray(address=args.ray_address, gpus_needed=declared,
                  cpus_needed=spec.server.cpus_per_trial * (groups or 1))
+        record_run(handle.paths.root, local_ray=args.ray_address is None)
         executor = RayExecutor(gpus_per_trial=spec.server.gpus_per_trial,
                                cpus_per_trial=spec.server.cpus_per_trial, groups=groups)
         executor.start()
@@ -113,6 +129,10 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
             summary = orchestrator.run()
         finally:
             executor.shutdown()
+            import ray
+
+            ray.shutdown()
+            clear_run(handle.paths.root)
         study = handle.load()
         _say("")
         _say(format_status(build_status(handle, study), verbose=False))

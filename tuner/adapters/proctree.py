@@ -96,3 +96,23 @@ def listening_pids(port: int) -> list[int]:
                         owners.append(int(entry.name))
                         break
     return sorted(set(owners))
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of ``pid`` (children, grandchildren, ...)."""
+
+    children: dict[int, list[int]] = {}
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(entry)
+        # fields[1] = ppid (see proc(5)).
+        if fields and len(fields) > 1 and fields[0] not in ("Z", "X"):
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+    out: list[int] = []
+    stack = list(children.get(pid, []))
+    while stack:
+        child = stack.pop()
+        out.append(child)
+        stack.extend(children.get(child, []))
+    return out

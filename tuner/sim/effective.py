@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.sim.args import SimArgs
+from tuner.sim.comm import NcclInfo, allreduce_backends, resolve_nccl
 from tuner.sim.faults import Fault, applies
 from tuner.sim.perf_model import MODEL_DRAFTERS, PerfConfig
 from tuner.sim.profile import Profile
@@ -33,11 +34,6 @@ SPEC_KEYS = frozenset({"method", "model", "num_speculative_tokens", "prompt_look
                        "speculative_token_tree", "parallel_drafting", "suffix_decoding_max_tree_depth",
                        "suffix_decoding_max_cached_requests", "suffix_decoding_max_spec_factor",
                        "suffix_decoding_min_token_prob", "synthetic_acceptance_rate"})
-AR_POTENTIAL = ("FLASHINFER_PCIE_IPC", "FLASHINFER", "NCCL_SYMM_MEM", "QUICK_REDUCE",
-                "AITER_CUSTOM", "CUSTOM", "SYMM_MEM", "PYNCCL")
-NCCL_PROTOS = {"simple": "Simple", "ll": "LL", "ll128": "LL128"}
-NCCL_ALGOS = {"ring": "Ring", "tree": "Tree", "collnetdirect": "CollnetDirect",
-              "collnetchain": "CollnetChain", "nvls": "NVLS", "nvlstree": "NVLSTree", "pat": "PAT"}
 DTYPE_NAMES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16",
                "float": "float32", "float32": "float32"}
 
@@ -59,6 +55,7 @@ class Failure:
     message: str
     frames: tuple[str, ...] = ()
     nccl_line: str | None = None
+    stage: str = "init"   # engine failures: init, comm, load, attn or kv (when it is printed)
 
 
 class ConfigError(Exception):
@@ -79,17 +76,6 @@ class SpecConfig:
         model = repr(self.model) if self.model else "None"
         return (f"SpeculativeConfig(method={self.method!r}, model={model}, "
                 f"num_spec_tokens={self.num_spec_tokens})")
-
-
-@dataclass(frozen=True)
-class NcclInfo:
-    debug: str | None
-    proto_env: str | None
-    algo_env: str | None
-    protos: tuple[str, ...] | None
-    algo: str
-    p2p_disabled: bool
-    max_channels: int | None
 
 
 @dataclass(frozen=True)
@@ -139,10 +125,6 @@ class Effective:
 
 def _fail(exc_type: str, message: str, *frames: str) -> ConfigError:
     return ConfigError(Failure("api", exc_type, message, frames))
-
-
-def _truthy(env: Mapping[str, str], name: str, default: str) -> bool:
-    return env.get(name, default).strip().lower() in ("1", "true", "yes")
 
 
 def asked_config(args: SimArgs, env: Mapping[str, str], profile: Profile) -> dict[str, Any]:
@@ -241,112 +223,6 @@ def _resolve_spec(args: SimArgs, profile: Profile, notices: list[Notice]) -> Spe
     return SpecConfig(method, model, k, lo, hi)
 
 
-def _parse_nccl_list(raw: str, names: Mapping[str, str]) -> set[str]:
-    """NCCL_PROTO / NCCL_ALGO syntax: comma list, or `^a,b` to exclude; unknown tokens ignored."""
-    raw = raw.strip()
-    exclude = raw.startswith("^")
-    items = {names[t.strip().lower()] for t in raw.lstrip("^").split(",")
-             if t.strip().lower() in names}
-    return set(names.values()) - items if exclude else items
-
-
-def _resolve_nccl(env: Mapping[str, str], profile: Profile, uses_nccl: bool
-                  ) -> tuple[NcclInfo, str | None, Failure | None]:
-    nccl = profile.nccl
-    hw = profile.hardware
-    proto_env, algo_env = env.get("NCCL_PROTO"), env.get("NCCL_ALGO")
-    corruption = failure = None
-    protos: tuple[str, ...] | None = None
-    if proto_env:
-        enabled = _parse_nccl_list(proto_env, NCCL_PROTOS)
-        positive = not proto_env.strip().startswith("^")
-        if "LL128" in enabled and positive and hw.interconnect != "nvlink" and uses_nccl:
-            # NCCL only enables LL128 where it is known to be safe; forcing it elsewhere can
-            # silently corrupt reductions (NCCL docs). The model then emits garbage.
-            corruption = "NCCL_PROTO forces LL128 on a PCIe topology (unsafe; corrupts data)"
-        if "LL128" in enabled and not positive and hw.interconnect != "nvlink":
-            enabled.discard("LL128")
-        protos = tuple(p for p in ("Simple", "LL", "LL128") if p in enabled)
-    algo = nccl.default_algo
-    available = set(nccl.algos_available)
-    if hw.interconnect == "nvlink" and hw.nvswitch_multicast and env.get("NCCL_NVLS_ENABLE") != "0":
-        available |= {"NVLS", "NVLSTree"}
-    if algo_env:
-        spec = algo_env
-        for part in algo_env.split(";"):
-            coll, sep, algos = part.partition(":")
-            if sep and coll.strip().lower() == "allreduce":
-                spec = algos
-                break
-            if not sep:
-                spec = part
-        allowed = _parse_nccl_list(spec, NCCL_ALGOS)
-        usable = [a for a in ("Ring", "Tree", "NVLS", "NVLSTree") if a in allowed & available]
-        if uses_nccl and not usable:
-            failure = Failure(
-                "engine", "torch.distributed.DistBackendError",
-                "NCCL error in: /pytorch/torch/csrc/distributed/c10d/NCCLUtils.cpp:77, invalid "
-                f"usage (run with NCCL_DEBUG=WARN for details), NCCL version {hw.nccl_version}\n"
-                "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.",
-                nccl_line=("enqueue.cc:1783 NCCL WARN Error : no algorithm/protocol available for "
-                           f"function AllReduce with datatype ncclBfloat16. NCCL_ALGO was set to "
-                           f"{algo_env}."))
-        elif usable:
-            algo = nccl.default_algo if nccl.default_algo in usable else usable[0]
-    if uses_nccl and protos is not None and not protos and failure is None:
-        failure = Failure("engine", "torch.distributed.DistBackendError",
-                          "NCCL error: invalid usage, NCCL_PROTO enables no protocol\n"
-                          "ncclInvalidUsage: This usually reflects invalid usage of NCCL library.")
-    try:
-        channels = int(env["NCCL_MAX_NCHANNELS"]) if "NCCL_MAX_NCHANNELS" in env else None
-    except ValueError:
-        channels = None
-    info = NcclInfo(env.get("NCCL_DEBUG"), proto_env, algo_env, protos, algo,
-                    env.get("NCCL_P2P_DISABLE", "0").strip() == "1", channels)
-    return info, corruption, failure
-
-
-def _allreduce(tp: int, disable_car: bool, env: Mapping[str, str], profile: Profile,
-               notices: list[Notice]) -> tuple[str, ...]:
-    hw = profile.hardware
-    if tp == 1 or hw.platform != "cuda":
-        return ()
-    backends = []
-    sm_ok = hw.compute_capability in ("9.0", "10.0")
-    if _truthy(env, "VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC", "0") and hw.flashinfer_allreduce:
-        backends.append("FLASHINFER_PCIE_IPC")
-    if _truthy(env, "VLLM_ALLREDUCE_USE_FLASHINFER", "1") and hw.flashinfer_allreduce:
-        fi_backend = env.get("VLLM_FLASHINFER_ALLREDUCE_BACKEND", "auto")
-        if fi_backend == "mnnvl" or (fi_backend == "auto" and hw.nvswitch_multicast):
-            backends.append("FLASHINFER")
-        elif fi_backend in ("auto", "trtllm"):
-            backends.append("FLASHINFER")
-    if _truthy(env, "VLLM_USE_NCCL_SYMM_MEM", "0") and hw.nvswitch_multicast:
-        backends.append("NCCL_SYMM_MEM")
-    if not disable_car:
-        src = "custom_all_reduce.py:214"
-        silence = " To silence this warning, specify disable_custom_all_reduce=True explicitly."
-        if tp not in (2, 4, 6, 8, 16):
-            notices.append(Notice("comm", "WARNING", src, "Custom allreduce is disabled due to an "
-                                  f"unsupported world size: {tp}. Supported world sizes: "
-                                  f"[2, 4, 6, 8, 16].{silence}"))
-        elif tp > 2 and hw.interconnect != "nvlink":
-            notices.append(Notice("comm", "WARNING", "custom_all_reduce.py:270", "Custom allreduce"
-                                  " is disabled because it's not supported on more than two "
-                                  f"PCIe-only GPUs.{silence}"))
-        else:
-            backends.append("CUSTOM")
-    if _truthy(env, "VLLM_ALLREDUCE_USE_SYMM_MEM", "1"):
-        if sm_ok and tp in (2, 4, 6, 8):
-            backends.append("SYMM_MEM")
-        else:
-            notices.append(Notice("comm", "WARNING", "symm_mem.py:66", "SymmMemCommunicator: Device "
-                                  f"capability {hw.compute_capability} not supported, "
-                                  "communicator is not available."))
-    backends.append("PYNCCL")
-    return tuple(backends)
-
-
 def _capture_sizes(args: SimArgs, cc: Mapping[str, Any], mns: int, mnbt: int, k: int,
                    profile: Profile, notices: list[Notice]) -> tuple[tuple[int, ...], int]:
     flag_sizes, flag_max = args.cudagraph_capture_sizes, args.max_cudagraph_capture_size
@@ -390,7 +266,8 @@ def _backend_downgrade(cg: str, mode: int, k: int, profile: Profile,
     if mixed == "FULL" and support != "ALWAYS":
         if support == "NEVER":
             return cg, Failure("engine", "ValueError", head + "; please try cudagraph_mode="
-                               "PIECEWISE, and make sure compilation mode is VLLM_COMPILE")
+                               "PIECEWISE, and make sure compilation mode is VLLM_COMPILE",
+                               stage="attn")
         new = "FULL_AND_PIECEWISE" if split_attn else "FULL_DECODE_ONLY"
         notices.append(Notice("attn", "WARNING", "compilation.py:1421", f"{head}; setting "
                               f"cudagraph_mode={new}"))
@@ -537,8 +414,8 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
                           f"number of available GPUs ({visible}) in this node. If this is "
                           "intentional and you are using: - ray, set '--distributed-executor-"
                           "backend ray'. - multiprocessing, set '--nnodes' appropriately.")
-    backends = _allreduce(tp, disable_car, env, profile, notices)
-    nccl, corruption, nccl_failure = _resolve_nccl(env, profile, "PYNCCL" in backends)
+    backends = allreduce_backends(tp, disable_car, env, profile, notices)
+    nccl, corruption, nccl_failure = resolve_nccl(env, profile, "PYNCCL" in backends)
     failure = failure or nccl_failure
 
     util = float(over.get("gpu_memory_utilization", args.gpu_memory_utilization))
@@ -566,12 +443,13 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
         failure = Failure("engine", "torch.OutOfMemoryError", "CUDA out of memory. Tried to "
                           f"allocate 1.50 GiB. GPU 0 has a total capacity of {hw.memory_gib:.2f} "
                           "GiB of which 1.02 GiB is free. Including non-PyTorch memory, this "
-                          f"process has {hw.memory_gib - 1.02:.2f} GiB memory in use.")
+                          f"process has {hw.memory_gib - 1.02:.2f} GiB memory in use.", stage="load")
     block = profile.defaults.block_size
     kv_tokens = max(0, int(kv_gib * GIB / kv_bytes) // block * block)
     if failure is None and kv_gib <= 0:
         failure = Failure("engine", "ValueError", "No available memory for the cache blocks. Try "
-                          "increasing `gpu_memory_utilization` when initializing the engine.")
+                          "increasing `gpu_memory_utilization` when initializing the engine.",
+                          stage="kv")
     elif failure is None and kv_tokens < max_len:
         need = max_len * kv_bytes / GIB
         failure = Failure("engine", "ValueError", f"To serve at least one request with the "
@@ -579,7 +457,7 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
                           f"which is larger than the available KV cache memory ({kv_gib:.2f} GiB). "
                           f"Based on the available memory, the estimated maximum model length is "
                           f"{kv_tokens}. Try increasing `gpu_memory_utilization` or decreasing "
-                          "`max_model_len` when initializing the engine.")
+                          "`max_model_len` when initializing the engine.", stage="kv")
 
     prefix = bool(over.get("enable_prefix_caching",
                            True if args.enable_prefix_caching is None else args.enable_prefix_caching))

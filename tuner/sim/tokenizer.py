@@ -65,6 +65,8 @@ class Tokenizer:
         if known is not None:
             return known
         slot = _slot(piece)
+        while slot in self._to_piece:   # never shadow a canonical piece (fixed set: stable)
+            slot = _FIRST + (slot - _FIRST + 1) % (VOCAB_SIZE - _FIRST)
         if len(self._seen) > 500_000:   # bound memory in a long-lived server
             self._seen.clear()
         self._seen[slot] = piece

@@ -1,0 +1,84 @@
+"""kill -9 of the tuner in the middle of a trial, then `tuner resume`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.conftest import ROOT, processes_with_env, run_tuner, tuner_argv, write_study
+from tuner.adapters import proctree
+
+pytestmark = pytest.mark.slow
+
+
+def completed_runs(storage: str, name: str) -> dict[int, tuple[str, tuple[float, ...] | None, str]]:
+    study = optuna.load_study(study_name=name, storage=storage)
+    out = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.user_attrs.get("kind", "run") == "run":
+            out[t.number] = (t.state.name, tuple(t.values) if t.values else None,
+                             json.dumps(t.user_attrs.get("values"), sort_keys=True))
+    return out
+
+
+def test_sigkill_mid_trial_then_resume(tmp_path: Path, orphan_check: list[str]) -> None:
+    study, marker = write_study(
+        tmp_path, updates={"budget.n_trials": 6},
+        # A slower start widens the window in which the kill lands mid-trial.
+        env={"TUNER_SIM_FAULTS": json.dumps([{"fault": "slow_start", "seconds": 2}])},
+    )
+    orphan_check.append(marker)
+    name = study.stem
+    results = tmp_path / "results"
+    storage = f"sqlite:///{(results / name / 'optuna.db').resolve()}"
+    proc = subprocess.Popen(tuner_argv("run", str(study), "--results", str(results)), cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    victim_pid_file = results / name / "trials" / "0002" / "server.pid"
+    deadline = time.monotonic() + 300
+    while not victim_pid_file.exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.monotonic() < deadline, "trial 2 never started"
+        time.sleep(0.1)
+    time.sleep(0.5)
+    server_pgid = json.loads(victim_pid_file.read_text())["pgid"]
+    before = completed_runs(storage, name)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    proc.stdout.close()
+    assert proctree.group_members(server_pgid), "the server should outlive a SIGKILLed tuner"
+    done_before = {n: v for n, v in before.items() if v[0] == "COMPLETE"}
+    assert done_before, "no trial had completed before the kill"
+
+    # A second resume while the first runs must refuse; start the first in the background.
+    first = subprocess.Popen(tuner_argv("resume", name, "--results", str(results)), cwd=ROOT,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(1.5)
+    second = run_tuner("resume", name, "--results", str(results), timeout=120)
+    out, _ = first.communicate(timeout=600)
+    print(out[-3000:])
+    assert first.returncode == 0, out[-3000:]
+    assert second.returncode == 3 and "already being run" in second.stderr, second.stderr
+
+    assert not proctree.group_members(server_pgid), "resume did not stop the leftover server"
+    after = completed_runs(storage, name)
+    for number, (state, values, params) in done_before.items():
+        assert after[number] == (state, values, params), f"completed trial {number} changed"
+    finished = [v for n, v in after.items() if v[0] in ("COMPLETE", "FAIL")]
+    interrupted = [n for n in after if n not in done_before and after[n][0] == "FAIL"]
+    study_obj = optuna.load_study(study_name=name, storage=storage)
+    reasons = {t.number: t.user_attrs.get("failure", {}).get("reason") for t in study_obj.trials}
+    counted = [n for n, v in after.items() if v[0] in ("COMPLETE", "FAIL") and reasons.get(n) != "interrupted"]
+    assert len(counted) == 6, (after, reasons)
+    assert any(reasons.get(n) == "interrupted" for n in interrupted)
+    assert all(v[0] != "RUNNING" for v in after.values())
+    # No completed configuration was measured twice.
+    complete_params = [v[2] for v in after.values() if v[0] == "COMPLETE"]
+    assert len(complete_params) == len(set(complete_params))
+    assert not processes_with_env(marker)

@@ -1,0 +1,68 @@
+"""The run file: which processes a tuner run started, so a later run can clean up after a
+``kill -9``.
+
+Servers are recorded per trial (``trials/NNNN/server.pid``, by the launcher). This file
+records the driver and the local Ray runtime it started: when the driver is killed, Ray
+stops its workers but a few agent processes outlive it, and they are stopped on resume.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from tuner.adapters import proctree
+from tuner.adapters.artifacts import atomic_write_json
+
+__all__ = ["record_run", "clean_up_previous_run", "clear_run"]
+
+
+def _path(study_root: Path) -> Path:
+    return study_root / "run.json"
+
+
+def record_run(study_root: Path, *, local_ray: bool) -> None:
+    me = os.getpid()
+    pids = proctree.descendants(me) if local_ray else []
+    atomic_write_json(_path(study_root), {
+        "driver_pid": me,
+        "driver_cmdline": proctree.cmdline(me),
+        "host": socket.gethostname(),
+        "started_unix": time.time(),
+        "local_processes": [{"pid": p, "cmdline": proctree.cmdline(p)} for p in pids],
+    })
+
+
+def clean_up_previous_run(study_root: Path) -> list[int]:
+    """Stop processes a dead earlier run left behind on this host; return their pids."""
+
+    path = _path(study_root)
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return []
+    if record.get("host") != socket.gethostname():
+        return []
+    driver = int(record.get("driver_pid", 0))
+    if driver and driver != os.getpid() and proctree.process_alive(driver) and \
+            proctree.cmdline(driver) == record.get("driver_cmdline"):
+        return []  # still running: the study lock will refuse this run anyway
+    stopped = []
+    for item in record.get("local_processes", []):
+        pid = int(item["pid"])
+        # Only a process whose command line is unchanged is ours: pids get reused.
+        if proctree.process_alive(pid) and proctree.cmdline(pid) == item.get("cmdline"):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                stopped.append(pid)
+    path.unlink(missing_ok=True)
+    return stopped
+
+
+def clear_run(study_root: Path) -> None:
+    _path(study_root).unlink(missing_ok=True)
