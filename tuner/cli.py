@@ -133,13 +133,13 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
 
             ray.shutdown()
             clear_run(handle.paths.root)
-        study = handle.load()
-        _say("")
-        _say(format_status(build_status(handle, study), verbose=False))
-        _say(f"\npareto front written to {handle.paths.pareto_json}")
-        if summary.stopped_because == "interrupted":
-            _say(f"interrupted: continue with `tuner resume {handle.name}`")
-            return 130
+    study = handle.load()
+    _say("")
+    _say(format_status(build_status(handle, study), verbose=False))
+    _say(f"\npareto front written to {handle.paths.pareto_json}")
+    if summary.stopped_because == "interrupted":
+        _say(f"interrupted: continue with `tuner resume {handle.name}`")
+        return 130
     return 0
 
 
@@ -261,9 +261,14 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not args.verbose:
+        import warnings
+
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
+        # Multivariate/grouped TPE and metric names are marked experimental; they are
+        # chosen on purpose, so the per-run notice is noise for users.
+        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
     try:
         return args.func(args)
     except SpecError as exc:

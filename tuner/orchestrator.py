@@ -303,7 +303,7 @@ class Orchestrator:
         if reason is not None:
             trial.set_user_attr("kind", KIND_FORBIDDEN)
             trial.set_user_attr("failure", {"reason": "forbidden", "message": reason})
-            study.tell(trial, state=TrialState.FAIL)
+            self._tell_infeasible(study, trial, "forbidden")
             return None
         known = self._known_points(study)
         earlier = known.get(space.params_key(values))
@@ -324,7 +324,36 @@ class Orchestrator:
             # Still running or failed: nothing new to learn by running it again.
             trial.set_user_attr("failure", {
                 "reason": "duplicate", "message": f"same parameters as trial {earlier.number}"})
+            self._tell_infeasible(study, trial, "failed_before")
+
+    def _tell_infeasible(self, study: optuna.Study, trial: Trial, constraint: str) -> None:
+        """Tell a point that must not run as infeasible, so the sampler stops proposing it.
+
+        TPE and NSGA-II learn nothing from FAIL trials and would keep proposing a forbidden
+        or crashing point; a COMPLETE trial with the worst values seen so far and a
+        violated constraint teaches them. Such trials are marked (kind != run) and never
+        reach the front, the budget or the reports' measurements.
+        """
+
+        worst = self._worst_values(study)
+        if worst is None:
             study.tell(trial, state=TrialState.FAIL)
+            return
+        trial.set_constraint(constraint, 1.0)
+        trial.set_user_attr("placeholder_values", True)
+        study.tell(trial, worst)
+
+    def _worst_values(self, study: optuna.Study) -> list[float] | None:
+        rows = [
+            t.values for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("kind", KIND_RUN) == KIND_RUN and t.values is not None
+        ]
+        if not rows:
+            return None
+        return [
+            min(col) if direction == "maximize" else max(col)
+            for col, direction in zip(zip(*rows), self.directions)
+        ]
 
     def _enqueue_unseen_random(self, study: optuna.Study) -> None:
         rng = random.Random(self.spec.sampler.seed * 7919 + len(study.trials))

@@ -36,10 +36,13 @@ def effective_config(argv: Sequence[str], env: Mapping[str, str], profile: Profi
 
 class Sim:
     def __init__(self, eff: Effective, faults: ActiveFaults, scale: float, log: LogWriter,
-                 sock: socket.socket) -> None:
+                 sock: socket.socket, startup_scale: float | None = None) -> None:
         self.eff = eff
         self.faults = faults
         self.scale = scale
+        # Startup (weight loading, compile, capture) may be compressed separately: a demo
+        # wants minutes of GLM-5 startup to take seconds without distorting token timing.
+        self.startup_scale = scale if startup_scale is None else startup_scale
         self.log = log
         self.sock = sock
         self.child: subprocess.Popen[bytes] | None = None
@@ -47,10 +50,10 @@ class Sim:
         self.simulated = 0.0
 
     async def wait(self, seconds: float) -> None:
-        """Sleep `seconds` of simulated time; returns early only through cancellation."""
+        """Sleep `seconds` of simulated startup time; returns early only through cancellation."""
         self.simulated += seconds
         if seconds > 0:
-            await asyncio.sleep(seconds * self.scale)
+            await asyncio.sleep(seconds * self.startup_scale)
 
     def spawn_child(self) -> None:
         cmd = [sys.executable, "-m", "tuner.sim._engine_core_child", str(os.getpid())]
@@ -293,6 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         scale = float(env.get("TUNER_SIM_TIME_SCALE", "1.0"))
         if not scale > 0:
             raise ValueError("TUNER_SIM_TIME_SCALE must be > 0")
+        startup_scale = float(env.get("TUNER_SIM_STARTUP_SCALE", scale))
+        if not startup_scale > 0:
+            raise ValueError("TUNER_SIM_STARTUP_SCALE must be > 0")
         faults = parse_faults(env.get("TUNER_SIM_FAULTS"))
         if env.get("TUNER_SIM_SEED"):
             args.values["seed"] = args.seed + int(env["TUNER_SIM_SEED"])
@@ -321,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.raw("Traceback (most recent call last):", "APIServer")
         log.raw(f"OSError: [Errno {exc.errno}] {exc.strerror}", "APIServer")
         return 1
-    sim = Sim(eff, active, scale, log, sock)
+    sim = Sim(eff, active, scale, log, sock, startup_scale)
     try:
         return asyncio.run(sim.run())
     finally:
