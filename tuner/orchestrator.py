@@ -82,6 +82,11 @@ def trial_command(spec: StudySpec, values: dict[str, Any], *, port: int | None =
                   python: str | None = None) -> tuple[list[str], dict[str, str]]:
     rendered = render_command(spec.server, space.settings_for(spec, values),
                               python=python or sys.executable, port=port)
+    argv = list(rendered.argv)
+    if python is None and "/" in argv[0] and not os.path.isabs(argv[0]):
+        # A relative interpreter path (e.g. .venv-vllm/bin/python) means "relative to where
+        # the tuner was started"; workers may run elsewhere, so pin it now.
+        argv[0] = os.path.abspath(argv[0])
     env = dict(rendered.env)
     if spec.verify.nccl_debug == "on" or (
         spec.verify.nccl_debug == "auto"
@@ -90,7 +95,7 @@ def trial_command(spec: StudySpec, values: dict[str, Any], *, port: int | None =
         # Needed to read back the protocol/algorithm NCCL actually chose.
         env.setdefault("NCCL_DEBUG", "INFO")
         env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,ENV")
-    return rendered.argv, env
+    return argv, env
 
 
 @dataclass
