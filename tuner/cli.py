@@ -203,6 +203,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from tuner.report import write_report
+    from tuner.study_store import open_existing
+
+    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    out_dir = Path(args.output) if args.output else handle.paths.root / "report"
+    paths = write_report(handle, out_dir, pick=args.pick)
+    for name, path in paths.items():
+        _say(f"wrote {path}")
+    if args.markdown:
+        _say("")
+        _say(paths["report.md"].read_text())
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------
 
 
@@ -239,6 +254,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.add_argument("--brief", action="store_true", help="omit the per-trial table")
     p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("report", help="HTML page, PNG figures and Markdown summary of a study")
+    p.add_argument("name")
+    common(p)
+    p.add_argument("--pick", default="knee", help="which point the report recommends (as in export)")
+    p.add_argument("-o", "--output", help="folder (default: results/NAME/report)")
+    p.add_argument("--markdown", action="store_true", help="also print the Markdown summary")
+    p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("export", help="the command line and environment of a chosen trial")
     p.add_argument("name")

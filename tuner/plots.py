@@ -1,0 +1,117 @@
+"""Figures of a study (matplotlib, Agg backend): Pareto front, best-so-far, knob importance.
+
+Each function takes plain records and returns PNG bytes, so the report can both embed
+them (self-contained HTML) and write them as files.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display on servers and in CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+from tuner.core.pareto import Point, pareto_front  # noqa: E402
+from tuner.records import TrialRecord  # noqa: E402
+
+__all__ = ["pareto_png", "best_so_far_png", "importance_png", "OUTCOME_STYLE"]
+
+# outcome -> (marker, colour, legend label)
+OUTCOME_STYLE = {
+    "feasible": ("o", "#1f77b4", "feasible"),
+    "probe_failed": ("X", "#d62728", "probe failed"),
+    "not_applied": ("^", "#ff7f0e", "config not applied"),
+    "limit_missed": ("s", "#9467bd", "limit missed"),
+}
+
+
+def _png(fig: plt.Figure) -> bytes:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def pareto_png(records: Sequence[TrialRecord], labels: Sequence[str], directions: Sequence[str]) -> bytes:
+    """Objective 1 (y) against objective 2 (x); every measured trial marked by outcome."""
+
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    y_label, x_label = labels[0], labels[1] if len(labels) > 1 else labels[0]
+    measured = [r for r in records if r.kind == "run" and r.state == "COMPLETE"
+                and y_label in r.values and x_label in r.values]
+    for outcome, (marker, colour, legend) in OUTCOME_STYLE.items():
+        pts = [r for r in measured if r.outcome == outcome]
+        if pts:
+            ax.scatter([r.values[x_label] for r in pts], [r.values[y_label] for r in pts],
+                       marker=marker, c=colour, s=46, alpha=0.8, label=f"{legend} ({len(pts)})")
+    points = [Point(r.number, tuple(r.values[l] for l in labels), r.feasible) for r in measured]
+    front = pareto_front(points, directions)
+    if front and len(labels) > 1:
+        ordered = sorted(front, key=lambda p: p.values[1])
+        ax.plot([p.values[1] for p in ordered], [p.values[0] for p in ordered], "-", c="#2ca02c",
+                lw=1.5, zorder=1)
+        ax.scatter([p.values[1] for p in ordered], [p.values[0] for p in ordered], marker="*",
+                   s=190, c="#2ca02c", edgecolors="black", zorder=3, label=f"Pareto front ({len(front)})")
+        for p in ordered:
+            ax.annotate(f"#{p.number}", (p.values[1], p.values[0]), textcoords="offset points",
+                        xytext=(6, 4), fontsize=8)
+    baseline = next((r for r in measured if r.is_baseline), None)
+    if baseline is not None:
+        ax.scatter([baseline.values[x_label]], [baseline.values[y_label]], marker="D", s=80,
+                   facecolors="none", edgecolors="black", lw=1.5, label="baseline", zorder=4)
+    crashed = sum(1 for r in records if r.kind == "run" and r.state == "FAIL")
+    if crashed:
+        ax.text(0.99, 0.01, f"{crashed} trial(s) failed to run (not plotted)", transform=ax.transAxes,
+                ha="right", va="bottom", fontsize=8, color="#555")
+    ax.set_xlabel(x_label + (" (lower is better)" if len(directions) > 1 and directions[1] == "minimize" else ""))
+    ax.set_ylabel(y_label + (" (higher is better)" if directions[0] == "maximize" else ""))
+    ax.set_title("Trials and Pareto front")
+    ax.grid(True, alpha=0.3)
+    if measured:
+        ax.legend(fontsize=8, loc="best")
+    return _png(fig)
+
+
+def best_so_far_png(records: Sequence[TrialRecord], labels: Sequence[str], directions: Sequence[str]) -> bytes:
+    fig, axes = plt.subplots(len(labels), 1, figsize=(7.5, 2.6 * len(labels)), squeeze=False)
+    runs = sorted((r for r in records if r.kind == "run" and r.state in ("COMPLETE", "FAIL")),
+                  key=lambda r: r.number)
+    for ax, label, direction in zip(axes[:, 0], labels, directions):
+        best = math.nan
+        xs, ys, feas_x, feas_y = [], [], [], []
+        for i, r in enumerate(runs, start=1):
+            value = r.values.get(label)
+            if r.feasible and value is not None:
+                feas_x.append(i)
+                feas_y.append(value)
+                if math.isnan(best) or (value > best if direction == "maximize" else value < best):
+                    best = value
+            xs.append(i)
+            ys.append(best)
+        ax.plot(xs, ys, drawstyle="steps-post", c="#2ca02c", label="best feasible so far")
+        ax.scatter(feas_x, feas_y, s=14, c="#1f77b4", alpha=0.6, label="feasible trial")
+        ax.set_ylabel(label, fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    axes[-1, 0].set_xlabel("trials run (in order)")
+    fig.suptitle("Best value so far")
+    return _png(fig)
+
+
+def importance_png(importances: dict[str, dict[str, float]]) -> bytes:
+    """Horizontal bars per objective: {objective: {param: importance}}."""
+
+    n = max(1, len(importances))
+    fig, axes = plt.subplots(1, n, figsize=(4.2 * n, 3.2), squeeze=False)
+    for ax, (label, values) in zip(axes[0], importances.items()):
+        names = list(values)[::-1]
+        ax.barh(names, [values[k] for k in names], color="#1f77b4")
+        ax.set_title(label, fontsize=9)
+        ax.set_xlim(0, 1)
+        ax.tick_params(labelsize=8)
+    fig.suptitle("Which knobs mattered (PED-ANOVA importance)")
+    return _png(fig)

@@ -1,0 +1,211 @@
+"""`tuner report`: one self-contained HTML page, PNG figures and a Markdown summary.
+
+The HTML embeds its figures as data URIs and needs no network to view. Everything shown
+comes from the study's records (Optuna storage) and the per-trial files.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import logging
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import optuna
+
+from tuner.adapters.artifacts import atomic_write_text
+from tuner.core.durations import format_duration
+from tuner.export import ExportError, choose_record, render_export
+from tuner.plots import best_so_far_png, importance_png, pareto_png
+from tuner.records import KIND_RUN, TrialRecord, front_records, read_records
+from tuner.study_store import StudyHandle
+
+__all__ = ["write_report", "knob_importances"]
+
+logger = logging.getLogger(__name__)
+
+
+def knob_importances(study: optuna.Study, records: list[TrialRecord]) -> tuple[dict[str, dict[str, float]], str]:
+    """PED-ANOVA importance per objective over real measured trials only.
+
+    Placeholder trials (forbidden or duplicate proposals told with made-up values so the
+    sampler learns) would distort the analysis, so a scratch in-memory study holds just
+    the trials that ran. Conditional knobs absent from some trials are left out by Optuna.
+    """
+
+    real = {r.number for r in records if r.kind == KIND_RUN and r.state == "COMPLETE"}
+    trials = [t for t in study.get_trials(deepcopy=False) if t.number in real and t.values]
+    if len(trials) < 4:
+        return {}, "fewer than 4 measured trials: importance not computed"
+    scratch = optuna.create_study(directions=study.directions)
+    for t in trials:
+        scratch.add_trial(optuna.trial.create_trial(
+            params=t.params, distributions=t.distributions, values=t.values))
+    labels = list(study.metric_names or [])
+    out: dict[str, dict[str, float]] = {}
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            for i, label in enumerate(labels):
+                out[label] = optuna.importance.get_param_importances(
+                    scratch, target=lambda t, i=i: t.values[i],
+                    evaluator=optuna.importance.PedAnovaImportanceEvaluator())
+    except (ValueError, RuntimeError, ImportError) as exc:
+        return {}, f"importance not computed: {exc}"
+    return out, ""
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "unset" if value is None else str(value)
+
+
+def _img(data: bytes, alt: str) -> str:
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
+
+
+def _trial_rows(records: list[TrialRecord], labels: list[str]) -> str:
+    rows = []
+    for r in sorted((r for r in records if r.kind == KIND_RUN), key=lambda r: r.number):
+        outcome = r.attrs.get("outcome", {})
+        values = "".join(f"<td>{_fmt(r.values.get(l))}</td>" for l in labels)
+        params = ", ".join(f"{html.escape(k)}={html.escape(_fmt(v))}" for k, v in r.params.items())
+        notes = []
+        for m in outcome.get("mismatches", []):
+            notes.append(
+                f"not applied: {html.escape(str(m.get('target')))} asked {html.escape(_fmt(m.get('asked')))}, "
+                f"got {html.escape(_fmt(m.get('got')))}"
+                + (f"<br><code>{html.escape(str(m.get('evidence'))[:240])}</code>" if m.get("evidence") else "")
+            )
+        if outcome.get("probe_passed") is False:
+            notes.append("probe failed: " + html.escape(str(outcome.get("probe_reason"))))
+        failure = r.attrs.get("failure")
+        if r.state == "FAIL" and failure:
+            notes.append(f"{html.escape(str(failure.get('reason')))}: {html.escape(str(failure.get('message') or ''))}")
+        startup = outcome.get("startup_s")
+        rows.append(
+            f'<tr class="{html.escape(r.outcome.split(":")[0])}"><td>{r.number}{" (baseline)" if r.is_baseline else ""}</td>'
+            f"<td>{html.escape(r.outcome)}</td>{values}<td>{_fmt(startup)}</td><td>{params}</td>"
+            f"<td>{'<br>'.join(notes)}</td></tr>"
+        )
+    return "\n".join(rows)
+
+
+_CSS = """
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}
+td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
+th{background:#f3f3f3} tr.feasible td:nth-child(2){color:#1a7f37}
+tr.probe_failed td:nth-child(2),tr.failed td:nth-child(2){color:#c62828}
+tr.not_applied td:nth-child(2){color:#e65100} code,pre{font-size:12px;background:#f6f8fa}
+pre{padding:8px;overflow-x:auto;white-space:pre-wrap} img{max-width:100%}
+"""
+
+
+def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> dict[str, Path]:
+    """Write report.html, report.md and the PNG figures; return their paths."""
+
+    study = handle.load()
+    records = read_records(study)
+    labels = list(study.metric_names or [])
+    directions = [d.name.lower() for d in study.directions]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    figures = {
+        "pareto.png": pareto_png(records, labels, directions),
+        "best_so_far.png": best_so_far_png(records, labels, directions),
+    }
+    importances, importance_note = knob_importances(study, records)
+    if importances:
+        figures["importance.png"] = importance_png(importances)
+    paths: dict[str, Path] = {}
+    for name, data in figures.items():
+        path = out_dir / name
+        tmp = path.with_suffix(".tmp")
+        tmp.write_bytes(data)
+        tmp.replace(path)
+        paths[name] = path
+
+    runs = [r for r in records if r.kind == KIND_RUN]
+    front = front_records(records, labels, directions)
+    baseline = next((r for r in runs if r.is_baseline and r.state == "COMPLETE"), None)
+    try:
+        chosen = choose_record(records, labels, directions, trial=None, pick=pick, filters=[], force=False)
+        export_text = render_export(handle.spec, handle.name, chosen, "shell")
+    except ExportError as exc:
+        chosen, export_text = None, f"# nothing to export: {exc}\n"
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r.outcome] = counts.get(r.outcome, 0) + 1
+    elapsed = float(study.user_attrs.get("elapsed_s", 0.0))
+
+    def ratio(r: TrialRecord, label: str) -> str:
+        if baseline is None or not baseline.values.get(label):
+            return ""
+        return f" ({r.values[label] / baseline.values[label]:.2f}× baseline)"
+
+    front_rows = "\n".join(
+        "<tr><td>{}</td>{}<td>{}</td></tr>".format(
+            r.number,
+            "".join(f"<td>{_fmt(r.values.get(l))}{ratio(r, l)}</td>" for l in labels),
+            html.escape(", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items())),
+        ) for r in front
+    )
+    head = "".join(f"<th>{html.escape(l)}</th>" for l in labels)
+    imp_html = _img(figures["importance.png"], "knob importance") if importances else (
+        f"<p>{html.escape(importance_note)}</p>")
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>tuner report: {html.escape(handle.name)}</title>
+<style>{_CSS}</style></head><body>
+<h1>Study {html.escape(handle.name)}</h1>
+<p>{len(runs)} trials run ({", ".join(f"{html.escape(k)} {v}" for k, v in sorted(counts.items()))}),
+time used {format_duration(elapsed)}. Objectives: {", ".join(f"{html.escape(l)} ({d})" for l, d in zip(labels, directions))}.
+Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
+<h2>Pareto front</h2>
+<div id="pareto">{_img(figures["pareto.png"], "Pareto front")}</div>
+<table><tr><th>trial</th>{head}<th>parameters</th></tr>
+{front_rows or '<tr><td colspan="9">no feasible trial yet</td></tr>'}</table>
+<p>Baseline: {"trial " + str(baseline.number) + " — " + ", ".join(f"{l}={_fmt(baseline.values.get(l))}" for l in labels) if baseline else "not measured"}.</p>
+<h2>Chosen configuration ({html.escape(pick)})</h2>
+<pre id="export">{html.escape(export_text)}</pre>
+<h2>Progress</h2>
+{_img(figures["best_so_far.png"], "best so far")}
+<h2>Which knobs mattered</h2>
+{imp_html}
+<h2>All trials</h2>
+<table><tr><th>trial</th><th>outcome</th>{head}<th>startup s</th><th>parameters</th><th>asked vs got, failures</th></tr>
+{_trial_rows(records, labels)}</table>
+</body></html>
+"""
+    atomic_write_text(out_dir / "report.html", page)
+    paths["report.html"] = out_dir / "report.html"
+
+    md = [f"# Study {handle.name}", "",
+          f"{len(runs)} trials run — " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
+          + f"; time used {format_duration(elapsed)}.", "", "## Pareto front", "",
+          "| trial | " + " | ".join(labels) + " | parameters |",
+          "|---|" + "---|" * len(labels) + "---|"]
+    for r in front:
+        md.append(f"| {r.number} | " + " | ".join(_fmt(r.values.get(l)) + ratio(r, l) for l in labels)
+                  + " | " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items()) + " |")
+    problems = [r for r in runs if r.outcome != "feasible"]
+    if problems:
+        md += ["", "## Not on the front because", ""]
+        for r in problems:
+            detail = r.attrs.get("failure", {}).get("message") if r.state == "FAIL" else ""
+            for m in r.attrs.get("outcome", {}).get("mismatches", []):
+                detail = f"{m.get('target')}: asked {_fmt(m.get('asked'))}, got {_fmt(m.get('got'))}"
+            md.append(f"- trial {r.number}: {r.outcome}" + (f" — {detail}" if detail else ""))
+    md += ["", f"## Chosen configuration ({pick})", "", "```sh", export_text.rstrip(), "```", ""]
+    atomic_write_text(out_dir / "report.md", "\n".join(md))
+    paths["report.md"] = out_dir / "report.md"
+    atomic_write_text(out_dir / "report.json", json.dumps({
+        "study": handle.name, "labels": labels, "directions": directions,
+        "front": [r.number for r in front], "chosen": None if chosen is None else chosen.number,
+        "importances": importances, "importance_note": importance_note,
+    }, indent=2) + "\n")
+    return paths
