@@ -270,7 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pick", help="knee (default), best-throughput, lowest-latency, best:<objective>")
     p.add_argument("--where", action="append", default=[], metavar="OBJECTIVE<=N",
                    help="filter before picking, e.g. 'tpot_ms.mean@c1<=30' (repeatable)")
-    p.add_argument("--format", default="shell", choices=("shell", "env", "json"))
+    p.add_argument("--format", default="shell", choices=("shell", "env", "json", "systemd"))
     p.add_argument("--force", action="store_true", help="allow a trial that failed probe/verification")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
     p.set_defaults(func=cmd_export)

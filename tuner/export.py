@@ -22,7 +22,7 @@ from tuner.records import TrialRecord, record_points
 
 __all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]
 
-FORMATS = ("shell", "env", "json")
+FORMATS = ("shell", "env", "json", "systemd")
 
 # Variables the tuner adds only to read the applied configuration back; they are not
 # part of the configuration being recommended.
@@ -108,7 +108,59 @@ def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: st
     if fmt == "json":
         env = {k: (f"${{{k}}}" if k in secrets else v) for k, v in command.env.items()}
         return json.dumps({"argv": command.argv, "env": env, **meta}, indent=2) + "\n"
+    if fmt == "systemd":
+        return _systemd_unit(study_name, record, command, secrets)
     raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
+
+
+def _systemd_word(word: str) -> str:
+    """Quote one ExecStart/Environment word for systemd (not a shell: its own rules).
+
+    systemd expands ``%`` specifiers and ``$VAR`` in ExecStart, so both are doubled;
+    words with spaces or quotes are double-quoted with C-style escapes.
+    """
+
+    word = word.replace("%", "%%").replace("$", "$$")
+    if word and not any(c in word for c in " \t\"'\\;"):
+        return word
+    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _systemd_unit(study: str, record: TrialRecord, command: RenderedCommand, secrets: tuple[str, ...]) -> str:
+    lines = [
+        f"# tuner export: study {study}, trial {record.number} ({record.outcome})",
+        *(f"#   {k} = {v:.4g}" for k, v in record.values.items()),
+        f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        "[Unit]",
+        f"Description=vLLM server (tuner study {study}, trial {record.number})",
+        "After=network-online.target",
+        "Wants=network-online.target",
+        "",
+        "[Service]",
+        "Type=simple",
+    ]
+    for name, value in command.env.items():
+        if name not in secrets:
+            lines.append(f"Environment={_systemd_word(f'{name}={value}')}")
+    if secrets:
+        lines.append(f"# {', '.join(secrets)}: put them in the file below (NAME=value lines, mode 0600)")
+        lines.append(f"EnvironmentFile=/etc/vllm/{study}.secrets")
+    argv = list(command.argv)
+    if argv and "/" not in argv[0]:
+        argv = ["/usr/bin/env", *argv]  # ExecStart needs an absolute path or a PATH lookup
+    lines += [
+        "ExecStart=" + " ".join(_systemd_word(a) for a in argv),
+        "Restart=on-failure",
+        "RestartSec=10",
+        # vLLM handles SIGTERM; its workers share the group, which control-group kill covers.
+        "KillMode=control-group",
+        "TimeoutStopSec=60",
+        "",
+        "[Install]",
+        "WantedBy=multi-user.target",
+        "",
+    ]
+    return "\n".join(lines)
 
 
 def summary(record: TrialRecord) -> dict[str, Any]:
