@@ -3,6 +3,7 @@
     TunerError
     ├── SpecError            the study file is invalid (nothing has started)
     ├── StudyError           the study cannot run or resume (locked, missing, mixed)
+    │   └── StorageUnavailable   the Optuna storage kept failing; resume when it is back
     └── TrialError           one trial failed; the study goes on
         ├── ServerStartError     the server never became ready
         │   ├── ServerExited         the process exited before readiness
@@ -12,6 +13,7 @@
         ├── ServerDied           the server died after readiness
         ├── GpusNotFree          the previous trial's processes still hold the GPUs
         ├── TrialTimeout         the trial deadline passed
+        ├── TrialCancelled       the tuner cancelled the trial (Ctrl-C, deadline backstop)
         └── ArtifactWriteError   the trial's files could not be written (e.g. disk full)
 
 Every TrialError carries a stable ``reason`` id (what the optimizer and the report
@@ -31,6 +33,10 @@ class SpecError(TunerError):
 
 class StudyError(TunerError):
     """The study cannot be started or resumed."""
+
+
+class StorageUnavailable(StudyError):
+    """The Optuna storage failed on every retry. Finished trials are safe; resume later."""
 
 
 class TrialError(TunerError):
@@ -75,6 +81,10 @@ class GpusNotFree(TrialError):
 
 class TrialTimeout(TrialError):
     reason = "trial_timeout"
+
+
+class TrialCancelled(TrialError):
+    reason = "interrupted"
 
 
 class ArtifactWriteError(TrialError):

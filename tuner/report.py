@@ -96,6 +96,16 @@ def _trial_rows(records: list[TrialRecord], labels: list[str]) -> str:
     return "\n".join(rows)
 
 
+_SCRIPT = """<script>
+// Marks whether every figure decoded, so a headless browser check can assert it.
+window.addEventListener("load", function () {
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.length > 0 && imgs.every(function (i) { return i.complete && i.naturalWidth > 0; });
+  document.body.setAttribute("data-plots-rendered", ok ? "yes" : "no");
+});
+</script>
+"""
+
 _CSS = """
 body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}
@@ -179,7 +189,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 <h2>All trials</h2>
 <table><tr><th>trial</th><th>outcome</th>{head}<th>startup s</th><th>parameters</th><th>asked vs got, failures</th></tr>
 {_trial_rows(records, labels)}</table>
-</body></html>
+{_SCRIPT}</body></html>
 """
     atomic_write_text(out_dir / "report.html", page)
     paths["report.html"] = out_dir / "report.html"

@@ -2,7 +2,10 @@
 
 start server -> wait until ready -> read back the applied configuration -> correctness
 probe -> load sweep -> stop the whole process group -> confirm the GPUs are free.
-The server is stopped on every path out, including cancellation from the driver.
+The server is stopped on every path out, including cancellation from the driver: Ray
+delivers ``ray.cancel`` to an async actor as ``asyncio.CancelledError`` inside
+``run_trial``, and the stop below is shielded and re-awaited until it has finished even if
+a second cancellation arrives while it runs.
 
 ``TrialWorker`` is a plain class so it can be tested without Ray; the Ray executor wraps
 it as an async actor that holds the trial's GPUs and CPUs as Ray resources.
@@ -12,8 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 import os
+import signal
 import socket
 import time
 import traceback
@@ -22,7 +27,8 @@ from typing import Any
 
 from tuner.adapters import gpu
 from tuner.adapters.artifacts import atomic_write_json, redact_env
-from tuner.adapters.launcher import ServerProcess
+from tuner.adapters import proctree
+from tuner.adapters.launcher import TAG_VAR, ServerProcess
 from tuner.adapters.loadgen import run_sweep, write_records_jsonl
 from tuner.adapters.probe_client import run_probe
 from tuner.core.effective_config import parse_effective_config
@@ -30,7 +36,7 @@ from tuner.core.load_spec import LoadSpec
 from tuner.core.outcome import TrialOutcome, TrialRequest
 from tuner.core.probe_spec import ProbeSpec
 from tuner.core.verify import verify
-from tuner.errors import ServerDied, TrialError, TrialTimeout
+from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCancelled, TrialError, TrialTimeout
 
 __all__ = ["TrialWorker"]
 
@@ -44,14 +50,32 @@ class TrialWorker:
         self.group_index = group_index
         self._server: ServerProcess | None = None
         self._began: float | None = None
+        self._cancel_reasons: dict[int, str] = {}
 
     def describe(self) -> dict[str, Any]:
+        node = None
+        with contextlib.suppress(ImportError, RuntimeError, AttributeError):
+            import ray
+
+            if ray.is_initialized():
+                node = ray.get_runtime_context().get_node_id()
         return {
             "group": self.group_index,
             "host": socket.gethostname(),
             "pid": os.getpid(),
+            "node_id": node,
             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         }
+
+    def note_cancel(self, number: int, reason: str) -> None:
+        """Why the driver is about to cancel trial ``number`` (ray.cancel carries no reason)."""
+
+        self._cancel_reasons[number] = reason
+
+    def server_tag(self, study: str) -> str:
+        """The tag every process of this group's servers carries (see launcher.TAG_VAR)."""
+
+        return f"{study}:{self.group_index}"
 
     async def run_trial(self, request_data: dict[str, Any]) -> dict[str, Any]:
         request = TrialRequest.model_validate(request_data)
@@ -62,10 +86,11 @@ class TrialWorker:
         began = self._began = time.monotonic()
         phase = "prepare"
         trial_dir = Path(request.trial_dir)
+        cancelled = False
         try:
             async with asyncio.timeout(request.deadline_s):
                 phase = "prepare"
-                await self._prepare(request, trial_dir)
+                await self._prepare(request, trial_dir, outcome)
                 phase = "start"
                 outcome.startup_s = await self._start(request, trial_dir)
                 phase = "verify"
@@ -83,26 +108,42 @@ class TrialWorker:
         except TrialError as err:
             self._fail(outcome, err, phase)
         except asyncio.CancelledError:
-            # The driver cancelled (deadline, Ctrl-C): stop the server, then let it propagate.
-            await self._stop(request, outcome)
-            self._write_outcome(trial_dir, outcome, "cancelled", began)
-            raise
+            # The driver cancelled (deadline backstop, Ctrl-C). Stop the server first, write
+            # the outcome, then let the cancellation propagate so Ray reports it as such.
+            cancelled = True
+            current = asyncio.current_task()
+            if current is not None:
+                current.uncancel()
+            reason = self._cancel_reasons.pop(request.number, None) or (
+                "trial_timeout" if time.monotonic() - began >= request.deadline_s else "interrupted")
+            self._fail(outcome, TrialCancelled(
+                f"cancelled by the tuner ({reason}) in phase {phase}", reason=reason), phase)
         except Exception as exc:  # the actor boundary: any bug becomes a failed trial, not a lost study
             outcome.status = "failed"
             outcome.reason = "internal_error"
             outcome.message = f"{type(exc).__name__}: {exc}"
             outcome.phase = phase
+            outcome.detected_unix = time.time()
             outcome.log_excerpt = traceback.format_exc()[-4000:]
-        await self._stop(request, outcome)
-        self._write_outcome(trial_dir, outcome, None, began)
+        cancelled = await self._stop(request, outcome) or cancelled
+        self._write_outcome(trial_dir, outcome, began)
+        if cancelled:
+            raise asyncio.CancelledError(f"trial {request.number} cancelled")
         return outcome.model_dump(mode="json")
 
     # -- phases -----------------------------------------------------------------
 
-    async def _prepare(self, request: TrialRequest, trial_dir: Path) -> None:
-        trial_dir.mkdir(parents=True, exist_ok=True)
-        # A previous trial's processes must be gone before the next server starts.
-        await gpu.wait_until_free(timeout_s=request.stop_timeout_s)
+    async def _prepare(self, request: TrialRequest, trial_dir: Path, outcome: TrialOutcome) -> None:
+        try:
+            trial_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            reason = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "artifact_write_failed"
+            raise ArtifactWriteError(f"could not create {trial_dir}: {exc}", reason=reason) from exc
+        # A previous trial's processes must be gone before the next server starts: first
+        # the process tree (everywhere), then what nvidia-smi sees (where there is one).
+        began = time.monotonic()
+        await self._wait_group_free(request, outcome)
+        await gpu.wait_until_free(timeout_s=max(1.0, request.stop_timeout_s - (time.monotonic() - began)))
         env_record = dict(request.env)
         if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
             env_record["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
@@ -113,6 +154,34 @@ class TrialWorker:
             "values": request.values,
             "host": socket.gethostname(),
         })
+
+    async def _wait_group_free(self, request: TrialRequest, outcome: TrialOutcome) -> None:
+        """No process of an earlier server of this group may still run on this node.
+
+        Normally the previous stop already made sure; this catches a server whose worker
+        died (its watchdog may still be stopping it) and anything that escaped a stop.
+        Those processes are ours by their tag, so after a grace they are killed.
+        """
+
+        tag = self.server_tag(request.study)
+        left = await asyncio.to_thread(proctree.pids_with_env, TAG_VAR, tag)
+        deadline = time.monotonic() + request.stop_timeout_s + 5
+        while left and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+            left = await asyncio.to_thread(proctree.pids_with_env, TAG_VAR, tag)
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for _ in range(20):
+            await asyncio.sleep(0.1)
+            still = await asyncio.to_thread(proctree.pids_with_env, TAG_VAR, tag)
+            if not still:
+                outcome.warnings.append(f"killed processes left by an earlier server of this group: {left}")
+                return
+        raise GpusNotFree(f"processes of an earlier server of GPU group {self.group_index} are still "
+                          f"alive after SIGKILL: pids {still}")
 
     async def _start(self, request: TrialRequest, trial_dir: Path) -> float:
         env = dict(os.environ)
@@ -125,6 +194,8 @@ class TrialWorker:
             host=request.host, port=request.port,
             served_model_name=request.served_model_name,
             pid_file=trial_dir / "server.pid",
+            tag=self.server_tag(request.study),
+            stop_grace_s=request.stop_timeout_s,
         )
         self._server.start()
         return await self._server.wait_ready(request.startup_timeout_s)
@@ -179,18 +250,12 @@ class TrialWorker:
         task = asyncio.ensure_future(work)
         try:
             while not task.done():
-                done, _ = await asyncio.wait({task}, timeout=0.2)
-                if done:
-                    break
-                code = self._server.exit_code()
-                if code is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
-                    raise ServerDied(
-                        f"server exited with code {code} during the trial",
-                        log_excerpt=self._server.log_excerpt(),
-                    )
+                await asyncio.wait({task}, timeout=0.2)
+                if not task.done():
+                    self._raise_if_died(task)
+            # Work against a dead server can end quickly on connection errors alone: a
+            # server that exited meanwhile is the failure, not the empty measurement.
+            self._raise_if_died(task)
             task.result()
         finally:
             if not task.done():
@@ -198,11 +263,35 @@ class TrialWorker:
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
 
-    async def _stop(self, request: TrialRequest, outcome: TrialOutcome) -> None:
+    def _raise_if_died(self, task: asyncio.Future[Any]) -> None:
+        assert self._server is not None
+        code = self._server.exit_code()
+        if code is None:
+            return
+        task.cancel()
+        raise ServerDied(
+            f"server exited with code {code} during the trial",
+            log_excerpt=self._server.log_excerpt(),
+        )
+
+    async def _stop(self, request: TrialRequest, outcome: TrialOutcome) -> bool:
+        """Stop the server; True when a cancellation arrived meanwhile (re-raised later)."""
+
         server, self._server = self._server, None
         if server is None:
-            return
-        report = await asyncio.shield(server.stop(request.stop_timeout_s))
+            return False
+        stopping = asyncio.ensure_future(server.stop(request.stop_timeout_s))
+        interrupted = False
+        while True:
+            try:
+                report = await asyncio.shield(stopping)
+                break
+            except asyncio.CancelledError:
+                # Leaving now would leave the server running: finish the stop first.
+                interrupted = True
+                current = asyncio.current_task()
+                if current is not None:
+                    current.uncancel()
         outcome.stop = {
             "signal": report.signal_used,
             "seconds": round(report.seconds, 3),
@@ -211,6 +300,7 @@ class TrialWorker:
         }
         if report.leftover_pids:
             outcome.warnings.append(f"processes still alive after stop: {report.leftover_pids}")
+        return interrupted
 
     # -- bookkeeping ---------------------------------------------------------------
 
@@ -220,15 +310,13 @@ class TrialWorker:
         outcome.reason = err.reason
         outcome.message = str(err)
         outcome.phase = phase
+        outcome.detected_unix = time.time()
         outcome.log_excerpt = err.log_excerpt or None
 
     @staticmethod
-    def _write_outcome(trial_dir: Path, outcome: TrialOutcome, cancelled: str | None, began: float) -> None:
+    def _write_outcome(trial_dir: Path, outcome: TrialOutcome, began: float) -> None:
         outcome.trial_s = time.monotonic() - began
         outcome.finished_unix = time.time()
-        if cancelled:
-            outcome.status = "failed"
-            outcome.reason = outcome.reason or cancelled
         try:
             atomic_write_json(trial_dir / "outcome.json", outcome.model_dump(mode="json"))
         except TrialError as err:
@@ -239,3 +327,4 @@ class TrialWorker:
                 outcome.reason = err.reason
                 outcome.message = str(err)
                 outcome.phase = "stop"
+                outcome.detected_unix = time.time()

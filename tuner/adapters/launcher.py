@@ -17,6 +17,8 @@ import logging
 import os
 import signal
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,11 +30,14 @@ from tuner.adapters import proctree
 from tuner.core.failure_signatures import FatalLineScanner
 from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerStartTimeout
 
-__all__ = ["ServerProcess", "StopReport", "port_owner_message", "check_port_free"]
+__all__ = ["ServerProcess", "StopReport", "port_owner_message", "check_port_free", "TAG_VAR",
+           "WATCHDOG_TAG_VAR"]
 
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.1  # readiness and exit polling period: detection latency after a crash
+TAG_VAR = "TUNER_SERVER_GROUP"  # in the server's environment: "<study>:<group>"
+WATCHDOG_TAG_VAR = "TUNER_WATCHDOG_OF"  # the same tag, in the watchdog's environment
 
 
 @dataclass
@@ -78,9 +83,15 @@ class ServerProcess:
         port: int,
         served_model_name: str,
         pid_file: Path | None = None,
+        tag: str | None = None,
+        stop_grace_s: float = 30.0,
     ) -> None:
         self.argv = list(argv)
         self.env = dict(env)
+        self.tag = tag
+        self.stop_grace_s = stop_grace_s
+        if tag is not None:
+            self.env[TAG_VAR] = tag
         self.log_path = log_path
         self.host = host
         self.port = port
@@ -88,6 +99,7 @@ class ServerProcess:
         self.pid_file = pid_file
         self.process: asyncio.subprocess.Process | None = None
         self._popen_pid: int | None = None
+        self._watchdog: subprocess.Popen[bytes] | None = None
         self._scanner = FatalLineScanner()
         self._log_offset = 0
         self.started_at: float | None = None
@@ -106,8 +118,6 @@ class ServerProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - handed to the child
         try:
-            import subprocess
-
             proc = subprocess.Popen(  # argument vector only, never a shell
                 self.argv,
                 env=self.env,
@@ -122,6 +132,7 @@ class ServerProcess:
         self._proc = proc
         self._popen_pid = proc.pid
         self.started_at = time.monotonic()
+        self._start_watchdog(proc.pid)
         if self.pid_file is not None:
             record = {
                 "pgid": proc.pid,
@@ -129,11 +140,36 @@ class ServerProcess:
                 "host": socket.gethostname(),
                 "started_unix": time.time(),
                 "port": self.port,
+                "tag": self.tag,
             }
             tmp = self.pid_file.with_suffix(".tmp")
             tmp.write_text(json.dumps(record))
             os.replace(tmp, self.pid_file)
         logger.info("started server pid=%d port=%d", proc.pid, self.port)
+
+    def _start_watchdog(self, pgid: int) -> None:
+        env = {k: v for k, v in self.env.items() if k != TAG_VAR}
+        if self.tag is not None:
+            env[WATCHDOG_TAG_VAR] = self.tag
+        self._watchdog = subprocess.Popen(
+            [sys.executable, "-m", "tuner.adapters.watchdog", str(os.getpid()), str(pgid),
+             str(self.stop_grace_s)],
+            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True,
+        )
+
+    def _stop_watchdog(self) -> None:
+        dog, self._watchdog = self._watchdog, None
+        if dog is None:
+            return
+        dog.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            dog.wait(timeout=5)
+
+    def _escaped(self) -> list[int]:
+        """Processes of this server's tree that left its process group (setsid)."""
+
+        return proctree.pids_with_env(TAG_VAR, self.tag) if self.tag is not None else []
 
     def exit_code(self) -> int | None:
         return self._proc.poll() if self._popen_pid is not None else None
@@ -240,7 +276,16 @@ class ServerProcess:
                 break
             proctree.signal_group(pgid, signal.SIGKILL)
             await asyncio.sleep(0.02)
-        leftovers = proctree.group_members(pgid)
+        for pid in self._escaped():
+            # Left the group, so it got no SIGTERM; the group's grace is over: SIGKILL.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        for _ in range(100):
+            if not self._escaped():
+                break
+            await asyncio.sleep(0.02)
+        self._stop_watchdog()
+        leftovers = sorted(set(proctree.group_members(pgid)) | set(self._escaped()))
         if self.pid_file is not None and not leftovers:
             with contextlib.suppress(FileNotFoundError):
                 self.pid_file.unlink()
@@ -253,8 +298,12 @@ class ServerProcess:
 
         if self._popen_pid is not None:
             proctree.signal_group(self._popen_pid, signal.SIGKILL)
+            for pid in self._escaped():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(Exception):
                 self._proc.wait(timeout=5)
+        self._stop_watchdog()
 
     @staticmethod
     def _group_alive(pgid: int) -> bool:

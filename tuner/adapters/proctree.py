@@ -11,7 +11,8 @@ import os
 import signal
 from pathlib import Path
 
-__all__ = ["group_members", "signal_group", "listening_pids", "cmdline", "process_alive"]
+__all__ = ["group_members", "signal_group", "listening_pids", "cmdline", "process_alive", "descendants",
+           "pids_with_env", "parent_pid"]
 
 _PROC = Path("/proc")
 
@@ -116,3 +117,34 @@ def descendants(pid: int) -> list[int]:
         out.append(child)
         stack.extend(children.get(child, []))
     return out
+
+
+def parent_pid(pid: int) -> int | None:
+    fields = _stat_fields(_PROC / str(pid))
+    return int(fields[1]) if fields and len(fields) > 1 else None
+
+
+def pids_with_env(name: str, value: str) -> list[int]:
+    """Live pids whose environment holds ``name=value`` exactly.
+
+    An environment variable is inherited by every descendant, including one that left
+    its process group (setsid) and was re-parented to init; that is what makes it the
+    check of last resort for "is anything of that server still alive". Processes whose
+    environment we may not read (other users) are skipped: they cannot be ours.
+    """
+
+    needle = f"{name}={value}".encode()
+    me = os.getpid()
+    found = []
+    for entry in _PROC.iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if needle in environ.split(b"\0"):
+            fields = _stat_fields(entry)
+            if fields and fields[0] not in ("Z", "X"):
+                found.append(int(entry.name))
+    return sorted(found)

@@ -49,6 +49,8 @@ class TrialOutcome(BaseModel):
     host: str | None = None
     started_unix: float | None = None
     finished_unix: float | None = None
+    detected_unix: float | None = Field(
+        default=None, description="when the worker detected the failure (wall clock)")
     startup_s: float | None = None
     probe_s: float | None = None
     load_s: float | None = None
