@@ -120,12 +120,12 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
                  cpus_needed=spec.server.cpus_per_trial * (groups or 1))
         record_run(handle.paths.root, local_ray=args.ray_address is None)
         executor = RayExecutor(gpus_per_trial=spec.server.gpus_per_trial,
-                               cpus_per_trial=spec.server.cpus_per_trial, groups=groups)
-        executor.start()
-        orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s, progress=_say)
-        _say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU group(s); "
-             f"results in {handle.paths.root}")
+                               cpus_per_trial=spec.server.cpus_per_trial, groups=groups, progress=_say)
         try:
+            executor.start()
+            orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s, progress=_say)
+            _say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU group(s); "
+                 f"results in {handle.paths.root}")
             summary = orchestrator.run()
         finally:
             executor.shutdown()
@@ -176,6 +176,43 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_export(handle: Any, record: Any, args: argparse.Namespace) -> int:
+    """Parse every flag-carrying export format with vLLM's own parser; 0 when all pass."""
+
+    from tuner.export import render_export
+    from tuner.export_check import argv_from_export, check_arguments, vllm_python_for
+
+    spec = handle.spec
+    python = vllm_python_for(spec, args.vllm_python)
+    model_here = Path(spec.server.model).exists()
+    build = model_here and not args.no_engine_config
+    _say(f"checking trial {record.number} with {python} "
+         f"({'parser + engine config' if build else 'parser + engine arguments only'}"
+         f"{'' if model_here else '; the model is not on this machine'})")
+    env = json.loads(render_export(spec, handle.name, record, "json"))["env"]
+    env = {k: v for k, v in env.items() if not v.startswith("${")}
+    formats = ("shell", "json", "systemd", "yaml")
+    argvs, temps = [], []
+    for fmt in formats:
+        argv, temp = argv_from_export(fmt, render_export(spec, handle.name, record, fmt), spec)
+        argvs.append(argv)
+        temps.append(temp)
+    try:
+        results = check_arguments(python, argvs, env=env, build_engine=build)
+    finally:
+        for temp in temps:
+            if temp is not None:
+                temp.unlink(missing_ok=True)
+    failed = 0
+    for fmt, (ok, message) in zip(formats, results):
+        failed += not ok
+        _say(f"  {fmt:<8} {'ok  ' if ok else 'FAIL'} {message if ok else ''}")
+        if not ok:
+            for line in message.splitlines():
+                _say(f"           {line}")
+    return 1 if failed else 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from tuner.adapters.artifacts import atomic_write_text
     from tuner.core.pareto import parse_filter
@@ -192,6 +229,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         record = choose_record(read_records(study), labels, directions, trial=args.trial,
                                pick=args.pick, filters=filters, force=args.force)
         text = render_export(handle.spec, handle.name, record, args.format)
+        if args.check:
+            return _check_export(handle, record, args)
     except (ExportError, ValueError) as exc:
         print(f"tuner export: {exc}", file=sys.stderr)
         return 2
@@ -270,9 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--pick", help="knee (default), best-throughput, lowest-latency, best:<objective>")
     p.add_argument("--where", action="append", default=[], metavar="OBJECTIVE<=N",
                    help="filter before picking, e.g. 'tpot_ms.mean@c1<=30' (repeatable)")
-    p.add_argument("--format", default="shell", choices=("shell", "env", "json", "systemd"))
+    p.add_argument("--format", default="shell", choices=("shell", "env", "json", "systemd", "yaml"))
     p.add_argument("--force", action="store_true", help="allow a trial that failed probe/verification")
     p.add_argument("-o", "--output", help="write to this file instead of stdout")
+    p.add_argument("--check", action="store_true",
+                   help="parse every flag-carrying format with vLLM's own argument parser")
+    p.add_argument("--vllm-python", help="interpreter of the vLLM environment (default: from server.command)")
+    p.add_argument("--no-engine-config", action="store_true",
+                   help="with --check: stop after the engine arguments (do not build the engine config)")
     p.set_defaults(func=cmd_export)
     return parser
 

@@ -15,14 +15,17 @@ from typing import Any
 from tuner import __version__
 from tuner.adapters.artifacts import is_secret_name
 from tuner.core.pareto import Filter, pick_point
-from tuner.core.render import RenderedCommand, shell_line
+import yaml
+
+from tuner.core import space
+from tuner.core.render import PYTHON_PLACEHOLDER, RenderedCommand, server_arguments, shell_line
 from tuner.core.spec import StudySpec
 from tuner.orchestrator import trial_command
 from tuner.records import TrialRecord, record_points
 
 __all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]
 
-FORMATS = ("shell", "env", "json", "systemd")
+FORMATS = ("shell", "env", "json", "systemd", "yaml")
 
 # Variables the tuner adds only to read the applied configuration back; they are not
 # part of the configuration being recommended.
@@ -110,7 +113,27 @@ def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: st
         return json.dumps({"argv": command.argv, "env": env, **meta}, indent=2) + "\n"
     if fmt == "systemd":
         return _systemd_unit(study_name, record, command, secrets)
+    if fmt == "yaml":
+        return _config_yaml(spec, study_name, record, command, secrets)
     raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
+
+
+def _config_yaml(spec: StudySpec, study: str, record: TrialRecord, command: RenderedCommand,
+                 secrets: tuple[str, ...]) -> str:
+    """A vLLM ``--config`` file: engine arguments only (vLLM reads no environment from it)."""
+
+    args, _ = server_arguments(spec.server, space.settings_for(spec, record.params))
+    mapping = {key.replace("_", "-"): value for key, value in args.items()}
+    prefix = ["python" if w == PYTHON_PLACEHOLDER else w for w in spec.server.command]
+    env_words = [f'{n}="${{{n}}}"' if n in secrets else f"{n}={shlex.quote(v)}" for n, v in command.env.items()]
+    lines = [
+        f"# tuner export: study {study}, trial {record.number} ({record.outcome})",
+        *(f"#   {k} = {v:.4g}" for k, v in record.values.items()),
+        f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        "# Start with (the environment is part of the measured configuration):",
+        "#   " + " ".join(env_words + [shlex.quote(w) for w in prefix] + ["--config", "THIS_FILE.yaml"]),
+    ]
+    return "\n".join(lines) + "\n" + yaml.safe_dump(mapping, sort_keys=False, default_flow_style=False)
 
 
 def _systemd_word(word: str) -> str:

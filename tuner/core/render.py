@@ -16,7 +16,8 @@ from typing import Any
 
 from tuner.core.spec import ServerSpec
 
-__all__ = ["RenderedCommand", "render_command", "asked_settings", "shell_line", "PYTHON_PLACEHOLDER"]
+__all__ = ["RenderedCommand", "render_command", "server_arguments", "asked_settings", "shell_line",
+           "PYTHON_PLACEHOLDER"]
 
 PYTHON_PLACEHOLDER = "{python}"
 
@@ -85,6 +86,39 @@ def asked_settings(server: ServerSpec, settings: Mapping[str, Any]) -> dict[str,
     return flat
 
 
+def server_arguments(server: ServerSpec, settings: Mapping[str, Any], *,
+                     port: int | None = None) -> tuple[dict[str, Any], dict[str, str]]:
+    """(arguments, env): every engine argument by snake_case name, in command-line order.
+
+    Nested config fields are merged into one object per config argument and null leaves
+    (meaning "server default") are dropped. Both the command line and the vLLM
+    ``--config`` YAML are written from this one mapping.
+    """
+
+    asked = asked_settings(server, settings)
+    args: dict[str, Any] = {"model": server.model}
+    if server.served_model_name:
+        args["served_model_name"] = server.served_model_name
+    args["host"] = server.host
+    args["port"] = port if port is not None else server.port
+    env: dict[str, str] = {}
+    for target, value in asked.items():
+        if target.startswith("env:"):
+            env[target[4:]] = _env_text(value)
+            continue
+        head, *rest = target.split(".")
+        if rest:
+            existing = args.get(head)
+            if not isinstance(existing, dict):
+                existing = {}
+                args[head] = existing
+            _set_nested(existing, rest, value)
+        else:
+            args[head] = value
+    cleaned = {k: _drop_unset(v) for k, v in args.items()}
+    return {k: v for k, v in cleaned.items() if not (isinstance(v, dict) and not v)}, env
+
+
 def render_command(
     server: ServerSpec,
     settings: Mapping[str, Any],
@@ -99,36 +133,14 @@ def render_command(
     objects and dotted fields as one compact JSON value per config argument.
     """
 
-    asked = asked_settings(server, settings)
+    args, env = server_arguments(server, settings, port=port)
     argv = [python if part == PYTHON_PLACEHOLDER else part for part in server.command]
-    argv += ["--model", server.model]
-    if server.served_model_name:
-        argv += ["--served-model-name", server.served_model_name]
-    argv += ["--host", server.host, "--port", str(port if port is not None else server.port)]
-
-    top: dict[str, Any] = {}
-    env: dict[str, str] = {}
-    for target, value in asked.items():
-        if target.startswith("env:"):
-            env[target[4:]] = _env_text(value)
-            continue
-        head, *rest = target.split(".")
-        if rest:
-            existing = top.get(head)
-            if not isinstance(existing, dict):
-                existing = {}
-                top[head] = existing
-            _set_nested(existing, rest, value)
-        else:
-            top[head] = value
-    for key, value in top.items():
-        value = _drop_unset(value)
+    for key, value in args.items():
         flag = _flag_name(key)
         if isinstance(value, bool):
             argv.append(flag if value else "--no-" + key.replace("_", "-"))
         elif isinstance(value, dict):
-            if value:
-                argv += [flag, json.dumps(value, separators=(",", ":"))]
+            argv += [flag, json.dumps(value, separators=(",", ":"))]
         elif isinstance(value, list):
             argv += [flag, *(str(v) for v in value)]
         else:

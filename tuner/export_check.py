@@ -1,0 +1,142 @@
+"""`tuner export --check`: let vLLM itself judge an exported configuration.
+
+The exported arguments are parsed by vLLM's own serve parser and turned into engine
+arguments (and, when the model is on this machine, into a full engine config) in the
+vLLM environment's interpreter — so whatever vLLM would reject at startup fails here,
+with vLLM's own message, without starting a server. Each format that carries flags is
+read back from its exported text, so a quoting mistake in a format is caught too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from tuner.core.spec import StudySpec
+
+__all__ = ["CheckResult", "vllm_python_for", "argv_from_export", "check_arguments", "CHECK_SCRIPT"]
+
+# Runs inside the vLLM environment. Import paths moved between vLLM releases; the first
+# that exists wins.
+CHECK_SCRIPT = r"""
+import contextlib, io, json, sys, traceback
+argvs = json.loads(sys.argv[1])
+build = sys.argv[2] == "1"
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+try:
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+except ImportError:
+    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+from vllm.engine.arg_utils import AsyncEngineArgs
+for argv in argvs:
+    err = io.StringIO()
+    ok = False
+    try:
+        with contextlib.redirect_stderr(err):
+            parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+            args = parser.parse_args(argv)
+            validate_parsed_serve_args(args)
+            engine_args = AsyncEngineArgs.from_cli_args(args)
+            if build:
+                engine_args.create_engine_config()
+        ok = True
+        message = ""
+    except SystemExit:
+        message = err.getvalue()
+    except BaseException:
+        message = err.getvalue() + traceback.format_exc()
+    print("TUNER-CHECK " + json.dumps({"ok": ok, "message": message}), flush=True)
+"""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    fmt: str
+    ok: bool
+    message: str
+
+
+def vllm_python_for(spec: StudySpec, explicit: str | None = None) -> str:
+    """The interpreter of the vLLM environment the study's server command runs in."""
+
+    if explicit:
+        return explicit
+    first = spec.server.command[0]
+    if first == "{python}":
+        raise ValueError("the study runs the simulator ({python}); pass --vllm-python PATH")
+    if Path(first).name.startswith("python"):
+        return os.path.abspath(first) if "/" in first else (shutil.which(first) or first)
+    exe = shutil.which(first)
+    if exe:
+        with open(exe, "rb") as fh:
+            shebang = fh.readline().decode(errors="replace").strip()
+        if shebang.startswith("#!") and "python" in shebang:
+            return shebang[2:].split()[0]
+    raise ValueError(f"cannot tell which Python runs {first!r}; pass --vllm-python PATH")
+
+
+def argv_from_export(fmt: str, text: str, spec: StudySpec) -> tuple[list[str], Path | None]:
+    """The server arguments (after the command prefix) that an exported text carries.
+
+    For ``yaml`` the text is written to a temporary file and passed as ``--config``
+    (vLLM's own config-file reader then expands it); the caller deletes the file.
+    """
+
+    prefix = len(spec.server.command)
+    if fmt == "json":
+        return json.loads(text)["argv"][prefix:], None
+    if fmt == "shell":
+        line = next(l for l in text.splitlines() if l and not l.startswith("#"))
+        words = shlex.split(line)
+        while words and "=" in words[0] and not words[0].startswith("-"):
+            words.pop(0)  # NAME=value environment prefix
+        return words[prefix:], None
+    if fmt == "systemd":
+        line = next(l for l in text.splitlines() if l.startswith("ExecStart="))
+        words = shlex.split(line[len("ExecStart="):].replace("$$", "$").replace("%%", "%"))
+        if words and words[0] == "/usr/bin/env":
+            words = words[1:]
+        return words[prefix:], None
+    if fmt == "yaml":
+        handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)  # noqa: SIM115
+        with handle:
+            handle.write(text)
+        return ["--config", handle.name], Path(handle.name)
+    raise ValueError(f"format {fmt!r} carries no server arguments")
+
+
+def check_arguments(python: str, argvs: list[list[str]], *, env: dict[str, str], build_engine: bool,
+                    timeout_s: float = 600) -> list[tuple[bool, str]]:
+    """(accepted, vLLM's message) for each argument vector, in one vLLM process."""
+
+    full_env = dict(os.environ)
+    full_env.update(env)
+    try:
+        proc = subprocess.run(
+            [python, "-c", CHECK_SCRIPT, json.dumps(argvs), "1" if build_engine else "0"],
+            capture_output=True, text=True, timeout=timeout_s, env=full_env, check=False,
+        )
+    except FileNotFoundError as exc:
+        return [(False, f"cannot run the vLLM interpreter {python}: {exc}")] * len(argvs)
+    except subprocess.TimeoutExpired:
+        return [(False, f"vLLM's check did not finish within {timeout_s:.0f}s")] * len(argvs)
+    results = [json.loads(line[len("TUNER-CHECK "):]) for line in proc.stdout.splitlines()
+               if line.startswith("TUNER-CHECK ")]
+    if len(results) != len(argvs):
+        tail = "\n".join(proc.stderr.strip().splitlines()[-8:])
+        return [(False, f"the vLLM check process failed (exit {proc.returncode}):\n{tail}")] * len(argvs)
+    out = []
+    for item in results:
+        if item["ok"]:
+            out.append((True, "accepted by vLLM's parser" + (" and engine config" if build_engine else "")))
+        else:
+            # vLLM's own words: the last meaningful lines (argparse error or exception).
+            lines = [l for l in item["message"].strip().splitlines() if l.strip()]
+            out.append((False, "\n".join(lines[-4:]) or "rejected"))
+    return out
