@@ -22,6 +22,7 @@ from tuner.core.durations import format_duration
 from tuner.export import ExportError, choose_record, render_export
 from tuner.plots import best_so_far_png, importance_png, pareto_png
 from tuner.records import KIND_RUN, TrialRecord, front_records, read_records
+from tuner.status import read_checks
 from tuner.study_store import StudyHandle
 
 __all__ = ["write_report", "knob_importances"]
@@ -69,13 +70,18 @@ def _img(data: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
 
 
-def _trial_rows(records: list[TrialRecord], labels: list[str]) -> str:
+def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHandle) -> str:
     rows = []
     for r in sorted((r for r in records if r.kind == KIND_RUN), key=lambda r: r.number):
         outcome = r.attrs.get("outcome", {})
         values = "".join(f"<td>{_fmt(r.values.get(l))}</td>" for l in labels)
         params = ", ".join(f"{html.escape(k)}={html.escape(_fmt(v))}" for k, v in r.params.items())
         notes = []
+        verified = [c for c in read_checks(handle, r.number)
+                    if c.get("status") == "applied" and not str(c.get("target")).startswith("env:TUNER_")]
+        if verified:
+            notes.append("applied: " + ", ".join(
+                f"{html.escape(str(c['target']))}={html.escape(_fmt(c.get('got')))}" for c in verified))
         for m in outcome.get("mismatches", []):
             notes.append(
                 f"not applied: {html.escape(str(m.get('target')))} asked {html.escape(_fmt(m.get('asked')))}, "
@@ -188,7 +194,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 {imp_html}
 <h2>All trials</h2>
 <table><tr><th>trial</th><th>outcome</th>{head}<th>startup s</th><th>parameters</th><th>asked vs got, failures</th></tr>
-{_trial_rows(records, labels)}</table>
+{_trial_rows(records, labels, handle)}</table>
 {_SCRIPT}</body></html>
 """
     atomic_write_text(out_dir / "report.html", page)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import json
 import fcntl
 import os
 from typing import Any
@@ -33,7 +34,17 @@ def study_is_running(handle: StudyHandle) -> bool:
         os.close(fd)
 
 
-def _trial_row(record: TrialRecord) -> dict[str, Any]:
+def read_checks(handle: StudyHandle, number: int) -> list[dict[str, Any]]:
+    """The trial's full asked-vs-got table from its verification.json (empty if absent)."""
+
+    path = handle.paths.trial_dir(number) / "verification.json"
+    try:
+        return list(json.loads(path.read_text()).get("checks", []))
+    except (OSError, ValueError):
+        return []
+
+
+def _trial_row(record: TrialRecord, handle: StudyHandle | None = None) -> dict[str, Any]:
     outcome = record.attrs.get("outcome", {})
     return {
         "trial": record.number,
@@ -48,6 +59,7 @@ def _trial_row(record: TrialRecord) -> dict[str, Any]:
         "probe_passed": outcome.get("probe_passed"),
         "probe_reason": outcome.get("probe_reason"),
         "startup_s": outcome.get("startup_s"),
+        "checks": read_checks(handle, record.number) if handle is not None else [],
     }
 
 
@@ -82,7 +94,7 @@ def build_status(handle: StudyHandle, study: optuna.Study) -> dict[str, Any]:
         "objectives": [{"label": l, "direction": d} for l, d in zip(labels, directions)],
         "baseline": None if baseline is None else {"trial": baseline.number, "values": baseline.values},
         "front": [_trial_row(r) for r in front],
-        "trials": [_trial_row(r) for r in runs],
+        "trials": [_trial_row(r, handle) for r in runs],
     }
 
 
@@ -131,6 +143,12 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
             lines.append(f"  {row['trial']:>3} {row['outcome']:<22} {vals}")
             if row["failure"] and row["state"] == "FAIL":
                 lines.append(f"        reason: {row['failure'].get('message') or row['failure'].get('reason')}")
+            checked = [c for c in row["checks"] if c.get("status") != "unverifiable"]
+            if checked:
+                lines.append("        asked vs got: " + ", ".join(
+                    f"{c['target']}={_fmt(c.get('asked'))}"
+                    + ("" if c.get("status") == "applied" else f" -> GOT {_fmt(c.get('got'))}")
+                    for c in checked))
             for m in row["mismatches"]:
                 lines.append(f"        not applied: {m.get('target')}: asked {m.get('asked')!r}, got {m.get('got')!r}")
                 if m.get("evidence"):
