@@ -106,3 +106,69 @@ def orphan_check():
                 except ProcessLookupError:
                     pass
     assert not leftovers, f"orphan processes left behind: {leftovers}"
+
+
+# -- fault-injection bookkeeping (tests/test_faults.py and friends) -------------------
+
+FAULT_ROWS: list[dict[str, Any]] = []
+
+
+def record_fault_row(scenario: str, *, detection: str, lost: int, orphans: int, reason: str) -> None:
+    """One line of the fault table printed at the end of the session."""
+
+    FAULT_ROWS.append({"scenario": scenario, "detection": detection, "lost": lost,
+                       "orphans": orphans, "reason": reason})
+
+
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
+    if not FAULT_ROWS:
+        return
+    terminalreporter.section("fault injection")
+    widths = {"scenario": 28, "detection": 44, "lost": 11, "orphans": 7}
+    head = (f"{'scenario':<{widths['scenario']}} {'detection':<{widths['detection']}} "
+            f"{'trials lost':>{widths['lost']}} {'orphans':>{widths['orphans']}}  recorded reason")
+    terminalreporter.write_line(head)
+    terminalreporter.write_line("-" * len(head))
+    for row in FAULT_ROWS:
+        terminalreporter.write_line(
+            f"{row['scenario']:<{widths['scenario']}} {row['detection']:<{widths['detection']}} "
+            f"{row['lost']:>{widths['lost']}} {row['orphans']:>{widths['orphans']}}  {row['reason']}")
+
+
+def wait_no_orphans(marker: str, timeout: float = 10.0) -> list[int]:
+    """Pids still carrying the marker after up to ``timeout`` s (empty = no orphan)."""
+
+    deadline = time.monotonic() + timeout
+    while (pids := processes_with_env(marker)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return pids
+
+
+def load_trials(results: Path, name: str, storage: str | None = None) -> list[Any]:
+    import optuna
+
+    url = storage or f"sqlite:///{(results / name / 'optuna.db').resolve()}"
+    return optuna.load_study(study_name=name, storage=url).get_trials(deepcopy=False)
+
+
+def lost_completed(results: Path, name: str, storage: str | None = None) -> int:
+    """Trials whose worker wrote a completed outcome.json but that the storage does not
+    hold as COMPLETE with values: measurements the tuner lost."""
+
+    by_number = {t.number: t for t in load_trials(results, name, storage)}
+    lost = 0
+    for path in sorted((results / name / "trials").glob("*/outcome.json")):
+        data = yaml.safe_load(path.read_text())  # JSON is YAML
+        if data.get("status") != "completed":
+            continue
+        trial = by_number.get(int(data["number"]))
+        if trial is None or trial.state.name != "COMPLETE" or trial.values is None:
+            lost += 1
+    return lost
+
+
+def failure_reasons(results: Path, name: str, storage: str | None = None) -> dict[int, str | None]:
+    """Trial number -> the failure reason recorded in the storage (run trials only)."""
+
+    return {t.number: t.user_attrs.get("failure", {}).get("reason")
+            for t in load_trials(results, name, storage) if t.user_attrs.get("kind", "run") == "run"}

@@ -326,7 +326,7 @@ def test_closed_loop_keeps_exactly_c_in_flight(served: Served) -> None:
 
 
 def test_more_streams_than_httpx_default_pool(served: Served) -> None:
-    # httpx's default pool caps at 100 connections; the level must raise it to C + 4.
+    # Every stream holds its own connection: no pool cap (httpx's default is 100) applies.
     script = {"chunks": [[0.4, 1]]}
     recs = level(served, [plan_item(i, script) for i in range(120)], concurrency=120)
     assert all(r.ok for r in recs)
@@ -460,3 +460,71 @@ def test_sweep_budget_exhausted_skips_levels(served: Served) -> None:
     assert result.levels == [] and result.skipped_levels == [1, 2]
     assert any("skipped" in n for n in result.warnings)
     assert served.state.bodies == []
+
+
+def test_sharded_level_merges_records_on_one_time_base(served: Served) -> None:
+    script = {"chunks": [[0.05, 1], [0.01, 1]]}
+    plan = [plan_item(i, script) for i in range(16)]
+    recs = asyncio.run(
+        run_level(served.base_url, "fake", plan, concurrency=4, api="completions",
+                  deadline_s=None, request_timeout_s=30, processes=2)
+    )
+    # Issue order = plan order across both shards (one shared claim counter).
+    assert [r.index for r in recs] == list(range(16))
+    assert all(r.ok for r in recs) and all(r.concurrency == 4 for r in recs)
+    assert served.state.max_in_flight == 4
+    # One time base: the first wave (2 streams per shard) starts together near t0, and
+    # later requests go out only as earlier ones finish, whichever shard sent them.
+    by_dispatch = sorted(recs, key=lambda r: r.dispatch_s)
+    assert 0 <= by_dispatch[0].dispatch_s and by_dispatch[3].dispatch_s < 0.05
+    done = sorted(r.done_s for r in recs)
+    for k, r in enumerate(by_dispatch[4:]):
+        assert r.dispatch_s >= done[k] - 0.005  # a slot had freed up
+    m = compute_level_metrics(recs, concurrency=4)
+    assert m.completed == 16 and m.output_tok_s > 0
+
+
+def test_sharded_level_with_one_stream_per_shard_and_deadline(served: Served) -> None:
+    script = {"chunks": [[0.1, 1]]}
+    recs = asyncio.run(
+        run_level(served.base_url, "fake", [plan_item(i, script) for i in range(40)],
+                  concurrency=2, api="completions", deadline_s=0.25, request_timeout_s=30,
+                  processes=3)
+    )
+    assert 4 <= len(recs) <= 8
+    assert [r.index for r in recs] == list(range(len(recs)))
+    assert max(r.scheduled_s for r in recs) < 0.25
+
+
+def test_sharded_level_connect_errors_are_records(served: Served) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        recs = asyncio.run(
+            run_level(f"http://127.0.0.1:{port}", "fake", [plan_item(i) for i in range(4)],
+                      concurrency=2, api="completions", deadline_s=None, request_timeout_s=5,
+                      processes=2)
+        )
+    assert [r.error.type if r.error else None for r in recs] == ["connect_error"] * 4
+
+
+def test_sweep_repeats_report_median_and_spread(served: Served) -> None:
+    spec = SWEEP.model_copy(update={"concurrency": (2,), "repeats": 3})
+    result = asyncio.run(run_sweep(served.base_url, "fake", spec, ignore_eos=True,
+                                   deadline_s=60))
+    (lv,) = result.levels
+    rs = lv.metrics.repeats
+    assert rs is not None and rs.n == 3 and len(rs.per_repeat) == 3
+    per_run = [f["output_tok_s"] for f in rs.per_repeat]
+    flat = lv.metrics.flat()
+    assert flat["repeats"] == 3.0
+    assert flat["output_tok_s"] == pytest.approx(sorted(per_run)[1])  # the median
+    assert rs.min["output_tok_s"] <= flat["output_tok_s"] <= rs.max["output_tok_s"]
+    assert flat["completed"] == 3 * spec.requests_for(2)  # counts are totals
+    # Records of every repeat are kept and labelled; each repeat had fresh prompts.
+    assert sorted({r.repeat for r in lv.records}) == [0, 1, 2]
+    assert len(lv.records) == 3 * spec.requests_for(2)
+    prompts = [b["prompt"] for b in served.state.bodies]
+    assert len(set(prompts)) == len(prompts)
+    # The /metrics delta spans all repeats, so the token counts still agree.
+    assert lv.token_agreement.agree is True

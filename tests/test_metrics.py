@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from typing import Any
 
 import numpy as np
 import pytest
 
 from tuner.core.metrics import (
+    EXTRA_FLAT_KEYS,
     FLAT_KEYS,
     P99_MIN_SAMPLES,
     LevelMetrics,
@@ -21,6 +23,7 @@ from tuner.core.metrics import (
     Stat,
     compute_level_metrics,
     percentile,
+    summarize_repeats,
     token_timeline,
 )
 
@@ -258,7 +261,8 @@ def test_empty_stat() -> None:
 def test_flat_has_exactly_the_stable_keys() -> None:
     m = compute_level_metrics(_closed_loop_c2(), concurrency=2)
     flat = m.flat()
-    assert tuple(flat) == FLAT_KEYS
+    # The original keys first and unchanged; later additions only after them.
+    assert tuple(flat) == FLAT_KEYS + EXTRA_FLAT_KEYS
     assert {
         "output_tok_s", "total_tok_s", "request_per_s", "output_tok_s_per_user",
         "ttft_ms.mean", "ttft_ms.p50", "ttft_ms.p90", "ttft_ms.p99",
@@ -277,3 +281,84 @@ def test_records_and_metrics_round_trip_through_json() -> None:
     m = compute_level_metrics(recs, concurrency=2)
     dumped: dict[str, Any] = m.model_dump(mode="json")
     assert LevelMetrics.model_validate(dumped) == m
+
+
+def test_stability_sub_windows_hand_computed() -> None:
+    m = compute_level_metrics(_closed_loop_c2(), concurrency=2)
+    # Window [1, 2) is short: 3 sub-windows of 1/3 s. Tokens: [1, 1.333) holds the first
+    # wave's last chunks (1.0 x2) and the second wave's 1.25 x2 = 4; [1.333, 1.667) holds
+    # 1.5 x2 = 2; [1.667, 2) holds 1.75 x2 = 2.
+    assert m.subwindow_s == pytest.approx(1 / 3)
+    assert m.subwindow_output_tok_s == pytest.approx([12.0, 6.0, 6.0])
+    assert m.stability_ratio == pytest.approx(2.0)
+    assert m.unstable is True
+    assert m.flat()["stability_ratio"] == pytest.approx(2.0)
+
+
+def _back_to_back(n: int, gap: float, slow_after: int | None = None) -> list[RequestRecord]:
+    """One stream, n requests of 10 one-token chunks ``gap`` apart (2*gap after slow_after)."""
+    out, t = [], 0.0
+    for i in range(n):
+        g = gap * 2 if slow_after is not None and i >= slow_after else gap
+        chunks = [round(t + g * (j + 1), 9) for j in range(10)]
+        out.append(rec(t, chunks, index=i))
+        t = chunks[-1]
+    return out
+
+
+def test_stability_steady_stream_is_stable() -> None:
+    m = compute_level_metrics(_back_to_back(20, 0.1), concurrency=1)
+    # Window [max(0.15 x 19, 1.0), 19) = [2.85, 19): 16.15 s, so 3 sub-windows (>= 5 s
+    # each) of 5.3833 s holding chunks 2.9..8.2 (54), 8.3..13.6 (54), 13.7..18.9 (53).
+    assert (m.window_start_s, m.window_end_s) == pytest.approx((2.85, 19.0))
+    assert len(m.subwindow_output_tok_s) == 3
+    width = 16.15 / 3
+    assert m.subwindow_output_tok_s == pytest.approx([54 / width, 54 / width, 53 / width])
+    assert m.stability_ratio == pytest.approx(54 / 53)
+    assert m.unstable is False
+
+
+def test_stability_flags_a_drifting_level() -> None:
+    m = compute_level_metrics(_back_to_back(40, 0.1, slow_after=20), concurrency=1)
+    # Halfway through, tokens come half as fast: the first and last sub-windows differ 2x.
+    assert len(m.subwindow_output_tok_s) == 5
+    assert m.stability_ratio == pytest.approx(2.0, rel=0.05)
+    assert m.unstable is True
+
+
+def test_stability_not_assessed_without_a_window() -> None:
+    rs = [rec(0.0, [0.5, 1.0], index=i, concurrency=2) for i in range(2)]
+    m = compute_level_metrics(rs, concurrency=2)
+    assert m.window_fallback
+    assert m.subwindow_output_tok_s == [] and m.stability_ratio is None and m.unstable is None
+    assert math.isnan(m.flat()["stability_ratio"])
+
+
+def _scaled(records: list[RequestRecord], f: float) -> list[RequestRecord]:
+    return [r.model_copy(update={
+        "dispatch_s": r.dispatch_s * f, "scheduled_s": r.scheduled_s * f, "done_s": r.done_s * f,
+        "chunk_times_s": [t * f for t in r.chunk_times_s]}) for r in records]
+
+
+def test_repeats_median_and_spread_hand_computed() -> None:
+    base = _closed_loop_c2()  # 8 tok/s; time x2 halves it, x0.5 doubles it
+    runs = [compute_level_metrics(_scaled(base, f), concurrency=2) for f in (2.0, 1.0, 0.5)]
+    assert [r.output_tok_s for r in runs] == pytest.approx([4.0, 8.0, 16.0])
+    m = summarize_repeats(runs)
+    rs = m.repeats
+    assert rs is not None and rs.n == 3 and rs.representative == 1
+    assert m.output_tok_s == pytest.approx(8.0)  # detailed fields: the median run's
+    flat = m.flat()
+    assert flat["output_tok_s"] == pytest.approx(8.0)
+    assert flat["ttft_ms.mean"] == pytest.approx(250)  # median of 500, 250, 125
+    assert flat["completed"] == 18.0 and flat["failed"] == 0.0  # totals
+    assert flat["repeats"] == 3.0
+    # Coefficient of variation: sample std of (4, 8, 16) over their mean 28/3.
+    assert flat["output_tok_s_cv"] == pytest.approx(statistics.stdev([4, 8, 16]) / (28 / 3))
+    assert rs.min["output_tok_s"] == pytest.approx(4.0)
+    assert rs.max["output_tok_s"] == pytest.approx(16.0)
+    assert tuple(flat) == FLAT_KEYS + EXTRA_FLAT_KEYS
+    # One run: returned unchanged.
+    assert summarize_repeats(runs[:1]) is runs[0]
+    again = LevelMetrics.model_validate_json(m.model_dump_json())
+    assert again.repeats == rs

@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import ROOT, processes_with_env, run_tuner, tuner_argv, write_study
+from tests.conftest import ROOT, processes_with_env, record_fault_row, run_tuner, tuner_argv, write_study
 from tuner.adapters import proctree
 
 pytestmark = pytest.mark.slow
@@ -65,7 +65,9 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, orphan_check: list[str]) 
     first = subprocess.Popen(tuner_argv("resume", name, "--results", str(results)), cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     time.sleep(1.5)
+    refused_began = time.monotonic()
     second = run_tuner("resume", name, "--results", str(results), timeout=120)
+    refused_after = time.monotonic() - refused_began
     out, _ = first.communicate(timeout=600)
     print(out[-3000:])
     assert first.returncode == 0, out[-3000:]
@@ -87,6 +89,10 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, orphan_check: list[str]) 
     complete_params = [v[2] for v in after.values() if v[0] == "COMPLETE"]
     assert len(complete_params) == len(set(complete_params))
     assert not processes_with_env(marker)
+    record_fault_row("tuner SIGKILL, then resume", detection="on resume (reconcile)", lost=0, orphans=0,
+                     reason="interrupted; leftover server stopped; re-run")
+    record_fault_row("two resumes at once", detection=f"second refused in {refused_after:.2f} s", lost=0,
+                     orphans=0, reason="exit 3 'already being run'")
 
 
 def test_resume_stops_a_server_left_by_a_killed_run(tmp_path: Path, orphan_check: list[str]) -> None:

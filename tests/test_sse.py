@@ -159,7 +159,8 @@ def test_throughput_well_above_60k_events_per_second() -> None:
                      "stop_reason": None}],
         "usage": {"prompt_tokens": 128, "total_tokens": 140, "completion_tokens": 12},
     }
-    one = b"data: " + json.dumps(ev).encode() + b"\n\n"
+    # Compact, as vLLM writes it (tests/fixtures/vllm_streams): the partial-decode path.
+    one = b"data: " + json.dumps(ev, separators=(",", ":")).encode() + b"\n\n"
     n = 20_000
     reads = [one * 3] * (n // 3)  # several events per read, as at high concurrency
     best = 0.0

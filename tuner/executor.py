@@ -3,8 +3,17 @@
 Each actor holds ``gpus_per_trial`` GPUs and ``cpus_per_trial`` CPUs as Ray resources
 (declared on machines without GPUs), so Ray places at most one trial per group and as
 many groups run at once as the cluster has. The driver never blocks on one trial: it
-waits on all outstanding refs together, cancels a trial past its deadline (the actor's
-``finally`` stops the server) and replaces an actor that died.
+waits on all outstanding refs together (``ray.wait``), and
+
+- a trial past its deadline is cancelled with ``ray.cancel``; on an async actor that is an
+  ``asyncio.CancelledError`` inside ``run_trial``, whose handler stops the server before
+  the ref resolves. The reason is sent first (``note_cancel``) because a cancel carries
+  none. A worker that does not come back within the stop grace is killed and replaced;
+- an actor that dies (worker process killed, node lost) fails its trial as
+  ``worker_lost`` and is replaced; its server is stopped by the launcher's watchdog. A
+  group is dispatched to only once its actor answered ``describe()``, so a replacement
+  that Ray cannot place (its node is gone) waits instead of swallowing trials, and a group
+  whose actor keeps dying at creation is retired.
 """
 
 from __future__ import annotations
@@ -12,17 +21,26 @@ from __future__ import annotations
 import logging
 import shutil
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray.exceptions import ActorDiedError, GetTimeoutError, RayActorError, TaskCancelledError
+from ray.exceptions import (GetTimeoutError, NodeDiedError, ObjectLostError, RayActorError, RayError,
+                            RayTaskError, TaskCancelledError, WorkerCrashedError)
 
 from tuner.worker import TrialWorker
 
-__all__ = ["RayExecutor", "Finished", "init_ray"]
+__all__ = ["RayExecutor", "Finished", "init_ray", "NoWorkersLeft"]
 
 logger = logging.getLogger(__name__)
+
+NOTE_WAIT_S = 2.0  # how long the cancel reason may take to reach the actors
+MAX_CREATION_FAILURES = 3  # actor deaths in a row before a group is given up
+
+
+class NoWorkersLeft(RuntimeError):
+    """Every GPU group's actor kept dying: no trial can run."""
 
 
 def init_ray(*, address: str | None, gpus_needed: int, cpus_needed: float) -> None:
@@ -46,7 +64,10 @@ def init_ray(*, address: str | None, gpus_needed: int, cpus_needed: float) -> No
     if shutil.which("nvidia-smi") is None and gpus_needed:
         kwargs["num_gpus"] = gpus_needed
     kwargs["num_cpus"] = max(2, int(cpus_needed + 0.999) + 1)
-    ray.init(**kwargs)
+    # "local", not None: with None, Ray joins whatever cluster the machine last started
+    # (/tmp/ray/ray_current_cluster, or RAY_ADDRESS), e.g. someone else's `ray start`.
+    # Joining a cluster is what --ray-address is for.
+    ray.init(address="local", **kwargs)
 
 
 @dataclass
@@ -66,19 +87,32 @@ class _Running:
     started: float
     deadline: float
     cancelled_at: float | None = None
+    cancel_reason: str | None = None
+
+
+@dataclass
+class _Group:
+    index: int
+    actor: Any
+    ready_ref: Any | None  # describe() until the actor has answered once
+    info: dict[str, Any] = field(default_factory=dict)
+    deaths_in_a_row: int = 0
+    retired: bool = False
 
 
 class RayExecutor:
-    def __init__(self, *, gpus_per_trial: int, cpus_per_trial: float, groups: int | None = None) -> None:
+    def __init__(self, *, gpus_per_trial: int, cpus_per_trial: float, groups: int | None = None,
+                 progress: Callable[[str], None] = lambda line: None) -> None:
         self.gpus_per_trial = gpus_per_trial
         self.cpus_per_trial = cpus_per_trial
         self._requested_groups = groups
-        self._actors: list[Any] = []
+        self._groups: list[_Group] = []
         self._running: dict[int, _Running] = {}
+        self.progress = progress
 
     @property
     def n_groups(self) -> int:
-        return len(self._actors)
+        return sum(1 for g in self._groups if not g.retired)
 
     def start(self) -> None:
         total_gpus = ray.cluster_resources().get("GPU", 0)
@@ -88,88 +122,163 @@ class RayExecutor:
                 f"the Ray cluster has {total_gpus:g} GPUs, fewer than server.gpus_per_trial="
                 f"{self.gpus_per_trial}"
             )
-        groups = min(self._requested_groups or possible, possible) if self.gpus_per_trial else (self._requested_groups or 1)
-        self._actors = [self._new_actor(i) for i in range(groups)]
+        if self.gpus_per_trial:
+            groups = min(self._requested_groups or possible, possible)
+        else:
+            groups = self._requested_groups or 1
+        self._groups = [self._new_group(i) for i in range(groups)]
         logger.info("started %d trial worker(s)", groups)
 
-    def _new_actor(self, group: int) -> Any:
+    def _new_group(self, index: int, deaths_in_a_row: int = 0) -> _Group:
         remote_cls = ray.remote(TrialWorker)
-        return remote_cls.options(
+        actor = remote_cls.options(
             num_gpus=self.gpus_per_trial,
             num_cpus=self.cpus_per_trial,
             max_restarts=0,
-            max_concurrency=4,  # run_trial plus describe() while a trial runs
-        ).remote(group)
+            max_concurrency=4,  # run_trial plus describe()/note_cancel() while a trial runs
+        ).remote(index)
+        return _Group(index, actor, actor.describe.remote(), deaths_in_a_row=deaths_in_a_row)
+
+    # -- state ------------------------------------------------------------------
 
     def idle_groups(self) -> list[int]:
-        return [g for g in range(len(self._actors)) if g not in self._running]
+        return [g.index for g in self._groups
+                if not g.retired and g.ready_ref is None and g.index not in self._running]
 
-    def submit(self, group: int, request: dict[str, Any], *, deadline_s: float) -> None:
-        ref = self._actors[group].run_trial.remote(request)
-        now = time.monotonic()
-        self._running[group] = _Running(group, request, ref, now, now + deadline_s)
+    def pending_groups(self) -> list[int]:
+        """Groups whose actor has not answered yet (starting, or waiting for resources)."""
+
+        return [g.index for g in self._groups if not g.retired and g.ready_ref is not None]
+
+    def worker_info(self, group: int) -> dict[str, Any]:
+        return dict(self._groups[group].info)
 
     def running(self) -> list[dict[str, Any]]:
         return [r.request for r in self._running.values()]
 
-    def poll(self, timeout_s: float, *, stop_grace_s: float) -> list[Finished]:
-        """Wait up to ``timeout_s`` for trials; enforce deadlines; return those that ended."""
+    def submit(self, group: int, request: dict[str, Any], *, deadline_s: float) -> None:
+        ref = self._groups[group].actor.run_trial.remote(request)
+        now = time.monotonic()
+        self._running[group] = _Running(group, request, ref, now, now + deadline_s)
 
-        if not self._running:
+    # -- waiting ----------------------------------------------------------------
+
+    def poll(self, timeout_s: float, *, stop_grace_s: float) -> list[Finished]:
+        """Wait up to ``timeout_s`` for trials or starting actors; enforce deadlines;
+        return the trials that ended."""
+
+        by_ref: dict[Any, Any] = {r.ref: r for r in self._running.values()}
+        for g in self._groups:
+            if g.ready_ref is not None and not g.retired:
+                by_ref[g.ready_ref] = g
+        if not by_ref:
             time.sleep(min(timeout_s, 0.05))
             return []
-        by_ref = {r.ref: r for r in self._running.values()}
-        ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=timeout_s)
-        # Collect everything already finished, not only the first.
-        if ready:
-            more, _ = ray.wait(list(by_ref), num_returns=len(by_ref), timeout=0)
+        refs = list(by_ref)
+        ready, _ = ray.wait(refs, num_returns=1, timeout=timeout_s)
+        if ready:  # collect everything already finished, not only the first
+            more, _ = ray.wait(refs, num_returns=len(refs), timeout=0)
             ready = list(dict.fromkeys(ready + more))
         done: list[Finished] = []
         for ref in ready:
-            run = by_ref[ref]
-            del self._running[run.group]
-            done.append(self._collect(run))
-        now = time.monotonic()
-        for run in list(self._running.values()):
-            if run.cancelled_at is None and now > run.deadline:
-                logger.warning("trial %s passed its deadline; cancelling", run.request.get("number"))
-                ray.cancel(run.ref)
-                run.cancelled_at = now
-            elif run.cancelled_at is not None and now - run.cancelled_at > stop_grace_s + 30:
-                # The actor did not come back from cancellation: kill and replace it.
-                del self._running[run.group]
-                self._replace(run.group)
-                done.append(Finished(run.group, run.request, None, "trial_timeout",
-                                     "trial deadline passed and its worker did not respond"))
+            item = by_ref[ref]
+            if isinstance(item, _Group):
+                self._on_actor_answer(item)
+            else:
+                del self._running[item.group]
+                done.append(self._collect(item))
+        done.extend(self._enforce_deadlines(stop_grace_s))
         return done
 
-    def _collect(self, run: _Running) -> Finished:
+    def _on_actor_answer(self, group: _Group) -> None:
+        ref, group.ready_ref = group.ready_ref, None
         try:
-            result = ray.get(run.ref, timeout=60)
+            group.info = ray.get(ref, timeout=10)  # ready: returns at once
+        except (RayActorError, WorkerCrashedError, NodeDiedError, ObjectLostError,
+                GetTimeoutError) as exc:
+            logger.warning("the trial worker of group %d died while starting: %s", group.index, exc)
+            self._replace(group.index, died_starting=True)
+            return
+        group.deaths_in_a_row = 0
+        info = group.info
+        node = f" (node {info['node_id'][:12]})" if info.get("node_id") else ""
+        self.progress(f"[worker] group {group.index} ready: pid {info.get('pid')} on {info.get('host')}{node}")
+
+    def _enforce_deadlines(self, stop_grace_s: float) -> list[Finished]:
+        now = time.monotonic()
+        late = [r for r in self._running.values() if r.cancelled_at is None and now > r.deadline]
+        if late:
+            for run in late:
+                logger.warning("trial %s passed its deadline; cancelling", run.request.get("number"))
+            self._cancel(late, "trial_timeout")
+        done = []
+        for run in list(self._running.values()):
+            if run.cancelled_at is not None and now - run.cancelled_at > stop_grace_s + 30:
+                # The actor did not come back from cancellation: kill it (its watchdog
+                # stops the server) and replace it.
+                del self._running[run.group]
+                self._replace(run.group)
+                done.append(Finished(run.group, run.request, None, run.cancel_reason or "trial_timeout",
+                                     "the trial was cancelled and its worker did not respond; "
+                                     "the worker was replaced"))
+        return done
+
+    def _cancel(self, runs: list[_Running], reason: str) -> None:
+        notes = []
+        for run in runs:
+            run.cancel_reason = reason
+            run.cancelled_at = time.monotonic()
+            number = int(run.request["number"])
+            notes.append(self._groups[run.group].actor.note_cancel.remote(number, reason))
+        # Best effort: a worker too busy to take the note still gets the cancel.
+        ray.wait(notes, num_returns=len(notes), timeout=NOTE_WAIT_S)
+        for run in runs:
+            ray.cancel(run.ref)
+
+    def _collect(self, run: _Running) -> Finished:
+        number = run.request.get("number")
+        try:
+            result = ray.get(run.ref, timeout=60)  # ready: returns at once
             return Finished(run.group, run.request, result, None)
         except TaskCancelledError:
-            reason = "trial_timeout" if run.cancelled_at is not None and time.monotonic() > run.deadline else "interrupted"
-            return Finished(run.group, run.request, None, reason, "trial cancelled")
-        except (ActorDiedError, RayActorError) as exc:
+            reason = run.cancel_reason or "interrupted"
+            return Finished(run.group, run.request, None, reason, f"trial cancelled by the tuner ({reason})")
+        except (RayActorError, WorkerCrashedError, NodeDiedError, ObjectLostError,
+                GetTimeoutError) as exc:
+            info = self._groups[run.group].info
+            where = f"pid {info.get('pid')} on {info.get('host')}" if info else "not yet described"
             self._replace(run.group)
-            return Finished(run.group, run.request, None, "worker_lost", f"trial worker died: {type(exc).__name__}")
-        except GetTimeoutError:
-            self._replace(run.group)
-            return Finished(run.group, run.request, None, "worker_lost", "trial worker did not answer")
+            logger.warning("trial %s: worker of group %d lost: %s", number, run.group, exc)
+            return Finished(run.group, run.request, None, "worker_lost",
+                            f"the trial worker ({where}) was lost: {type(exc).__name__}")
+        except RayTaskError as exc:  # run_trial turns every error into an outcome; a bug
+            return Finished(run.group, run.request, None, "internal_error",
+                            f"{type(exc).__name__}: {str(exc)[-2000:]}")
 
-    def _replace(self, group: int) -> None:
+    def _replace(self, index: int, *, died_starting: bool = False) -> None:
+        old = self._groups[index]
         try:
-            ray.kill(self._actors[group], no_restart=True)
-        except Exception:  # the actor may already be gone; replacing it is what matters
-            logger.debug("killing actor of group %d failed", group, exc_info=True)
-        self._actors[group] = self._new_actor(group)
+            ray.kill(old.actor, no_restart=True)
+        except (RayError, ValueError):  # already gone; replacing it is what matters
+            logger.debug("killing the actor of group %d failed", index, exc_info=True)
+        deaths = old.deaths_in_a_row + 1 if died_starting else 0
+        if deaths >= MAX_CREATION_FAILURES:
+            old.retired = True
+            self.progress(f"[worker] group {index} retired: its worker died {deaths} times while starting")
+            if self.n_groups == 0:
+                raise NoWorkersLeft(f"every trial worker died {MAX_CREATION_FAILURES} times while "
+                                    "starting; see the Ray logs (/tmp/ray/session_latest/logs)")
+            return
+        self._groups[index] = self._new_group(index, deaths)
+        self.progress(f"[worker] group {index}: replacing its trial worker")
 
-    def cancel_all(self, *, wait_s: float) -> list[Finished]:
-        """Cancel every running trial and wait for the workers to stop their servers."""
+    # -- stopping ---------------------------------------------------------------
 
-        for run in self._running.values():
-            ray.cancel(run.ref)
-            run.cancelled_at = time.monotonic()
+    def cancel_all(self, *, wait_s: float, reason: str = "interrupted") -> list[Finished]:
+        """Cancel every running trial and wait (up to ``wait_s``) for the servers to stop."""
+
+        if self._running:
+            self._cancel(list(self._running.values()), reason)
         finished: list[Finished] = []
         deadline = time.monotonic() + wait_s
         while self._running and time.monotonic() < deadline:
@@ -178,19 +287,27 @@ class RayExecutor:
             for ref in ready:
                 run = by_ref[ref]
                 del self._running[run.group]
-                item = self._collect(run)
-                if item.error == "trial_timeout":
-                    item.error = "interrupted"
-                finished.append(item)
-        for run in list(self._running.values()):
-            del self._running[run.group]
-            finished.append(Finished(run.group, run.request, None, "interrupted", "stopped by the user"))
+                finished.append(self._collect(run))
+        finished.extend(self.abandon_all(reason, "the worker did not stop its trial in time"))
         return finished
 
-    def shutdown(self) -> None:
-        for actor in self._actors:
+    def abandon_all(self, reason: str, message: str) -> list[Finished]:
+        """Forget the running trials now, killing their workers (stop-now path)."""
+
+        out = []
+        for run in list(self._running.values()):
+            del self._running[run.group]
             try:
-                ray.kill(actor, no_restart=True)
-            except Exception:
+                ray.kill(self._groups[run.group].actor, no_restart=True)
+            except (RayError, ValueError):
+                logger.debug("killing the actor of group %d failed", run.group, exc_info=True)
+            out.append(Finished(run.group, run.request, None, reason, message))
+        return out
+
+    def shutdown(self) -> None:
+        for group in self._groups:
+            try:
+                ray.kill(group.actor, no_restart=True)
+            except (RayError, ValueError):
                 logger.debug("killing an actor at shutdown failed", exc_info=True)
-        self._actors = []
+        self._groups = []

@@ -2,80 +2,57 @@
 
 Trial outcomes reach the optimizer like this:
 - completed, probe passed, configuration applied, limits met: objective values;
-- completed but the probe failed / a knob was not applied / a limit was missed: the same
-  values plus violated constraints, so the sampler learns the region is infeasible and the
-  point never reaches the front;
-- the server failed (start, crash, timeout): FAIL with a typed reason;
+- completed but the probe failed / a knob was not applied / a limit was missed / measured
+  requests failed: the same values plus violated constraints, so the sampler learns the
+  region is infeasible and the point never reaches the front;
+- the server failed (start, crash, timeout) or its worker was lost: FAIL with a typed reason;
 - a point that a forbidden rule rejects, or one already measured, never starts a server:
   forbidden -> FAIL, duplicate -> the earlier result is told again. Neither counts
   toward the budget.
+
+Stopping: the first Ctrl-C cancels the running trials (their servers are stopped), marks
+them interrupted (re-run on resume) and returns; a second one kills the local servers and
+the workers at once. A storage that keeps failing (see study_store) stops the study the
+same way, resumably; a full disk fails the trial that could not write its files, and a
+pareto.json that cannot be rewritten keeps its previous, complete content.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import random
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tuner.adapters import proctree
+from tuner import recovery
 from tuner.adapters.artifacts import atomic_write_json, is_secret_name
 from tuner.core import space
 from tuner.core.outcome import TrialOutcome, TrialRequest
 from tuner.core.pareto import pareto_front
 from tuner.core.render import RenderedCommand, asked_settings, render_command, shell_line
-from tuner.core.spec import ObjectiveSpec, StudySpec
-from tuner.executor import Finished, RayExecutor
+from tuner.core.spec import StudySpec
+from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError
+from tuner.executor import Finished, NoWorkersLeft, RayExecutor
 from tuner.records import KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, read_records, record_points
+from tuner.sampling import grid_points, make_sampler, suggest
+from tuner.scoring import (constraints, level_of, metric_value, outcome_attrs, pareto_payload,
+                           result_text, values_text)
 from tuner.study_store import StudyHandle, make_storage
 
-__all__ = ["Orchestrator", "RunSummary", "make_sampler", "trial_command", "level_of"]
+__all__ = ["Orchestrator", "RunSummary", "make_sampler", "trial_command", "level_of", "metric_value"]
 
 logger = logging.getLogger(__name__)
 
 MAX_REJECTED_IN_A_ROW = 25  # then a random unseen point is enqueued instead
-
-
-def make_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
-    s = spec.sampler
-    if s.name == "tpe":
-        kwargs: dict[str, Any] = {"seed": s.seed, "multivariate": True, "group": True,
-                                  "constant_liar": True}
-        if s.n_startup_trials is not None:
-            kwargs["n_startup_trials"] = s.n_startup_trials
-        return optuna.samplers.TPESampler(**kwargs)
-    if s.name == "nsga2":
-        return optuna.samplers.NSGAIISampler(seed=s.seed, population_size=max(4, min(20, spec.budget.n_trials // 3)))
-    # "random" and "grid": grid points are enqueued by the orchestrator in shuffled order.
-    return optuna.samplers.RandomSampler(seed=s.seed)
-
-
-def level_of(spec: StudySpec, item: ObjectiveSpec | Any) -> int:
-    levels = spec.load.concurrency
-    if item.concurrency == "max":
-        return max(levels)
-    if item.concurrency == "min":
-        return min(levels)
-    return int(item.concurrency)
-
-
-def metric_value(spec: StudySpec, outcome: TrialOutcome, item: Any) -> float | None:
-    if item.metric in ("startup_s", "probe_s", "trial_s"):
-        return getattr(outcome, item.metric)
-    level = outcome.levels.get(str(level_of(spec, item)), {})
-    value = level.get(item.metric)
-    return None if value is None else float(value)
+WORKER_WAIT_S = 600.0  # no GPU group available for this long: stop (resumably)
 
 
 def trial_command(spec: StudySpec, values: dict[str, Any], *, port: int | None = None,
@@ -144,18 +121,32 @@ class Orchestrator:
         return study
 
     def reconcile(self, study: optuna.Study) -> None:
-        """Close trials a killed run left RUNNING, retry them, and stop leftover servers."""
+        """Close the trials a killed run left RUNNING and stop the servers it left.
+
+        A trial whose worker wrote a final outcome before the run died is recorded from
+        that file (nothing measured is lost); one without, or one the tuner itself
+        interrupted, is marked failed (``interrupted``) and re-enqueued once.
+        """
 
         self._stop_leftover_servers()
-        for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
-            attempt = int(trial.user_attrs.get("attempt", 1))
-            study._storage.set_trial_user_attr(trial._trial_id, "failure", {
+        for frozen in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            kind = frozen.user_attrs.get("kind", KIND_RUN)
+            outcome = recovery.read_outcome(self.handle.paths, frozen.number) if kind == KIND_RUN else None
+            if outcome is not None and outcome.reason != "interrupted":
+                trial = Trial(study, frozen._trial_id)
+                trial.set_user_attr("recovered", True)
+                self.progress(f"[resume] trial {frozen.number} had finished before the stop: "
+                              "recording its outcome")
+                self._record(study, trial, outcome, retry_if_interrupted=False)
+                continue
+            attempt = int(frozen.user_attrs.get("attempt", 1))
+            study._storage.set_trial_user_attr(frozen._trial_id, "failure", {
                 "reason": "interrupted", "message": "the tuner stopped during this trial", "phase": "unknown",
             })
-            study.tell(trial.number, state=TrialState.FAIL)
-            self.progress(f"[resume] trial {trial.number} was interrupted: marked failed")
-            if trial.user_attrs.get("kind", KIND_RUN) == KIND_RUN:
-                self._retry(study, trial, attempt)
+            study.tell(frozen.number, state=TrialState.FAIL)
+            self.progress(f"[resume] trial {frozen.number} was interrupted: marked failed")
+            if kind == KIND_RUN:
+                self._retry(study, frozen, attempt)
 
     def _retry(self, study: optuna.Study, trial: FrozenTrial, attempt: int) -> None:
         values = trial.user_attrs.get("values")
@@ -167,30 +158,10 @@ class Orchestrator:
                         "baseline": bool(trial.user_attrs.get("baseline"))},
             skip_if_exists=False,
         )
-        self.progress(f"[resume] trial {trial.number} will be re-run (attempt {attempt + 1})")
+        self.progress(f"[retry] trial {trial.number} will be re-run (attempt {attempt + 1})")
 
     def _stop_leftover_servers(self) -> None:
-        host = socket.gethostname()
-        for pid_file in self.handle.paths.pid_files():
-            try:
-                record = json.loads(pid_file.read_text())
-            except (OSError, ValueError):
-                continue
-            if record.get("host") != host:
-                self.progress(f"[resume] {pid_file} names a server on {record.get('host')}: stop it there")
-                continue
-            pgid = int(record["pgid"])
-            members = proctree.group_members(pgid)
-            # The group leader's command line must still be ours: pids are reused.
-            leader = proctree.cmdline(pgid)
-            if members and leader[: len(record["argv"])] == record["argv"][: len(leader)] and leader:
-                proctree.signal_group(pgid, signal.SIGTERM)
-                deadline = time.monotonic() + self.spec.server.stop_timeout
-                while proctree.group_members(pgid) and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                proctree.signal_group(pgid, signal.SIGKILL)
-                self.progress(f"[resume] stopped a server left running by an earlier run (pgid {pgid})")
-            pid_file.unlink(missing_ok=True)
+        recovery.stop_leftover_servers(self.handle.paths, self.spec.server.stop_timeout, self.progress)
 
     def ensure_baseline(self, study: optuna.Study) -> None:
         if any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
@@ -222,21 +193,42 @@ class Orchestrator:
     # -- the loop ----------------------------------------------------------------
 
     def run(self) -> RunSummary:
-        study = self.open_study()
-        self.reconcile(study)
-        self.ensure_baseline(study)
+        try:
+            study = self.open_study()
+            self.reconcile(study)
+            self.ensure_baseline(study)
+        except StorageUnavailable as exc:
+            raise self._storage_stop(exc) from exc
         began = time.monotonic()
         prior_elapsed = float(study.user_attrs.get("elapsed_s", 0.0))
         previous_handler = signal.getsignal(signal.SIGINT)
         signal.signal(signal.SIGINT, self._on_sigint)
+        storage_ok = True
         try:
             self._loop(study, began, prior_elapsed)
+        except StorageUnavailable as exc:
+            storage_ok = False
+            self._stop_reason = "storage"
+            # Nothing more can be recorded: stop the servers and leave the running trials
+            # RUNNING in the storage; resume reconciles them from their outcome files.
+            self.executor.cancel_all(wait_s=self.spec.server.stop_timeout + 30)
+            raise self._storage_stop(exc) from exc
         finally:
             signal.signal(signal.SIGINT, previous_handler)
-            study.set_user_attr("elapsed_s", prior_elapsed + time.monotonic() - began)
-            self.write_pareto(study)
+            if storage_ok:
+                try:
+                    study.set_user_attr("elapsed_s", prior_elapsed + time.monotonic() - began)
+                    self.write_pareto(study)
+                except StorageUnavailable:
+                    logger.warning("could not record the elapsed time and front", exc_info=True)
         return RunSummary(self._finished_runs(study), self.n_trials, self._stop_reason or "budget",
                           prior_elapsed + time.monotonic() - began)
+
+    def _storage_stop(self, exc: StorageUnavailable) -> StorageUnavailable:
+        return StorageUnavailable(
+            f"{exc}.\nThe study stopped: finished trials are safe in the storage, running trials "
+            f"were stopped. When the storage is back, continue with `tuner resume {self.handle.name}`."
+        )
 
     def _on_sigint(self, signum: int, frame: Any) -> None:
         self._interrupts += 1
@@ -249,6 +241,7 @@ class Orchestrator:
 
     def _loop(self, study: optuna.Study, began: float, prior_elapsed: float) -> None:
         rejected_in_a_row = 0
+        waiting_since: float | None = None
         try:
             while True:
                 if self._stop_reason == "interrupted":
@@ -276,23 +269,54 @@ class Orchestrator:
                     in_flight += 1
                     can_start = done_runs + in_flight < self.n_trials
                 if not self.executor.running():
-                    if self._stop_reason is None:
-                        self._stop_reason = "budget"
-                    return
+                    if not (can_start and self.executor.pending_groups()):
+                        if self._stop_reason is None:
+                            self._stop_reason = "budget"
+                        return
+                    # Every group's worker is starting or waiting for Ray to place it.
+                    waiting_since = waiting_since or time.monotonic()
+                    if time.monotonic() - waiting_since > WORKER_WAIT_S:
+                        raise StudyError(
+                            f"no GPU group has been available for {WORKER_WAIT_S:.0f}s (the Ray cluster "
+                            f"lost nodes?); continue with `tuner resume {self.handle.name}` when it is back")
+                else:
+                    waiting_since = None
                 for item in self.executor.poll(0.5, stop_grace_s=self.spec.server.stop_timeout):
                     self._tell(study, item)
-        except KeyboardInterrupt:
-            self._stop_reason = "interrupted"
-            for item in self.executor.cancel_all(wait_s=5):
+        except NoWorkersLeft as exc:
+            self._stop_reason = "no_workers"
+            for item in self.executor.cancel_all(wait_s=self.spec.server.stop_timeout + 30):
                 self._tell(study, item)
+            raise StudyError(str(exc)) from exc
+        except KeyboardInterrupt:
+            self._stop_now(study)
             raise
+
+    def _stop_now(self, study: optuna.Study) -> None:
+        """Second Ctrl-C: kill the local servers and the workers, without waiting."""
+
+        self._stop_reason = "interrupted"
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # this must not be cut short
+        try:
+            numbers = [int(r["number"]) for r in self.executor.running()]
+            killed = recovery.kill_servers_now(self.handle.paths, numbers)
+            items = self.executor.abandon_all("interrupted", "stopped at once by a second Ctrl-C")
+            self.progress(f"[interrupt] stopped now: killed {len(killed)} server(s)")
+            for item in items:
+                try:
+                    self._tell(study, item)
+                except StorageUnavailable:
+                    # Left RUNNING: resume marks it interrupted and re-runs it.
+                    logger.warning("could not record trial %s", item.request.get("number"))
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def _next_values(self, study: optuna.Study, trial: Trial) -> dict[str, Any]:
         values: dict[str, Any] = {}
         for param in space.ordered_parameters(self.spec):
             if not space.is_active(param, values):
                 continue
-            values[param.name] = _suggest(trial, param)
+            values[param.name] = suggest(trial, param)
         return values
 
     def _start_next(self, study: optuna.Study, rejected_in_a_row: int) -> int | None:
@@ -371,7 +395,7 @@ class Orchestrator:
 
     def _enqueue_grid_point(self, study: optuna.Study) -> None:
         if self._grid is None:
-            self._grid = _grid_points(self.spec)
+            self._grid = grid_points(self.spec)
             random.Random(self.spec.sampler.seed).shuffle(self._grid)
         known = self._known_points(study)
         waiting = study.get_trials(deepcopy=False, states=(TrialState.WAITING,))
@@ -411,7 +435,7 @@ class Orchestrator:
         self._in_flight[trial.number] = trial
         self.executor.submit(group, request.model_dump(mode="json"),
                              deadline_s=self.spec.budget.trial_timeout + self.spec.server.stop_timeout + 15)
-        label = "baseline" if trial.user_attrs.get("baseline") else _values_text(values)
+        label = "baseline" if trial.user_attrs.get("baseline") else values_text(values)
         self.progress(f"[trial {trial.number}] start on group {group}: {label}")
 
     # -- results -----------------------------------------------------------------
@@ -422,10 +446,23 @@ class Orchestrator:
         if trial is None:
             return
         if item.result is None:
-            outcome = TrialOutcome(number=number, status="failed", reason=item.error, message=item.message)
+            # A cancelled trial may have finished measuring just before the cancel reached
+            # it (during the server stop): its outcome file then holds a real result.
+            written = recovery.read_outcome(self.handle.paths, number)
+            if written is not None and written.status == "completed":
+                outcome = written
+            else:
+                outcome = TrialOutcome(number=number, status="failed", reason=item.error, message=item.message,
+                                       detected_unix=time.time(), finished_unix=time.time())
+                recovery.write_driver_outcome(self.handle.paths, outcome)
         else:
             outcome = TrialOutcome.model_validate(item.result)
-        trial.set_user_attr("outcome", _outcome_attrs(outcome))
+        self._record(study, trial, outcome, retry_if_interrupted=True)
+
+    def _record(self, study: optuna.Study, trial: Trial, outcome: TrialOutcome, *,
+                retry_if_interrupted: bool) -> None:
+        number = trial.number
+        trial.set_user_attr("outcome", outcome_attrs(outcome))
         if outcome.status == "failed":
             trial.set_user_attr("failure", {
                 "reason": outcome.reason, "message": outcome.message, "phase": outcome.phase,
@@ -433,7 +470,7 @@ class Orchestrator:
             })
             study.tell(number, state=TrialState.FAIL)
             self.progress(f"[trial {number}] FAILED ({outcome.reason}) {outcome.message or ''}".rstrip())
-            if outcome.reason == "interrupted":
+            if outcome.reason == "interrupted" and retry_if_interrupted:
                 frozen = study._storage.get_trial(trial._trial_id)
                 self._retry(study, frozen, int(frozen.user_attrs.get("attempt", 1)))
             self.write_pareto(study)
@@ -447,128 +484,24 @@ class Orchestrator:
             self.progress(f"[trial {number}] FAILED (no_measurement) for {', '.join(missing)}")
             self.write_pareto(study)
             return
-        for key, value in self._constraints(outcome).items():
+        violated = constraints(self.spec, outcome)
+        for key, value in violated.items():
             trial.set_constraint(key, value)
         study.tell(number, values)
         self.write_pareto(study)
-        self.progress(f"[trial {number}] done in {outcome.trial_s or 0:.1f}s: " + _result_text(
-            self.labels, values, outcome) + f" | front: {len(self._front(study))}")
-
-    def _constraints(self, outcome: TrialOutcome) -> dict[str, float]:
-        constraints = {
-            "probe": 0.0 if outcome.probe_passed in (True, None) else 1.0,
-            "applied": 0.0 if (outcome.applied is not False or not self.spec.verify.require_applied)
-            else float(max(1, len(outcome.mismatches))),
-        }
-        for limit in self.spec.limits:
-            value = metric_value(self.spec, outcome, limit)
-            if value is None:
-                violation = 1.0
-            elif limit.max is not None:
-                violation = value - limit.max
-            else:
-                violation = limit.min - value  # type: ignore[operator]
-            constraints[f"limit:{limit.label}"] = float(violation)
-        return constraints
+        self.progress(f"[trial {number}] done in {outcome.trial_s or 0:.1f}s: " + result_text(
+            self.labels, values, outcome, violated) + f" | front: {len(self._front(study))}")
 
     def _front(self, study: optuna.Study) -> list[Any]:
         records = read_records(study)
         return pareto_front(record_points(records, self.labels), self.directions)
 
     def write_pareto(self, study: optuna.Study) -> None:
-        records = read_records(study)
-        by_number = {r.number: r for r in records}
-        front = pareto_front(record_points(records, self.labels), self.directions)
-        baseline = next((r for r in records if r.is_baseline and r.state == "COMPLETE" and r.kind == KIND_RUN), None)
-        entries = []
-        for point in front:
-            record = by_number[point.number]
-            entry = {
-                "trial": point.number,
-                "values": dict(zip(self.labels, point.values)),
-                "params": record.params,
-                "command": record.attrs.get("command"),
-                "baseline": record.is_baseline,
-            }
-            if baseline is not None:
-                entry["vs_baseline"] = {
-                    label: (v / baseline.values[label] if baseline.values.get(label) else None)
-                    for label, v in zip(self.labels, point.values)
-                }
-            entries.append(entry)
-        atomic_write_json(self.handle.paths.pareto_json, {
-            "study": self.handle.name,
-            "objectives": [{"label": l, "direction": d} for l, d in zip(self.labels, self.directions)],
-            "updated_unix": time.time(),
-            "trials_finished": sum(1 for r in records if r.kind == KIND_RUN and r.state in ("COMPLETE", "FAIL")),
-            "baseline": None if baseline is None else {"trial": baseline.number, "values": baseline.values},
-            "front": entries,
-        })
+        """Rewrite pareto.json atomically; on a full disk the previous version stays."""
 
-
-def _suggest(trial: Trial, param: Any) -> Any:
-    if param.kind == "categorical":
-        return trial.suggest_categorical(param.name, param.values)
-    if param.kind == "bool":
-        return trial.suggest_categorical(param.name, [False, True])
-    if param.kind == "int":
-        return trial.suggest_int(param.name, param.low, param.high, step=param.step, log=param.log)
-    return trial.suggest_float(param.name, param.low, param.high, step=param.step, log=param.log)
-
-
-def _grid_points(spec: StudySpec) -> list[dict[str, Any]]:
-    ordered = space.ordered_parameters(spec)
-    if any(p.domain() is None for p in ordered):
-        raise ValueError("sampler 'grid' needs every parameter to be discrete (give floats a step)")
-    points: list[dict[str, Any]] = []
-
-    def walk(i: int, values: dict[str, Any]) -> None:
-        if i == len(ordered):
-            if space.forbidden_reason(spec, values) is None:
-                points.append(dict(values))
-            return
-        param = ordered[i]
-        if not space.is_active(param, values):
-            walk(i + 1, values)
-            return
-        for value in param.domain() or []:
-            values[param.name] = value
-            walk(i + 1, values)
-            del values[param.name]
-
-    walk(0, {})
-    return points
-
-
-def _values_text(values: dict[str, Any]) -> str:
-    return " ".join(f"{k}={'unset' if v is None else v}" for k, v in values.items()) or "(no parameters)"
-
-
-def _result_text(labels: list[str], values: list[float | None], outcome: TrialOutcome) -> str:
-    parts = [f"{label}={value:.4g}" for label, value in zip(labels, values) if value is not None]
-    probe = {True: "pass", False: "FAIL", None: "off"}[outcome.probe_passed]
-    applied = {True: "yes", False: "NO", None: "?"}[outcome.applied]
-    return " ".join(parts) + f" probe={probe} applied={applied}"
-
-
-def _outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
-    """The part of an outcome worth keeping in the storage (full details are on disk)."""
-
-    return {
-        "status": outcome.status,
-        "host": outcome.host,
-        "startup_s": outcome.startup_s,
-        "probe_s": outcome.probe_s,
-        "load_s": outcome.load_s,
-        "trial_s": outcome.trial_s,
-        "applied": outcome.applied,
-        "mismatches": outcome.mismatches,
-        "probe_passed": outcome.probe_passed,
-        "probe_reason": outcome.probe_reason,
-        "levels": outcome.levels,
-        "server_side": outcome.server_side,
-        "started_unix": outcome.started_unix,
-        "finished_unix": outcome.finished_unix,
-        "warnings": outcome.warnings,
-        "stop": outcome.stop,
-    }
+        payload = pareto_payload(self.handle.name, read_records(study), self.labels, self.directions)
+        try:
+            atomic_write_json(self.handle.paths.pareto_json, payload)
+        except ArtifactWriteError as err:
+            self.progress(f"[warning] pareto.json not updated ({err.reason}): {err}; "
+                          "the previous version is intact and is rewritten after the next trial")

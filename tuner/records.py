@@ -57,6 +57,8 @@ class TrialRecord:
             return "not_applied"
         if self.constraints.get("probe", 0) > 0:
             return "probe_failed"
+        if self.constraints.get("load_errors", 0) > 0:
+            return "load_errors"
         if any(v > 0 for k, v in self.constraints.items() if k.startswith("limit:")):
             return "limit_missed"
         return "feasible"

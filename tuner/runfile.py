@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -18,24 +19,38 @@ from pathlib import Path
 
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import atomic_write_json
+from tuner.errors import ArtifactWriteError
 
 __all__ = ["record_run", "clean_up_previous_run", "clear_run"]
+
+logger = logging.getLogger(__name__)
 
 
 def _path(study_root: Path) -> Path:
     return study_root / "run.json"
 
 
-def record_run(study_root: Path, *, local_ray: bool) -> None:
+def record_run(study_root: Path, *, local_ray: bool) -> bool:
+    """Write the run file; False (and a warning) when it cannot be written, e.g. a full disk.
+
+    Without it a later run cannot clean up after a ``kill -9`` of this one, which is no
+    reason to refuse to run: the trials' own pid files still cover the servers.
+    """
+
     me = os.getpid()
     pids = proctree.descendants(me) if local_ray else []
-    atomic_write_json(_path(study_root), {
-        "driver_pid": me,
-        "driver_cmdline": proctree.cmdline(me),
-        "host": socket.gethostname(),
-        "started_unix": time.time(),
-        "local_processes": [{"pid": p, "cmdline": proctree.cmdline(p)} for p in pids],
-    })
+    try:
+        atomic_write_json(_path(study_root), {
+            "driver_pid": me,
+            "driver_cmdline": proctree.cmdline(me),
+            "host": socket.gethostname(),
+            "started_unix": time.time(),
+            "local_processes": [{"pid": p, "cmdline": proctree.cmdline(p)} for p in pids],
+        })
+    except ArtifactWriteError as err:
+        logger.warning("run file not written (%s): cleanup after a kill -9 will miss the Ray processes", err)
+        return False
+    return True
 
 
 def clean_up_previous_run(study_root: Path) -> list[int]:

@@ -4,30 +4,48 @@ One study = one folder under the results root (``results/<name>``) holding the r
 spec, metadata and per-trial files, plus an Optuna storage (a SQLite file in the folder
 unless another URL is given). The lock file keeps two tuner processes from driving the
 same study at once; the kernel drops it when the process dies, even by SIGKILL.
+
+The storage retries what is worth retrying: a SQLite database locked by another process
+(``tuner status``, a backup, a second writer), a database server restarting. Those come
+out of SQLAlchemy as ``OperationalError`` (Optuna wraps errors raised inside its sessions
+in ``StorageInternalError`` with the original as ``__cause__``); each call is retried with
+exponential backoff until ``RetryPolicy.budget_s`` is spent, then ``StorageUnavailable``
+stops the study resumably. Other errors (bad data, a finished trial updated) are bugs and
+are raised at once.
 """
 
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
+import logging
 import os
 import platform
 import socket
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import optuna
+import sqlalchemy.exc
 import yaml
+from optuna.storages import RDBStorage
 
 from tuner import __version__
 from tuner.adapters.artifacts import StudyPaths, atomic_write_json, atomic_write_text, redact_url
 from tuner.core.spec import StudySpec, parse_study
-from tuner.errors import SpecError, StudyError
+from tuner.errors import SpecError, StorageUnavailable, StudyError
 
-__all__ = ["StudyHandle", "create_or_open", "open_existing", "StudyLock", "make_storage", "spec_digest"]
+__all__ = ["StudyHandle", "create_or_open", "open_existing", "StudyLock", "make_storage", "spec_digest",
+           "RetryPolicy", "RetryingRDBStorage", "is_transient_storage_error"]
+
+logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 def spec_digest(spec: StudySpec) -> str:
@@ -37,11 +55,112 @@ def spec_digest(spec: StudySpec) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def make_storage(url: str) -> optuna.storages.BaseStorage:
+@dataclass(frozen=True)
+class RetryPolicy:
+    busy_timeout_s: float = 10.0  # SQLite waits this long for a lock within one attempt
+    budget_s: float = 120.0       # retry one call for this long in total, then give up
+    first_delay_s: float = 0.5    # backoff: doubles after every failed attempt ...
+    max_delay_s: float = 15.0     # ... up to this
+
+    @classmethod
+    def from_env(cls) -> RetryPolicy:
+        """Defaults, or ``TUNER_STORAGE_RETRY_S`` seconds of retrying (e.g. for a flaky NFS)."""
+
+        raw = os.environ.get("TUNER_STORAGE_RETRY_S")
+        if not raw:
+            return cls()
+        budget = float(raw)
+        return cls(busy_timeout_s=min(cls.busy_timeout_s, max(0.1, budget / 4)), budget_s=budget)
+
+
+def is_transient_storage_error(exc: BaseException) -> bool:
+    """A lock, a busy database or a lost connection: worth another attempt."""
+
+    transient = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.DisconnectionError,
+                 sqlalchemy.exc.TimeoutError)
+    if isinstance(exc, transient):
+        return True
+    return isinstance(exc, optuna.exceptions.StorageInternalError) and isinstance(exc.__cause__, transient)
+
+
+class RetryingRDBStorage(RDBStorage):
+    """Optuna's RDBStorage whose calls are retried on transient errors (see the module doc)."""
+
+    def __init__(self, url: str, *, policy: RetryPolicy, engine_kwargs: dict[str, Any] | None = None) -> None:
+        self.policy = policy
+        self.retries = 0  # attempts that failed and were retried (for logs and tests)
+        self._depth = threading.local()  # only the outermost call retries
+        self._redacted = redact_url(url)
+        self._retrying(functools.partial(RDBStorage.__init__, self, url, engine_kwargs=engine_kwargs),
+                       "open")
+
+    def _retrying(self, call: Callable[[], _T], what: str) -> _T:
+        depth = getattr(self._depth, "n", 0)
+        if depth:
+            return call()
+        self._depth.n = 1
+        try:
+            began = time.monotonic()
+            delay = self.policy.first_delay_s
+            attempts = 0
+            while True:
+                attempts += 1
+                try:
+                    return call()
+                except Exception as exc:
+                    if not is_transient_storage_error(exc):
+                        raise
+                    spent = time.monotonic() - began
+                    if spent + delay > self.policy.budget_s:
+                        cause = exc.__cause__ if exc.__cause__ is not None else exc
+                        raise StorageUnavailable(
+                            f"the study storage {self._redacted} failed {attempts} time(s) over "
+                            f"{spent:.0f}s ({what}): {type(cause).__name__}: {str(cause).splitlines()[0]}"
+                        ) from exc
+                    self.retries += 1
+                    logger.warning("storage %s failed (%s); retrying in %.1fs", what,
+                                   type(exc.__cause__ or exc).__name__, delay)
+                    time.sleep(delay)
+                    delay = min(delay * 2, self.policy.max_delay_s)
+        finally:
+            self._depth.n = 0
+
+
+def _retried(name: str) -> Callable[..., Any]:
+    method = getattr(RDBStorage, name)
+
+    @functools.wraps(method)
+    def wrapper(self: RetryingRDBStorage, *args: Any, **kwargs: Any) -> Any:
+        return self._retrying(functools.partial(method, self, *args, **kwargs), name)
+
+    return wrapper
+
+
+# Every call that touches the database: Optuna's public storage API plus the private ones
+# its cache layer (_CachedStorage) calls on the backend.
+for _name in (
+    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
+    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions",
+    "get_study_user_attrs", "get_study_system_attrs", "get_all_studies", "create_new_trial",
+    "_create_new_trial", "set_trial_param", "_set_trial_param", "get_trial_id_from_study_id_trial_number",
+    "set_trial_state_values", "set_trial_intermediate_value", "set_trial_user_attr",
+    "set_trial_system_attr", "get_trial", "get_all_trials", "_get_trials", "get_n_trials",
+    "_get_best_trial_id", "get_best_trial", "get_trial_param", "get_trial_params",
+    "get_trial_user_attrs", "get_trial_system_attrs", "get_trial_number_from_id",
+    "check_trial_is_updatable", "record_heartbeat", "_get_stale_trial_ids",
+):
+    if hasattr(RDBStorage, _name):
+        setattr(RetryingRDBStorage, _name, _retried(_name))
+
+
+def make_storage(url: str, policy: RetryPolicy | None = None) -> optuna.storages.BaseStorage:
+    policy = policy or RetryPolicy.from_env()
     if url.startswith("sqlite:"):
-        # A long busy timeout lets `tuner status` read while the study writes.
-        return optuna.storages.RDBStorage(url, engine_kwargs={"connect_args": {"timeout": 60}})
-    return optuna.storages.RDBStorage(url)
+        # SQLite's own busy wait is the first line (lets `tuner status` read while the
+        # study writes); the retries above are the second.
+        return RetryingRDBStorage(url, policy=policy,
+                                  engine_kwargs={"connect_args": {"timeout": policy.busy_timeout_s}})
+    return RetryingRDBStorage(url, policy=policy)
 
 
 @dataclass

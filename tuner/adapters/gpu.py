@@ -2,8 +2,9 @@
 
 With NVIDIA GPUs: ``nvidia-smi --query-compute-apps`` must list no process on the
 worker's GPUs (the previous trial's server tree releases its memory only when its last
-process exits). Without GPUs (CPU build, simulator) the launcher's process-group check
-is what guarantees the previous server is gone, and this check passes at once.
+process exits). Everywhere, GPUs or not, the worker first checks the process tree: no
+process carrying the group's server tag may be alive (see TrialWorker._wait_group_free);
+without nvidia-smi (CPU build, simulator) that check is the whole guarantee.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass
 
 from tuner.errors import GpusNotFree
 
-__all__ = ["GpuProcess", "parse_compute_apps", "busy_processes", "wait_until_free"]
+__all__ = ["GpuProcess", "parse_compute_apps", "select_uuids", "busy_processes", "wait_until_free"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,18 @@ def parse_compute_apps(csv_text: str) -> list[GpuProcess]:
     return out
 
 
+def select_uuids(index_uuid_csv: str, wanted: list[str]) -> set[str]:
+    """UUIDs of the GPUs named in ``wanted`` (indices or UUIDs, as CUDA_VISIBLE_DEVICES
+    allows), from ``nvidia-smi --query-gpu=index,uuid --format=csv,noheader``."""
+
+    uuids = set()
+    for line in index_uuid_csv.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and (parts[0] in wanted or parts[1] in wanted):
+            uuids.add(parts[1])
+    return uuids
+
+
 def _visible_uuids(smi: str) -> set[str] | None:
     """UUIDs of the GPUs this process may use, or None for all of them."""
 
@@ -51,12 +64,7 @@ def _visible_uuids(smi: str) -> set[str] | None:
         [smi, "--query-gpu=index,uuid", "--format=csv,noheader"],
         capture_output=True, text=True, timeout=30, check=False,
     ).stdout
-    uuids = set()
-    for line in listing.splitlines():
-        parts = [p.strip() for p in line.split(",")]
-        if len(parts) == 2 and (parts[0] in wanted or parts[1] in wanted):
-            uuids.add(parts[1])
-    return uuids
+    return select_uuids(listing, wanted)
 
 
 def busy_processes() -> list[GpuProcess] | None:
@@ -74,7 +82,10 @@ def busy_processes() -> list[GpuProcess] | None:
         return None
     if result.returncode != 0:
         return None
-    uuids = _visible_uuids(smi)
+    try:
+        uuids = _visible_uuids(smi)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
     return [p for p in parse_compute_apps(result.stdout) if uuids is None or p.gpu_uuid in uuids]
 
 

@@ -151,6 +151,10 @@ class ServerProcess:
         env = {k: v for k, v in self.env.items() if k != TAG_VAR}
         if self.tag is not None:
             env[WATCHDOG_TAG_VAR] = self.tag
+        # The worker may import the tuner from a path Ray set up (runtime_env) rather
+        # than from the environment: make the same package importable by the watchdog.
+        package_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         self._watchdog = subprocess.Popen(
             [sys.executable, "-m", "tuner.adapters.watchdog", str(os.getpid()), str(pgid),
              str(self.stop_grace_s)],

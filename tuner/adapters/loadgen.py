@@ -9,7 +9,8 @@ Python first, which costs more than the parse itself at high chunk rates.
 
 Failures never escape a level: a non-200 status, an error event mid-stream, a reset
 connection or a timeout becomes a record with ``ok=False`` and a typed reason; only
-cancellation propagates. Times are ``perf_counter()`` seconds since the level start.
+cancellation propagates. Times are ``time.monotonic()`` seconds since the level start
+(CLOCK_MONOTONIC: one clock for every process, so sharded clients share a time base).
 
 A sweep (:func:`run_sweep`) runs, per level: prompt fitting through ``/tokenize`` →
 warm-up with different prompts → ``/metrics`` scrape → measured level → scrape, so the
@@ -19,6 +20,8 @@ server-side deltas cover the measured requests only.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import logging
 import time
 from collections import Counter
@@ -31,10 +34,22 @@ from typing import Any
 import httpx
 
 from tuner.adapters.artifacts import atomic_write_text
+from tuner.adapters.http_stream import (
+    Endpoint,
+    HttpConnectError,
+    HttpProtocolError,
+    StreamConnection,
+)
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.core.load_spec import Api, LoadSpec
-from tuner.core.metrics import LevelMetrics, RequestError, RequestRecord, compute_level_metrics
+from tuner.core.metrics import (
+    LevelMetrics,
+    RequestError,
+    RequestRecord,
+    compute_level_metrics,
+    summarize_repeats,
+)
 from tuner.core.prometheus import MetricsSnapshot, parse_prometheus_text, server_side_metrics
 from tuner.core.sse import SSEError, SSEParser
 from tuner.core.workload import RequestDraft, RequestPlan, TokenFitter, draft_requests, level_stream
@@ -125,7 +140,11 @@ class _StreamState:
                 c0 = choices[0]
                 if self.chat:
                     delta = c0.get("delta") or {}
-                    text = (delta.get("content") or "") + (delta.get("reasoning_content") or "")
+                    # Reasoning text counts too: "reasoning_content" in older vLLM, "reasoning"
+                    # in newer releases.
+                    text = (delta.get("content") or "") + (
+                        delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    )
                 else:
                     text = c0.get("text") or ""
                 self.chars.append(len(text))
@@ -142,66 +161,96 @@ class _StreamState:
 
 @dataclass(frozen=True, slots=True)
 class _Level:
-    """What every request of one level shares."""
+    """What every request of one level (or one shard of it) shares."""
 
-    client: httpx.AsyncClient
-    url: str
+    endpoint: Endpoint
+    headers: dict[str, str] | None
+    model: str
     api: Api
     concurrency: int
-    t0: float  # perf_counter() at the level start; records are relative to it
+    t0: float  # time.monotonic() at the level start; records are relative to it
     request_timeout_s: float
+    continuous_usage: bool
+
+
+class _Stream:
+    """One closed-loop stream: its keep-alive connection, reused request after request."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self) -> None:
+        self.conn: StreamConnection | None = None
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+def _encode_body(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
 
 
 async def _one_request(
-    lv: _Level, item: RequestPlan, body: dict[str, Any], scheduled_s: float
+    lv: _Level, stream: _Stream, item: RequestPlan, scheduled_s: float
 ) -> RequestRecord:
-    perf = time.perf_counter
+    clock = time.monotonic
     t0 = lv.t0
     request_timeout_s = lv.request_timeout_s
     st = _StreamState(chat=lv.api == "chat")
     parser = SSEParser()
+    feed = parser.feed
+    on_events = st.on_events
     status: int | None = None
     error: RequestError | None = None
 
-    dispatch_s = perf() - t0
+    def sink(payload: bytes, now: float) -> bool:
+        on_events(feed(payload), now - t0)
+        return st.error is not None  # an error event ends the request; drop the rest
+
+    body = _encode_body(_request_body(lv.model, item, lv.api, lv.continuous_usage))
+    dispatch_s = clock() - t0
     try:
-        # httpx timeouts are per socket operation; a server trickling bytes forever would
-        # never trip them, so the whole request also runs under one total timeout.
+        # One total timeout over connect + request + stream: a server trickling bytes
+        # forever would otherwise never trip a per-read timeout.
         async with asyncio.timeout(request_timeout_s):
-            async with lv.client.stream("POST", lv.url, json=body) as resp:
-                status = resp.status_code
-                if status != 200:
-                    text = (await resp.aread())[:500].decode("utf-8", "replace")
-                    error = RequestError(type="http_status", message=f"HTTP {status}: {text}")
-                else:
-                    async for raw in resp.aiter_raw():
-                        st.on_events(parser.feed(raw), perf() - t0)
-                        if st.error is not None:
-                            break
-                    if st.error is None:
-                        st.on_events(parser.close(), perf() - t0)
-                    error = st.error
-                    if error is None and not parser.done:
-                        error = RequestError(
-                            type="incomplete_stream", message="stream ended without data: [DONE]"
-                        )
+            conn = stream.conn
+            if conn is None or not conn.usable:
+                stream.close()
+                conn = StreamConnection(lv.endpoint, lv.headers)
+                stream.conn = conn
+                await conn.connect(min(request_timeout_s, _AUX_TIMEOUT_S))
+            status = await conn.post(body, sink)
+        if status != 200:
+            text = conn.error_body[:500].decode("utf-8", "replace")
+            error = RequestError(type="http_status", message=f"HTTP {status}: {text}")
+        else:
+            if st.error is None:
+                on_events(parser.close(), clock() - t0)
+            error = st.error
+            if error is None and not parser.done:
+                error = RequestError(
+                    type="incomplete_stream", message="stream ended without data: [DONE]"
+                )
     except TimeoutError:
+        stream.close()
         error = RequestError(
             type="timeout", message=f"no complete response in {request_timeout_s}s"
         )
-    except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-        error = RequestError(type="connect_error", message=f"{type(exc).__name__}: {exc}")
-    except httpx.TimeoutException as exc:
-        error = RequestError(type="timeout", message=f"{type(exc).__name__}: {exc}")
-    except httpx.HTTPError as exc:
-        # RemoteProtocolError / ReadError: the server closed or reset mid-response.
+    except HttpConnectError as exc:
+        stream.close()
+        error = RequestError(type="connect_error", message=str(exc))
+    except (HttpProtocolError, OSError) as exc:
+        # The server closed or reset the connection mid-response, or broke the framing.
+        stream.close()
         error = RequestError(type="connection_error", message=f"{type(exc).__name__}: {exc}")
     except Exception as exc:
         # One odd response must not take down a level that other requests are still
         # measuring; it is recorded (and logged with its traceback), not swallowed.
+        stream.close()
         logger.exception("unexpected client error in request %d", item.index)
         error = RequestError(type="client_exception", message=f"{type(exc).__name__}: {exc}")
-    done_s = perf() - t0
+    done_s = clock() - t0
 
     times = st.times
     if error is None and not times:
@@ -232,6 +281,50 @@ async def _one_request(
     )
 
 
+async def _run_streams(
+    lv: _Level,
+    plan: Sequence[RequestPlan],
+    streams: int,
+    claim: Callable[[], int],
+    deadline_s: float | None,
+) -> dict[int, RequestRecord]:
+    """``streams`` closed-loop streams taking plan positions from ``claim`` until the plan
+    or the deadline ends. Returns records by plan position (= issue order)."""
+    out: dict[int, RequestRecord] = {}
+    stop = False
+    t0 = lv.t0
+
+    async def worker() -> None:
+        nonlocal stop
+        stream = _Stream()
+        try:
+            while not stop:
+                # The moment this stream is free for its next request (vLLM's semaphore
+                # acquisition); the deadline is judged on it.
+                scheduled_s = time.monotonic() - t0
+                if deadline_s is not None and scheduled_s >= deadline_s:
+                    stop = True
+                    break
+                pos = claim()
+                if pos >= len(plan):
+                    stop = True
+                    break
+                out[pos] = await _one_request(lv, stream, plan[pos], scheduled_s)
+        finally:
+            stream.close()
+
+    tasks = [asyncio.create_task(worker()) for _ in range(streams)]
+    try:
+        await asyncio.gather(*tasks)
+    except BaseException:
+        # Cancelled (or a bug): leave no request running behind us.
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    return out
+
+
 async def run_level(
     base_url: str,
     model: str,
@@ -243,6 +336,8 @@ async def run_level(
     request_timeout_s: float,
     headers: dict[str, str] | None = None,
     continuous_usage: bool = True,
+    t0: float | None = None,
+    processes: int = 1,
 ) -> list[RequestRecord]:
     """Run ``plan`` in a closed loop of ``concurrency`` streams.
 
@@ -259,6 +354,9 @@ async def run_level(
         request_timeout_s: total time allowed per request, stream included.
         headers: extra HTTP headers (e.g. an API key).
         continuous_usage: ask for per-chunk usage (exact tokens per chunk on vLLM).
+        t0: ``time.monotonic()`` value the record times are relative to (default: now).
+        processes: client processes to shard the streams over (see :mod:`._shards`);
+            1 runs every stream in this event loop.
 
     Returns:
         One record per issued request, in issue order.
@@ -267,42 +365,32 @@ async def run_level(
         raise ValueError(f"concurrency must be >= 1, got {concurrency}")
     if request_timeout_s <= 0:
         raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
     url = _root(base_url) + _PATHS[api]
-    limits = httpx.Limits(
-        max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4
-    )
-    # Pool waits are bounded by the per-request total timeout; the connect timeout is
-    # shorter so a dead server fails fast instead of after request_timeout_s.
-    timeout = httpx.Timeout(request_timeout_s, connect=min(request_timeout_s, _AUX_TIMEOUT_S))
-    # identity: aiter_raw yields undecoded bytes, so the stream must not be compressed.
-    all_headers = {"Accept-Encoding": "identity", **(headers or {})}
-    async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=all_headers) as client:
-        sem = asyncio.Semaphore(concurrency)
-        tasks: list[asyncio.Task[RequestRecord]] = []
-        t0 = time.perf_counter()
-        lv = _Level(client, url, api, concurrency, t0, request_timeout_s)
-        try:
-            for item in plan:
-                await sem.acquire()
-                scheduled_s = time.perf_counter() - t0
-                if deadline_s is not None and scheduled_s >= deadline_s:
-                    sem.release()
-                    logger.info(
-                        "c=%d: deadline %.1fs reached after %d of %d requests",
-                        concurrency, deadline_s, len(tasks), len(plan),
-                    )
-                    break
-                body = _request_body(model, item, api, continuous_usage)
-                task = asyncio.create_task(_one_request(lv, item, body, scheduled_s))
-                task.add_done_callback(lambda _t: sem.release())
-                tasks.append(task)
-            return list(await asyncio.gather(*tasks))
-        except BaseException:
-            # Cancelled (or a bug in this loop): leave no request running behind us.
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            raise
+    endpoint = Endpoint.from_url(url)
+    if processes > 1 and concurrency > 1:
+        from tuner.adapters.loadgen_shards import run_sharded
+
+        records = await run_sharded(
+            base_url, model, plan, concurrency=concurrency, api=api, deadline_s=deadline_s,
+            request_timeout_s=request_timeout_s, headers=headers,
+            continuous_usage=continuous_usage, t0=t0, processes=min(processes, concurrency),
+        )
+    else:
+        lv = _Level(
+            endpoint, headers, model, api, concurrency,
+            time.monotonic() if t0 is None else t0, request_timeout_s, continuous_usage,
+        )
+        counter = itertools.count()
+        by_pos = await _run_streams(lv, plan, concurrency, counter.__next__, deadline_s)
+        records = [by_pos[i] for i in sorted(by_pos)]
+    if len(records) < len(plan):
+        logger.info(
+            "c=%d: deadline %.1fs reached after %d of %d requests",
+            concurrency, deadline_s or 0.0, len(records), len(plan),
+        )
+    return records
 
 
 async def fetch_token_count(
@@ -519,7 +607,7 @@ async def run_sweep(
             would start after it are skipped and listed. None: only ``max_level_seconds``.
         headers: extra HTTP headers for every call.
     """
-    t_start = time.perf_counter()
+    t_start = time.monotonic()
     started_at = datetime.now(UTC).isoformat()
     notes: list[str] = []
     levels: list[LevelResult] = []
@@ -529,7 +617,7 @@ async def run_sweep(
         """Seconds a level may issue for now; None once the sweep budget is spent."""
         if deadline_s is None:
             return load_spec.max_level_seconds
-        remaining = deadline_s - (time.perf_counter() - t_start)
+        remaining = deadline_s - (time.monotonic() - t_start)
         return min(load_spec.max_level_seconds, remaining) if remaining > 0 else None
 
     async with httpx.AsyncClient(timeout=_AUX_TIMEOUT_S, headers=headers) as aux:
@@ -555,7 +643,7 @@ async def run_sweep(
         load=load_spec,
         ignore_eos=ignore_eos,
         started_at=started_at,
-        duration_s=time.perf_counter() - t_start,
+        duration_s=time.monotonic() - t_start,
         levels=levels,
         skipped_levels=skipped,
         warnings=notes,
@@ -577,37 +665,72 @@ class _Sweep:
     notes: list[str]  # appended to
 
 
+async def _plan_for(sw: _Sweep, c: int, repeat: int) -> tuple[list[RequestPlan], bool]:
+    """The measured plan of one repeat of a level, fitted to exact lengths when possible.
+
+    Every repeat draws fresh prompts of the same shape (its own seed stream): re-sending
+    the same prompts would be served from the prefix cache and inflate later repeats
+    (measurement.md §4, vLLM sweep notes).
+    """
+    spec, ignore_eos = sw.spec, sw.ignore_eos
+    purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
+    drafts = draft_requests(
+        spec.workload, spec.requests_for(c), seed=spec.seed, stream=level_stream(purpose, c)
+    )
+    plan = None
+    if sw.can_fit:
+        plan = await fit_plan(
+            sw.aux, sw.base_url, sw.model, drafts, ignore_eos=ignore_eos, api=spec.api
+        )
+        if plan is None:
+            sw.notes.append(f"c={c}: /tokenize failed while fitting; prompt lengths estimated")
+    if plan is None:
+        return [d.to_plan(ignore_eos=ignore_eos) for d in drafts], False
+    return plan, True
+
+
 async def _sweep_level(sw: _Sweep, c: int) -> LevelResult | None:
-    """Fit → warm up → scrape → measure → scrape for one level; None if out of budget."""
+    """Fit → warm up → scrape → measure (× repeats) → scrape for one level; None if out
+    of budget before anything was measured."""
     aux, base_url, model, spec = sw.aux, sw.base_url, sw.model, sw.spec
     ignore_eos, budget, headers = sw.ignore_eos, sw.budget, sw.headers
     if budget() is None:
         return None
-    drafts = draft_requests(
-        spec.workload, spec.requests_for(c), seed=spec.seed, stream=level_stream("measure", c)
-    )
-    plan = None
-    if sw.can_fit:
-        plan = await fit_plan(aux, base_url, model, drafts, ignore_eos=ignore_eos, api=spec.api)
-        if plan is None:
-            sw.notes.append(f"c={c}: /tokenize failed while fitting; prompt lengths estimated")
-    fitted = plan is not None
-    if plan is None:
-        plan = [d.to_plan(ignore_eos=ignore_eos) for d in drafts]
+    plan, fitted = await _plan_for(sw, c, 0)
 
     warm_budget = budget()
     if warm_budget is None:
         return None
     warmup = await _warm_up(base_url, model, spec, c, ignore_eos, warm_budget, headers)
-    level_budget = budget()
-    if level_budget is None:
-        return None
-    before = await scrape_metrics(aux, base_url)
-    records = await run_level(
-        base_url, model, plan,
-        concurrency=c, api=spec.api, deadline_s=level_budget,
-        request_timeout_s=spec.request_timeout_s, headers=headers,
-    )
+    before = None
+    records: list[RequestRecord] = []
+    runs: list[LevelMetrics] = []
+    deadline_hit = False
+    for repeat in range(spec.repeats):
+        if repeat:
+            plan, fitted_r = await _plan_for(sw, c, repeat)
+            fitted = fitted and fitted_r
+        level_budget = budget()
+        if level_budget is None:
+            if not runs:
+                return None
+            sw.notes.append(
+                f"c={c}: {len(runs)} of {spec.repeats} repeats measured before the budget ran out"
+            )
+            break
+        if before is None:
+            before = await scrape_metrics(aux, base_url)
+        run = await run_level(
+            base_url, model, plan,
+            concurrency=c, api=spec.api, deadline_s=level_budget,
+            request_timeout_s=spec.request_timeout_s, headers=headers,
+            processes=spec.client_processes,
+        )
+        deadline_hit = deadline_hit or len(run) < len(plan)
+        runs.append(compute_level_metrics(run, concurrency=c, planned=len(plan)))
+        if repeat:
+            run = [r.model_copy(update={"repeat": repeat}) for r in run]
+        records.extend(run)
     after = await scrape_metrics(aux, base_url)
     server = server_side_metrics(before, after) if before and after else None
     agreement = _agreement(records, server)
@@ -624,12 +747,15 @@ async def _sweep_level(sw: _Sweep, c: int) -> LevelResult | None:
             "c=%d: client/server token counts disagree: %d vs %s",
             c, agreement.client_output_tokens, agreement.server_generation_tokens,
         )
+    # Instability is reported per level (metrics.unstable, stability_ratio), not as a sweep
+    # warning: short levels are often flagged, and that is information, not degradation.
+    metrics = summarize_repeats(runs)
     return LevelResult(
         concurrency=c,
         prompts_fitted=fitted,
-        deadline_hit=len(records) < len(plan),
+        deadline_hit=deadline_hit,
         warmup=warmup,
-        metrics=compute_level_metrics(records, concurrency=c, planned=len(plan)),
+        metrics=metrics,
         server_side=server,
         token_agreement=agreement,
         records=records,
@@ -654,12 +780,13 @@ async def _warm_up(
             spec.workload, n, seed=spec.seed, stream=level_stream("warmup", concurrency)
         )
     ]
-    t = time.perf_counter()
+    t = time.monotonic()
     records = (
         await run_level(
             base_url, model, plan,
             concurrency=concurrency, api=spec.api, deadline_s=budget_s,
             request_timeout_s=spec.request_timeout_s, headers=headers,
+            processes=spec.client_processes,
         )
         if plan
         else []
@@ -670,5 +797,5 @@ async def _warm_up(
         completed=len(records) - len(failed),
         failed=len(failed),
         failure_reasons=dict(Counter(r.error.type if r.error else "unknown" for r in failed)),
-        duration_s=time.perf_counter() - t,
+        duration_s=time.monotonic() - t,
     )

@@ -167,6 +167,28 @@ class LoadSpec(BaseModel):
             "endpoint is missing the ~1.3 tokens/word estimate is used (recorded in results)."
         ),
     )
+    repeats: int = Field(
+        default=1,
+        ge=1,
+        le=20,
+        description=(
+            "Measure each level this many times (fresh prompts of the same shape each time, "
+            "one warm-up before the first). Metrics report the median across repeats and "
+            "the spread (min, max, coefficient of variation); aiperf suggests 3-5 "
+            "(measurement.md §4)."
+        ),
+    )
+    client_processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description=(
+            "Client processes a level's streams are sharded over, each with its own event "
+            "loop (records share one CLOCK_MONOTONIC time base). One process streams about "
+            "60,000+ tokens/s on one core (benchmarks/client_capacity.py); raise this when "
+            "a server streams faster than that and the machine has spare cores."
+        ),
+    )
     workload: WorkloadSpec = Field(
         default_factory=WorkloadSpec, description="The request mix and output-length control."
     )

@@ -25,23 +25,28 @@ statistics are reported in milliseconds (units are in the names).
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "EXTRA_FLAT_KEYS",
     "FLAT_KEYS",
     "P99_MIN_SAMPLES",
+    "STABILITY_MAX_RATIO",
     "ClassMetrics",
     "LevelMetrics",
+    "RepeatSummary",
     "RequestError",
     "RequestRecord",
     "Stat",
     "WindowPolicy",
     "compute_level_metrics",
     "percentile",
+    "summarize_repeats",
     "token_timeline",
 ]
 
@@ -63,6 +68,19 @@ FLAT_KEYS: tuple[str, ...] = (
 )
 """Keys of :meth:`LevelMetrics.flat`; study-file objectives name these."""
 
+EXTRA_FLAT_KEYS: tuple[str, ...] = (
+    "run_output_tok_s",
+    "stability_ratio",
+    "repeats",
+    "output_tok_s_cv",
+)
+"""Keys :meth:`LevelMetrics.flat` adds after :data:`FLAT_KEYS` (added later; NaN = none)."""
+
+# Perf Analyzer's stability rule (measurement.md §4, recommended default 5): throughput in
+# 3-5 sub-windows of the steady-state window must agree within max/min <= 1.10.
+STABILITY_MAX_RATIO = 1.10
+_SUBWINDOW_MIN_S = 5.0
+
 
 class RequestError(BaseModel):
     """Why a request failed. ``type`` is a fixed vocabulary set by the load generator:
@@ -78,7 +96,8 @@ class RequestError(BaseModel):
 class RequestRecord(BaseModel):
     """Raw timings of one request. JSON-lines friendly (``model_dump_json()`` per line).
 
-    All ``*_s`` times are seconds since the level started (``perf_counter`` based).
+    All ``*_s`` times are seconds since the level started (``time.monotonic`` based: one
+    system-wide clock, so records of sharded client processes share the time base).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -109,6 +128,9 @@ class RequestRecord(BaseModel):
         description="Characters of generated text per content chunk (fallback weighting).",
     )
     done_s: float = Field(description="When the request finished: stream end, error or timeout.")
+    repeat: int = Field(
+        default=0, ge=0, description="Which repeat of the level (LoadSpec.repeats) it ran in."
+    )
     prompt_tokens: int | None = Field(default=None, description="usage.prompt_tokens.")
     output_tokens: int | None = Field(default=None, description="usage.completion_tokens.")
     ok: bool
@@ -251,6 +273,24 @@ class ClassMetrics(BaseModel):
     output_tok_s_per_user: float | None
 
 
+class RepeatSummary(BaseModel):
+    """Median and spread of one level's flat metrics over its repeats (aiperf multi-run)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    n: int = Field(ge=1, description="Repeats measured.")
+    representative: int = Field(
+        description="Repeat whose detailed metrics are shown (median output_tok_s)."
+    )
+    median: dict[str, float | None]
+    min: dict[str, float | None]
+    max: dict[str, float | None]
+    cv: dict[str, float | None] = Field(
+        description="Sample standard deviation / mean (None below 2 values or at mean 0)."
+    )
+    per_repeat: list[dict[str, float | None]] = Field(description="flat() of each repeat.")
+
+
 class LevelMetrics(BaseModel):
     """Everything measured at one concurrency level."""
 
@@ -287,12 +327,50 @@ class LevelMetrics(BaseModel):
     drain_s: float | None = Field(description="t_stop (last dispatch) → last request finished.")
     run_duration_s: float | None = Field(description="vLLM's dur_s: first dispatch → last done.")
     run_output_tok_s: float | None = Field(description="vLLM-style Σoutput / run_duration_s.")
+    subwindow_s: float | None = Field(
+        default=None, description="Length of each stability sub-window (window_s / 3..5)."
+    )
+    subwindow_output_tok_s: list[float] = Field(
+        default_factory=list,
+        description="Output tok/s in consecutive sub-windows of the steady-state window.",
+    )
+    stability_ratio: float | None = Field(
+        default=None,
+        description="max/min of subwindow_output_tok_s; None when not assessable.",
+    )
+    unstable: bool | None = Field(
+        default=None,
+        description=(
+            f"stability_ratio > {STABILITY_MAX_RATIO} (or a sub-window without tokens): "
+            "throughput drifted within the window. None: no steady-state window to judge."
+        ),
+    )
+    repeats: RepeatSummary | None = Field(
+        default=None,
+        description=(
+            "Set when the level ran several times (LoadSpec.repeats): the detailed fields are "
+            "the median repeat's, flat() reports per-key medians across repeats."
+        ),
+    )
     total_output_tokens: int = Field(description="Σ output tokens of completed requests.")
     total_prompt_tokens: int = Field(description="Σ prompt tokens of completed requests.")
     by_class: dict[str, ClassMetrics]
 
     def flat(self) -> dict[str, float]:
-        """Scalar metrics under the stable :data:`FLAT_KEYS`; missing values are NaN."""
+        """Scalar metrics under the stable :data:`FLAT_KEYS` then :data:`EXTRA_FLAT_KEYS`;
+        missing values are NaN. With repeats, each value is the median across repeats."""
+        out = self.flat_single()
+        rs = self.repeats
+        if rs is not None:
+            for key in (*FLAT_KEYS, "run_output_tok_s", "stability_ratio"):
+                if key in rs.median:
+                    out[key] = _nan(rs.median[key])
+            out["repeats"] = float(rs.n)
+            out["output_tok_s_cv"] = _nan(rs.cv.get("output_tok_s"))
+        return out
+
+    def flat_single(self) -> dict[str, float]:
+        """:meth:`flat` of this one run, ignoring :attr:`repeats`."""
         out: dict[str, float] = {
             "output_tok_s": self.output_tok_s,
             "total_tok_s": self.total_tok_s,
@@ -305,6 +383,10 @@ class LevelMetrics(BaseModel):
                 out[f"{name}.{field}"] = _nan(getattr(stat, field))
         out["failed"] = float(self.failed)
         out["completed"] = float(self.completed)
+        out["run_output_tok_s"] = _nan(self.run_output_tok_s)
+        out["stability_ratio"] = _nan(self.stability_ratio)
+        out["repeats"] = 1.0
+        out["output_tok_s_cv"] = math.nan
         return out
 
 
@@ -412,6 +494,38 @@ class _Rates:
     drain_s: float | None = None
     run_duration_s: float | None = None
     run_output_tok_s: float | None = None
+    subwindow_s: float | None = None
+    subwindow_output_tok_s: list[float] = field(default_factory=list)
+    stability_ratio: float | None = None
+    unstable: bool | None = None
+
+
+def _stability(
+    timeline: Sequence[tuple[float, float]], t_warm: float, window_s: float
+) -> dict[str, object]:
+    """Output tok/s in 3-5 equal sub-windows of [t_warm, t_warm + window_s), and max/min.
+
+    As many sub-windows of at least 5 s as fit, but never fewer than 3 (a short window
+    gives short, noisier sub-windows: the ratio then errs towards flagging).
+    """
+    k = min(5, max(3, int(window_s // _SUBWINDOW_MIN_S)))
+    width = window_s / k
+    sums = [0.0] * k
+    for t, tokens in timeline:
+        j = int((t - t_warm) // width)
+        if 0 <= j < k:
+            sums[j] += tokens
+        elif j == k and t < t_warm + window_s:  # float rounding at the right edge
+            sums[k - 1] += tokens
+    rates = [x / width for x in sums]
+    low, high = min(rates), max(rates)
+    ratio = high / low if low > 0 else None
+    return {
+        "subwindow_s": width,
+        "subwindow_output_tok_s": rates,
+        "stability_ratio": ratio,
+        "unstable": ratio is None or ratio > STABILITY_MAX_RATIO,
+    }
 
 
 def _window_rates(
@@ -487,6 +601,7 @@ def _window_rates(
     )
     finished = sum(1 for r in ok if (e := r.end_s) is not None and t_warm <= e < t_stop)
     return _Rates(
+        **_stability(timeline, t_warm, window_s),  # type: ignore[arg-type]
         output_tok_s=out_tokens / window_s,
         total_tok_s=(out_tokens + prompt_tokens) / window_s,
         request_per_s=finished / window_s,
@@ -500,3 +615,48 @@ def _window_rates(
         run_duration_s=run_s,
         run_output_tok_s=run_output_tok_s,
     )
+
+
+_COUNT_KEYS = ("failed", "completed")
+_NOT_SUMMARIZED = ("repeats", "output_tok_s_cv")
+
+
+def summarize_repeats(runs: Sequence[LevelMetrics]) -> LevelMetrics:
+    """One level measured ``len(runs)`` times → the median run, carrying :class:`RepeatSummary`.
+
+    The detailed fields (latency stats, window, sub-windows) are those of the run with the
+    median output_tok_s (the lower median for an even count), so they stay one consistent
+    measurement; ``flat()`` then reports per-key medians across runs, except ``failed`` and
+    ``completed``, which are totals: a failure in any repeat must stay visible.
+    """
+    if not runs:
+        raise ValueError("summarize_repeats needs at least one run")
+    if len(runs) == 1:
+        return runs[0]
+    flats = [r.flat_single() for r in runs]
+    keys = [k for k in flats[0] if k not in _NOT_SUMMARIZED]
+    median: dict[str, float | None] = {}
+    low: dict[str, float | None] = {}
+    high: dict[str, float | None] = {}
+    cv: dict[str, float | None] = {}
+    for k in keys:
+        xs = [f[k] for f in flats if not math.isnan(f[k])]
+        if not xs:
+            median[k] = low[k] = high[k] = cv[k] = None
+            continue
+        median[k] = math.fsum(xs) if k in _COUNT_KEYS else statistics.median(xs)
+        low[k], high[k] = min(xs), max(xs)
+        mean = math.fsum(xs) / len(xs)
+        cv[k] = statistics.stdev(xs) / mean if len(xs) > 1 and mean != 0 else None
+    order = sorted(range(len(runs)), key=lambda i: runs[i].output_tok_s)
+    rep = order[(len(runs) - 1) // 2]
+    summary = RepeatSummary(
+        n=len(runs),
+        representative=rep,
+        median=median,
+        min=low,
+        max=high,
+        cv=cv,
+        per_repeat=[{k: (None if math.isnan(f[k]) else f[k]) for k in keys} for f in flats],
+    )
+    return runs[rep].model_copy(update={"repeats": summary})

@@ -17,7 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["ALL_FAMILIES", "Api", "Family", "ProbeSpec"]
+__all__ = ["ALL_FAMILIES", "OPEN_PROMPTS", "Api", "Family", "ProbeSpec", "ReferenceSpec"]
 
 Family = Literal["arithmetic", "copy", "number_words", "capital", "lookup"]
 Api = Literal["chat", "completions"]
@@ -28,10 +28,130 @@ Api = Literal["chat", "completions"]
 ALL_FAMILIES: tuple[Family, ...] = ("lookup", "arithmetic", "copy", "number_words", "capital")
 
 
-class ProbeSpec(BaseModel):
-    """Configuration of the known-answer correctness probe.
+# Built-in open-ended prompts of the reference-agreement check: ("chat" | "text", prompt).
+# Known-answer questions get short answers; these get long continuations, so a bug that
+# only shows after a few decoded tokens (spec-decode rejection, KV-cache paging, graph
+# replay at a later sequence length) still has positions to show up in. Mixed chat and
+# raw-text, prose and code, because drafters and kernels behave differently on each.
+OPEN_PROMPTS: tuple[tuple[Api, str], ...] = (
+    ("chat", "Write a short paragraph about why the sky is blue."),
+    ("text", "The history of the printing press begins in"),
+    ("chat", "Explain in a few sentences how a bicycle works."),
+    ("text", 'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n'),
+    ("chat", "List five fruits and describe each one in one sentence."),
+    ("text", "Once upon a time, in a small village by the sea,"),
+    ("chat", "Describe the water cycle to a ten-year-old."),
+    ("text", "The three most important rules of writing clear code are"),
+)
 
-    Pass rule, applied separately to each concurrency level (each level is one full run
+
+class ReferenceSpec(BaseModel):
+    """The reference-agreement layer of the probe (measurement.md §5, steps 1-3).
+
+    Once per study a conservative reference configuration (eager, no speculation) records
+    greedy continuations with top-k logprobs and teacher-forced prompt logprobs for a fixed
+    set of token-ID prompts; every trial repeats the same requests and is compared with
+    vLLM's own ``check_logprobs_close`` rule. Known answers catch "the model says nonsense";
+    this catches "the model says something slightly different from what it should", which
+    is what a kernel, graph or drafter bug looks like on a small model that gets many known
+    answers wrong anyway.
+
+    Pass rule, per concurrency level:
+
+    * at least ``min_close_fraction`` of the prompts are *close*: tokens equal up to the
+      first divergence, and there each side's token is in the other side's top-``top_k``
+      (a near-tie flip, legitimate under different kernels) - or never diverge;
+    * at the lowest level at least ``min_exact_fraction`` of the prompts are identical
+      over all ``max_tokens`` (vLLM's spec-decode e2e heuristic, 66 %); higher levels are
+      not held to it because batch composition legitimately changes low-order bits;
+    * teacher-forced (lowest level only): over the reference continuation's positions the
+      trial's top-1 token equals the reference's for at least ``min_prompt_top1`` of them;
+      the reference-token logprob gap (median and max |delta|) is recorded, and gated only
+      when ``max_gap_median`` / ``max_gap`` are set (calibrate them first by checking the
+      reference against itself: the right bound depends on dtype and hardware).
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    known_answer_prompts: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "How many known-answer questions are reused as reference prompts (each once, "
+            "in its chat form when the probe asks through chat); None = all of them."
+        ),
+    )
+    open_prompts: int = Field(
+        default=4,
+        ge=0,
+        le=len(OPEN_PROMPTS),
+        description="How many built-in open-ended prompts are added (long continuations).",
+    )
+    prompts_file: str | None = Field(
+        default=None,
+        description=(
+            "Optional JSONL of extra reference prompts: {\"prompt\": text} (raw completion) "
+            "or {\"messages\": [...]} (chat), optional \"id\"; no expected answer needed."
+        ),
+    )
+    max_tokens: int = Field(default=32, ge=1, le=1024)
+    top_k: int = Field(
+        default=5, ge=1, le=20, description="Logprobs per position (vLLM's --max-logprobs is 20)."
+    )
+    concurrency: tuple[int, ...] = Field(
+        default=(1, 8),
+        min_length=1,
+        description="The prompt set runs once per level; the lowest is compared most strictly.",
+    )
+    min_close_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
+    min_exact_fraction: float = Field(default=0.66, ge=0.0, le=1.0)
+    teacher_forced: bool = True
+    forced_max_prompt_tokens: int = Field(
+        default=512,
+        ge=1,
+        description=(
+            "Prompts longer than this are not teacher-forced: prompt_logprobs bypasses the "
+            "prefix cache, so a 1000-token prompt costs a full prefill per trial, and the "
+            "decode comparison of the same prompt already covers its prefill."
+        ),
+    )
+    min_prompt_top1: float = Field(default=0.98, ge=0.0, le=1.0)
+    max_gap_median: float | None = Field(
+        default=None, gt=0.0, description="Gate on the median reference-token |delta logprob|."
+    )
+    max_gap: float | None = Field(
+        default=None, gt=0.0, description="Gate on the largest reference-token |delta logprob|."
+    )
+
+    @field_validator("concurrency")
+    @classmethod
+    def _valid_concurrency(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(level < 1 for level in value):
+            raise ValueError(f"concurrency levels must be >= 1: {list(value)}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"concurrency levels must not repeat: {list(value)}")
+        return tuple(sorted(value))
+
+    @model_validator(mode="after")
+    def _has_prompts(self) -> ReferenceSpec:
+        if self.prompts_file is not None and not self.prompts_file.strip():
+            raise ValueError("reference.prompts_file must be a path or omitted, not empty")
+        if (
+            self.enabled
+            and self.known_answer_prompts == 0
+            and self.open_prompts == 0
+            and self.prompts_file is None
+        ):
+            raise ValueError("reference is enabled but selects no prompts")
+        return self
+
+
+class ProbeSpec(BaseModel):
+    """Configuration of the correctness probe: known answers, then reference agreement.
+
+    A trial passes only when both layers pass (the reference layer is configured in
+    ``reference``; see :class:`ReferenceSpec`). Known-answer pass rule, applied separately to each concurrency level (each level is one full run
     of the item set, all APIs pooled; n = requests at that level):
 
     * without ``reference_accuracy``: accuracy >= ``min_accuracy``;
@@ -91,6 +211,7 @@ class ProbeSpec(BaseModel):
     )
     seed: int = 0
     request_timeout_s: float = Field(default=60.0, gt=0.0)
+    reference: ReferenceSpec = Field(default_factory=ReferenceSpec)
 
     @field_validator("families")
     @classmethod

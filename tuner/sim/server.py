@@ -40,6 +40,9 @@ class _Body(BaseModel):
     ignore_eos: bool = False
     stop: str | list[str] | None = None
     n: int = Field(default=1, ge=1, le=16)
+    # vLLM's extra field: tokens and top-logprob keys as "token_id:<id>", so a client can
+    # compare ids exactly (the reference-agreement probe does).
+    return_tokens_as_token_ids: bool | None = None
 
 
 class CompletionBody(_Body):
@@ -72,7 +75,9 @@ def error(status: int, message: str, kind: str) -> JSONResponse:
                                    "code": status}}, status_code=status)
 
 
-def _lp_token(piece: str, tid: int) -> str:
+def _lp_token(piece: str, tid: int, as_id: bool = False) -> str:
+    if as_id:
+        return f"token_id:{tid}"
     return piece if piece else TOKENIZER.piece(tid)
 
 
@@ -295,15 +300,19 @@ class SimServer:
         return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
                 "completion_tokens": completion, "prompt_tokens_details": None}
 
-    def _logprobs(self, chunk: Chunk, chat: bool, offset: int) -> Any:
+    def _logprobs(self, chunk: Chunk, chat: bool, offset: int, as_ids: bool = False) -> Any:
         if chunk.logprobs is None:
             return None
-        pieces = [_lp_token(p, t) for p, t in zip(chunk.pieces, chunk.ids)]
+        pieces = [_lp_token(p, t, as_ids) for p, t in zip(chunk.pieces, chunk.ids)]
+
+        def name(tid: int) -> str:
+            return _lp_token("", tid, as_ids)
+
         if chat:
             return {"content": [
                 {"token": p, "logprob": lp, "bytes": list(p.encode()),
-                 "top_logprobs": [{"token": TOKENIZER.piece(c), "logprob": clp,
-                                   "bytes": list(TOKENIZER.piece(c).encode())} for c, clp in cands]}
+                 "top_logprobs": [{"token": name(c), "logprob": clp,
+                                   "bytes": list(name(c).encode())} for c, clp in cands]}
                 for p, (lp, cands) in zip(pieces, chunk.logprobs)]}
         offsets, pos = [], offset
         for p in chunk.pieces:
@@ -311,7 +320,7 @@ class SimServer:
             pos += len(p)
         return {"text_offset": offsets, "token_logprobs": [lp for lp, _ in chunk.logprobs],
                 "tokens": pieces,
-                "top_logprobs": [({TOKENIZER.piece(c): clp for c, clp in cands} or {p: lp})
+                "top_logprobs": [({name(c): clp for c, clp in cands} or {p: lp})
                                  for p, (lp, cands) in zip(pieces, chunk.logprobs)]}
 
     async def _respond(self, body: _Body, reqs: list[GenRequest], chat: bool) -> Response:
@@ -325,6 +334,7 @@ class SimServer:
             return await self._respond_full(body, reqs, chat, rid, name, obj, stops, hang, idx)
         opts = body.stream_options or {}
         garbage = self._fault_active("garbage_sse", idx)
+        as_ids = bool(body.return_tokens_as_token_ids)
 
         async def events() -> AsyncIterator[str]:
             offsets = {r.index: 0 for r in reqs}
@@ -346,7 +356,7 @@ class SimServer:
                     choice["delta"] = {"content": text}
                 else:
                     choice["text"] = text
-                choice["logprobs"] = self._logprobs(chunk, chat, offsets[req.index])
+                choice["logprobs"] = self._logprobs(chunk, chat, offsets[req.index], as_ids)
                 choice["finish_reason"] = chunk.finish_reason
                 if not chat:
                     choice["stop_reason"] = stop
@@ -373,6 +383,7 @@ class SimServer:
     async def _respond_full(self, body: _Body, reqs: list[GenRequest], chat: bool, rid: str,
                             name: str, obj: str, stops: list[str], hang: bool,
                             idx: int) -> Response:
+        as_ids = bool(body.return_tokens_as_token_ids)
         texts: dict[int, list[str]] = {r.index: [] for r in reqs}
         lps: dict[int, list[Any]] = {r.index: [] for r in reqs}
         finish: dict[int, tuple[str | None, str | None]] = {}
@@ -394,11 +405,11 @@ class SimServer:
             if chat:
                 choices.append({"index": r.index, "message": {"role": "assistant",
                                                               "content": text, "tool_calls": []},
-                                "logprobs": self._logprobs(merged, True, 0),
+                                "logprobs": self._logprobs(merged, True, 0, as_ids),
                                 "finish_reason": reason, "stop_reason": stop})
             else:
                 choice = {"index": r.index, "text": text,
-                          "logprobs": self._logprobs(merged, False, 0),
+                          "logprobs": self._logprobs(merged, False, 0, as_ids),
                           "finish_reason": reason, "stop_reason": stop, "prompt_logprobs": None}
                 k = getattr(body, "prompt_logprobs", None)
                 if k is not None:

@@ -1,0 +1,173 @@
+"""Build (or load from cache) the simulator ground truth of a study's search space.
+
+    PYTHONPATH=. .venv/bin/python benchmarks/truth.py search_spaces/glm5-8xpcie.yaml [--jobs 2]
+
+Writes benchmarks/results/truth-<study>.json: every point's simulated outcome (status,
+applied, probe, per-level metrics and times), the true Pareto front, the hypervolume
+reference point and the true hypervolume. The cache is keyed by a fingerprint of the study
+file and of every source file the result depends on, so a change to the simulator or the
+calibration rebuilds it. ``--check-verdicts`` also replays every point through the real log
+path (simulated startup log -> parse_effective_config -> verify) and fails on any
+disagreement with the ground truth's applied verdicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tuner import search_truth as st  # noqa: E402
+from tuner.core.spec import StudySpec, parse_study  # noqa: E402
+from tuner.sim.profile import load_profile  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+SOURCES = ["tuner/sim/perf_model.py", "tuner/sim/scheduler.py",
+           "tuner/sim/effective.py", "tuner/sim/comm.py", "tuner/sim/model.py", "tuner/sim/args.py",
+           "tuner/sim/tokenizer.py", "tuner/core/workload.py", "tuner/core/render.py",
+           "tuner/core/space.py"]
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    return parse_study(Path(path).read_text(encoding="utf-8"), str(path))
+
+
+def fingerprint(spec_path: Path, profile: str) -> str:
+    h = hashlib.sha256()
+    h.update(spec_path.read_bytes())
+    h.update(profile.encode())
+    h.update(f"eval-version {st.EVAL_VERSION}".encode())
+    h.update((ROOT / "tuner/sim/profiles" / f"{profile}.yaml").read_bytes())
+    for rel in SOURCES:
+        h.update((ROOT / rel).read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _shard(args: tuple[str, str, list[dict[str, Any]], int]) -> list[dict[str, Any]]:
+    spec_path, profile, points, shard = args
+    spec = load_spec(spec_path)
+    ev = st.Evaluator(spec, load_profile(profile))
+    out = []
+    began = time.monotonic()
+    for i, values in enumerate(points):
+        out.append(ev.evaluate(values).to_json())
+        if (i + 1) % 200 == 0 or i + 1 == len(points):
+            print(f"  [shard {shard}] {i + 1}/{len(points)} points, {time.monotonic() - began:.0f}s",
+                  flush=True)
+    return out
+
+
+def build(spec_path: str | Path, *, profile: str = "glm5-8xpcie", jobs: int = 2,
+          force: bool = False) -> st.GroundTruth:
+    path = Path(spec_path)
+    spec = load_spec(path)
+    cache = RESULTS / f"truth-{spec.name}.json"
+    fp = fingerprint(path, profile)
+    if cache.exists() and not force:
+        data = json.loads(cache.read_text())
+        if data.get("fingerprint") == fp:
+            # Front, reference and hypervolume are cheap: recompute them with today's rule.
+            return st.GroundTruth.build(spec, st.GroundTruth.from_json(data["truth"]).points)
+        print(f"[truth] {cache.name} is stale (sources changed): rebuilding", flush=True)
+    points = st.enumerate_points(spec)
+    print(f"[truth] {spec.name}: {len(points)} points, {jobs} process(es)", flush=True)
+    began = time.monotonic()
+    size = -(-len(points) // jobs)
+    # Contiguous shards: neighbours in enumeration order share simulations (memoised).
+    shards = [(str(path), profile, points[i * size:(i + 1) * size], i) for i in range(jobs)]
+    if jobs == 1:
+        rows = _shard(shards[0])
+    else:
+        with ProcessPoolExecutor(jobs) as pool:
+            rows = [row for part in pool.map(_shard, shards) for row in part]
+    truth = st.GroundTruth.build(spec, [st.PointTruth.from_json(r) for r in rows])
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"fingerprint": fp, "profile": profile, "truth": truth.to_json()},
+                              separators=(",", ":")))
+    tmp.replace(cache)
+    print(f"[truth] built in {time.monotonic() - began:.0f}s -> {cache}", flush=True)
+    return truth
+
+
+def check_verdicts(spec_path: str | Path, profile: str = "glm5-8xpcie") -> tuple[int, list[str]]:
+    """(points checked, disagreements) between mismatches() and the real log + verify path."""
+
+    from tuner.core import space
+    from tuner.core.effective_config import parse_effective_config
+    from tuner.core.render import asked_settings
+    from tuner.core.verify import verify
+    from tuner.sim.args import parse_argv
+    from tuner.sim.dry_log import startup_log
+    from tuner.sim.effective import ConfigError, resolve
+
+    spec = load_spec(spec_path)
+    prof = load_profile(profile)
+    bad: list[str] = []
+    checked = 0
+    for values in st.enumerate_points(spec):
+        argv, env = st.default_render(spec, values)
+        argv = argv[len(spec.server.command):]
+        asked = asked_settings(spec.server, space.settings_for(spec, values))
+        try:
+            eff = resolve(parse_argv(argv), env, prof)
+        except ConfigError:
+            continue
+        if eff.failure is not None:
+            continue
+        checked += 1
+        mine = set(st.mismatches(asked, eff))
+        theirs = {c.target for c in verify(asked, parse_effective_config(startup_log(argv, env, prof))).mismatches()}
+        if mine != theirs:
+            bad.append(f"{values}: ground truth {sorted(mine)}, verifier {sorted(theirs)}")
+    return checked, bad
+
+
+def summary(spec: StudySpec, truth: st.GroundTruth) -> str:
+    n = len(truth.points)
+    failed = sum(p.failed for p in truth.points)
+    not_applied = sum(1 for p in truth.points if not p.failed and not p.applied)
+    probe = sum(1 for p in truth.points if not p.failed and p.applied and not p.probe_passed)
+    lines = [f"{truth.spec_name}: {n} points: {failed} fail at startup, {not_applied} not applied, "
+             f"{probe} fail the probe, {n - failed - not_applied - probe} measurable and verified",
+             f"true front ({len(truth.front)} points), reference "
+             f"{tuple(round(r, 2) for r in truth.reference)}, hypervolume {truth.hypervolume:.1f}:"]
+    for i in truth.front:
+        p = truth.points[i]
+        vals = st.measure(spec, p).objectives or ()
+        lines.append("  " + "  ".join(f"{l}={v:.4g}" for l, v in zip(truth.labels, vals)) + "  "
+                     + " ".join(f"{k}={v}" for k, v in p.values.items()))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("spec", nargs="+")
+    ap.add_argument("--profile", default="glm5-8xpcie")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--force", action="store_true")
+    ap.add_argument("--check-verdicts", action="store_true")
+    args = ap.parse_args()
+    for path in args.spec:
+        truth = build(path, profile=args.profile, jobs=args.jobs, force=args.force)
+        print(summary(load_spec(path), truth))
+        if args.check_verdicts:
+            checked, bad = check_verdicts(path, args.profile)
+            print(f"[verdicts] {checked} startable points: {len(bad)} disagreement(s) with the log path")
+            for line in bad[:10]:
+                print("  " + line)
+            if bad:
+                return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

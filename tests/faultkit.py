@@ -1,0 +1,164 @@
+"""Helpers of the fault-injection tests: small fault studies, a `tuner` process driven
+like a user would, and waiting on the study folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, load_trials, tuner_argv, write_study
+
+STARTUP_TIMEOUT_S = 8
+TRIAL_TIMEOUT_S = 15
+STOP_TIMEOUT_S = 2
+
+# Small and quick: one short workload class, two load levels, a four-item probe.
+# Requests the simulator counts: probe 8 (idx 0-7), c1 warm-up 1 (8) + 2 measured (9-10),
+# c4 warm-up 1 (11) + 4 measured (12-15).
+FAST = {
+    "load.concurrency": [1, 4], "load.requests_per_stream": 1, "load.min_requests": 2,
+    "load.warmup_requests": 1,
+    "load.workload.classes": [{"name": "chat", "kind": "open_ended", "weight": 1,
+                               "prompt_tokens": 64, "output_tokens": 32}],
+    "probe.items": 4, "probe.concurrency": [1, 2],
+    "server.startup_timeout": f"{STARTUP_TIMEOUT_S}s", "server.stop_timeout": f"{STOP_TIMEOUT_S}s",
+    "budget.trial_timeout": f"{TRIAL_TIMEOUT_S}s", "sampler": {"name": "grid", "seed": 0},
+    "forbidden": [],
+}
+SIM_ENV = {"TUNER_SIM_STARTUP_SCALE": 0.002, "TUNER_SIM_TIME_SCALE": 0.05}
+
+
+def fault_study(tmp_path: Path, cases: dict[int, list[dict[str, Any]]], *, n_trials: int | None = None,
+                updates: dict[str, Any] | None = None, env: dict[str, Any] | None = None) -> tuple[Path, str]:
+    """A study over one knob, ``case`` (= --max-num-seqs), whose values select faults."""
+
+    faults = [dict(f, when={"max_num_seqs": value}) for value, items in cases.items() for f in items]
+    values = list(cases)
+    all_updates = dict(FAST)
+    all_updates.update({
+        "parameters": [{"name": "case", "flag": "max_num_seqs", "kind": "categorical",
+                        "values": values, "default": values[0]}],
+        "budget.n_trials": n_trials or len(values),
+    })
+    all_updates.update(updates or {})
+    return write_study(tmp_path, updates=all_updates,
+                       env={**SIM_ENV, "TUNER_SIM_FAULTS": json.dumps(faults), **(env or {})})
+
+
+class Tuner:
+    """A `tuner` process in its own session (as from a terminal), output in a file."""
+
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None, tag: str = "run") -> None:
+        self.out_path = tmp_path / f"tuner-{tag}.out"
+        with open(self.out_path, "wb") as out:
+            self.proc = subprocess.Popen(tuner_argv(*args), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                         env=dict(os.environ, **(env or {})), start_new_session=True)
+
+    @property
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            raise AssertionError(f"tuner did not finish in {timeout}s:\n{self.output[-4000:]}") from None
+
+    def ctrl_c(self) -> None:
+        """What a terminal does: SIGINT to the whole foreground process group."""
+
+        os.killpg(self.proc.pid, signal.SIGINT)
+
+    def stop(self) -> None:
+        """Test failed midway: stop the tuner the way a user would, then for sure."""
+
+        for sig, wait in ((signal.SIGINT, 10), (signal.SIGINT, 10), (signal.SIGKILL, 10)):
+            if self.proc.poll() is not None:
+                return
+            os.killpg(self.proc.pid, sig)
+            try:
+                self.proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue
+
+
+def trial_dir_of(results: Path, name: str, number: int) -> Path:
+    return results / name / "trials" / f"{number:04d}"
+
+
+def wait_for(predicate, timeout: float, what: str, tuner: Tuner | None = None) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        if tuner is not None and tuner.proc.poll() is not None:
+            raise AssertionError(f"tuner exited while waiting for {what}:\n{tuner.output[-4000:]}")
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def server_pgid_of(trial_dir: Path) -> int | None:
+    try:
+        return int(json.loads((trial_dir / "server.pid").read_text())["pgid"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def running_trial_dirs(results: Path, name: str) -> list[Path]:
+    return sorted(p.parent for p in (results / name / "trials").glob("*/server.pid"))
+
+
+def counted(results: Path, name: str, storage: str | None = None) -> int:
+    """Finished run trials that count toward the budget (interrupted ones are re-run)."""
+
+    return sum(1 for t in load_trials(results, name, storage)
+               if t.user_attrs.get("kind", "run") == "run" and t.state.name in ("COMPLETE", "FAIL")
+               and t.user_attrs.get("failure", {}).get("reason") != "interrupted")
+
+
+SLOW_START = [{"fault": "slow_start", "seconds": 1500}]  # 3 s of startup: time to press Ctrl-C
+
+
+LOCKER = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None, timeout=30)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+"""
+
+
+def hold_lock(db: Path, seconds: float) -> subprocess.Popen[str]:
+    locker = subprocess.Popen([sys.executable, "-c", LOCKER, str(db), str(seconds)],
+                              stdout=subprocess.PIPE, text=True)
+    assert locker.stdout.readline().strip() == "locked"
+    return locker
+
+
+def mount_tmpfs(path: Path, size: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                            capture_output=True, text=True)
+    if result.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}); needs root")
+
+
+def fill(path: Path) -> None:
+    """Write zeros until the filesystem is full (ENOSPC is the point)."""
+
+    with open(path / "filler", "wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+        except OSError:
+            pass

@@ -1,0 +1,133 @@
+"""``tuner.measure`` against the simulator (a real process, started and stopped here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tuner.adapters.loadgen import read_records_jsonl
+from tuner.core.spec import parse_study
+from tuner.measure import MeasureError, format_summary, measure
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STUDY = """
+name: measure-test
+server:
+  command: ["{{python}}", -m, tuner.sim]
+  model: /models/smol
+  served_model_name: {served}
+load:
+  api: completions
+  concurrency: [1, 4]
+  requests_per_stream: 2
+  min_requests: 4
+  warmup_requests: 2
+  repeats: {repeats}
+  workload:
+    classes:
+      - {{name: chat, kind: open_ended, prompt_tokens: 32, output_tokens: 12}}
+probe:
+  items: 6
+  concurrency: [1, 2]
+  min_accuracy: 0.0
+"""
+
+
+def study(served: str = "smol", repeats: int = 1):  # noqa: ANN201
+    return parse_study(STUDY.format(served=served, repeats=repeats), "measure-test.yaml")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The simulator serving as 'smol' on a free port; process group killed at the end."""
+    port = _free_port()
+    log = tmp_path_factory.mktemp("sim") / "sim.log"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNER_SIM_PROFILE": "tiny-cpu",
+           "TUNER_SIM_TIME_SCALE": "0.02", "TUNER_SIM_STARTUP_SCALE": "0.001"}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.sim", "serve", "--model", "/models/smol",
+             "--served-model-name", "smol", "--port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"sim exited {proc.returncode}:\n{log.read_text()[-3000:]}")
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("sim not ready:\n" + log.read_text()[-3000:])
+            time.sleep(0.05)
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
+
+
+@pytest.mark.slow
+def test_measure_with_probe_writes_everything(sim: str, tmp_path: Path) -> None:
+    out = tmp_path / "m"
+    summary = measure(sim + "/v1", study(), probe=True, out_dir=out)
+    assert summary["model"] == "smol" and summary["models_listed"] == ["smol"]
+    assert summary["ignore_eos"] is True and summary["speculative"] is False
+    assert summary["probe"] is not None and summary["probe"]["total"] == 12  # 6 items x 2 levels
+    assert set(summary["levels"]) == {"1", "4"}
+    for c, lv in summary["levels"].items():
+        m = lv["metrics"]
+        assert m["failed"] == 0 and m["completed"] == max(4, 2 * int(c))
+        assert m["output_tok_s"] > 0 and m["tpot_ms.mean"] > 0
+        assert lv["token_agreement"] is True
+        records = read_records_jsonl(out / f"requests-c{c}.jsonl")
+        assert len(records) == m["completed"] and all(r.output_tokens == 12 for r in records)
+    assert json.loads((out / "summary.json").read_text()) == summary
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [lv["concurrency"] for lv in metrics["levels"]] == [1, 4]
+    probe = json.loads((out / "probe.json").read_text())
+    assert probe["total"] == 12
+    text = format_summary(summary)
+    assert "probe" in text and "smol" in text and str(out) in text
+    assert len([ln for ln in text.splitlines() if ln.strip().startswith(("1 ", "4 "))]) == 2
+
+
+@pytest.mark.slow
+def test_measure_discovers_the_model_and_repeats(sim: str, tmp_path: Path) -> None:
+    summary = measure(sim, study(served="not-served", repeats=2), probe=False,
+                      out_dir=tmp_path / "m")
+    assert summary["model"] == "smol" and summary["probe"] is None
+    assert any("does not list" in w for w in summary["warnings"])
+    assert not (tmp_path / "m" / "probe.json").exists()
+    for lv in summary["levels"].values():
+        assert lv["repeats"] == 2 and lv["metrics"]["repeats"] == 2.0
+    assert "median of 2" in format_summary(summary)
+
+
+def test_measure_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
+    port = _free_port()
+    with pytest.raises(MeasureError, match="cannot reach /v1/models"):
+        measure(f"http://127.0.0.1:{port}", study(), probe=False, out_dir=tmp_path)

@@ -1,0 +1,334 @@
+"""A real study against the real vLLM CPU build: `tuner run` (Ray actor, Optuna storage,
+real `python -m vllm.entrypoints.openai.api_server` processes), then status, export, and
+the exported command started and read back.
+
+Needs `scripts/setup_vllm_cpu.sh` (CI runs it first); skipped, saying so, without it.
+The study is search_spaces/smollm2-cpu.yaml with a grid over four points, so the trials
+that must be checked are certain to run:
+
+* the eager baseline (also the grid point enforce_eager=true without speculation, which
+  the tuner then recognises as a duplicate and does not re-run);
+* eager with n-gram speculation (k=4, lookup 2-4);
+* compiled with cudagraph_mode=NONE, the only cudagraph mode the CPU build runs: applied;
+* compiled asking for cudagraph_mode=PIECEWISE, which the CPU build silently forces to
+  NONE: the verifier must flag it and keep it off the Pareto front.
+
+Compiled with speculation is forbidden and dtype stays float32 (bfloat16 prefill is
+emulated on this CPU, ~10x slower) only to keep the run near 10 minutes on two idle cores.
+The two compiled trials compile the same graph: with the study's VLLM_USE_AOT_COMPILE=0
+the second one reuses the inductor cache.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from tests.conftest import ROOT, free_port_block, processes_with_env, run_tuner
+from tuner.core.effective_config import parse_effective_config
+from tuner.core.probe_spec import ProbeSpec
+from tuner.core.verify import verify
+
+pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
+
+# Absolute but not symlink-resolved: a venv's bin/python is a symlink to the base interpreter.
+VENV_DIR = Path(os.path.abspath(os.environ.get("VLLM_VENV", ROOT / ".venv-vllm")))
+VENV_PYTHON = VENV_DIR / "bin" / "python"
+MODELS = Path(os.path.abspath(os.environ.get("TUNER_MODELS_DIR", ROOT / ".models")))
+MODEL_DIR = MODELS / "smollm2-135m-instruct"
+
+needs_vllm = pytest.mark.skipif(
+    not (VENV_PYTHON.exists() and (MODEL_DIR / "config.json").exists()),
+    reason=f"the vLLM CPU build is not set up ({VENV_PYTHON} or {MODEL_DIR} missing): "
+           "run scripts/setup_vllm_cpu.sh",
+)
+
+
+def study_variant(tmp_path: Path) -> tuple[Path, str, str]:
+    """The shipped smollm2-cpu study, narrowed to a four-point grid (see the module doc).
+    Returns the file, the study name and the marker its servers carry in their environment."""
+
+    data = yaml.safe_load((ROOT / "search_spaces" / "smollm2-cpu.yaml").read_text())
+    marker = uuid.uuid4().hex[:12]
+    name = f"rv{marker}"
+    data["name"] = name
+    data["server"]["port"] = free_port_block(2)
+    # Servers (and the exported one, whose env comes from the study) carry the marker, so
+    # the orphan check finds any that outlives the test.
+    data["server"]["env"]["TUNER_TEST_ID"] = marker
+    if VENV_DIR != ROOT / ".venv-vllm":
+        data["server"]["command"][0] = str(VENV_PYTHON)  # VLLM_VENV override
+    if MODELS != ROOT / ".models":
+        data["server"]["model"] = str(MODEL_DIR)  # TUNER_MODELS_DIR override
+    data["parameters"] = [
+        {"name": "enforce_eager", "flag": "enforce_eager", "kind": "bool", "default": False},
+        {"name": "cudagraph_mode", "flag": "compilation_config.cudagraph_mode",
+         "kind": "categorical", "values": ["NONE", "PIECEWISE"],
+         "when": {"enforce_eager": False}},
+        {"name": "spec_method", "flag": "speculative_config.method", "kind": "categorical",
+         "values": [None, "ngram"]},
+        {"name": "spec_k", "flag": "speculative_config.num_speculative_tokens", "kind": "int",
+         "low": 4, "high": 4, "when": {"spec_method": "ngram"}},
+        {"name": "lookup_min", "flag": "speculative_config.prompt_lookup_min", "kind": "int",
+         "low": 2, "high": 2, "when": {"spec_method": "ngram"}},
+        {"name": "lookup_max", "flag": "speculative_config.prompt_lookup_max", "kind": "int",
+         "low": 4, "high": 4, "when": {"spec_method": "ngram"}},
+    ]
+    data["server"]["flags"]["dtype"] = "float32"
+    data["forbidden"] = [{"when": {"enforce_eager": False, "spec_method": "ngram"},
+                          "reason": "test time budget: compiling with speculation is another "
+                                    "multi-minute compile on two cores"}]
+    data["baseline"] = {"enforce_eager": True, "spec_method": None}
+    data["budget"] = {"n_trials": 4, "trial_timeout": "12m"}
+    data["sampler"] = {"name": "grid", "seed": 0}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path, name, marker
+
+
+def check_by_target(trial_dir: Path) -> dict[str, dict[str, Any]]:
+    checks = json.loads((trial_dir / "verification.json").read_text())["checks"]
+    return {c["target"]: c for c in checks}
+
+
+@needs_vllm
+@pytest.mark.timeout(2700)
+def test_real_cpu_study_verifies_probes_measures_and_exports(tmp_path: Path,
+                                                            orphan_check: list[str]) -> None:
+    study, name, marker = study_variant(tmp_path)
+    orphan_check.append(marker)
+    results = tmp_path / "results"
+    t0 = time.monotonic()
+    out = run_tuner("run", str(study), "--results", str(results), timeout=2400)
+    study_s = time.monotonic() - t0
+    print(out.stdout[-4000:])
+    print(f"real CPU study of {name}: {study_s:.0f}s")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert processes_with_env(marker) == [], "servers left running after `tuner run`"
+
+    study_dir = results / name
+    status = run_tuner("status", name, "--results", str(results), "--json")
+    assert status.returncode == 0, status.stderr
+    info = json.loads(status.stdout)
+    runs = {row["trial"]: row for row in info["trials"]
+            if row["state"] == "COMPLETE" and (study_dir / "trials" / f"{row['trial']:04d}" / "outcome.json").exists()}
+    by_params: dict[tuple[Any, ...], int] = {}
+    for number, row in runs.items():
+        p = row["params"]
+        by_params[(p.get("enforce_eager"), p.get("cudagraph_mode"), p.get("spec_method"))] = number
+    print("trials:", {k: v for k, v in sorted(by_params.items(), key=lambda kv: kv[1])})
+    timings = {}
+    for number in sorted(runs):
+        o = json.loads((study_dir / "trials" / f"{number:04d}" / "outcome.json").read_text())
+        timings[number] = {k: round(o[k] or 0, 1) for k in ("startup_s", "probe_s", "load_s", "trial_s")}
+    print("per-trial seconds:", timings)
+    eager, ngram_key = (True, None, None), (True, None, "ngram")
+    none_key, pw_key = (False, "NONE", None), (False, "PIECEWISE", None)
+    assert set(by_params) == {eager, ngram_key, none_key, pw_key}, by_params
+    assert by_params[eager] == 0  # the baseline ran first and was not repeated
+
+    # -- every completed trial measured something real -------------------------------------
+    for number in runs:
+        trial_dir = study_dir / "trials" / f"{number:04d}"
+        outcome = json.loads((trial_dir / "outcome.json").read_text())
+        assert outcome["status"] == "completed", outcome
+        metrics = json.loads((trial_dir / "metrics.json").read_text())
+        assert [lv["concurrency"] for lv in metrics["levels"]] == [1, 4]
+        for level in ("1", "4"):
+            flat = outcome["levels"][level]
+            assert flat["output_tok_s"] > 0, (number, level, flat)
+            assert flat["ttft_ms.mean"] > 0, (number, level, flat)
+            assert flat["tpot_ms.mean"] > 0, (number, level, flat)
+            assert flat["failed"] == 0, (number, level, flat)
+        assert not (trial_dir / "server.pid").exists()
+        assert outcome["stop"]["leftover_pids"] == []
+
+    # -- the probe passes on the correct configurations, item by item ----------------------
+    for number in runs:
+        probe = json.loads((study_dir / "trials" / f"{number:04d}" / "probe.json").read_text())
+        assert probe["passed"] is True, (number, probe["reason"])
+        assert probe["total"] == 24  # 12 chat items at each of concurrency 1 and 4
+        assert {r["family"] for r in probe["records"]} == {"capital", "copy"}
+        assert all(r["answer"] for r in probe["records"])
+        assert sum(r["correct"] for r in probe["records"]) == probe["correct"]
+
+    # -- the silent cudagraph downgrade is caught, shown, and kept off the front -----------
+    piecewise = by_params[pw_key]
+    pw_dir = study_dir / "trials" / f"{piecewise:04d}"
+    pw_check = check_by_target(pw_dir)["compilation_config.cudagraph_mode"]
+    assert pw_check["status"] == "not_applied", pw_check
+    assert (pw_check["asked"], pw_check["got"]) == ("PIECEWISE", "NONE")
+    assert "'cudagraph_mode': <CUDAGraphMode.NONE: 0>" in pw_check["evidence"]
+    assert "CPU build" in pw_check["note"]
+    # Compiling was asked and happened (DYNAMO_TRACE_ONCE stands for VLLM_COMPILE on CPU).
+    pw_eff = json.loads((pw_dir / "effective_config.json").read_text())
+    assert (pw_eff["enforce_eager"], pw_eff["compilation_mode"]) == (False, "DYNAMO_TRACE_ONCE")
+    assert runs[piecewise]["outcome"] == "not_applied"
+    assert [m["target"] for m in runs[piecewise]["mismatches"]] == ["compilation_config.cudagraph_mode"]
+
+    pareto = json.loads((study_dir / "pareto.json").read_text())
+    front = {entry["trial"] for entry in pareto["front"]}
+    assert front, pareto
+    assert piecewise not in front
+    assert front <= {n for k, n in by_params.items() if k != pw_key}
+    # Compiled with NONE is the same server, asked honestly: applied and feasible.
+    none_dir = study_dir / "trials" / f"{by_params[none_key]:04d}"
+    none_check = check_by_target(none_dir)["compilation_config.cudagraph_mode"]
+    assert (none_check["status"], none_check["got"]) == ("applied", "NONE")
+    assert runs[by_params[none_key]]["outcome"] == "feasible"
+    for key in (eager, ngram_key, none_key):
+        assert runs[by_params[key]]["outcome"] == "feasible", (key, runs[by_params[key]])
+
+    text = run_tuner("status", name, "--results", str(results))
+    assert text.returncode == 0, text.stderr
+    print(text.stdout)
+    shown = [line for line in text.stdout.splitlines()
+             if "not applied: compilation_config.cudagraph_mode" in line and "PIECEWISE" in line]
+    assert shown, "status does not show the PIECEWISE trial's unapplied cudagraph mode"
+
+    # -- n-gram speculation: the server's own acceptance figures ---------------------------
+    ngram = by_params[ngram_key]
+    ngram_dir = study_dir / "trials" / f"{ngram:04d}"
+    assert check_by_target(ngram_dir)["speculative_config.method"]["status"] == "applied"
+    outcome = json.loads((ngram_dir / "outcome.json").read_text())
+    for level in ("1", "4"):
+        side = outcome["server_side"][level]
+        assert side["spec_drafts"] > 0, side
+        assert side["spec_draft_tokens"] == pytest.approx(4 * side["spec_drafts"])
+        assert 0 <= side["spec_acceptance_rate"] <= 1
+        assert 1 <= side["spec_mean_acceptance_length"] <= 5
+        assert len(side["spec_acceptance_rate_per_position"]) == 4
+    baseline_side = json.loads((study_dir / "trials" / "0000" / "outcome.json").read_text())["server_side"]
+    assert baseline_side["1"]["spec_drafts"] is None  # no speculation: unknown, not 0
+
+    # -- export the best-throughput trial and start exactly that ----------------------------
+    exported = run_tuner("export", name, "--results", str(results), "--pick", "best-throughput",
+                         "--format", "json")
+    assert exported.returncode == 0, exported.stderr
+    spec = json.loads(exported.stdout)
+    assert spec["trial"] in front
+    argv = [str(VENV_PYTHON) if a == "python" else a for a in spec["argv"]]
+    # The study names its interpreter relative to the repo root and the export keeps the
+    # study's words (only "{python}" becomes "python"): run from the root, it is that venv.
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]
+    assert Path(os.path.normpath(ROOT / argv[0])) == VENV_PYTHON
+    env = dict(os.environ)
+    env.update(spec["env"])
+    log_path = tmp_path / "exported.log"
+    t1 = time.monotonic()
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        exported_port = int(argv[argv.index("--port") + 1])
+        base = f"http://127.0.0.1:{exported_port}"
+        deadline = time.monotonic() + 420
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-3000:]
+            assert time.monotonic() < deadline, "exported server never became ready"
+            try:
+                if httpx.get(base + "/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+        print(f"exported command ready in {time.monotonic() - t1:.0f}s")
+        reply = httpx.post(base + "/v1/chat/completions", timeout=120, json={
+            "model": "smollm2", "temperature": 0, "max_tokens": 16,
+            "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+        assert "Paris" in reply.json()["choices"][0]["message"]["content"]
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait(timeout=10)
+    effective = parse_effective_config(log_path.read_text(encoding="utf-8", errors="replace"))
+    asked = json.loads((study_dir / "trials" / f"{spec['trial']:04d}" / "command.json").read_text())["asked"]
+    result = verify(asked, effective)
+    assert result.applied, result.mismatches()
+    applied = {c.target for c in result.checks if c.status == "applied"}
+    assert {t for t in asked if not t.startswith("env:")} <= applied, (asked, result.checks)
+    params = spec["params"]
+    assert effective.enforce_eager is params["enforce_eager"]
+    assert effective.dtype == "float32"
+    assert effective.cudagraph_mode == "NONE"
+    assert effective.speculative_method == params.get("spec_method")
+    print(f"whole test: {time.monotonic() - t0:.0f}s")
+
+
+@needs_vllm
+@pytest.mark.timeout(900)
+def test_probe_fails_a_real_server_that_answers_fluently_but_wrong(tmp_path: Path) -> None:
+    """The study's probe against two real servers: the correct eager one passes, and the
+    same model with a wrong RoPE base (a stand-in for the field notes' weight-layout bug:
+    the server runs, is fast, and talks nonsense) fails."""
+
+    from tuner.adapters.probe_client import run_probe
+
+    study = yaml.safe_load((ROOT / "search_spaces" / "smollm2-cpu.yaml").read_text())
+    spec = ProbeSpec.model_validate(study["probe"])
+    results: dict[str, Any] = {}
+    for label, extra in (("correct", []),
+                         ("wrong_rope", ["--hf-overrides",
+                                         '{"rope_parameters":{"rope_theta":1000.0,"rope_type":"default"}}'])):
+        port = free_port_block(1)
+        argv = [str(VENV_PYTHON), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", str(MODEL_DIR), "--served-model-name", "smollm2",
+                "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
+                "--dtype", "float32", "--max-model-len", "2048", *extra]
+        log_path = tmp_path / f"{label}.log"
+        t0 = time.monotonic()
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(argv, cwd=ROOT, env=dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2"),
+                                    stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 360
+            while True:
+                assert proc.poll() is None, log_path.read_text()[-3000:]
+                assert time.monotonic() < deadline, f"{label} server never became ready"
+                try:
+                    if httpx.get(base + "/health", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+            ready_s = time.monotonic() - t0
+            results[label] = asyncio.run(run_probe(base, "smollm2", spec))
+            print(f"{label}: ready in {ready_s:.0f}s, probe {results[label].accuracy:.2f} "
+                  f"{ {k: v.accuracy for k, v in results[label].by_family.items()} } "
+                  f"in {results[label].probe_seconds:.0f}s")
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            finally:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait(timeout=10)
+    assert results["correct"].passed, results["correct"].reason
+    assert results["correct"].accuracy >= 0.9
+    wrong = results["wrong_rope"]
+    assert not wrong.passed
+    assert wrong.accuracy < spec.min_accuracy
+    # It fails on content, not on transport: every request got a non-empty answer.
+    assert wrong.errors == [] and wrong.empty_outputs == []

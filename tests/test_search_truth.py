@@ -1,0 +1,143 @@
+"""Ground truth of a search space on the simulator: verdicts, calibration, hypervolume."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from tuner import search_truth as st
+from tuner.core import space
+from tuner.core.effective_config import parse_effective_config
+from tuner.core.render import asked_settings
+from tuner.core.spec import parse_study
+from tuner.core.verify import verify
+from tuner.sim.args import parse_argv
+from tuner.sim.dry_log import startup_log
+from tuner.sim.effective import resolve
+from tuner.sim.profile import load_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+GLM = load_profile("glm5-8xpcie")
+
+
+def spec_of(name: str):
+    path = ROOT / "search_spaces" / name
+    return parse_study(path.read_text(), str(path))
+
+
+@pytest.fixture(scope="module")
+def glm5():
+    return spec_of("glm5-8xpcie.yaml")
+
+
+@pytest.fixture(scope="module")
+def small():
+    from tests.sim_studies import SMALL_STUDY
+
+    return parse_study(SMALL_STUDY, "small")
+
+
+@pytest.fixture(scope="module")
+def large():
+    return spec_of("glm5-8xpcie-large.yaml")
+
+
+def test_enumeration_matches_the_tuners_space_size(glm5, large) -> None:
+    for spec in (glm5, large):
+        points = st.enumerate_points(spec)
+        assert len(points) == space.discrete_size(spec)[0]
+        assert len({space.params_key(p) for p in points}) == len(points)
+
+
+@pytest.mark.parametrize("name", ["glm5-8xpcie.yaml", "glm5-8xpcie-large.yaml"])
+def test_applied_verdicts_agree_with_the_log_path(name) -> None:
+    """mismatches() must say what parse_effective_config + verify say on the simulator's log
+    (the full replay over every point is benchmarks/truth.py --check-verdicts)."""
+
+    spec = spec_of(name)
+    points = st.enumerate_points(spec)
+    sample = random.Random(8).sample(points, 25)
+    seen_mismatch = 0
+    for values in sample:
+        argv, env = st.default_render(spec, values)
+        argv = argv[len(spec.server.command):]
+        asked = asked_settings(spec.server, space.settings_for(spec, values))
+        try:
+            eff = resolve(parse_argv(argv), env, GLM)
+        except Exception:
+            continue      # fails at startup: nothing is verified
+        if eff.failure is not None:
+            continue
+        mine = set(st.mismatches(asked, eff))
+        theirs = {c.target for c in verify(asked, parse_effective_config(startup_log(argv, env, GLM))).mismatches()}
+        assert mine == theirs, values
+        seen_mismatch += bool(mine)
+    assert seen_mismatch, "the sample has no silent downgrade: the check would prove nothing"
+
+
+def test_outcomes_of_known_points(large) -> None:
+    # Levels up to 16 keep the test fast; the verdicts and the c=1 calibration are the same.
+    large = large.model_copy(update={"load": large.load.model_copy(update={"concurrency": (1, 4, 16)})})
+    ev = st.Evaluator(large, GLM)
+    base = space.baseline_values(large)
+    b = ev.evaluate(base)
+    assert b.status == "completed" and b.applied and b.probe_passed
+    # Field notes: about 43 tok/s for one stream with graphs and NCCL's default protocol.
+    assert b.levels[1].metrics["output_tok_s"] == pytest.approx(43, rel=0.1)
+    assert b.levels[16].metrics["output_tok_s"] > b.levels[4].metrics["output_tok_s"] > b.levels[1].metrics["output_tok_s"]
+    full = ev.evaluate({**base, "cudagraph_mode": "FULL", "capture_max": None})
+    assert not full.applied and full.mismatches == ("compilation_config.cudagraph_mode",)
+    custom = {k: v for k, v in base.items() if k not in ("nccl_proto", "nccl_algo")}
+    assert ev.evaluate({**custom, "disable_custom_all_reduce": False}).mismatches == ("disable_custom_all_reduce",)
+    ll128 = ev.evaluate({**base, "nccl_proto": "LL128"})
+    assert ll128.applied and not ll128.probe_passed
+    bad = ev.evaluate({**base, "spec_method": "ngram", "spec_k": 2, "lookup_min": 3, "lookup_max": 2})
+    assert bad.failed and bad.reason == "invalid_config" and not bad.levels
+    assert bad.startup_s < b.startup_s / 10          # refused at argument time, not after loading
+
+
+def test_natural_stopping_and_ngram_calibration(small) -> None:
+    ev = st.Evaluator(small, GLM)
+    eos = ev.workload(16, True, None)
+    natural = ev.workload(16, False, None)
+    assert eos.output_tokens == 48 and eos.output_jitter == 0
+    assert eos.requests_per_stream == 2 and 80 < eos.prompt_tokens < 150
+    assert natural.output_tokens < 48 and natural.output_jitter > 0.1
+    # Copy-heavy requests are where prompt lookup finds drafts.
+    copy = ev.workload(1, False, (3, 2, 4), "edit")
+    prose = ev.workload(1, False, (3, 2, 4), "chat")
+    assert copy.ngram_hit_rate > 3 * prose.ngram_hit_rate
+    assert 0 < copy.ngram_accept_prob <= 1
+
+
+def test_measurement_noise_is_seeded_and_multiplicative(small) -> None:
+    truth = st.Evaluator(small, GLM).evaluate(space.baseline_values(small))
+    clean = st.measure(small, truth)
+    a = st.measure(small, truth, noise=0.05, rng=random.Random(3))
+    b = st.measure(small, truth, noise=0.05, rng=random.Random(3))
+    assert a == b and a.objectives != clean.objectives
+    for noisy, exact in zip(a.objectives, clean.objectives):
+        assert 0.75 < noisy / exact < 1.33
+    assert clean.feasible and clean.constraints["limit:ttft_ms.p90@c1<=5000.0"] < 0
+
+
+def test_hypervolume_and_reference() -> None:
+    dirs = ["maximize", "minimize"]
+    front = [(300.0, 14.0), (280.0, 11.0)]
+    ref = st.reference_point(front, dirs, margin=0.1)
+    assert ref == pytest.approx((278.0, 14.3))
+    # A = [278, 300] x [14, 14.3], plus B = [278, 280] x [11, 14] (the rest of B overlaps A)
+    assert st.hypervolume(front, dirs, ref) == pytest.approx(22 * 0.3 + 2 * 3.0)
+    assert st.hypervolume(front + [(290.0, 15.0), (270.0, 10.0)], dirs, ref) == pytest.approx(22 * 0.3 + 2 * 3.0)
+    assert st.hypervolume([(300.0, 14.0)], dirs, ref) == pytest.approx(22 * 0.3)
+    assert st.hypervolume([], dirs, ref) == 0.0
+
+
+def test_ground_truth_round_trips_through_json(small) -> None:
+    points = st.enumerate_points(small)[::5]
+    truth = st.build_ground_truth(small, GLM, points=points)
+    again = st.GroundTruth.from_json(truth.to_json())
+    assert again.front == truth.front and again.hypervolume == pytest.approx(truth.hypervolume)
+    assert again.get(points[3]) == truth.get(points[3])

@@ -1,0 +1,1027 @@
+"""Reference agreement, pure part: the reference record, the request bodies, response
+parsing, and the vLLM-style comparison of a trial with the reference.
+
+Known answers (``tuner.core.known_answers``) catch a server that talks nonsense. They do
+not catch one that is *slightly* wrong - a drafter that accepts a wrong token now and
+then, a CUDA graph replayed with a stale buffer after 8 tokens, a batch-size dependent
+reduction bug - because a small model gets many known answers wrong on a correct server
+too, and a short answer leaves few tokens for a late bug to show in (measurement.md §5).
+This layer compares every trial token by token with a reference recorded once per study
+from a conservative configuration (eager, no speculation):
+
+* **Decode path** (vLLM's ``tests/models/utils.py::check_logprobs_close``): greedy
+  continuations of token-ID prompts must be equal up to their first divergence, and there
+  each side's token must be in the other side's top-k logprobs (a near-tie flipped by
+  different kernels, which is legitimate); comparison of that prompt stops there. Such a
+  prompt is *close*; one whose divergent token is outside the other side's top-k is *far*.
+  Garbage is far at its first token; a late bug is far where it starts.
+* **Prefill path**: the reference continuation is teacher-forced (``prompt_logprobs`` on
+  prompt + continuation) and the trial's top-1 token at each continuation position must
+  agree with the reference's top-1. This survives divergence, so it keeps measuring where
+  the decode comparison had to stop. The reference token's logprob gap |delta| is recorded.
+
+Token-ID prompts (obtained once from the reference server's ``/tokenize``) keep chat
+templates and tokenization out of the comparison: both sides see exactly the same ids.
+The HTTP side lives in ``tuner.adapters.reference_client``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from statistics import median
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from tuner.core.known_answers import ProbeItem, ProbeResult
+from tuner.core.probe_spec import OPEN_PROMPTS, ProbeSpec, ReferenceSpec
+from tuner.errors import SpecError
+
+__all__ = [
+    "REFERENCE_FORMAT",
+    "CorrectnessResult",
+    "ForcedStep",
+    "Generation",
+    "PromptScore",
+    "Reference",
+    "ReferenceAnswer",
+    "ReferenceLevel",
+    "ReferencePrompt",
+    "ReferencePromptsError",
+    "ReferenceResult",
+    "ReferenceSource",
+    "combine",
+    "compare_forced",
+    "compare_generation",
+    "forced_request",
+    "generation_request",
+    "parse_forced",
+    "parse_generation",
+    "parse_reference_prompts_jsonl",
+    "reference_sources",
+    "score_reference",
+    "tokenize_request",
+    "validate_reference",
+    "with_reference_accuracy",
+]
+
+# Bumped when the stored layout changes; a stored reference of another format is
+# re-recorded rather than misread.
+REFERENCE_FORMAT = 1
+
+Verdict = Literal["exact", "close", "far", "error"]
+Source = Literal["known_answer", "open", "custom"]
+
+# Comparisons of ratios of small integers (e.g. 11/16 >= 0.66) must not fail on rounding.
+_EPS = 1e-9
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ReferenceSource(BaseModel):
+    """One reference prompt before tokenization: chat messages or raw completion text."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    source: Source
+    messages: tuple[ChatMessage, ...] | None = None
+    prompt: str | None = None
+
+    @model_validator(mode="after")
+    def _one_form(self) -> ReferenceSource:
+        if (self.messages is None) == (self.prompt is None):
+            raise ValueError("a reference prompt has exactly one of messages or prompt")
+        return self
+
+    def fingerprint(self) -> str:
+        """Stable digest of what is tokenized; a changed prompt set invalidates a reference."""
+        body = json.dumps(
+            {
+                "id": self.id,
+                "messages": None
+                if self.messages is None
+                else [m.model_dump() for m in self.messages],
+                "prompt": self.prompt,
+            },
+            sort_keys=True,
+        )
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+    def preview(self, limit: int = 160) -> str:
+        text = self.prompt if self.messages is None else self.messages[-1].content
+        assert text is not None
+        return text if len(text) <= limit else f"{text[:100]} …[{len(text)} chars]… {text[-40:]}"
+
+
+class ReferencePromptsError(SpecError):
+    """A reference prompts file has bad lines; ``problems`` lists (line, message)."""
+
+    def __init__(self, source: str, problems: list[tuple[int, str]]) -> None:
+        self.source = source
+        self.problems = problems
+        shown = "\n".join(f"  line {line}: {msg}" for line, msg in problems[:50])
+        more = f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""
+        super().__init__(f"{source}: {len(problems)} invalid line(s)\n{shown}{more}")
+
+
+class _RefLine(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: str | None = Field(default=None, min_length=1)
+    prompt: str | None = Field(default=None, min_length=1)
+    messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+
+
+def parse_reference_prompts_jsonl(text: str, *, source: str = "reference prompts file") -> list[
+    ReferenceSource
+]:
+    """Parse ``reference.prompts_file``: one JSON object a line, blank lines ignored.
+
+    Each line is ``{"prompt": "raw completion text"}`` or ``{"messages": [{"role": "user",
+    "content": "..."}]}`` (the server's chat template is applied when the reference is
+    tokenized), with an optional unique ``"id"`` (default ``ref-line<N>``). No expected
+    answer: the reference configuration's own output is the expectation.
+
+    Raises:
+        ReferencePromptsError: listing every bad line, so one edit fixes all.
+    """
+    problems: list[tuple[int, str]] = []
+    out: list[ReferenceSource] = []
+    seen: dict[str, int] = {}
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            problems.append((lineno, f"not valid JSON: {exc.msg} at column {exc.colno}"))
+            continue
+        try:
+            line = _RefLine.model_validate(data)
+        except ValidationError as exc:
+            problems.extend(
+                (lineno, f"{'.'.join(str(p) for p in err['loc']) or '-'}: {err['msg']}")
+                for err in exc.errors()
+            )
+            continue
+        if (line.prompt is None) == (line.messages is None):
+            problems.append((lineno, "needs exactly one of 'prompt' or 'messages'"))
+            continue
+        ident = line.id or f"ref-line{lineno}"
+        if ident in seen:
+            problems.append((lineno, f"id {ident!r} duplicates line {seen[ident]}"))
+            continue
+        seen[ident] = lineno
+        out.append(
+            ReferenceSource(
+                id=ident,
+                source="custom",
+                prompt=line.prompt,
+                messages=None if line.messages is None else tuple(line.messages),
+            )
+        )
+    if not problems and not out:
+        problems.append((0, "no prompts in file"))
+    if problems:
+        raise ReferencePromptsError(source, problems)
+    return out
+
+
+def _question_key(item: ProbeItem) -> str:
+    # Item ids are "<question>-<api>" for generated and user items alike.
+    return item.id.rsplit("-", 1)[0] if item.id.endswith(f"-{item.api}") else item.id
+
+
+def reference_sources(
+    spec: ProbeSpec,
+    items: Sequence[ProbeItem],
+    custom: Sequence[ReferenceSource] = (),
+) -> list[ReferenceSource]:
+    """The reference prompt set: known-answer questions, built-in open prompts, custom ones.
+
+    Each known-answer question is used once - in its chat form when it has one, because an
+    instruct model's continuation of its own template is the realistic case and the chat
+    items' prompt prefixes are then already in the server's prefix cache from the known-
+    answer run. ``items`` are the known-answer items the probe sends (load_probe_items).
+    """
+    ref = spec.reference
+    chosen: dict[str, ProbeItem] = {}
+    for item in items:
+        key = _question_key(item)
+        if key not in chosen or (item.api == "chat" and chosen[key].api != "chat"):
+            chosen[key] = item
+    questions = list(chosen.items())
+    if ref.known_answer_prompts is not None:
+        questions = questions[: ref.known_answer_prompts]
+    out: list[ReferenceSource] = []
+    for key, item in questions:
+        if item.api == "chat":
+            out.append(
+                ReferenceSource(
+                    id=f"ka-{key}",
+                    source="known_answer",
+                    messages=(ChatMessage(role="user", content=item.prompt),),
+                )
+            )
+        else:
+            out.append(ReferenceSource(id=f"ka-{key}", source="known_answer", prompt=item.prompt))
+    for n, (form, text) in enumerate(OPEN_PROMPTS[: ref.open_prompts]):
+        if form == "chat":
+            msgs = (ChatMessage(role="user", content=text),)
+            out.append(ReferenceSource(id=f"open{n}-chat", source="open", messages=msgs))
+        else:
+            out.append(ReferenceSource(id=f"open{n}-text", source="open", prompt=text))
+    out.extend(custom)
+    ids = [s.id for s in out]
+    if len(set(ids)) != len(ids):
+        dupes = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"reference prompt ids must be unique, repeated: {dupes}")
+    return out
+
+
+# ------------------------------------------------------------------ request bodies
+
+
+def tokenize_request(source: ReferenceSource, model: str) -> dict[str, Any]:
+    """Body for vLLM's ``/tokenize``: the chat template for messages, plain text otherwise
+    (special tokens added exactly as ``/v1/completions`` would add them to that text)."""
+    if source.messages is not None:
+        return {
+            "model": model,
+            "messages": [m.model_dump() for m in source.messages],
+            "add_generation_prompt": True,
+        }
+    return {"model": model, "prompt": source.prompt, "add_special_tokens": True}
+
+
+def generation_request(model: str, prompt_ids: Sequence[int], ref: ReferenceSpec) -> dict[str, Any]:
+    """Greedy continuation with top-k logprobs of a token-ID prompt.
+
+    ``temperature: 0`` explicitly (``--generation-config auto`` would otherwise fill it from
+    the model's generation_config.json, vllm-knobs.md §6); ``return_tokens_as_token_ids``
+    so tokens and top-k keys are ids ("token_id:123"), not strings that several ids can
+    decode to.
+    """
+    return {
+        "model": model,
+        "prompt": list(prompt_ids),
+        "max_tokens": ref.max_tokens,
+        "temperature": 0,
+        "seed": 0,
+        "logprobs": ref.top_k,
+        "return_tokens_as_token_ids": True,
+        "stream": False,
+    }
+
+
+def forced_request(
+    model: str, prompt_ids: Sequence[int], continuation: Sequence[int], ref: ReferenceSpec
+) -> dict[str, Any]:
+    """Teacher-forcing: the prompt plus the reference continuation, scored by prefill only
+    (``prompt_logprobs``; one throw-away generated token because vLLM needs max_tokens>=1)."""
+    return {
+        "model": model,
+        "prompt": [*prompt_ids, *continuation],
+        "max_tokens": 1,
+        "temperature": 0,
+        "seed": 0,
+        "prompt_logprobs": ref.top_k,
+        "stream": False,
+    }
+
+
+# ------------------------------------------------------------------------- records
+
+
+class Generation(BaseModel):
+    """One greedy continuation: per position the chosen token, its logprob and the top-k."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    tokens: list[int]
+    logprobs: list[float]
+    top: list[dict[int, float]] = Field(description="per position: token id -> logprob")
+    finish_reason: str | None = None
+    text: str = ""
+
+    @model_validator(mode="after")
+    def _aligned(self) -> Generation:
+        if not len(self.tokens) == len(self.logprobs) == len(self.top):
+            raise ValueError("tokens, logprobs and top must have one entry per position")
+        return self
+
+
+class ForcedStep(BaseModel):
+    """Teacher-forced position: the continuation token there, its logprob, the top-k."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    token: int
+    logprob: float
+    top: dict[int, float]
+
+    @property
+    def top1(self) -> int | None:
+        return _top_k(self.top, 1)[0] if self.top else None
+
+
+class ReferencePrompt(BaseModel):
+    """One recorded prompt: its source, the ids sent, and the reference's answers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    source: Source
+    fingerprint: str
+    preview: str
+    prompt_ids: list[int]
+    generation: Generation
+    forced: list[ForcedStep] | None = Field(
+        default=None, description="None when not teacher-forced (too long, or disabled)."
+    )
+
+
+class Reference(BaseModel):
+    """The study's reference record (results/<study>/reference.json)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    format: int = REFERENCE_FORMAT
+    model: str
+    label: str = Field(default="", description="Which configuration recorded it (for humans).")
+    max_tokens: int
+    top_k: int
+    teacher_forced: bool
+    forced_max_prompt_tokens: int
+    prompts: list[ReferencePrompt]
+    known_answers_accuracy: float | None = Field(
+        default=None, description="Pooled known-answer accuracy of the reference server."
+    )
+    recorded_unix: float | None = None
+    record_seconds: float | None = None
+
+    def mismatch(self, spec: ProbeSpec, sources: Sequence[ReferenceSource], model: str) -> str | None:
+        """Why this stored reference cannot judge trials of ``spec`` (None: it can).
+
+        Called on resume: a study whose probe settings or prompt set changed since the
+        reference was recorded must record a new one, not compare against a stale one.
+        """
+        ref = spec.reference
+        if self.format != REFERENCE_FORMAT:
+            return f"stored reference has format {self.format}, this tuner writes {REFERENCE_FORMAT}"
+        if self.model != model:
+            return f"stored reference is for model {self.model!r}, the study serves {model!r}"
+        for name in ("max_tokens", "top_k", "teacher_forced", "forced_max_prompt_tokens"):
+            if getattr(self, name) != getattr(ref, name):
+                return (
+                    f"reference.{name} changed ({getattr(self, name)} recorded, "
+                    f"{getattr(ref, name)} now)"
+                )
+        recorded = [(p.id, p.fingerprint) for p in self.prompts]
+        wanted = [(s.id, s.fingerprint()) for s in sources]
+        if recorded != wanted:
+            return "the reference prompt set changed since the reference was recorded"
+        return None
+
+
+# ------------------------------------------------------------------------- parsing
+
+
+def _token_id(value: Any) -> int:
+    if isinstance(value, str) and value.startswith("token_id:"):
+        return int(value.removeprefix("token_id:"))
+    raise ValueError(
+        f"expected a token id like 'token_id:123', got {value!r} "
+        "(server ignores return_tokens_as_token_ids?)"
+    )
+
+
+def _as_float(value: Any) -> float:
+    # None is what vLLM sends for a position without logprobs; NaN stays NaN so the scorer
+    # can report it as the server fault it is.
+    if value is None:
+        raise ValueError("missing logprob")
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"logprob is {type(value).__name__}, not a number")
+    return float(value)
+
+
+def parse_generation(payload: Any) -> Generation:
+    """A :class:`Generation` from a non-streaming ``/v1/completions`` body requested with
+    ``logprobs`` and ``return_tokens_as_token_ids``.
+
+    Raises:
+        ValueError: the body lacks the OpenAI completion-logprobs shape or token ids.
+    """
+    try:
+        choice = payload["choices"][0]
+        lp = choice["logprobs"]
+        if lp is None:
+            raise ValueError("response has no logprobs")
+        tokens = [_token_id(t) for t in lp["tokens"]]
+        logprobs = [_as_float(v) for v in lp["token_logprobs"]]
+        top_raw = lp["top_logprobs"]
+        if top_raw is None or any(entry is None for entry in top_raw):
+            raise ValueError("response has no top_logprobs for some position")
+        top = [{_token_id(k): _as_float(v) for k, v in entry.items()} for entry in top_raw]
+        text = choice.get("text") or ""
+        finish = choice.get("finish_reason")
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed completion body ({type(exc).__name__}: {exc})") from exc
+    try:
+        return Generation(
+            tokens=tokens,
+            logprobs=logprobs,
+            top=top,
+            finish_reason=finish if isinstance(finish, str) else None,
+            text=text if isinstance(text, str) else "",
+        )
+    except ValidationError as exc:
+        raise ValueError(f"inconsistent logprobs: {exc.errors()[0]['msg']}") from exc
+
+
+def parse_forced(
+    payload: Any, prompt_len: int, continuation: Sequence[int], k: int
+) -> list[ForcedStep]:
+    """Teacher-forced steps for the ``continuation`` positions of a ``prompt_logprobs=k``
+    response whose prompt was ``prompt_len`` ids of prompt followed by ``continuation``.
+
+    vLLM returns one entry per prompt position (the first is null): ``{"<id>": {"logprob",
+    "rank", "decoded_token"}}`` holding the top-k (ranks 1..k) and always the actual
+    prompt token, whatever its rank. ``top`` keeps the ranks 1..k only, so an actual token
+    far down the list is not mistaken for a top candidate.
+
+    Raises:
+        ValueError: wrong shape, or the actual token missing from a position.
+    """
+    try:
+        plp = payload["choices"][0]["prompt_logprobs"]
+        if not isinstance(plp, list):
+            raise ValueError("response has no prompt_logprobs list")
+        if len(plp) != prompt_len + len(continuation):
+            raise ValueError(
+                f"prompt_logprobs has {len(plp)} positions, expected "
+                f"{prompt_len + len(continuation)}"
+            )
+        steps: list[ForcedStep] = []
+        for j, token in enumerate(continuation):
+            entry = plp[prompt_len + j]
+            if not isinstance(entry, dict):
+                raise ValueError(f"no prompt logprobs at continuation position {j}")
+            actual: float | None = None
+            top: dict[int, float] = {}
+            for key, info in entry.items():
+                tid = int(key)
+                value = _as_float(info["logprob"])
+                if tid == token:
+                    actual = value
+                rank = info.get("rank")
+                if isinstance(rank, int) and 1 <= rank <= k:
+                    top[tid] = value
+            if actual is None:
+                raise ValueError(f"actual token {token} missing at continuation position {j}")
+            if not top:
+                raise ValueError(f"no ranked top-{k} entries at continuation position {j}")
+            steps.append(ForcedStep(token=token, logprob=actual, top=top))
+    except (KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise ValueError(f"malformed prompt_logprobs body ({type(exc).__name__}: {exc})") from exc
+    return steps
+
+
+# ----------------------------------------------------------------------- comparison
+
+
+def _top_k(top: Mapping[int, float], k: int) -> list[int]:
+    """The k most likely ids of a top-logprobs entry.
+
+    vLLM lists the sampled token plus the top-k, so an entry has k or k+1 items; sorting by
+    logprob and cutting at k gives the true top-k either way. NaN sorts last.
+    """
+    return [
+        tid
+        for tid, _ in sorted(
+            top.items(), key=lambda kv: (-kv[1] if not math.isnan(kv[1]) else math.inf, kv[0])
+        )[:k]
+    ]
+
+
+def _finite(values: Iterable[float]) -> bool:
+    return all(not math.isnan(v) and v != math.inf for v in values)
+
+
+class DecodeComparison(BaseModel):
+    """check_logprobs_close for one prompt."""
+
+    verdict: Verdict
+    matched: int = Field(description="Positions equal before the divergence (or in total).")
+    diverged_at: int | None = None
+    reference_token: int | None = None
+    trial_token: int | None = None
+    reference_in_trial_top_k: bool | None = None
+    trial_in_reference_top_k: bool | None = None
+    gaps: list[float] = Field(
+        default_factory=list, description="|delta logprob| of the chosen token, matched positions."
+    )
+    detail: str = ""
+
+
+def compare_generation(reference: Generation, trial: Generation, k: int) -> DecodeComparison:
+    """vLLM's ``check_logprobs_close`` for one prompt.
+
+    Tokens are compared position by position; at the first mismatch the prompt is *close*
+    when the reference token is in the trial's top-``k`` and the trial token in the
+    reference's top-``k``, else *far*; later positions are not compared (the two texts
+    legitimately go separate ways after a near-tie flip). Differences vLLM only warns about
+    are failures here, because a server must not produce them: a trial that stops earlier
+    or later without a divergent token (the shorter one ended without EOS), and NaN
+    logprobs.
+    """
+    if not _finite(trial.logprobs) or not all(_finite(t.values()) for t in trial.top):
+        return DecodeComparison(verdict="error", matched=0, detail="trial logprobs contain NaN")
+    gaps: list[float] = []
+    for idx, (ref_tok, got_tok) in enumerate(zip(reference.tokens, trial.tokens, strict=False)):
+        if ref_tok == got_tok:
+            gaps.append(abs(reference.logprobs[idx] - trial.logprobs[idx]))
+            continue
+        ref_in = ref_tok in _top_k(trial.top[idx], k)
+        got_in = got_tok in _top_k(reference.top[idx], k)
+        close = ref_in and got_in
+        return DecodeComparison(
+            verdict="close" if close else "far",
+            matched=idx,
+            diverged_at=idx,
+            reference_token=ref_tok,
+            trial_token=got_tok,
+            reference_in_trial_top_k=ref_in,
+            trial_in_reference_top_k=got_in,
+            gaps=gaps,
+            detail=(
+                f"diverged at token {idx}: reference {ref_tok} "
+                f"{'in' if ref_in else 'NOT in'} trial top-{k}, trial {got_tok} "
+                f"{'in' if got_in else 'NOT in'} reference top-{k}"
+            ),
+        )
+    n = min(len(reference.tokens), len(trial.tokens))
+    if len(reference.tokens) != len(trial.tokens):
+        return DecodeComparison(
+            verdict="far",
+            matched=n,
+            diverged_at=n,
+            gaps=gaps,
+            detail=(
+                f"same first {n} tokens, then the trial ended after {len(trial.tokens)} "
+                f"tokens and the reference after {len(reference.tokens)}"
+            ),
+        )
+    return DecodeComparison(verdict="exact", matched=n, gaps=gaps)
+
+
+class ForcedComparison(BaseModel):
+    positions: int
+    top1_matches: int
+    gaps: list[float]
+    first_mismatch: int | None = None
+
+
+def compare_forced(reference: Sequence[ForcedStep], trial: Sequence[ForcedStep]) -> ForcedComparison:
+    """Top-1 agreement and reference-token |delta logprob| over teacher-forced positions.
+
+    Raises:
+        ValueError: the two were not forced on the same continuation (a caller bug).
+    """
+    if [s.token for s in reference] != [s.token for s in trial]:
+        raise ValueError("teacher-forced steps are for different continuations")
+    matches = 0
+    first: int | None = None
+    gaps: list[float] = []
+    for j, (ref, got) in enumerate(zip(reference, trial, strict=True)):
+        same = ref.top1 is not None and ref.top1 == got.top1 and not math.isnan(got.logprob)
+        matches += same
+        if not same and first is None:
+            first = j
+        # NaN compares as an infinite gap: it must show up in max |delta|, not vanish.
+        gaps.append(math.inf if math.isnan(got.logprob) else abs(ref.logprob - got.logprob))
+    return ForcedComparison(
+        positions=len(reference), top1_matches=matches, gaps=gaps, first_mismatch=first
+    )
+
+
+# -------------------------------------------------------------------------- scoring
+
+
+class ReferenceAnswer(BaseModel):
+    """What a trial server returned for one reference prompt at one concurrency level."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt_id: str
+    concurrency: int
+    kind: Literal["generate", "forced"]
+    generation: Generation | None = None
+    forced: list[ForcedStep] | None = None
+    latency_s: float | None = None
+    error: str | None = None
+
+
+def _stats(values: Sequence[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    return float(median(values)), float(max(values))
+
+
+class PromptScore(BaseModel):
+    """The measured agreement of one prompt at one level (stored with the trial)."""
+
+    id: str
+    source: str
+    concurrency: int
+    verdict: Verdict
+    reference_tokens: int
+    trial_tokens: int | None = None
+    matched: int = 0
+    diverged_at: int | None = None
+    reference_in_trial_top_k: bool | None = None
+    trial_in_reference_top_k: bool | None = None
+    decode_gap_median: float | None = None
+    decode_gap_max: float | None = None
+    forced_positions: int | None = None
+    forced_top1: float | None = None
+    forced_gap_median: float | None = None
+    forced_gap_max: float | None = None
+    trial_text: str | None = Field(default=None, description="Truncated, for reading failures.")
+    detail: str = ""
+    error: str | None = None
+    latency_s: float | None = None
+
+
+class ReferenceLevel(BaseModel):
+    concurrency: int
+    prompts: int
+    exact: int
+    close: int
+    far: int
+    errors: int
+    exact_fraction: float
+    close_fraction: float = Field(description="(exact + close) / prompts")
+    decode_gap_median: float | None = None
+    decode_gap_max: float | None = None
+    forced_positions: int | None = None
+    forced_top1: float | None = None
+    forced_gap_median: float | None = None
+    forced_gap_max: float | None = None
+    passed: bool
+
+
+class ReferenceResult(BaseModel):
+    """Outcome of the reference-agreement check; JSON-serialisable."""
+
+    passed: bool
+    reason: str
+    levels: list[ReferenceLevel]
+    scores: list[PromptScore]
+    thresholds: dict[str, float | None]
+
+
+def _preview(text: str | None, limit: int = 120) -> str | None:
+    if text is None:
+        return None
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
+def score_reference(
+    reference: Reference, answers: Iterable[ReferenceAnswer], spec: ReferenceSpec
+) -> ReferenceResult:
+    """Compare a trial's answers with the reference and apply :class:`ReferenceSpec`'s rule.
+
+    A missing answer or a request error counts as not close. Teacher-forced answers are
+    expected at the lowest level only, for the prompts the reference forced.
+
+    Raises:
+        ValueError: answers for unknown prompts, unexpected levels or duplicates (caller bugs).
+    """
+    by_id = {p.id: p for p in reference.prompts}
+    levels = spec.concurrency
+    got: dict[tuple[str, int, str], ReferenceAnswer] = {}
+    for ans in answers:
+        if ans.prompt_id not in by_id:
+            raise ValueError(f"answer for unknown reference prompt {ans.prompt_id!r}")
+        if ans.concurrency not in levels:
+            raise ValueError(f"answer at unexpected concurrency {ans.concurrency}")
+        key = (ans.prompt_id, ans.concurrency, ans.kind)
+        if key in got:
+            raise ValueError(f"two {ans.kind} answers for {ans.prompt_id!r} at {ans.concurrency}")
+        got[key] = ans
+
+    k = min(spec.top_k, reference.top_k)
+    scores: list[PromptScore] = []
+    results: list[ReferenceLevel] = []
+    failures: list[str] = []
+    for level in levels:
+        level_scores: list[PromptScore] = []
+        decode_gaps: list[float] = []
+        forced_gaps: list[float] = []
+        forced_pos = forced_hits = 0
+        forced_errors: list[str] = []
+        for prompt in reference.prompts:
+            ans = got.get((prompt.id, level, "generate"))
+            row = PromptScore(
+                id=prompt.id,
+                source=prompt.source,
+                concurrency=level,
+                verdict="error",
+                reference_tokens=len(prompt.generation.tokens),
+            )
+            if ans is None or ans.error is not None or ans.generation is None:
+                row.error = "no answer recorded" if ans is None else (ans.error or "no generation")
+                row.detail = row.error
+                row.latency_s = None if ans is None else ans.latency_s
+            else:
+                cmp = compare_generation(prompt.generation, ans.generation, k)
+                decode_gaps.extend(cmp.gaps)
+                med, top = _stats(cmp.gaps)
+                row = row.model_copy(
+                    update={
+                        "verdict": cmp.verdict,
+                        "trial_tokens": len(ans.generation.tokens),
+                        "matched": cmp.matched,
+                        "diverged_at": cmp.diverged_at,
+                        "reference_in_trial_top_k": cmp.reference_in_trial_top_k,
+                        "trial_in_reference_top_k": cmp.trial_in_reference_top_k,
+                        "decode_gap_median": med,
+                        "decode_gap_max": top,
+                        "trial_text": _preview(ans.generation.text)
+                        if cmp.verdict != "exact"
+                        else None,
+                        "detail": cmp.detail,
+                        "error": cmp.detail if cmp.verdict == "error" else None,
+                        "latency_s": ans.latency_s,
+                    }
+                )
+            if level == levels[0] and spec.teacher_forced and prompt.forced is not None:
+                fans = got.get((prompt.id, level, "forced"))
+                if fans is None or fans.error is not None or fans.forced is None:
+                    why = "no answer recorded" if fans is None else (fans.error or "no steps")
+                    forced_errors.append(f"{prompt.id}: {why}")
+                    forced_pos += len(prompt.forced)
+                    row.forced_positions = len(prompt.forced)
+                    row.forced_top1 = 0.0
+                else:
+                    fc = compare_forced(prompt.forced, fans.forced)
+                    forced_pos += fc.positions
+                    forced_hits += fc.top1_matches
+                    forced_gaps.extend(fc.gaps)
+                    fmed, fmax = _stats(fc.gaps)
+                    row.forced_positions = fc.positions
+                    row.forced_top1 = fc.top1_matches / fc.positions if fc.positions else None
+                    row.forced_gap_median = fmed
+                    row.forced_gap_max = fmax
+            level_scores.append(row)
+
+        n = len(level_scores)
+        exact = sum(s.verdict == "exact" for s in level_scores)
+        close = sum(s.verdict == "close" for s in level_scores)
+        far = sum(s.verdict == "far" for s in level_scores)
+        errors = sum(s.verdict == "error" for s in level_scores)
+        ok = True
+        close_fraction = (exact + close) / n if n else 1.0
+        exact_fraction = exact / n if n else 1.0
+        if close_fraction < spec.min_close_fraction - _EPS:
+            ok = False
+            bad = [s for s in level_scores if s.verdict in ("far", "error")]
+            shown = "; ".join(f"{s.id}: {s.detail}" for s in bad[:3])
+            failures.append(
+                f"{far + errors}/{n} prompts not close at concurrency {level} "
+                f"(close {close_fraction:.2f} < {spec.min_close_fraction:.2f}): {shown}"
+            )
+        if level == levels[0] and exact_fraction < spec.min_exact_fraction - _EPS:
+            ok = False
+            failures.append(
+                f"only {exact}/{n} prompts identical at concurrency {level} "
+                f"({exact_fraction:.2f} < {spec.min_exact_fraction:.2f})"
+            )
+        dmed, dmax = _stats(decode_gaps)
+        fmed, fmax = _stats(forced_gaps)
+        forced_top1 = None
+        if level == levels[0] and spec.teacher_forced and forced_pos:
+            forced_top1 = forced_hits / forced_pos
+            if forced_top1 < spec.min_prompt_top1 - _EPS:
+                ok = False
+                extra = f"; errors: {'; '.join(forced_errors[:3])}" if forced_errors else ""
+                failures.append(
+                    f"teacher-forced top-1 agreement {forced_top1:.3f} < "
+                    f"{spec.min_prompt_top1:.3f} over {forced_pos} positions{extra}"
+                )
+            if spec.max_gap_median is not None and fmed is not None and fmed > spec.max_gap_median:
+                ok = False
+                failures.append(
+                    f"median reference-token |delta logprob| {fmed:.4f} > {spec.max_gap_median}"
+                )
+            if spec.max_gap is not None and fmax is not None and fmax > spec.max_gap:
+                ok = False
+                failures.append(f"max reference-token |delta logprob| {fmax:.4f} > {spec.max_gap}")
+        results.append(
+            ReferenceLevel(
+                concurrency=level,
+                prompts=n,
+                exact=exact,
+                close=close,
+                far=far,
+                errors=errors,
+                exact_fraction=exact_fraction,
+                close_fraction=close_fraction,
+                decode_gap_median=dmed,
+                decode_gap_max=dmax,
+                forced_positions=forced_pos if forced_top1 is not None else None,
+                forced_top1=forced_top1,
+                forced_gap_median=fmed,
+                forced_gap_max=fmax,
+                passed=ok,
+            )
+        )
+        scores.extend(level_scores)
+    return ReferenceResult(
+        passed=not failures,
+        reason="; ".join(failures) if failures else "ok",
+        levels=results,
+        scores=scores,
+        thresholds={
+            "min_close_fraction": spec.min_close_fraction,
+            "min_exact_fraction": spec.min_exact_fraction,
+            "min_prompt_top1": spec.min_prompt_top1 if spec.teacher_forced else None,
+            "max_gap_median": spec.max_gap_median,
+            "max_gap": spec.max_gap,
+            "top_k": float(k),
+        },
+    )
+
+
+# ------------------------------------------------------------- combined verdict
+
+
+class CorrectnessResult(BaseModel):
+    """Both probe layers of one trial (trials/NNNN/probe.json); ``passed`` needs both."""
+
+    passed: bool
+    reason: str
+    probe_seconds: float | None = Field(
+        default=None, description="Wall time of the whole probe, both layers (its cost)."
+    )
+    known_answers: ProbeResult
+    reference: ReferenceResult | None = None
+    reference_note: str | None = Field(
+        default=None, description="Why the reference layer did not run, when it did not."
+    )
+    known_answers_seconds: float | None = None
+    reference_seconds: float | None = None
+
+    @property
+    def skipped(self) -> bool:
+        return self.known_answers.skipped
+
+    def summary(self) -> dict[str, float | None]:
+        """Flat headline numbers for the trial outcome, status lines and Optuna attributes
+        (the full per-prompt detail stays in probe.json). Fractions are the worst level."""
+        out: dict[str, float | None] = {
+            "probe_s": self.probe_seconds,
+            "known_accuracy": None if self.known_answers.skipped else self.known_answers.accuracy,
+            "reference_close": None,
+            "reference_exact_c1": None,
+            "reference_forced_top1": None,
+            "reference_forced_gap_max": None,
+        }
+        if self.reference is not None and self.reference.levels:
+            levels = self.reference.levels
+            out["reference_close"] = min(lvl.close_fraction for lvl in levels)
+            out["reference_exact_c1"] = levels[0].exact_fraction
+            out["reference_forced_top1"] = levels[0].forced_top1
+            out["reference_forced_gap_max"] = levels[0].forced_gap_max
+        return out
+
+
+def combine(
+    known: ProbeResult,
+    reference: ReferenceResult | None,
+    *,
+    reference_note: str | None = None,
+    probe_seconds: float | None = None,
+    known_answers_seconds: float | None = None,
+    reference_seconds: float | None = None,
+) -> CorrectnessResult:
+    """One verdict: failed when either layer failed, with each layer's reason prefixed."""
+    reasons: list[str] = []
+    if not known.passed:
+        reasons.append(f"known answers: {known.reason}")
+    if reference is not None and not reference.passed:
+        reasons.append(f"reference: {reference.reason}")
+    passed = not reasons
+    if passed:
+        reason = "ok" if reference_note is None else f"ok ({reference_note})"
+        if known.skipped:
+            reason = known.reason
+    else:
+        reason = "; ".join(reasons)
+    return CorrectnessResult(
+        passed=passed,
+        reason=reason,
+        probe_seconds=probe_seconds,
+        known_answers=known,
+        reference=reference,
+        reference_note=reference_note,
+        known_answers_seconds=known_answers_seconds,
+        reference_seconds=reference_seconds,
+    )
+
+
+# ------------------------------------------------------------ trusting a reference
+
+
+def validate_reference(
+    known_answers: ProbeResult,
+    *,
+    reference: Reference | None = None,
+    self_check: ReferenceResult | None = None,
+) -> str | None:
+    """Why the reference configuration must not be trusted, or None when it can be.
+
+    Field notes, trap 1: the reference must not share a broken path with the trials, and
+    nothing proves that but checking it. ``known_answers`` is the known-answer probe run
+    on the reference server *without* ``reference_accuracy`` (so the absolute
+    ``min_accuracy`` floor and the consistency rule apply); ``reference`` its recording;
+    ``self_check`` the recording's requests repeated against the same server and scored
+    against it (a reference that does not agree with itself cannot judge anyone).
+
+    The returned text is meant to stop the study, so it says what to do.
+    """
+    problems: list[str] = []
+    if known_answers.skipped:
+        problems.append("the known-answer probe is disabled, so the reference cannot be checked")
+    elif not known_answers.passed:
+        problems.append(
+            f"its known-answer probe failed ({known_answers.reason}). Either the reference "
+            "configuration is broken too, or the model is weaker than probe.min_accuracy "
+            f"assumes (it scored {known_answers.accuracy:.2f}); if the latter, lower "
+            "probe.min_accuracy: trials are then judged against this reference's accuracy"
+        )
+    elif known_answers.errors:
+        problems.append(
+            f"{len(known_answers.errors)} known-answer request(s) failed on it, e.g. "
+            f"{known_answers.errors[0].detail}"
+        )
+    if reference is not None:
+        empty = [p.id for p in reference.prompts if not p.generation.tokens]
+        if empty:
+            problems.append(f"it produced no tokens for {len(empty)} prompt(s): {empty[:5]}")
+        nan = [
+            p.id
+            for p in reference.prompts
+            if not _finite(p.generation.logprobs)
+            or not all(_finite(t.values()) for t in p.generation.top)
+            or not _finite(s.logprob for s in p.forced or [])
+        ]
+        if nan:
+            problems.append(f"its logprobs contain NaN for {nan[:5]}")
+        odd = [
+            f"{p.id}={p.generation.finish_reason!r}"
+            for p in reference.prompts
+            if p.generation.finish_reason not in ("stop", "length")
+        ]
+        if odd:
+            problems.append(f"unexpected finish reasons: {', '.join(odd[:5])}")
+    if self_check is not None and not self_check.passed:
+        problems.append(
+            f"it does not agree with itself ({self_check.reason}); a nondeterministic "
+            "reference would fail correct trials - use a more conservative reference "
+            "configuration (eager, no speculation, no async scheduling)"
+        )
+    if not problems:
+        return None
+    return "the reference configuration cannot be trusted: " + "; ".join(problems)
+
+
+def with_reference_accuracy(spec: ProbeSpec, source: ProbeResult | Reference) -> ProbeSpec:
+    """``spec`` with ``reference_accuracy`` set from the reference server's known-answer
+    run (its pooled accuracy over all levels: the best estimate of the configuration's
+    true accuracy). ``source`` is that run's result, or - on resume - the stored
+    :class:`Reference`, which keeps the same number. A value the study file sets
+    explicitly is kept."""
+    if spec.reference_accuracy is not None:
+        return spec
+    if isinstance(source, Reference):
+        accuracy = source.known_answers_accuracy
+    else:
+        accuracy = None if source.skipped else source.accuracy
+    if accuracy is None:
+        return spec
+    return spec.model_copy(update={"reference_accuracy": accuracy})

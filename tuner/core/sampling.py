@@ -1,0 +1,243 @@
+"""The sampler a study uses, and the first points it measures: chosen on evidence.
+
+``benchmarks/search_efficiency.py`` replays whole studies against the simulator's ground
+truth (``tuner.search_truth``) and measures how many trials each sampler needs to reach 95 %
+of the true Pareto front's hypervolume; benchmarks/results/search_efficiency.json has the
+numbers behind the choices below.
+
+* ``make_sampler`` - TPE as before for 'tpe' (multivariate + group so the conditional
+  branches - speculation on/off, NCCL knobs under custom all-reduce off - are modelled
+  jointly; constant_liar so parallel GPU groups are not handed the same proposal), with
+  ``n_startup_trials`` defaulting to ``STARTUP_TRIALS``. NSGA-II, random and grid as before.
+* ``initial_design`` - the points the orchestrator should enqueue right after the baseline:
+  the baseline with one knob changed at a time ("one factor at a time"), so every value of
+  every knob is measured once against the same reference before the model takes over. On
+  the field-notes spaces each value alone already says whether it helps (NCCL LL, MTP,
+  graph modes) and TPE then combines the winners; a random start leaves some values unseen
+  for many trials. The design replaces TPE's random start-up trials (``make_sampler`` asks
+  for no more random ones than the design leaves to fill).
+
+Pure: no I/O; Optuna sampler objects only.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.samplers import BaseSampler
+from optuna.study import Study
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.core import space
+from tuner.core.spec import StudySpec
+
+__all__ = ["make_sampler", "initial_design", "AvoidSeenSampler", "STARTUP_TRIALS", "MAX_DESIGN_FRACTION"]
+
+STARTUP_TRIALS = 10
+# The design never takes more than this share of the budget: on a wide space with many
+# values per knob, one-at-a-time would otherwise spend the whole night on the start.
+MAX_DESIGN_FRACTION = 0.4
+
+
+def make_sampler(spec: StudySpec, *, design_size: int = 0) -> optuna.samplers.BaseSampler:
+    """The study's sampler. ``design_size``: points enqueued before the sampler's own
+    proposals (baseline + ``initial_design``); TPE then needs that many fewer random ones."""
+
+    s = spec.sampler
+    if s.name == "tpe":
+        startup = s.n_startup_trials if s.n_startup_trials is not None else max(0, STARTUP_TRIALS - design_size)
+        return optuna.samplers.TPESampler(seed=s.seed, multivariate=True, group=True, constant_liar=True,
+                                          n_startup_trials=startup)
+    if s.name == "nsga2":
+        return optuna.samplers.NSGAIISampler(seed=s.seed,
+                                             population_size=max(4, min(20, spec.budget.n_trials // 3)))
+    # "random" and "grid": grid points are enqueued by the orchestrator in shuffled order.
+    return optuna.samplers.RandomSampler(seed=s.seed)
+
+
+def _representative(param: Any, current: Any) -> list[Any]:
+    """Values of ``param`` to try one at a time (all of a discrete domain except ``current``;
+    low/middle/high of a continuous one)."""
+
+    domain = param.domain()
+    if domain is None:
+        mid = (param.low + param.high) / 2
+        domain = [param.low, mid, param.high]
+    return [v for v in domain if not (v == current and type(v) is type(current))]
+
+
+def initial_design(spec: StudySpec, *, budget: int | None = None, children: bool = False) -> list[dict[str, Any]]:
+    """Baseline with one parameter changed at a time (children of a newly activated branch at
+    their default or middle value); with ``children`` also each child parameter varied once
+    under its first activating branch. Forbidden points and duplicates dropped; at most
+    ``MAX_DESIGN_FRACTION`` of the budget. The baseline itself is not included."""
+
+    base = space.baseline_values(spec)
+    limit = int((budget if budget is not None else spec.budget.n_trials) * MAX_DESIGN_FRACTION)
+    seen = {space.params_key(base)}
+    points: list[dict[str, Any]] = []
+    for param in space.ordered_parameters(spec):
+        if param.name not in base:
+            continue   # inactive at the baseline: reached through its parent's values below
+        for value in _representative(param, base[param.name]):
+            values = _complete(spec, {**base, param.name: value}, changed=param.name)
+            key = space.params_key(values)
+            if key in seen or space.forbidden_reason(spec, values) is not None:
+                continue
+            seen.add(key)
+            points.append(values)
+    # Children that only exist off the baseline (spec_k under spec_method): vary them at
+    # their parent's first activating value too, so each child value is seen once.
+    for param in space.ordered_parameters(spec) if children else []:
+        if param.name in base or not param.when:
+            continue
+        anchor = next((p for p in points if param.name in p), None)
+        if anchor is None:
+            continue
+        for value in _representative(param, anchor[param.name]):
+            values = _complete(spec, {**anchor, param.name: value}, changed=param.name)
+            key = space.params_key(values)
+            if key in seen or space.forbidden_reason(spec, values) is not None:
+                continue
+            seen.add(key)
+            points.append(values)
+    return points[:max(0, limit)]
+
+
+def _complete(spec: StudySpec, values: dict[str, Any], *, changed: str) -> dict[str, Any]:
+    """Active parameters only; a parameter that just became active takes its default (or
+    the middle of its domain), so the point differs from its anchor in as little as possible."""
+
+    out: dict[str, Any] = {}
+    for param in space.ordered_parameters(spec):
+        if not space.is_active(param, out):
+            continue
+        if param.name in values:
+            out[param.name] = values[param.name]
+            continue
+        domain = param.domain()
+        if param.default is not None:
+            out[param.name] = param.default
+        elif domain:
+            out[param.name] = domain[len(domain) // 2]
+        else:
+            out[param.name] = (param.low + param.high) / 2
+    return out
+
+
+class AvoidSeenSampler(BaseSampler):
+    """Wraps a sampler; a value after which every completion of the point is one the study
+    already has (run, running, or told) or a forbidden one is drawn again, up to ``tries``
+    times, then replaced by a random value that still leads somewhere new.
+
+    Why: on a discrete space TPE's best candidate is often a point it has measured (its
+    "good" density peaks there). The orchestrator then tells the repeat the earlier result
+    and asks again - which makes the peak sharper - and after 25 repeats in a row enqueues a
+    random point, so a converged study spends its budget on random points. The completions of
+    a partial point are known because parameters are suggested in
+    ``space.ordered_parameters`` order and a condition only names earlier parameters. Only independent suggestions pass
+    through here (multivariate TPE fixes its groups before the first suggestion).
+    """
+
+    def __init__(self, base: BaseSampler, spec: StudySpec, *, tries: int = 8, seed: int | None = None) -> None:
+        self._base = base
+        self._spec = spec
+        self._order = space.ordered_parameters(spec)
+        self._tries = tries
+        self._rng = random.Random(seed)
+        self._seen_cache: tuple[tuple[int, int], set[str]] | None = None
+
+    # -- delegation ----------------------------------------------------------------------
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        return self._base.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        return self._base.sample_relative(study, trial, search_space)
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self._base.before_trial(study, trial)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._base.reseed_rng()
+        self._rng = random.Random()
+
+    # -- the point -----------------------------------------------------------------------
+    def _seen(self, study: Study, trial: FrozenTrial) -> set[str]:
+        trials = study.get_trials(deepcopy=False)
+        key = (trial.number, len(trials))
+        if self._seen_cache is None or self._seen_cache[0] != key:
+            seen = set()
+            for t in trials:
+                if t.number == trial.number or t.state == TrialState.WAITING:
+                    continue
+                values = t.user_attrs.get("values", t.params)
+                if values:
+                    seen.add(space.params_key(values))
+            self._seen_cache = (key, seen)
+        return self._seen_cache[1]
+
+    def _exhausted(self, values: dict[str, Any], seen: set[str], cap: int = 4096) -> bool:
+        """Whether every allowed completion of ``values`` is already in ``seen`` (False when
+        there are more than ``cap`` completions or a continuous parameter remains)."""
+
+        pending = [p for p in self._order if p.name not in values]
+        count = 0
+
+        def walk(i: int, point: dict[str, Any]) -> bool:
+            nonlocal count
+            if i == len(pending):
+                count += 1
+                if count > cap:
+                    raise OverflowError
+                return space.forbidden_reason(self._spec, point) is not None or space.params_key(point) in seen
+            param = pending[i]
+            if not space.is_active(param, point):
+                return walk(i + 1, point)
+            domain = param.domain()
+            if domain is None:
+                raise OverflowError
+            for v in domain:
+                point[param.name] = v
+                done = walk(i + 1, point)
+                del point[param.name]
+                if not done:
+                    return False
+            return True
+
+        try:
+            return walk(0, dict(values))
+        except OverflowError:
+            return False
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        value = self._base.sample_independent(study, trial, param_name, param_distribution)
+        so_far = dict(trial.params)
+        seen = self._seen(study, trial)
+
+        def repeats(v: Any) -> bool:
+            return self._exhausted({**so_far, param_name: v}, seen)
+
+        if not repeats(value):
+            return value
+        for _ in range(self._tries):
+            value = self._base.sample_independent(study, trial, param_name, param_distribution)
+            if not repeats(value):
+                return value
+        if isinstance(param_distribution, CategoricalDistribution):
+            domain: list[Any] = list(param_distribution.choices)
+        elif isinstance(param_distribution, IntDistribution) and not param_distribution.log:
+            domain = list(range(param_distribution.low, param_distribution.high + 1, param_distribution.step))
+        else:
+            return value
+        fresh = [v for v in domain if not repeats(v)]
+        return self._rng.choice(fresh) if fresh else value

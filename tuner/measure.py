@@ -1,0 +1,270 @@
+"""``tuner measure``: a study file's measurement against a server that is already running.
+
+No server is started, stopped or verified: this runs the study's load profile (and, when
+asked, its correctness probe) against ``url`` exactly as a trial would, writes the same
+files a trial writes, and returns a summary. Use it to measure a hand-started server, to
+check a study file's load section before a long run, or to compare with other tools.
+
+Files written into ``out_dir``:
+
+* ``requests-c{C}.jsonl``  raw per-request records of each level (JSON lines);
+* ``metrics.json``          the sweep without records (levels, windows, server-side
+  deltas, token agreement, warm-up, warnings), as a trial's ``metrics.json``;
+* ``probe.json``            the probe result (with ``probe``);
+* ``summary.json``          what :func:`measure` returns.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tuner.adapters.artifacts import atomic_write_json
+from tuner.adapters.loadgen import run_sweep, scrape_metrics, write_records_jsonl
+from tuner.core.spec import StudySpec
+
+__all__ = ["MeasureError", "ameasure", "discover_model", "format_summary", "measure"]
+
+_TIMEOUT_S = 30.0
+# Flat metrics shown per level in the summary (all of flat() is in metrics.json).
+_SHOWN = ("output_tok_s", "run_output_tok_s", "request_per_s", "ttft_ms.p50", "ttft_ms.p90",
+          "tpot_ms.p50", "tpot_ms.mean", "itl_ms.p50", "e2el_ms.p50", "completed", "failed",
+          "stability_ratio")
+
+
+class MeasureError(Exception):
+    """The server cannot be measured (unreachable, or no usable model); the message says why."""
+
+
+def _root(url: str) -> str:
+    u = url.rstrip("/")
+    return u[:-3] if u.endswith("/v1") else u
+
+
+async def discover_model(
+    client: httpx.AsyncClient, base_url: str, wanted: list[str]
+) -> tuple[str, list[str]]:
+    """The model name to send: the first of ``wanted`` the server lists, else its only model.
+
+    Returns (name, listed names).
+
+    Raises:
+        MeasureError: /v1/models unreachable or unusable, or several models and none wanted.
+    """
+    try:
+        resp = await client.get(_root(base_url) + "/v1/models", timeout=_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        raise MeasureError(f"{base_url}: cannot reach /v1/models ({type(exc).__name__}: {exc})") from exc
+    if resp.status_code != 200:
+        raise MeasureError(f"{base_url}/v1/models answered HTTP {resp.status_code}: {resp.text[:200]}")
+    try:
+        data = resp.json()
+        listed = [str(m["id"]) for m in data["data"]]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise MeasureError(f"{base_url}/v1/models is not an OpenAI model list: {resp.text[:200]}") from exc
+    for name in wanted:
+        if name in listed:
+            return name, listed
+    if len(listed) == 1:
+        return listed[0], listed
+    raise MeasureError(
+        f"{base_url} serves {listed or 'no models'}; none is the study's "
+        f"{' / '.join(repr(w) for w in wanted)}. Set server.served_model_name in the study file."
+    )
+
+
+async def _speculative(client: httpx.AsyncClient, base_url: str) -> bool | None:
+    """Whether the server runs speculative decoding, from its /metrics; None if unknown."""
+    snap = await scrape_metrics(client, base_url)
+    if snap is None:
+        return None
+    return snap.has("vllm:spec_decode_num_drafts_total")
+
+
+async def ameasure(
+    url: str,
+    spec: StudySpec,
+    *,
+    probe: bool,
+    out_dir: Path,
+    deadline_s: float | None = None,
+    headers: dict[str, str] | None = None,
+    speculative: bool | None = None,
+) -> dict[str, Any]:
+    """Async :func:`measure`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    began = time.monotonic()
+    started_at = datetime.now(UTC).isoformat()
+    notes: list[str] = []
+    wanted = [n for n in (spec.server.served_model_name, spec.server.model) if n]
+    async with httpx.AsyncClient(headers=headers, trust_env=False) as client:
+        model, listed = await discover_model(client, url, wanted)
+        if model not in wanted:
+            notes.append(
+                f"the server does not list {' / '.join(wanted)}; measured its only model {model!r}"
+            )
+        detected = await _speculative(client, url) if speculative is None else speculative
+    if detected is None:
+        notes.append("speculative decoding unknown (no /metrics): assumed off for ignore_eos")
+    ignore_eos = spec.load.workload.resolve_ignore_eos(speculative=bool(detected))
+
+    probe_summary: dict[str, Any] | None = None
+    if probe:
+        from tuner.adapters.probe_client import run_probe
+
+        result = await run_probe(url, model, spec.probe, deadline_s=deadline_s, headers=headers)
+        atomic_write_json(out_dir / "probe.json", result.model_dump(mode="json"))
+        probe_summary = {
+            "passed": result.passed,
+            "reason": result.reason,
+            "accuracy": result.accuracy,
+            "correct": result.correct,
+            "total": result.total,
+            "seconds": result.probe_seconds,
+        }
+    remaining = None
+    if deadline_s is not None:
+        remaining = max(1.0, deadline_s - (time.monotonic() - began))
+    sweep = await run_sweep(_root(url), model, spec.load, ignore_eos=ignore_eos,
+                            deadline_s=remaining, headers=headers)
+    levels: dict[str, Any] = {}
+    for lv in sweep.levels:
+        write_records_jsonl(out_dir / f"requests-c{lv.concurrency}.jsonl", lv.records)
+        m = lv.metrics
+        levels[str(lv.concurrency)] = {
+            "metrics": {k: (None if math.isnan(v) else v) for k, v in m.flat().items()},
+            "window_s": m.window_s,
+            "window_fallback_reason": m.window_fallback_reason,
+            "unstable": m.unstable,
+            "low_confidence_p99": m.ttft_ms.low_confidence_p99,
+            "failure_reasons": m.failure_reasons,
+            "token_agreement": lv.token_agreement.agree,
+            "token_relative_diff": lv.token_agreement.relative_diff,
+            "deadline_hit": lv.deadline_hit,
+            "prompts_fitted": lv.prompts_fitted,
+            "repeats": m.repeats.n if m.repeats else 1,
+        }
+    atomic_write_json(out_dir / "metrics.json", sweep.summary())
+    summary: dict[str, Any] = {
+        "url": url,
+        "model": model,
+        "models_listed": listed,
+        "study": spec.name,
+        "started_at": started_at,
+        "duration_s": time.monotonic() - began,
+        "speculative": detected,
+        "ignore_eos": ignore_eos,
+        "api": spec.load.api,
+        "probe": probe_summary,
+        "levels": levels,
+        "skipped_levels": sweep.skipped_levels,
+        "warnings": notes + sweep.warnings,
+        "out_dir": str(out_dir),
+    }
+    atomic_write_json(out_dir / "summary.json", summary)
+    return summary
+
+
+def measure(
+    url: str,
+    spec: StudySpec,
+    *,
+    probe: bool,
+    out_dir: Path,
+    deadline_s: float | None = None,
+    headers: dict[str, str] | None = None,
+    speculative: bool | None = None,
+) -> dict[str, Any]:
+    """Run ``spec``'s load profile (and with ``probe`` its probe) against ``url``.
+
+    Args:
+        url: the running OpenAI-compatible server, ``http://host:port`` (``/v1`` accepted).
+        spec: the study; its ``load`` and ``probe`` sections are used, and the model name
+            is ``server.served_model_name`` or ``server.model`` if the server lists it,
+            else the server's only model.
+        probe: also run the correctness probe first.
+        out_dir: folder for the files (created).
+        deadline_s: time budget for probe + load; None = the load's own limits only.
+        headers: extra HTTP headers (e.g. ``Authorization``).
+        speculative: whether the server decodes speculatively (for ``ignore_eos: auto``);
+            None = detect from its /metrics.
+
+    Returns:
+        The JSON-ready summary also written to ``out_dir/summary.json``.
+
+    Raises:
+        MeasureError: the server is unreachable or serves no usable model.
+    """
+    return asyncio.run(ameasure(url, spec, probe=probe, out_dir=out_dir, deadline_s=deadline_s,
+                                headers=headers, speculative=speculative))
+
+
+def _fmt(v: Any, digits: int = 1) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "-"
+        return f"{v:,.{digits}f}"
+    return str(v)
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """Human-readable text of a :func:`measure` summary (what ``tuner measure`` prints)."""
+    lines = [
+        f"measured {summary['url']}  model {summary['model']}  api {summary['api']}  "
+        f"ignore_eos {summary['ignore_eos']}  ({summary['duration_s']:.1f} s)",
+    ]
+    p = summary.get("probe")
+    if p is not None:
+        verdict = "passed" if p["passed"] else "FAILED"
+        lines.append(f"probe {verdict}: {p['correct']}/{p['total']} correct "
+                     f"({p['accuracy']:.0%}) - {p['reason']}")
+    header = ["C", "out tok/s", "run tok/s", "req/s", "TTFT p50", "TTFT p90", "TPOT p50",
+              "TPOT mean", "ITL p50", "E2EL p50", "ok", "failed", "stab.", "notes"]
+    rows = [header]
+    for c, lv in summary["levels"].items():
+        m = lv["metrics"]
+        notes = []
+        if lv["unstable"]:
+            notes.append("unstable")
+        if lv["window_fallback_reason"]:
+            notes.append("no steady window")
+        if lv["low_confidence_p99"]:
+            notes.append("p99 low-conf")
+        if lv["token_agreement"] is False:
+            notes.append(f"tokens differ {lv['token_relative_diff']:.1%} from server")
+        if lv["deadline_hit"]:
+            notes.append("cut by deadline")
+        if lv["repeats"] > 1:
+            cv = m.get("output_tok_s_cv")
+            notes.append(f"median of {lv['repeats']}" + (f", cv {cv:.1%}" if cv is not None else ""))
+        rows.append([
+            c, _fmt(m["output_tok_s"]), _fmt(m["run_output_tok_s"]), _fmt(m["request_per_s"], 2),
+            _fmt(m["ttft_ms.p50"]), _fmt(m["ttft_ms.p90"]), _fmt(m["tpot_ms.p50"], 2),
+            _fmt(m["tpot_ms.mean"], 2), _fmt(m["itl_ms.p50"], 2), _fmt(m["e2el_ms.p50"]),
+            _fmt(int(m["completed"])), _fmt(int(m["failed"])),
+            "inf" if lv["unstable"] and m["stability_ratio"] is None
+            else _fmt(m["stability_ratio"], 2),
+            ", ".join(notes),
+        ])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for i, r in enumerate(rows):
+        cells = [r[j].rjust(widths[j]) if j < len(header) - 1 else r[j] for j in range(len(r))]
+        lines.append("  ".join(cells).rstrip())
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths[:-1]) + "  " + "-" * 5)
+    lines.append("times in ms; out tok/s = steady-state window, run tok/s = vLLM-style whole run")
+    if summary["skipped_levels"]:
+        lines.append(f"skipped levels (budget): {summary['skipped_levels']}")
+    for w in summary["warnings"]:
+        lines.append(f"warning: {w}")
+    lines.append(f"files in {summary['out_dir']}")
+    return "\n".join(lines)
