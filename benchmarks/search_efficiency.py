@@ -102,6 +102,17 @@ class AvoidSeen:
 
 
 @dataclass(frozen=True)
+class Local:
+    """tuner/core/sampling.py ParetoLocalSampler around a sampler variant."""
+
+    inner: Any
+    local: float = 0.5
+
+    def __call__(self, spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
+        return sampling.ParetoLocalSampler(self.inner(spec, seed), spec, local=self.local, seed=seed)
+
+
+@dataclass(frozen=True)
 class Proposed:
     """tuner/core/sampling.py: make_sampler, told how many points the design enqueues."""
 
@@ -149,6 +160,7 @@ class Variant:
     design: str | None = None       # None, "top" (one knob at a time) or "all" (children too)
     workers: int = 1
     duplicates: str = "retell"
+    budget_factor: int = 1          # cheap baselines run longer so their median is a number
     note: str = ""
 
 
@@ -157,33 +169,21 @@ MV = {"multivariate": True, "group": True, "constant_liar": True}
 
 def variants(names: list[str] | None) -> list[Variant]:
     out = [
-        Variant("random", random_factory, note="RandomSampler"),
-        Variant("grid (shuffled)", random_factory, grid=True, note="every point once, random order"),
+        Variant("random", random_factory, budget_factor=4, note="RandomSampler"),
+        Variant("grid (shuffled)", random_factory, grid=True, budget_factor=4,
+                note="every point once, random order"),
         Variant("tpe (current)", current_factory("tpe"),
                 note="tuner/sampling.py: multivariate, group, constant_liar, 10 random start-up"),
         Variant("nsga2 (current)", current_factory("nsga2"), note="tuner/sampling.py population"),
         Variant("tpe independent", tpe_factory(constant_liar=True), note="univariate TPE, 10 start-up"),
-        Variant("tpe startup=5", tpe_factory(n_startup_trials=5, **MV)),
-        Variant("tpe + OFAT", tpe_factory(design="top", **MV), design="top",
-                note="baseline, then one knob at a time, then multivariate TPE"),
-        Variant("tpe + OFAT all", tpe_factory(design="all", **MV), design="all",
-                note="... children varied too"),
-        Variant("tpe indep + OFAT", tpe_factory(design="top", constant_liar=True), design="top"),
-        Variant("tpe, dup infeasible", current_factory("tpe"), duplicates="infeasible",
-                note="current TPE; a repeated proposal is told infeasible instead of re-told"),
-        Variant("tpe indep, dup infeasible", tpe_factory(constant_liar=True), duplicates="infeasible"),
-        Variant("tpe indep + OFAT, dup infeasible", tpe_factory(design="top", constant_liar=True),
-                design="top", duplicates="infeasible"),
-        Variant("tpe + OFAT, dup infeasible", tpe_factory(design="top", **MV), design="top",
-                duplicates="infeasible"),
-        Variant("nsga2, dup infeasible", current_factory("nsga2"), duplicates="infeasible"),
-        Variant("tpe indep, avoid seen", AvoidSeen(tpe_factory(constant_liar=True))),
-        Variant("tpe indep + OFAT, avoid seen", AvoidSeen(tpe_factory(design="top", constant_liar=True)),
-                design="top"),
-        Variant("tpe, avoid seen", AvoidSeen(tpe_factory(**MV))),
-        Variant("proposed", Proposed(True), design="top", note="tuner/core/sampling.py make_sampler + initial_design"),
-        Variant("proposed, 2 workers", Proposed(True), design="top", workers=2),
-        Variant("proposed, 4 workers", Proposed(True), design="top", workers=4),
+        Variant("tpe + OFAT design", tpe_factory(design="top", **MV), design="top",
+                note="baseline, one knob at a time (tuner/core/sampling.initial_design), then current TPE"),
+        Variant("tpe (current) + local", Local(current_factory("tpe")),
+                note="ParetoLocalSampler around the current multivariate TPE"),
+        Variant("proposed", Proposed(False),
+                note="tuner/core/sampling.make_sampler: ParetoLocalSampler(univariate TPE), local share 0.5"),
+        Variant("proposed, 2 workers", Proposed(False), workers=2),
+        Variant("proposed, 4 workers", Proposed(False), workers=4),
         Variant("tpe (current), 4 workers", current_factory("tpe"), workers=4),
     ]
     if gp_available():
@@ -342,7 +342,7 @@ def plot_curves(results: dict[str, Any], path: Path) -> None:
         for name, row in info["samplers"].items():
             med, lo, hi = row["curve_median"], row["curve_p25"], row["curve_p75"]
             xs = list(range(1, len(med) + 1))
-            line, = ax.plot(xs, med, label=f"{name} ({fmt_trials(row['t95']['median'], info['budget'])})")
+            line, = ax.plot(xs, med, label=f"{name} ({fmt_trials(row['t95']['median'], row.get('budget', info['budget']))})")
             ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.12)
         ax.axhline(TARGET, color="black", linestyle="--", linewidth=0.8)
         ax.set_title(f"{space}: {info['points']} points, true front {info['front_points']} points")
@@ -430,7 +430,7 @@ def main() -> int:
     results.update(target=TARGET, noise_sigma=args.noise, seeds=args.seeds)
 
     if not args.early_stop_only:
-        jobs = [Job(space, v, seed, args.noise, BUDGET[space])
+        jobs = [Job(space, v, seed, args.noise, BUDGET[space] * v.budget_factor)
                 for space in spaces for v in chosen for seed in range(args.seeds)]
         # Slow samplers first so the pool stays busy at the end.
         jobs.sort(key=lambda j: (j.variant.name != "gp", j.variant.workers == 1))
@@ -446,12 +446,14 @@ def main() -> int:
             samplers = info.setdefault("samplers", {})
             for v in chosen:
                 mine = [r for r in rows if r["space"] == space and r["variant"] == v.name]
+                budget = BUDGET[space] * v.budget_factor
                 med, lo, hi = median_curve(mine, BUDGET[space])
                 hours = [r["hours_to_95"] for r in mine if r["hours_to_95"] is not None]
                 samplers[v.name] = {
                     "note": v.note, "workers": v.workers,
-                    "t95": t95_stats(mine, BUDGET[space]),
-                    "t95_strict": t95_stats([{"t95": r["t95_strict"]} for r in mine], BUDGET[space]),
+                    "budget": budget,
+                    "t95": t95_stats(mine, budget),
+                    "t95_strict": t95_stats([{"t95": r["t95_strict"]} for r in mine], budget),
                     "hours_to_95_median": round(statistics.median(hours), 2) if len(hours) * 2 > len(mine) else None,
                     "final_hv_median": statistics.median(r["final_hv"] for r in mine),
                     "reported_front_hv_median": statistics.median(r["reported_front_hv"] for r in mine),
@@ -486,6 +488,7 @@ def print_table(results: dict[str, Any], spaces: list[str]) -> None:
         rand = info["samplers"].get("random", {}).get("t95", {}).get("median")
         for name, row in sorted(info["samplers"].items(), key=lambda kv: (kv[1]["t95"]["median"], kv[0])):
             t = row["t95"]
+            budget = row.get("budget", info["budget"])
             spread = f"{fmt_trials(t['p25'], budget)}-{fmt_trials(t['p75'], budget)}"
             hours = "" if row["hours_to_95_median"] is None else f"{row['hours_to_95_median']:.1f}"
             print(f"  {name:<28} {fmt_trials(t['median'], budget):>7} {spread:>11} "

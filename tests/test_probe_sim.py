@@ -28,7 +28,12 @@ from tuner.adapters.reference_client import (
 )
 from tuner.adapters.probe_client import run_probe
 from tuner.core.probe_spec import ProbeSpec
-from tuner.core.reference import CorrectnessResult, Reference, validate_reference, with_reference_accuracy
+from tuner.core.reference import (
+    CorrectnessResult,
+    Reference,
+    validate_reference,
+    with_reference_accuracy,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2"

@@ -90,7 +90,7 @@ def study_variant(tmp_path: Path) -> tuple[Path, str, str]:
                           "reason": "test time budget: compiling with speculation is another "
                                     "multi-minute compile on two cores"}]
     data["baseline"] = {"enforce_eager": True, "spec_method": None}
-    data["budget"] = {"n_trials": 4, "trial_timeout": "12m"}
+    data["budget"] = {"n_trials": 4, "trial_timeout": "16m"}
     data["sampler"] = {"name": "grid", "seed": 0}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -123,7 +123,8 @@ def test_reference_sources_use_each_question_once_in_chat_form():
     known = [s for s in sources if s.source == "known_answer"]
     assert len(known) == 12 and all(s.messages is not None for s in known)
     assert known[0].id == "ka-q00-lookup"
-    assert known[0].messages[0].content == next(i.prompt for i in items if i.id == "q00-lookup-chat")
+    chat_item = next(i for i in items if i.id == "q00-lookup-chat")
+    assert known[0].messages[0].content == chat_item.prompt
     opens = [s for s in sources if s.source == "open"]
     assert len(opens) == 4 and [s.id for s in opens][:2] == ["open0-chat", "open1-text"]
     assert opens[1].prompt == OPEN_PROMPTS[1][1]
@@ -408,7 +409,7 @@ def test_reference_json_round_trip_and_mismatch():
                                preview=s.preview(), prompt_ids=[1, 2], generation=gen([5, 6]),
                                forced=steps([5, 6])) for s in sources]
     ref = Reference(model="m", max_tokens=32, top_k=5, teacher_forced=True,
-                    forced_max_prompt_tokens=512, prompts=prompts)
+                    forced_max_prompt_tokens=256, prompts=prompts)
     text = json.dumps(ref.model_dump(mode="json"))
     back = Reference.model_validate_json(text)
     assert back == ref and back.prompts[0].generation.top[0][5] == -0.1  # int keys again

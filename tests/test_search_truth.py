@@ -141,3 +141,22 @@ def test_ground_truth_round_trips_through_json(small) -> None:
     again = st.GroundTruth.from_json(truth.to_json())
     assert again.front == truth.front and again.hypervolume == pytest.approx(truth.hypervolume)
     assert again.get(points[3]) == truth.get(points[3])
+
+
+def test_not_applied_shows_in_the_log_before_the_weights_load(large) -> None:
+    """verdict_s() claims the downgrades of these spaces are known at communicator /
+    attention init: the log up to "Starting to load model" must already fail verification."""
+
+    ev = st.Evaluator(large, GLM)
+    base = space.baseline_values(large)
+    custom = {k: v for k, v in base.items() if k not in ("nccl_proto", "nccl_algo")}
+    for values in ({**base, "cudagraph_mode": "FULL"}, {**custom, "disable_custom_all_reduce": False}):
+        argv, env = st.default_render(large, values)
+        argv = argv[len(large.server.command):]
+        text = startup_log(argv, env, GLM)
+        early = text[:text.index("Starting to load model")]
+        asked = asked_settings(large.server, space.settings_for(large, values))
+        assert verify(asked, parse_effective_config(early)).mismatches(), values
+        seen = ev.verdict_s(values)
+        assert seen is not None and seen < ev.evaluate(values).startup_s / 10
+    assert ev.verdict_s(base) is None

@@ -88,9 +88,9 @@ def load_reference_sources(
     return reference_sources(spec, items, custom)
 
 
-def _client(base_url: str, headers: Mapping[str, str] | None, spec: ProbeSpec, width: int) -> (
-    httpx.AsyncClient
-):
+def _client(
+    base_url: str, headers: Mapping[str, str] | None, spec: ProbeSpec, width: int
+) -> httpx.AsyncClient:
     return httpx.AsyncClient(
         base_url=base_url.rstrip("/"),
         headers=dict(headers or {}),
@@ -253,7 +253,9 @@ async def _ask(
                 )
             body = forced_request(model, prompt.prompt_ids, prompt.generation.tokens, ref)
             payload = await _post(client, "/v1/completions", body, timeout)
-            steps = parse_forced(payload, len(prompt.prompt_ids), prompt.generation.tokens, ref.top_k)
+            steps = parse_forced(
+                payload, len(prompt.prompt_ids), prompt.generation.tokens, ref.top_k
+            )
             return ReferenceAnswer(
                 prompt_id=prompt.id,
                 concurrency=level,
@@ -337,7 +339,9 @@ async def run_correctness(
     if not spec.enabled:
         return combine(ProbeResult.disabled(), None, reference_note="probe disabled")
     start = perf_counter()
-    known = await run_probe(base_url, model, spec, deadline_s=deadline_s, headers=headers, items=items)
+    known = await run_probe(
+        base_url, model, spec, deadline_s=deadline_s, headers=headers, items=items
+    )
     known_s = perf_counter() - start
     result: ReferenceResult | None = None
     note: str | None = None

@@ -42,7 +42,10 @@ from tuner.errors import SpecError
 
 __all__ = [
     "REFERENCE_FORMAT",
+    "ChatMessage",
     "CorrectnessResult",
+    "DecodeComparison",
+    "ForcedComparison",
     "ForcedStep",
     "Generation",
     "PromptScore",
@@ -122,7 +125,9 @@ class ReferenceSource(BaseModel):
     def preview(self, limit: int = 160) -> str:
         text = self.prompt if self.messages is None else self.messages[-1].content
         assert text is not None
-        return text if len(text) <= limit else f"{text[:100]} …[{len(text)} chars]… {text[-40:]}"
+        if len(text) <= limit:
+            return text
+        return f"{text[:100]} …[{len(text)} chars]… {text[-40:]}"
 
 
 class ReferencePromptsError(SpecError):
@@ -144,9 +149,9 @@ class _RefLine(BaseModel):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
 
 
-def parse_reference_prompts_jsonl(text: str, *, source: str = "reference prompts file") -> list[
-    ReferenceSource
-]:
+def parse_reference_prompts_jsonl(
+    text: str, *, source: str = "reference prompts file"
+) -> list[ReferenceSource]:
     """Parse ``reference.prompts_file``: one JSON object a line, blank lines ignored.
 
     Each line is ``{"prompt": "raw completion text"}`` or ``{"messages": [{"role": "user",
@@ -372,7 +377,9 @@ class Reference(BaseModel):
     recorded_unix: float | None = None
     record_seconds: float | None = None
 
-    def mismatch(self, spec: ProbeSpec, sources: Sequence[ReferenceSource], model: str) -> str | None:
+    def mismatch(
+        self, spec: ProbeSpec, sources: Sequence[ReferenceSource], model: str
+    ) -> str | None:
         """Why this stored reference cannot judge trials of ``spec`` (None: it can).
 
         Called on resume: a study whose probe settings or prompt set changed since the
@@ -380,7 +387,10 @@ class Reference(BaseModel):
         """
         ref = spec.reference
         if self.format != REFERENCE_FORMAT:
-            return f"stored reference has format {self.format}, this tuner writes {REFERENCE_FORMAT}"
+            return (
+                f"stored reference has format {self.format}, this tuner writes "
+                f"{REFERENCE_FORMAT}"
+            )
         if self.model != model:
             return f"stored reference is for model {self.model!r}, the study serves {model!r}"
         for name in ("max_tokens", "top_k", "teacher_forced", "forced_max_prompt_tokens"):
@@ -595,7 +605,9 @@ class ForcedComparison(BaseModel):
     first_mismatch: int | None = None
 
 
-def compare_forced(reference: Sequence[ForcedStep], trial: Sequence[ForcedStep]) -> ForcedComparison:
+def compare_forced(
+    reference: Sequence[ForcedStep], trial: Sequence[ForcedStep]
+) -> ForcedComparison:
     """Top-1 agreement and reference-token |delta logprob| over teacher-forced positions.
 
     Raises:
@@ -700,6 +712,60 @@ def _preview(text: str | None, limit: int = 120) -> str | None:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
+def _score_generation(
+    prompt: ReferencePrompt, level: int, ans: ReferenceAnswer | None, k: int
+) -> tuple[PromptScore, list[float]]:
+    """One prompt's decode comparison as a stored row, plus its matched-position gaps."""
+    row = PromptScore(
+        id=prompt.id,
+        source=prompt.source,
+        concurrency=level,
+        verdict="error",
+        reference_tokens=len(prompt.generation.tokens),
+        latency_s=None if ans is None else ans.latency_s,
+    )
+    if ans is None or ans.error is not None or ans.generation is None:
+        row.error = row.detail = (
+            "no answer recorded" if ans is None else (ans.error or "no generation")
+        )
+        return row, []
+    cmp = compare_generation(prompt.generation, ans.generation, k)
+    row.verdict = cmp.verdict
+    row.trial_tokens = len(ans.generation.tokens)
+    row.matched = cmp.matched
+    row.diverged_at = cmp.diverged_at
+    row.reference_in_trial_top_k = cmp.reference_in_trial_top_k
+    row.trial_in_reference_top_k = cmp.trial_in_reference_top_k
+    row.decode_gap_median, row.decode_gap_max = _stats(cmp.gaps)
+    row.detail = cmp.detail
+    if cmp.verdict != "exact":
+        row.trial_text = _preview(ans.generation.text)
+    if cmp.verdict == "error":
+        row.error = cmp.detail
+    return row, cmp.gaps
+
+
+def _score_forced(
+    prompt: ReferencePrompt, ans: ReferenceAnswer | None, row: PromptScore
+) -> tuple[int, int, list[float], str | None]:
+    """(positions, top-1 matches, gaps, error) of one teacher-forced prompt; fills ``row``.
+
+    A missing or failed answer counts every position as a mismatch: a server that cannot
+    answer the teacher-forced request must not pass on the positions it skipped.
+    """
+    assert prompt.forced is not None
+    positions = len(prompt.forced)
+    row.forced_positions = positions
+    if ans is None or ans.error is not None or ans.forced is None:
+        row.forced_top1 = 0.0
+        why = "no answer recorded" if ans is None else (ans.error or "no steps")
+        return positions, 0, [], f"{prompt.id}: {why}"
+    fc = compare_forced(prompt.forced, ans.forced)
+    row.forced_top1 = fc.top1_matches / positions if positions else None
+    row.forced_gap_median, row.forced_gap_max = _stats(fc.gaps)
+    return positions, fc.top1_matches, fc.gaps, None
+
+
 def score_reference(
     reference: Reference, answers: Iterable[ReferenceAnswer], spec: ReferenceSpec
 ) -> ReferenceResult:
@@ -724,113 +790,71 @@ def score_reference(
             raise ValueError(f"two {ans.kind} answers for {ans.prompt_id!r} at {ans.concurrency}")
         got[key] = ans
 
+    # A reference recorded with fewer logprobs than asked cannot show a deeper top-k.
     k = min(spec.top_k, reference.top_k)
     scores: list[PromptScore] = []
     results: list[ReferenceLevel] = []
     failures: list[str] = []
     for level in levels:
-        level_scores: list[PromptScore] = []
+        lowest = level == levels[0]
+        rows: list[PromptScore] = []
         decode_gaps: list[float] = []
         forced_gaps: list[float] = []
         forced_pos = forced_hits = 0
         forced_errors: list[str] = []
         for prompt in reference.prompts:
-            ans = got.get((prompt.id, level, "generate"))
-            row = PromptScore(
-                id=prompt.id,
-                source=prompt.source,
-                concurrency=level,
-                verdict="error",
-                reference_tokens=len(prompt.generation.tokens),
-            )
-            if ans is None or ans.error is not None or ans.generation is None:
-                row.error = "no answer recorded" if ans is None else (ans.error or "no generation")
-                row.detail = row.error
-                row.latency_s = None if ans is None else ans.latency_s
-            else:
-                cmp = compare_generation(prompt.generation, ans.generation, k)
-                decode_gaps.extend(cmp.gaps)
-                med, top = _stats(cmp.gaps)
-                row = row.model_copy(
-                    update={
-                        "verdict": cmp.verdict,
-                        "trial_tokens": len(ans.generation.tokens),
-                        "matched": cmp.matched,
-                        "diverged_at": cmp.diverged_at,
-                        "reference_in_trial_top_k": cmp.reference_in_trial_top_k,
-                        "trial_in_reference_top_k": cmp.trial_in_reference_top_k,
-                        "decode_gap_median": med,
-                        "decode_gap_max": top,
-                        "trial_text": _preview(ans.generation.text)
-                        if cmp.verdict != "exact"
-                        else None,
-                        "detail": cmp.detail,
-                        "error": cmp.detail if cmp.verdict == "error" else None,
-                        "latency_s": ans.latency_s,
-                    }
-                )
-            if level == levels[0] and spec.teacher_forced and prompt.forced is not None:
+            row, gaps = _score_generation(prompt, level, got.get((prompt.id, level, "generate")), k)
+            decode_gaps.extend(gaps)
+            if lowest and spec.teacher_forced and prompt.forced is not None:
                 fans = got.get((prompt.id, level, "forced"))
-                if fans is None or fans.error is not None or fans.forced is None:
-                    why = "no answer recorded" if fans is None else (fans.error or "no steps")
-                    forced_errors.append(f"{prompt.id}: {why}")
-                    forced_pos += len(prompt.forced)
-                    row.forced_positions = len(prompt.forced)
-                    row.forced_top1 = 0.0
-                else:
-                    fc = compare_forced(prompt.forced, fans.forced)
-                    forced_pos += fc.positions
-                    forced_hits += fc.top1_matches
-                    forced_gaps.extend(fc.gaps)
-                    fmed, fmax = _stats(fc.gaps)
-                    row.forced_positions = fc.positions
-                    row.forced_top1 = fc.top1_matches / fc.positions if fc.positions else None
-                    row.forced_gap_median = fmed
-                    row.forced_gap_max = fmax
-            level_scores.append(row)
+                pos, hits, fgaps, err = _score_forced(prompt, fans, row)
+                forced_pos += pos
+                forced_hits += hits
+                forced_gaps.extend(fgaps)
+                if err is not None:
+                    forced_errors.append(err)
+            rows.append(row)
 
-        n = len(level_scores)
-        exact = sum(s.verdict == "exact" for s in level_scores)
-        close = sum(s.verdict == "close" for s in level_scores)
-        far = sum(s.verdict == "far" for s in level_scores)
-        errors = sum(s.verdict == "error" for s in level_scores)
-        ok = True
+        n = len(rows)
+        exact = sum(r.verdict == "exact" for r in rows)
+        close = sum(r.verdict == "close" for r in rows)
+        far = sum(r.verdict == "far" for r in rows)
+        errors = sum(r.verdict == "error" for r in rows)
         close_fraction = (exact + close) / n if n else 1.0
         exact_fraction = exact / n if n else 1.0
+        fmed, fmax = _stats(forced_gaps)
+        forced_top1 = forced_hits / forced_pos if lowest and forced_pos else None
+        level_failures: list[str] = []
         if close_fraction < spec.min_close_fraction - _EPS:
-            ok = False
-            bad = [s for s in level_scores if s.verdict in ("far", "error")]
-            shown = "; ".join(f"{s.id}: {s.detail}" for s in bad[:3])
-            failures.append(
+            bad = [r for r in rows if r.verdict in ("far", "error")]
+            shown = "; ".join(f"{r.id}: {r.detail}" for r in bad[:3])
+            level_failures.append(
                 f"{far + errors}/{n} prompts not close at concurrency {level} "
                 f"(close {close_fraction:.2f} < {spec.min_close_fraction:.2f}): {shown}"
             )
-        if level == levels[0] and exact_fraction < spec.min_exact_fraction - _EPS:
-            ok = False
-            failures.append(
+        # Exact equality is only demanded without batching: a different batch legitimately
+        # changes low-order bits and so near-tie choices (vllm-knobs.md §6).
+        if lowest and exact_fraction < spec.min_exact_fraction - _EPS:
+            level_failures.append(
                 f"only {exact}/{n} prompts identical at concurrency {level} "
                 f"({exact_fraction:.2f} < {spec.min_exact_fraction:.2f})"
             )
-        dmed, dmax = _stats(decode_gaps)
-        fmed, fmax = _stats(forced_gaps)
-        forced_top1 = None
-        if level == levels[0] and spec.teacher_forced and forced_pos:
-            forced_top1 = forced_hits / forced_pos
-            if forced_top1 < spec.min_prompt_top1 - _EPS:
-                ok = False
-                extra = f"; errors: {'; '.join(forced_errors[:3])}" if forced_errors else ""
-                failures.append(
-                    f"teacher-forced top-1 agreement {forced_top1:.3f} < "
-                    f"{spec.min_prompt_top1:.3f} over {forced_pos} positions{extra}"
-                )
-            if spec.max_gap_median is not None and fmed is not None and fmed > spec.max_gap_median:
-                ok = False
-                failures.append(
+        if forced_top1 is not None and forced_top1 < spec.min_prompt_top1 - _EPS:
+            extra = f"; errors: {'; '.join(forced_errors[:3])}" if forced_errors else ""
+            level_failures.append(
+                f"teacher-forced top-1 agreement {forced_top1:.3f} < "
+                f"{spec.min_prompt_top1:.3f} over {forced_pos} positions{extra}"
+            )
+        if forced_top1 is not None and fmed is not None:
+            if spec.max_gap_median is not None and fmed > spec.max_gap_median:
+                level_failures.append(
                     f"median reference-token |delta logprob| {fmed:.4f} > {spec.max_gap_median}"
                 )
             if spec.max_gap is not None and fmax is not None and fmax > spec.max_gap:
-                ok = False
-                failures.append(f"max reference-token |delta logprob| {fmax:.4f} > {spec.max_gap}")
+                level_failures.append(
+                    f"max reference-token |delta logprob| {fmax:.4f} > {spec.max_gap}"
+                )
+        dmed, dmax = _stats(decode_gaps)
         results.append(
             ReferenceLevel(
                 concurrency=level,
@@ -847,10 +871,11 @@ def score_reference(
                 forced_top1=forced_top1,
                 forced_gap_median=fmed,
                 forced_gap_max=fmax,
-                passed=ok,
+                passed=not level_failures,
             )
         )
-        scores.extend(level_scores)
+        failures.extend(level_failures)
+        scores.extend(rows)
     return ReferenceResult(
         passed=not failures,
         reason="; ".join(failures) if failures else "ok",

@@ -35,23 +35,32 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.core import space
 from tuner.core.spec import StudySpec
 
-__all__ = ["make_sampler", "initial_design", "AvoidSeenSampler", "STARTUP_TRIALS", "MAX_DESIGN_FRACTION"]
+__all__ = ["make_sampler", "initial_design", "AvoidSeenSampler", "ParetoLocalSampler", "neighbours",
+           "STARTUP_TRIALS", "MAX_DESIGN_FRACTION"]
 
 STARTUP_TRIALS = 10
+LOCAL_SHARE = 0.5
 # The design never takes more than this share of the budget: on a wide space with many
 # values per knob, one-at-a-time would otherwise spend the whole night on the start.
 MAX_DESIGN_FRACTION = 0.4
 
 
 def make_sampler(spec: StudySpec, *, design_size: int = 0) -> optuna.samplers.BaseSampler:
-    """The study's sampler. ``design_size``: points enqueued before the sampler's own
-    proposals (baseline + ``initial_design``); TPE then needs that many fewer random ones."""
+    """The study's sampler.
+
+    'tpe': ``ParetoLocalSampler`` (half of the trials after the first ``STARTUP_TRIALS``: an
+    unmeasured one-knob change of a current front point) around a univariate TPE with
+    constant_liar (parallel groups are not handed the same proposal). ``design_size``:
+    points enqueued before the sampler's own proposals (baseline + any initial design); TPE
+    then needs that many fewer random start-up trials.
+    """
 
     s = spec.sampler
     if s.name == "tpe":
         startup = s.n_startup_trials if s.n_startup_trials is not None else max(0, STARTUP_TRIALS - design_size)
-        return optuna.samplers.TPESampler(seed=s.seed, multivariate=True, group=True, constant_liar=True,
-                                          n_startup_trials=startup)
+        tpe = optuna.samplers.TPESampler(seed=s.seed, constant_liar=True, n_startup_trials=startup)
+        return ParetoLocalSampler(tpe, spec, local=LOCAL_SHARE, min_trials=max(startup, design_size),
+                                  seed=s.seed)
     if s.name == "nsga2":
         return optuna.samplers.NSGAIISampler(seed=s.seed,
                                              population_size=max(4, min(20, spec.budget.n_trials // 3)))
@@ -241,3 +250,103 @@ class AvoidSeenSampler(BaseSampler):
             return value
         fresh = [v for v in domain if not repeats(v)]
         return self._rng.choice(fresh) if fresh else value
+
+
+def neighbours(spec: StudySpec, values: dict[str, Any]) -> list[dict[str, Any]]:
+    """Allowed points that differ from ``values`` in one parameter (children that become
+    active take their default or middle value, children that become inactive are dropped)."""
+
+    out = []
+    seen = {space.params_key(values)}
+    for param in space.ordered_parameters(spec):
+        if param.name not in values:
+            continue
+        for value in _representative(param, values[param.name]):
+            point = _complete(spec, {**values, param.name: value}, changed=param.name)
+            key = space.params_key(point)
+            if key in seen or space.forbidden_reason(spec, point) is not None:
+                continue
+            seen.add(key)
+            out.append(point)
+    return out
+
+
+class ParetoLocalSampler(BaseSampler):
+    """Wraps a sampler; once ``min_trials`` trials are done, a share ``local`` of the trials
+    measures an unmeasured neighbour (one parameter changed) of a point on the current
+    feasible front, the others are left to the wrapped sampler.
+
+    Why: on the tuner's discrete spaces a knob's effect is mostly independent of the others
+    (NCCL LL lowers TPOT whatever the speculation), so the front's best points sit next to
+    each other - LL + MTP k=2 next to LL + MTP k=3 - and a model-based sampler that has
+    found one of them spends many trials before it tries the one-step change. Pareto local
+    search tries exactly those; the wrapped sampler keeps exploring globally.
+    """
+
+    def __init__(self, base: BaseSampler, spec: StudySpec, *, local: float = 0.5, min_trials: int = 10,
+                 seed: int | None = None) -> None:
+        self._base = base
+        self._spec = spec
+        self._local = local
+        self._min_trials = min_trials
+        self._rng = random.Random(seed)
+        self._plans: dict[int, dict[str, Any]] = {}
+
+    def _front(self, study: Study) -> tuple[list[dict[str, Any]], set[str]]:
+        done = []
+        seen = set()
+        for t in study.get_trials(deepcopy=False):
+            values = t.user_attrs.get("values", t.params)
+            if values:
+                seen.add(space.params_key(values))
+            if (t.state == TrialState.COMPLETE and t.values is not None
+                    and t.user_attrs.get("kind", "run") == "run"
+                    and all(v <= 0 for v in t.constraints.values()) and values):
+                done.append((t.values, values))
+        signs = [-1.0 if d == optuna.study.StudyDirection.MAXIMIZE else 1.0 for d in study.directions]
+        scored = [([s * v for s, v in zip(signs, vals)], values) for vals, values in done]
+        front = [values for a, values in scored
+                 if not any(all(x <= y for x, y in zip(b, a)) and any(x < y for x, y in zip(b, a))
+                            for b, _ in scored)]
+        return front, seen
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        self._base.before_trial(study, trial)
+        finished = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)))
+        if (trial.params or trial.system_attrs.get("fixed_params") or finished < self._min_trials
+                or self._rng.random() >= self._local):
+            return     # enqueued (fixed) trials, the start, and the global share
+        front, seen = self._front(study)
+        self._rng.shuffle(front)
+        for point in front:
+            fresh = [n for n in neighbours(self._spec, point) if space.params_key(n) not in seen]
+            if fresh:
+                self._plans[trial.number] = self._rng.choice(fresh)
+                return
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        if trial.number in self._plans:
+            return {}
+        return self._base.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if trial.number in self._plans:
+            return {}
+        return self._base.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        plan = self._plans.get(trial.number)
+        if plan is not None and param_name in plan:
+            return plan[param_name]
+        return self._base.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._plans.pop(trial.number, None)
+        self._base.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._base.reseed_rng()
+        self._rng = random.Random()
