@@ -9,7 +9,9 @@ token: per chunk it does one ``transport.write``.
 
 Pacing: with ``--delay-ms 0`` each stream writes its next chunk from ``loop.call_soon``, so
 concurrent streams interleave round-robin (like a batched decode step emitting one token
-per running request) and a client that keeps up sees about one event per read. With a
+per running request) and a client that keeps up sees about one event per read.
+``--burst N`` writes N chunks per step instead (still one token per SSE chunk), so that
+the server, not only the client, can go faster than ~100k chunks/s on one core. With a
 delay, chunk *i* is written at ``first_send + i * delay`` on an absolute schedule, so the
 server's own inter-chunk time is exactly the delay on average whatever the timer jitter.
 
@@ -126,15 +128,16 @@ STATS = _Stats()
 
 
 class _Conn(asyncio.Protocol):
-    __slots__ = ("loop", "tr", "buf", "paused", "busy", "delay", "pending")
+    __slots__ = ("loop", "tr", "buf", "paused", "busy", "delay", "burst", "pending")
 
-    def __init__(self, delay: float) -> None:
+    def __init__(self, delay: float, burst: int = 1) -> None:
         self.loop = asyncio.get_running_loop()
         self.tr: asyncio.Transport | None = None
         self.buf = b""
         self.paused = False
         self.busy = False  # a response is streaming; later requests wait in buf
         self.delay = delay
+        self.burst = burst
         self.pending: Any = None  # resume callback while paused
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -204,7 +207,9 @@ class _Conn(asyncio.Protocol):
             self._stream(chunks, row)
             return
         if method == "GET" and path == "/stats":
-            data = json.dumps(STATS.rows).encode()
+            # cpu_s: this server's CPU time so far, so a driver can tell a run the server
+            # could not keep up with (server CPU ~ wall time) from a client-bound one.
+            data = json.dumps({"rows": STATS.rows, "cpu_s": time.process_time()}).encode()
             STATS.rows = {}
             self._send_plain("200 OK", data)
         elif method == "GET" and path == "/health":
@@ -239,10 +244,15 @@ class _Conn(asyncio.Protocol):
                 state["t0"] = now
                 row[1] = now
             if i < n_tokens:
-                tr.write(chunks[i])
+                if delay > 0 or self.burst == 1:
+                    tr.write(chunks[i])
+                    k = 1
+                else:
+                    k = min(self.burst, n_tokens - i)
+                    tr.write(b"".join(chunks[i:i + k]))
                 row[2] = now
-                row[3] += 1
-                state["i"] = i + 1
+                row[3] += k
+                state["i"] = i + k
                 if delay > 0:
                     loop.call_at(state["t0"] + (i + 1) * delay, step)
                 else:
@@ -254,9 +264,9 @@ class _Conn(asyncio.Protocol):
         step()
 
 
-async def _serve(host: str, port: int, delay: float) -> None:
+async def _serve(host: str, port: int, delay: float, burst: int) -> None:
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _Conn(delay), host, port, backlog=1024,
+    server = await loop.create_server(lambda: _Conn(delay, burst), host, port, backlog=1024,
                                       reuse_address=True)
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -272,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--delay-ms", type=float, default=0.0, help="server inter-chunk time")
     ap.add_argument("--cpu", type=int, default=None, help="pin to this CPU")
+    ap.add_argument("--burst", type=int, default=1,
+                    help="without a delay: chunks written per step (one write); 1 = one each")
     args = ap.parse_args(argv)
     if args.cpu is not None:
         os.sched_setaffinity(0, {args.cpu})
@@ -281,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         runner = asyncio.run
     try:
-        runner(_serve(args.host, args.port, args.delay_ms / 1000))
+        runner(_serve(args.host, args.port, args.delay_ms / 1000, max(1, args.burst)))
     except KeyboardInterrupt:
         pass
     return 0

@@ -512,7 +512,7 @@ def test_storage_retries_through_a_short_lock_and_gives_up_on_a_long_one(tmp_pat
         began = time.monotonic()
         with pytest.raises(StorageUnavailable, match="database is locked"):
             study.set_user_attr("k", 2)
-        assert 3.0 <= time.monotonic() - began < 8.0
+        assert 4.0 <= time.monotonic() - began < 9.0  # the budget, then one last attempt
     finally:
         locker.kill()
         locker.wait()

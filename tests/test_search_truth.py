@@ -143,9 +143,9 @@ def test_ground_truth_round_trips_through_json(small) -> None:
     assert again.get(points[3]) == truth.get(points[3])
 
 
-def test_not_applied_shows_in_the_log_before_the_weights_load(large) -> None:
+def test_not_applied_shows_in_the_log_before_the_weights_are_loaded(large) -> None:
     """verdict_s() claims the downgrades of these spaces are known at communicator /
-    attention init: the log up to "Starting to load model" must already fail verification."""
+    attention init: the log before "Loading weights took" must already fail verification."""
 
     ev = st.Evaluator(large, GLM)
     base = space.baseline_values(large)
@@ -154,7 +154,7 @@ def test_not_applied_shows_in_the_log_before_the_weights_load(large) -> None:
         argv, env = st.default_render(large, values)
         argv = argv[len(large.server.command):]
         text = startup_log(argv, env, GLM)
-        early = text[:text.index("Starting to load model")]
+        early = text[:text.index("Loading weights took")]
         asked = asked_settings(large.server, space.settings_for(large, values))
         assert verify(asked, parse_effective_config(early)).mismatches(), values
         seen = ev.verdict_s(values)

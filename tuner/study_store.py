@@ -58,7 +58,7 @@ def spec_digest(spec: StudySpec) -> str:
 @dataclass(frozen=True)
 class RetryPolicy:
     busy_timeout_s: float = 10.0  # SQLite waits this long for a lock within one attempt
-    budget_s: float = 120.0       # retry one call for this long in total, then give up
+    budget_s: float = 120.0       # retry one call for this long, then one last attempt
     first_delay_s: float = 0.5    # backoff: doubles after every failed attempt ...
     max_delay_s: float = 15.0     # ... up to this
 
@@ -111,16 +111,18 @@ class RetryingRDBStorage(RDBStorage):
                     if not is_transient_storage_error(exc):
                         raise
                     spent = time.monotonic() - began
-                    if spent + delay > self.policy.budget_s:
+                    if spent >= self.policy.budget_s:
                         cause = exc.__cause__ if exc.__cause__ is not None else exc
                         raise StorageUnavailable(
                             f"the study storage {self._redacted} failed {attempts} time(s) over "
                             f"{spent:.0f}s ({what}): {type(cause).__name__}: {str(cause).splitlines()[0]}"
                         ) from exc
                     self.retries += 1
+                    # The last wait is cut to the budget, so a final attempt comes at its end.
+                    wait = min(delay, self.policy.budget_s - spent)
                     logger.warning("storage %s failed (%s); retrying in %.1fs", what,
-                                   type(exc.__cause__ or exc).__name__, delay)
-                    time.sleep(delay)
+                                   type(exc.__cause__ or exc).__name__, wait)
+                    time.sleep(wait)
                     delay = min(delay * 2, self.policy.max_delay_s)
         finally:
             self._depth.n = 0
