@@ -329,6 +329,10 @@ def median_curve(rows: list[dict[str, Any]], budget: int) -> tuple[list[float], 
 # ------------------------------------------------------------------------------- output
 
 
+KEY_LINES = {"proposed": ("black", "-", 2.4), "tpe (current)": ("tab:red", "--", 2.0),
+             "random": ("tab:gray", ":", 1.8)}
+
+
 def plot_curves(results: dict[str, Any], path: Path) -> None:
     import matplotlib
 
@@ -336,21 +340,33 @@ def plot_curves(results: dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     spaces = list(results["spaces"])
-    fig, axes = plt.subplots(1, len(spaces), figsize=(7 * len(spaces), 5), squeeze=False)
+    fig, axes = plt.subplots(1, len(spaces), figsize=(7.5 * len(spaces), 5.5), squeeze=False)
+    others = plt.get_cmap("tab10")
     for ax, space in zip(axes[0], spaces):
         info = results["spaces"][space]
-        for name, row in info["samplers"].items():
+        rows = sorted(info["samplers"].items(), key=lambda kv: kv[1]["t95"]["median"])
+        k = 0
+        for name, row in rows:
             med, lo, hi = row["curve_median"], row["curve_p25"], row["curve_p75"]
             xs = list(range(1, len(med) + 1))
-            line, = ax.plot(xs, med, label=f"{name} ({fmt_trials(row['t95']['median'], row.get('budget', info['budget']))})")
-            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.12)
-        ax.axhline(TARGET, color="black", linestyle="--", linewidth=0.8)
-        ax.set_title(f"{space}: {info['points']} points, true front {info['front_points']} points")
+            label = f"{name} ({fmt_trials(row['t95']['median'], row.get('budget', info['budget']))})"
+            if name in KEY_LINES:
+                color, style, width = KEY_LINES[name]
+                ax.plot(xs, med, color=color, linestyle=style, linewidth=width, label=label, zorder=3)
+                if name != "random":
+                    ax.fill_between(xs, lo, hi, color=color, alpha=0.12, zorder=1)
+            else:
+                ax.plot(xs, med, color=others(k % 10), linewidth=1.0, alpha=0.85, label=label, zorder=2)
+                k += 1
+        ax.axhline(TARGET, color="black", linestyle="--", linewidth=0.7)
+        ax.set_title(f"{space}: {info['points']} points, true front {info['front_points']} points "
+                     f"({results['seeds']} seeds, noise {results['noise_sigma']})", fontsize=10)
         ax.set_xlabel("finished trials (baseline = 1)")
-        ax.set_ylabel("hypervolume found / true hypervolume")
+        ax.set_ylabel("hypervolume found / true hypervolume (median over seeds)")
         ax.set_ylim(0, 1.02)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right", title="median trials to 95 %", title_fontsize=7)
+        ax.legend(fontsize=7, loc="lower right", title="median trials to 95 %  (shaded: 25-75 %)",
+                  title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -414,7 +430,14 @@ def main() -> int:
     ap.add_argument("--early-stop-sampler", default="proposed")
     ap.add_argument("--quick", action="store_true", help="3 seeds, main samplers only")
     ap.add_argument("--out", default=str(RESULTS / "search_efficiency.json"))
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNGs from the JSON")
     args = ap.parse_args()
+    if args.plot_only:
+        results = json.loads(Path(args.out).read_text())
+        plot_curves(results, RESULTS / "search_efficiency.png")
+        if "early_stop" in results:
+            plot_early_stop(results["early_stop"], RESULTS / "early_stop.png")
+        return 0
     if args.quick:
         args.seeds = min(args.seeds, 3)
         args.samplers = args.samplers or "random;tpe (current);proposed"

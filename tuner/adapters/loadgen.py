@@ -1,11 +1,17 @@
 """Async closed-loop load generator for an OpenAI-compatible (vLLM) server.
 
-One level = C streams, each sending its next request as soon as the previous one
-finished (an ``asyncio.Semaphore(C)``), every request streamed with
-``stream_options.include_usage`` so token counts come from the server's usage, never a
-client tokenizer (measurement.md §1). Raw SSE bytes go straight into
-:class:`tuner.core.sse.SSEParser`: ``aiter_lines`` would decode and split every line in
-Python first, which costs more than the parse itself at high chunk rates.
+One level = C streams, each sending its next request as soon as its previous one
+finished, every request streamed with ``stream_options.include_usage`` so token counts
+come from the server's usage, never a client tokenizer (measurement.md §1).
+
+The streamed requests go through :mod:`tuner.adapters.http_stream`, a small asyncio
+HTTP/1.1 client: each stream keeps one keep-alive connection, and response bytes are
+de-chunked and parsed (:class:`tuner.core.sse.SSEParser`) inside the protocol's
+``data_received`` with one timestamp per socket read, so a token costs no coroutine
+switch. httpx, whose per-chunk overhead capped the generator near 8,000 tokens/s at 64
+streams (benchmarks/client_capacity.py), remains the client for ``/tokenize`` and
+``/metrics``. Where one core is still not enough, ``processes > 1`` shards the streams
+over client processes (:mod:`tuner.adapters.loadgen_shards`).
 
 Failures never escape a level: a non-200 status, an error event mid-stream, a reset
 connection or a timeout becomes a record with ``ok=False`` and a typed reason; only
@@ -13,8 +19,9 @@ cancellation propagates. Times are ``time.monotonic()`` seconds since the level 
 (CLOCK_MONOTONIC: one clock for every process, so sharded clients share a time base).
 
 A sweep (:func:`run_sweep`) runs, per level: prompt fitting through ``/tokenize`` →
-warm-up with different prompts → ``/metrics`` scrape → measured level → scrape, so the
-server-side deltas cover the measured requests only.
+warm-up with different prompts → ``/metrics`` scrape → measured level (× ``repeats``,
+fresh prompts each time) → scrape, so the server-side deltas cover the measured requests
+only.
 """
 
 from __future__ import annotations
