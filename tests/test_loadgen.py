@@ -528,3 +528,14 @@ def test_sweep_repeats_report_median_and_spread(served: Served) -> None:
     assert len(set(prompts)) == len(prompts)
     # The /metrics delta spans all repeats, so the token counts still agree.
     assert lv.token_agreement.agree is True
+
+
+def test_sweep_with_client_processes(served: Served) -> None:
+    spec = SWEEP.model_copy(update={"concurrency": (2,), "client_processes": 2})
+    result = asyncio.run(run_sweep(served.base_url, "fake", spec, ignore_eos=True,
+                                   deadline_s=60))
+    (lv,) = result.levels
+    assert lv.warmup.completed == 2 and lv.metrics.completed == spec.requests_for(2)
+    assert [r.index for r in lv.records] == list(range(spec.requests_for(2)))
+    assert lv.token_agreement.agree is True
+    assert served.state.max_in_flight <= 2

@@ -90,7 +90,6 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         proc.wait(timeout=10)
 
 
-@pytest.mark.slow
 def test_measure_with_probe_writes_everything(sim: str, tmp_path: Path) -> None:
     out = tmp_path / "m"
     summary = measure(sim + "/v1", study(), probe=True, out_dir=out)
@@ -115,7 +114,6 @@ def test_measure_with_probe_writes_everything(sim: str, tmp_path: Path) -> None:
     assert len([ln for ln in text.splitlines() if ln.strip().startswith(("1 ", "4 "))]) == 2
 
 
-@pytest.mark.slow
 def test_measure_discovers_the_model_and_repeats(sim: str, tmp_path: Path) -> None:
     summary = measure(sim, study(served="not-served", repeats=2), probe=False,
                       out_dir=tmp_path / "m")
