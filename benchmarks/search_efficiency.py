@@ -382,13 +382,14 @@ def plot_early_stop(es: dict[str, Any], path: Path) -> None:  # noqa: C901
     fig, axes = plt.subplots(1, len(spaces), figsize=(7 * len(spaces), 5), squeeze=False)
     for ax, space in zip(axes[0], spaces):
         for label, key in (("full sweep", "off"), ("early stop (all rules)", "all")):
-            for run in es[space]["runs"][key]:
+            runs = es[space]["runs"].get(key, [])
+            for run in runs:
                 hours = [0.0]
                 for s in run["trial_hours"]:
                     hours.append(hours[-1] + s)
                 ax.step(hours[1:], run["curve"], where="post", alpha=0.35,
                         color="tab:blue" if key == "off" else "tab:orange",
-                        label=label if run is es[space]["runs"][key][0] else None)
+                        label=label if run is runs[0] else None)
         ax.axhline(TARGET, color="black", linestyle="--", linewidth=0.8)
         ax.set_title(f"{space}: HV vs study time, {es[space]['sampler']}")
         ax.set_xlabel("study time (hours, one GPU group)")
@@ -428,6 +429,7 @@ def main() -> int:
     ap.add_argument("--early-stop", action="store_true", help="also measure tuner.core.early_stop")
     ap.add_argument("--early-stop-only", action="store_true")
     ap.add_argument("--early-stop-sampler", default="proposed")
+    ap.add_argument("--policies", default="", help="early-stop policies separated by ; (default all)")
     ap.add_argument("--quick", action="store_true", help="3 seeds, main samplers only")
     ap.add_argument("--out", default=str(RESULTS / "search_efficiency.json"))
     ap.add_argument("--plot-only", action="store_true", help="redraw the PNGs from the JSON")
@@ -540,14 +542,16 @@ POLICIES: dict[str, EarlyStopPolicy | None] = {
 def early_stop_study(spaces: list[str], args: argparse.Namespace) -> dict[str, Any]:
     v = next(x for x in variants(None) if x.name == args.early_stop_sampler)
     rnd = variants(["random"])[0]
+    chosen = {k: v for k, v in POLICIES.items() if not args.policies or k in args.policies.split(";")}
+    chosen.setdefault("off", None)
     jobs = []
     for space in spaces:
         for seed in range(args.seeds):
-            for name, policy in POLICIES.items():
+            for name, policy in chosen.items():
                 jobs.append(Job(space, v, seed, args.noise, BUDGET[space], policy=policy, stop_at_full=False,
                                 tag=name))
             # Random search stresses the rule: many more poor and unusual points.
-            for name in ("off", "all"):
+            for name in ("off", "all") if not args.policies else ():
                 jobs.append(Job(space, rnd, seed, args.noise, BUDGET[space], policy=POLICIES[name],
                                 stop_at_full=False, tag=f"random: {name}"))
     print(f"[early stop] {len(jobs)} simulated studies", flush=True)
@@ -555,8 +559,8 @@ def early_stop_study(spaces: list[str], args: argparse.Namespace) -> dict[str, A
     out: dict[str, Any] = {}
     for space in spaces:
         budget = BUDGET[space]
-        mine = {tag: [r for r in rows if r["space"] == space and r["tag"] == tag]
-                for tag in [*POLICIES, "random: off", "random: all"]}
+        tags = [*chosen] + ([] if args.policies else ["random: off", "random: all"])
+        mine = {tag: [r for r in rows if r["space"] == space and r["tag"] == tag] for tag in tags}
 
         def hours(rows: list[dict[str, Any]]) -> float:
             return sum(r["study_hours"] for r in rows)
@@ -582,7 +586,7 @@ def early_stop_study(spaces: list[str], args: argparse.Namespace) -> dict[str, A
         out[space] = {
             "sampler": v.name, "budget": budget, "seeds": args.seeds, "policies": policies,
             "runs": {key: [{"curve": r["curve"], "trial_hours": r["trial_hours"]} for r in mine[key]]
-                     for key in ("off", "all")},
+                     for key in ("off", "all") if key in mine},
         }
     return out
 

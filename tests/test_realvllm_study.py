@@ -116,6 +116,13 @@ def test_real_cpu_study_verifies_probes_measures_and_exports(tmp_path: Path,
     print(f"real CPU study of {name}: {study_s:.0f}s")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert processes_with_env(marker) == [], "servers left running after `tuner run`"
+    check_study_artifacts(results, name)
+    check_export_starts_the_same_config(results, name, tmp_path)
+    print(f"whole test: {time.monotonic() - t0:.0f}s")
+
+
+def check_study_artifacts(results: Path, name: str) -> None:
+    """Everything a finished run of the grid study must have left behind (module doc)."""
 
     study_dir = results / name
     status = run_tuner("status", name, "--results", str(results), "--json")
@@ -205,14 +212,21 @@ def test_real_cpu_study_verifies_probes_measures_and_exports(tmp_path: Path,
     for level in ("1", "4"):
         side = outcome["server_side"][level]
         assert side["spec_drafts"] > 0, side
-        assert side["spec_draft_tokens"] == pytest.approx(4 * side["spec_drafts"])
+        # k=4 per draft, fewer when a request is about to hit max_tokens.
+        assert 0 < side["spec_draft_tokens"] <= 4 * side["spec_drafts"]
+        assert side["spec_draft_tokens"] > 3 * side["spec_drafts"]
         assert 0 <= side["spec_acceptance_rate"] <= 1
         assert 1 <= side["spec_mean_acceptance_length"] <= 5
         assert len(side["spec_acceptance_rate_per_position"]) == 4
     baseline_side = json.loads((study_dir / "trials" / "0000" / "outcome.json").read_text())["server_side"]
     assert baseline_side["1"]["spec_drafts"] is None  # no speculation: unknown, not 0
 
-    # -- export the best-throughput trial and start exactly that ----------------------------
+
+def check_export_starts_the_same_config(results: Path, name: str, tmp_path: Path) -> None:
+    """Export the best-throughput trial, start exactly that command, read its log back."""
+
+    study_dir = results / name
+    front = {entry["trial"] for entry in json.loads((study_dir / "pareto.json").read_text())["front"]}
     exported = run_tuner("export", name, "--results", str(results), "--pick", "best-throughput",
                          "--format", "json")
     assert exported.returncode == 0, exported.stderr
@@ -269,7 +283,6 @@ def test_real_cpu_study_verifies_probes_measures_and_exports(tmp_path: Path,
     assert effective.dtype == "float32"
     assert effective.cudagraph_mode == "NONE"
     assert effective.speculative_method == params.get("spec_method")
-    print(f"whole test: {time.monotonic() - t0:.0f}s")
 
 
 @needs_vllm
