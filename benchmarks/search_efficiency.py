@@ -360,7 +360,8 @@ def plot_curves(results: dict[str, Any], path: Path) -> None:
                 k += 1
         ax.axhline(TARGET, color="black", linestyle="--", linewidth=0.7)
         ax.set_title(f"{space}: {info['points']} points, true front {info['front_points']} points "
-                     f"({results['seeds']} seeds, noise {results['noise_sigma']})", fontsize=10)
+                     f"({info.get('seeds', results['seeds'])} seeds, noise "
+                     f"{info.get('noise_sigma', results['noise_sigma'])})", fontsize=10)
         ax.set_xlabel("finished trials (baseline = 1)")
         ax.set_ylabel("hypervolume found / true hypervolume (median over seeds)")
         ax.set_ylim(0, 1.02)
@@ -432,10 +433,13 @@ def main() -> int:
     ap.add_argument("--policies", default="", help="early-stop policies separated by ; (default all)")
     ap.add_argument("--quick", action="store_true", help="3 seeds, main samplers only")
     ap.add_argument("--out", default=str(RESULTS / "search_efficiency.json"))
-    ap.add_argument("--plot-only", action="store_true", help="redraw the PNGs from the JSON")
+    ap.add_argument("--plot-only", action="store_true", help="redraw the PNGs and tables from the JSON")
     args = ap.parse_args()
     if args.plot_only:
         results = json.loads(Path(args.out).read_text())
+        print_table(results, list(results["spaces"]))
+        if "early_stop" in results:
+            print_early_stop(results["early_stop"])
         plot_curves(results, RESULTS / "search_efficiency.png")
         if "early_stop" in results:
             plot_early_stop(results["early_stop"], RESULTS / "early_stop.png")
@@ -464,7 +468,8 @@ def main() -> int:
         for space in spaces:
             spec, truth = _truth(space)
             info = results["spaces"].setdefault(space, {})
-            info.update(points=len(truth.points), front_points=len(truth.front),
+            info.update(points=len(truth.points), front_points=len(truth.front), seeds=args.seeds,
+                        noise_sigma=args.noise,
                         true_hv=truth.hypervolume, reference=list(truth.reference), budget=BUDGET[space],
                         strict_reference=list(truth.strict_reference),
                         file=SPACES[space])
@@ -507,7 +512,8 @@ def print_table(results: dict[str, Any], spaces: list[str]) -> None:
         info = results["spaces"][space]
         budget = info["budget"]
         print(f"\n{space} ({info['file']}): {info['points']} points, true front {info['front_points']} "
-              f"points, budget {budget} trials, {results['seeds']} seeds, noise sigma {results['noise_sigma']}")
+              f"points, budget {budget} trials, {info.get('seeds', results['seeds'])} seeds, "
+              f"noise sigma {info.get('noise_sigma', results['noise_sigma'])}")
         print(f"  {'sampler':<28} {'median':>7} {'p25-p75':>11} {'worst':>6} {'reached':>8} "
               f"{'hours':>6} {'HV@end':>7} {'infeas':>6} {'strict':>7}")
         rand = info["samplers"].get("random", {}).get("t95", {}).get("median")
