@@ -286,6 +286,18 @@ def test_nccl_tuning_lines_are_deduplicated_and_capped() -> None:
     assert eff.nccl_tuning[0] == "AllReduce: 0 Bytes -> Algo RING proto SIMPLE"
 
 
+def test_ray_deduplicated_nccl_lines_keep_only_the_value() -> None:
+    # Under Ray, identical worker lines are folded into one with a `[repeated Nx across
+    # cluster]` suffix (the form seen in public vLLM-on-Ray reports).
+    text = "\n".join([
+        "(RayWorkerWrapper pid=539) node:539:539 [6] NCCL INFO NCCL_P2P_LEVEL set by environment to NVL [repeated 15x across cluster]",
+        "(RayWorkerWrapper pid=539) node:539:539 [6] NCCL INFO NCCL_CUMEM_ENABLE set by environment to 0. [repeated 15x across cluster]",
+        "(RayWorkerWrapper pid=540) node:540:540 [1] NCCL INFO NCCL_PROTO set by environment to LL",
+    ])
+    eff = parse_effective_config(text)
+    assert eff.nccl_env == {"NCCL_P2P_LEVEL": "NVL", "NCCL_CUMEM_ENABLE": "0", "NCCL_PROTO": "LL"}
+
+
 @pytest.mark.parametrize(("raw", "expected"), [
     ("(APIServer pid=707) INFO 11-29 09:57:36 [api_utils.py:273] non-default args: {}",
      ("APIServer", "INFO", "non-default args: {}")),

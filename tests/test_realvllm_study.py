@@ -103,14 +103,15 @@ def check_by_target(trial_dir: Path) -> dict[str, dict[str, Any]]:
 
 
 @needs_vllm
-@pytest.mark.timeout(2700)
+@pytest.mark.timeout(4200)
 def test_real_cpu_study_verifies_probes_measures_and_exports(tmp_path: Path,
                                                             orphan_check: list[str]) -> None:
     study, name, marker = study_variant(tmp_path)
     orphan_check.append(marker)
     results = tmp_path / "results"
     t0 = time.monotonic()
-    out = run_tuner("run", str(study), "--results", str(results), timeout=2400)
+    # ~10 min on two idle cores; the limits allow for a machine shared with other work.
+    out = run_tuner("run", str(study), "--results", str(results), timeout=3000)
     study_s = time.monotonic() - t0
     print(out.stdout[-4000:])
     print(f"real CPU study of {name}: {study_s:.0f}s")
@@ -247,7 +248,9 @@ def check_export_starts_the_same_config(results: Path, name: str, tmp_path: Path
     try:
         exported_port = int(argv[argv.index("--port") + 1])
         base = f"http://127.0.0.1:{exported_port}"
-        deadline = time.monotonic() + 420
+        # A compiled start: ~1 min with the inductor cache on idle cores, many more when
+        # other work shares them (seen: 3.5 min before the worker even started compiling).
+        deadline = time.monotonic() + 900
         while True:
             assert proc.poll() is None, log_path.read_text()[-3000:]
             assert time.monotonic() < deadline, "exported server never became ready"

@@ -130,6 +130,10 @@ _HEADER_RE = re.compile(
     r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?"
 )
 _UVICORN_RE = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
+# Ray's log deduplication folds identical worker lines into one and appends this suffix
+# (`... NCCL_PROTO set by environment to LL [repeated 7x across cluster]`); left in place it
+# would become part of the parsed value.
+_RAY_DEDUP_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 
 
 def strip_ansi(text: str) -> str:
@@ -501,6 +505,8 @@ def parse_effective_config(log_text: str) -> EffectiveConfig:
     log_text = strip_ansi(log_text)
     scan = _Scan()
     for line in log_text.split("\n"):
+        if "across cluster]" in line:
+            line = _RAY_DEDUP_RE.sub("", line)
         for marker, handler in _HANDLERS:
             if marker in line:
                 handler(scan, line)
