@@ -23,6 +23,7 @@ parameters:
     flag: compilation_config.cudagraph_mode
     kind: categorical
     values: [FULL_AND_PIECEWISE, PIECEWISE]
+    default: FULL_AND_PIECEWISE
   - name: spec_method
     flag: speculative_config.method
     kind: categorical

@@ -12,6 +12,7 @@ import json
 import logging
 import random
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +89,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     baseline = space.baseline_values(spec)
     _say("baseline trial: " + (" ".join(f"{k}={_fmt(v)}" for k, v in baseline.items()) or "(server defaults)"))
     _say("  " + _command_text(spec, baseline))
+    for i, start in enumerate(space.starting_point_values(spec)):
+        _say(f"starting point {i}: " + (" ".join(f"{k}={_fmt(v)}" for k, v in start.items()) or "(server defaults)"))
     point = space.random_values(spec, random.Random(args.seed))
     _say(f"random point (seed {args.seed}): " + (" ".join(f"{k}={_fmt(v)}" for k, v in point.items()) or "(none)"))
     _say("  " + _command_text(spec, point))
@@ -165,9 +168,9 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 def cmd_status(args: argparse.Namespace) -> int:
     from tuner.status import build_status, format_status
-    from tuner.study_store import open_existing
+    from tuner.folder_study import open_for_reading
 
-    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
     status = build_status(handle, handle.load())
     if args.json:
         _say(json.dumps(status, indent=2, default=str))
@@ -180,7 +183,7 @@ def _check_export(handle: Any, record: Any, args: argparse.Namespace) -> int:
     """Parse every flag-carrying export format with vLLM's own parser; 0 when all pass."""
 
     from tuner.export import render_export
-    from tuner.export_check import argv_from_export, check_arguments, vllm_python_for
+    from tuner.export_check import argv_from_export, check_arguments, env_from_export, vllm_python_for
 
     spec = handle.spec
     python = vllm_python_for(spec, args.vllm_python)
@@ -189,8 +192,9 @@ def _check_export(handle: Any, record: Any, args: argparse.Namespace) -> int:
     _say(f"checking trial {record.number} with {python} "
          f"({'parser + engine config' if build else 'parser + engine arguments only'}"
          f"{'' if model_here else '; the model is not on this machine'})")
-    env = json.loads(render_export(spec, handle.name, record, "json"))["env"]
-    env = {k: v for k, v in env.items() if not v.startswith("${")}
+    exported_env = json.loads(render_export(spec, handle.name, record, "json"))["env"]
+    # Secrets are exported as ${NAME} references; the check runs without them.
+    env = {k: v for k, v in exported_env.items() if not v.startswith("${")}
     formats = ("shell", "json", "systemd", "yaml")
     argvs, temps = [], []
     for fmt in formats:
@@ -203,6 +207,13 @@ def _check_export(handle: Any, record: Any, args: argparse.Namespace) -> int:
         for temp in temps:
             if temp is not None:
                 temp.unlink(missing_ok=True)
+    # The env format carries no flags, only the environment every check above ran with:
+    # it must read back to exactly that environment.
+    env_file = env_from_export(render_export(spec, handle.name, record, "env"))
+    formats += ("env",)
+    results.append((True, f"same {len(env_file)} variable(s) as the formats above")
+                   if env_file == exported_env else
+                   (False, f"reads back as {env_file}, the other formats set {exported_env}"))
     failed = 0
     for fmt, (ok, message) in zip(formats, results):
         failed += not ok
@@ -218,9 +229,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     from tuner.core.pareto import parse_filter
     from tuner.export import ExportError, choose_record, render_export
     from tuner.records import read_records
-    from tuner.study_store import open_existing
+    from tuner.folder_study import open_for_reading
 
-    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
     study = handle.load()
     labels = list(study.metric_names or [])
     directions = [d.name.lower() for d in study.directions]
@@ -244,9 +255,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from tuner.report import write_report
-    from tuner.study_store import open_existing
+    from tuner.folder_study import open_for_reading
 
-    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
     out_dir = Path(args.output) if args.output else handle.paths.root / "report"
     paths = write_report(handle, out_dir, pick=args.pick)
     for name, path in paths.items():
@@ -254,6 +265,30 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.markdown:
         _say("")
         _say(paths["report.md"].read_text())
+    return 0
+
+
+# -- measure ----------------------------------------------------------------------
+
+
+def cmd_measure(args: argparse.Namespace) -> int:
+    """Run a study file's load profile (and with --probe its probe) against a running server."""
+
+    from tuner.measure import MeasureError, format_summary, measure
+
+    spec = load_spec_file(args.file)
+    if args.output:
+        out_dir = Path(args.output)
+    else:
+        # One folder per run, so measuring the same server twice keeps both.
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        out_dir = Path(args.results) / spec.name / "measure" / stamp
+    try:
+        summary = measure(args.url, spec, probe=args.probe, out_dir=out_dir)
+    except MeasureError as exc:
+        print(f"tuner measure: {exc}", file=sys.stderr)
+        return 3
+    _say(format_summary(summary))
     return 0
 
 
@@ -318,6 +353,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-engine-config", action="store_true",
                    help="with --check: stop after the engine arguments (do not build the engine config)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("measure", help="measure an already running server with a study file's load profile")
+    p.add_argument("file", help="study file (its load and probe sections are used)")
+    p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
+    p.add_argument("--probe", action="store_true", help="also run the study's correctness probe first")
+    p.add_argument("-o", "--output", help="folder for the files (default: results/NAME/measure/DATE-TIME)")
+    p.add_argument("--results", default=str(DEFAULT_RESULTS), help="results root (default: results)")
+    p.set_defaults(func=cmd_measure)
     return parser
 
 

@@ -27,6 +27,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import optuna
@@ -35,11 +36,15 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from tuner import recovery
 from tuner.adapters.artifacts import atomic_write_json, is_secret_name
 from tuner.core import space
+from tuner.adapters.probe_client import load_probe_items
+from tuner.adapters.reference_client import load_reference_sources
 from tuner.core.outcome import TrialOutcome, TrialRequest
 from tuner.core.pareto import pareto_front
+from tuner.core.probe_spec import ProbeSpec
+from tuner.core.reference import Reference, with_reference_accuracy
 from tuner.core.render import RenderedCommand, asked_settings, render_command, shell_line
-from tuner.core.spec import StudySpec
-from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError
+from tuner.core.spec import ServerSpec, StudySpec
+from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
 from tuner.executor import Finished, NoWorkersLeft, RayExecutor
 from tuner.records import KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, read_records, record_points
 from tuner.sampling import grid_points, make_sampler, suggest
@@ -47,18 +52,27 @@ from tuner.scoring import (constraints, level_of, metric_value, outcome_attrs, p
                            result_text, values_text)
 from tuner.study_store import StudyHandle, make_storage
 
-__all__ = ["Orchestrator", "RunSummary", "make_sampler", "trial_command", "level_of", "metric_value"]
+__all__ = ["Orchestrator", "RunSummary", "make_sampler", "trial_command", "reference_configuration",
+           "resolve_probe_files", "level_of", "metric_value"]
 
 logger = logging.getLogger(__name__)
 
 MAX_REJECTED_IN_A_ROW = 25  # then a random unseen point is enqueued instead
 WORKER_WAIT_S = 600.0  # no GPU group available for this long: stop (resumably)
+REFERENCE_JOB = -1  # request number of the reference job (trial numbers start at 0)
+# Config arguments the conservative reference drops: each is a path (graphs, the compiler,
+# a drafter) a trial's bug could live in, and the reference must not share it.
+_NOT_IN_REFERENCE = ("compilation_config", "speculative_config")
 
 
 def trial_command(spec: StudySpec, values: dict[str, Any], *, port: int | None = None,
                   python: str | None = None) -> tuple[list[str], dict[str, str]]:
-    rendered = render_command(spec.server, space.settings_for(spec, values),
-                              python=python or sys.executable, port=port)
+    return _command(spec, spec.server, space.settings_for(spec, values), port=port, python=python)
+
+
+def _command(spec: StudySpec, server: ServerSpec, settings: dict[str, Any], *, port: int | None,
+             python: str | None) -> tuple[list[str], dict[str, str]]:
+    rendered = render_command(server, settings, python=python or sys.executable, port=port)
     argv = list(rendered.argv)
     if python is None and "/" in argv[0] and not os.path.isabs(argv[0]):
         # A relative interpreter path (e.g. .venv-vllm/bin/python) means "relative to where
@@ -73,6 +87,83 @@ def trial_command(spec: StudySpec, values: dict[str, Any], *, port: int | None =
         env.setdefault("NCCL_DEBUG", "INFO")
         env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,ENV")
     return argv, env
+
+
+@dataclass(frozen=True)
+class ReferenceConfiguration:
+    values: dict[str, Any]
+    argv: list[str]
+    env: dict[str, str]
+    asked: dict[str, Any]
+    label: str
+
+
+def reference_configuration(spec: StudySpec, *, port: int | None = None,
+                            python: str | None = None) -> ReferenceConfiguration:
+    """The configuration the study's reference is recorded from: the baseline's values
+    with ``probe.reference.values`` on top, then (``conservative``) enforce_eager on and
+    no compilation or speculative config, fixed flags included.
+
+    Raises:
+        SpecError: ``probe.reference.values`` names a parameter the study does not have.
+    """
+
+    ref = spec.probe.reference
+    names = {p.name for p in spec.parameters}
+    unknown = sorted(set(ref.values) - names)
+    if unknown:
+        raise SpecError(f"probe.reference.values: unknown parameter(s) {unknown}; "
+                        f"the study's parameters are {sorted(names)}")
+    values = {**space.baseline_values(spec), **ref.values}
+    settings = space.settings_for(spec, values)
+    server = spec.server
+    label = "baseline" + (f" with {values_text(ref.values)}" if ref.values else "")
+    if ref.conservative:
+        settings = {t: v for t, v in settings.items() if t.split(".")[0] not in _NOT_IN_REFERENCE}
+        settings["enforce_eager"] = True
+        flags = {k: v for k, v in server.flags.items() if k.split(".")[0] not in _NOT_IN_REFERENCE}
+        server = server.model_copy(update={"flags": flags})
+        label += ", eager, no compilation config, no speculation"
+    argv, env = _command(spec, server, settings, port=port, python=python)
+    return ReferenceConfiguration(values, argv, env, asked_settings(server, settings), label)
+
+
+def resolve_probe_files(probe: ProbeSpec, base_dir: Path) -> ProbeSpec:
+    """``probe`` with its prompts files (known answers, reference) made absolute against
+    ``base_dir`` (the study file's folder) and both read and checked now, so a bad file
+    stops the study before any server starts and workers elsewhere find the same file.
+
+    Raises:
+        PromptsFileError, ReferencePromptsError: a file is missing or has bad lines.
+    """
+
+    update: dict[str, Any] = {}
+    if probe.prompts_file:
+        update["prompts_file"] = str((base_dir / probe.prompts_file).resolve())
+    if probe.reference.prompts_file:
+        update["reference"] = probe.reference.model_copy(
+            update={"prompts_file": str((base_dir / probe.reference.prompts_file).resolve())})
+    resolved = probe.model_copy(update=update)
+    if resolved.enabled:
+        items = load_probe_items(resolved)
+        if resolved.reference.enabled:
+            load_reference_sources(resolved, items=items)
+    return resolved
+
+
+class _ReferenceJobFiles:
+    """The reference job's folder as the two recovery helpers see a study (they only ask
+    for ``pid_files()`` and ``trial_dir(n)``), so its server is stopped like a trial's."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def pid_files(self) -> list[Path]:
+        pid = self.folder / "server.pid"
+        return [pid] if pid.exists() else []
+
+    def trial_dir(self, number: int) -> Path:
+        return self.folder
 
 
 @dataclass
@@ -105,6 +196,10 @@ class Orchestrator:
         self._stop_reason: str | None = None
         self._grid: list[dict[str, Any]] | None = None
         self._in_flight: dict[int, Trial] = {}
+        # What every trial's probe is judged with: the study's probe section, with the
+        # reference's known-answer accuracy once there is a reference, and the reference.
+        self._probe_spec: ProbeSpec = self.spec.probe
+        self._reference: dict[str, Any] | None = None
 
     # -- setup -------------------------------------------------------------------
 
@@ -162,11 +257,20 @@ class Orchestrator:
 
     def _stop_leftover_servers(self) -> None:
         recovery.stop_leftover_servers(self.handle.paths, self.spec.server.stop_timeout, self.progress)
+        # A run killed while it recorded the reference left that server behind.
+        recovery.stop_leftover_servers(_ReferenceJobFiles(self.reference_dir),  # type: ignore[arg-type]
+                                       self.spec.server.stop_timeout, self.progress)
 
     def ensure_baseline(self, study: optuna.Study) -> None:
-        if any(t.user_attrs.get("baseline") for t in study.get_trials(deepcopy=False)):
-            return
-        study.enqueue_trial(space.baseline_values(self.spec), user_attrs={"baseline": True, "attempt": 1})
+        """Queue the baseline, then the study's starting points, once per study (a resumed
+        study finds them already queued or run)."""
+        trials = study.get_trials(deepcopy=False)
+        if not any(t.user_attrs.get("baseline") for t in trials):
+            study.enqueue_trial(space.baseline_values(self.spec), user_attrs={"baseline": True, "attempt": 1})
+        queued = {t.user_attrs.get("starting_point") for t in trials}
+        for i, values in enumerate(space.starting_point_values(self.spec)):
+            if i not in queued:
+                study.enqueue_trial(values, user_attrs={"starting_point": i, "attempt": 1})
 
     # -- counting ---------------------------------------------------------------
 
@@ -205,7 +309,8 @@ class Orchestrator:
         signal.signal(signal.SIGINT, self._on_sigint)
         storage_ok = True
         try:
-            self._loop(study, began, prior_elapsed)
+            if self._prepare_reference():
+                self._loop(study, began, prior_elapsed)
         except StorageUnavailable as exc:
             storage_ok = False
             self._stop_reason = "storage"
@@ -425,8 +530,9 @@ class Orchestrator:
             stop_timeout_s=self.spec.server.stop_timeout,
             deadline_s=self.spec.budget.trial_timeout,
             load=self.spec.load.model_dump(mode="json"),
-            probe=self.spec.probe.model_dump(mode="json"),
+            probe=self._probe_spec.model_dump(mode="json"),
             ignore_eos=bool(ignore_eos),
+            reference=self._reference,
         )
         trial.set_user_attr("kind", KIND_RUN)
         trial.set_user_attr("attempt", attempt)
@@ -437,6 +543,179 @@ class Orchestrator:
                              deadline_s=self.spec.budget.trial_timeout + self.spec.server.stop_timeout + 15)
         label = "baseline" if trial.user_attrs.get("baseline") else values_text(values)
         self.progress(f"[trial {trial.number}] start on group {group}: {label}")
+
+    # -- the reference ----------------------------------------------------------
+
+    @property
+    def reference_dir(self) -> Path:
+        """The reference job's own files (command, server log, outcome)."""
+
+        return self.handle.paths.root / "reference"
+
+    @property
+    def reference_json(self) -> Path:
+        return self.handle.paths.root / "reference.json"
+
+    @property
+    def reference_probe_json(self) -> Path:
+        return self.handle.paths.root / "reference_probe.json"
+
+    def _prepare_reference(self) -> bool:
+        """Have the study's reference before the first trial: the stored one when it still
+        fits the study, else one recorded now. False when interrupted meanwhile.
+
+        Every trial's probe is then compared with it, and its known-answer accuracy
+        replaces the absolute ``min_accuracy`` bar for the trials (within a sample-size
+        tolerance). Nothing to do when the probe or its reference layer is off.
+
+        Raises:
+            SpecError: a prompts file or ``probe.reference.values`` is invalid.
+            StudyError: the reference could not be recorded or cannot be trusted.
+        """
+
+        if not self.spec.probe.enabled:
+            return True
+        # `tuner run` already made the files absolute against the study file; a relative
+        # path left (a study created in code) means the current folder. Checked now either
+        # way: a bad prompts file must stop the study before any server starts.
+        probe = self._probe_spec = resolve_probe_files(self.spec.probe, Path.cwd())
+        if not probe.reference.enabled:
+            return True
+        served = self.spec.server.served_model_name or self.spec.server.model
+        sources = load_reference_sources(probe)
+        reference = self._stored_reference(probe, sources, served)
+        if reference is None:
+            reference = self._record_reference()
+            if reference is None:
+                return False
+        self._reference = reference.model_dump(mode="json")
+        self._probe_spec = with_reference_accuracy(probe, reference)
+        return True
+
+    def _stored_reference(self, probe: ProbeSpec, sources: list[Any], served: str) -> Reference | None:
+        """reference.json when it exists and can judge this study's trials (resume)."""
+
+        try:
+            stored = Reference.model_validate_json(self.reference_json.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            self.progress(f"[reference] {self.reference_json} is unreadable ({type(exc).__name__}); "
+                          "recording a new reference")
+            return None
+        why = stored.mismatch(probe, sources, served)
+        if why is not None:
+            self.progress(f"[reference] the stored reference cannot be used ({why}); recording a new one")
+            return None
+        accuracy = stored.known_answers_accuracy
+        self.progress(f"[reference] reusing {self.reference_json} ({len(stored.prompts)} prompts"
+                      + (f", known-answer accuracy {accuracy:.2f}" if accuracy is not None else "") + ")")
+        return stored
+
+    def _record_reference(self) -> Reference | None:
+        """Run the reference job on a GPU group and keep its result; None when interrupted."""
+
+        stop_grace = self.spec.server.stop_timeout
+        waiting_since = time.monotonic()
+        try:
+            while not self.executor.idle_groups():
+                if self._stop_reason == "interrupted":
+                    return None
+                if time.monotonic() - waiting_since > WORKER_WAIT_S:
+                    raise StudyError(
+                        f"no GPU group became available in {WORKER_WAIT_S:.0f}s to record the reference; "
+                        f"continue with `tuner resume {self.handle.name}` when the cluster is back")
+                self.executor.poll(0.5, stop_grace_s=stop_grace)
+            group = self.executor.idle_groups()[0]
+            port = self.spec.server.port + group
+            config = reference_configuration(self.spec, port=port)
+            served = self.spec.server.served_model_name or self.spec.server.model
+            # The reference server is judged by the absolute bar (min_accuracy): a
+            # reference accuracy, even one set in the study file, is what it establishes.
+            probe = self._probe_spec.model_copy(update={"reference_accuracy": None})
+            request = TrialRequest(
+                study=self.handle.name, number=REFERENCE_JOB, kind="reference", values=config.values,
+                asked=config.asked, argv=config.argv, env=config.env,
+                secret_env=list(self.spec.server.secret_env), host=self.spec.server.host, port=port,
+                served_model_name=served, trial_dir=str(self.reference_dir.resolve()),
+                startup_timeout_s=self.spec.server.startup_timeout, stop_timeout_s=stop_grace,
+                deadline_s=self.spec.budget.trial_timeout, load=self.spec.load.model_dump(mode="json"),
+                probe=probe.model_dump(mode="json"), ignore_eos=True,
+            )
+            self.progress(f"[reference] recording the study's reference on group {group}: {config.label}")
+            self.executor.submit(group, request.model_dump(mode="json"), method="run_reference",
+                                 deadline_s=self.spec.budget.trial_timeout + stop_grace + 15)
+            while True:
+                if self._stop_reason == "interrupted":
+                    self.executor.cancel_all(wait_s=stop_grace + 30)
+                    return None
+                for item in self.executor.poll(0.5, stop_grace_s=stop_grace):
+                    return self._keep_reference(item, config)
+        except NoWorkersLeft as exc:
+            raise StudyError(str(exc)) from exc
+        except KeyboardInterrupt:
+            # Second Ctrl-C: the reference server goes now, not after its grace.
+            self._stop_reason = "interrupted"
+            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+            try:
+                recovery.kill_servers_now(_ReferenceJobFiles(self.reference_dir),  # type: ignore[arg-type]
+                                          [REFERENCE_JOB])
+                self.executor.abandon_all("interrupted", "stopped at once by a second Ctrl-C")
+            finally:
+                signal.signal(signal.SIGINT, previous)
+            raise
+
+    def _keep_reference(self, item: Finished, config: ReferenceConfiguration) -> Reference | None:
+        """Save what the reference job returned; the reference when it can be trusted.
+
+        reference_probe.json is written whatever the verdict (it is the evidence);
+        reference.json only for a trusted reference, so resume never reuses a bad one.
+        """
+
+        log = self.reference_dir / "server.log"
+        if item.result is None:
+            if item.error == "interrupted":
+                return None
+            raise StudyError(f"recording the reference failed ({item.error}): {item.message}. "
+                             f"`tuner resume {self.handle.name}` records it again")
+        outcome = TrialOutcome.model_validate(item.result["outcome"])
+        if outcome.status == "failed":
+            if outcome.reason == "interrupted":
+                return None
+            raise StudyError(
+                f"the reference configuration ({config.label}) failed in phase {outcome.phase} "
+                f"({outcome.reason}): {outcome.message}. Its server log is {log}; "
+                f"`tuner resume {self.handle.name}` records it again")
+        problem = item.result.get("problem")
+        raw = item.result.get("reference")
+        reference = None if raw is None else Reference.model_validate(raw).model_copy(
+            update={"label": config.label})
+        atomic_write_json(self.reference_probe_json, {
+            "trusted": problem is None,
+            "problem": problem,
+            "label": config.label,
+            "values": config.values,
+            "command": shell_line(RenderedCommand(config.argv, config.env),
+                                  redact=tuple(n for n in config.env if is_secret_name(n))),
+            "startup_s": outcome.startup_s,
+            "probe_s": outcome.probe_s,
+            "record_seconds": None if reference is None else reference.record_seconds,
+            "known_answers": item.result.get("known_answers"),
+            "self_check": item.result.get("self_check"),
+            "reference": None if problem is None else raw,  # kept only when refused
+        })
+        if problem is not None or reference is None:
+            raise StudyError(
+                f"{problem or 'the reference job returned no reference'}.\nComparing trials with a "
+                f"broken reference proves nothing, so the study stops. Details: {self.reference_probe_json}, "
+                f"server log {log}")
+        atomic_write_json(self.reference_json, reference.model_dump(mode="json"))
+        accuracy = reference.known_answers_accuracy
+        self.progress(
+            f"[reference] recorded {len(reference.prompts)} prompts in {outcome.trial_s or 0:.1f}s "
+            f"(known-answer accuracy {accuracy if accuracy is None else round(accuracy, 2)}, "
+            f"agrees with itself); every trial is compared with it")
+        return reference
 
     # -- results -----------------------------------------------------------------
 

@@ -120,6 +120,38 @@ def baseline_values(spec: StudySpec) -> dict[str, Any]:
     return values
 
 
+def starting_point_values(spec: StudySpec) -> list[dict[str, Any]]:
+    """The study's ``starting_points``, each completed the way the baseline is: a listed
+    value wins, else the baseline's value, else the knob's default; inactive knobs dropped.
+
+    Raises ValueError naming the point when it is forbidden or sets an inactive knob, so
+    `tuner validate` and `tuner run` refuse it before any server starts."""
+
+    base = baseline_values(spec) if spec.starting_points else {}
+    points: list[dict[str, Any]] = []
+    for i, point in enumerate(spec.starting_points):
+        values: dict[str, Any] = {}
+        for param in ordered_parameters(spec):
+            if not is_active(param, values):
+                if param.name in point:
+                    cond = ", ".join(f"{k}={v!r}" for k, v in param.when.items())
+                    raise ValueError(
+                        f"starting_points[{i}].{param.name}: set, but the parameter is inactive "
+                        f"in this point (it applies only when {cond})"
+                    )
+                continue
+            if param.name in point:
+                values[param.name] = point[param.name]
+            elif param.name in base:
+                values[param.name] = base[param.name]
+            else:
+                values[param.name] = _default_of(param)
+        if (reason := forbidden_reason(spec, values)) is not None:
+            raise ValueError(f"starting_points[{i}]: the point is forbidden ({reason})")
+        points.append(values)
+    return points
+
+
 def random_values(spec: StudySpec, rng: random.Random, *, max_tries: int = 1000) -> dict[str, Any]:
     """A uniformly drawn point that no forbidden rule rejects."""
 

@@ -327,6 +327,11 @@ class StudySpec(_Strict):
         description="parameter values of the baseline trial; unlisted parameters take their "
         "'default', or null/false",
     )
+    starting_points: list[dict[str, Scalar]] = Field(
+        default_factory=list,
+        description="configurations to run right after the baseline (e.g. today's production "
+        "flags, or a point a colleague swears by); unlisted parameters take their baseline value",
+    )
     objectives: list[ObjectiveSpec] = Field(
         default_factory=lambda: [
             ObjectiveSpec(metric="output_tok_s", concurrency="max", direction="maximize"),
@@ -380,6 +385,14 @@ class StudySpec(_Strict):
                     f"baseline: {name!r} is not a parameter; parameters: {', '.join(params) or 'none'}"
                 )
             _check_in_domain(f"baseline.{name}", params[name], value)
+        for i, point in enumerate(self.starting_points):
+            for name, value in point.items():
+                if name not in params:
+                    raise ValueError(
+                        f"starting_points[{i}]: {name!r} is not a parameter; parameters: "
+                        f"{', '.join(params) or 'none'}"
+                    )
+                _check_in_domain(f"starting_points[{i}].{name}", params[name], value)
         for p in self.parameters:
             if p.name not in self.baseline and p.default is not None:
                 _check_in_domain(f"parameter {p.name!r} default", p, p.default)
@@ -540,7 +553,7 @@ def parse_study(text: str, source: str = "<study>") -> StudySpec:
     if not isinstance(data, dict):
         raise SpecError(f"{source}: the study file must be a mapping of sections, got {type(data).__name__}")
     try:
-        return StudySpec.model_validate(data)
+        spec = StudySpec.model_validate(data)
     except ValidationError as exc:
         lines = []
         for err in exc.errors():
@@ -559,3 +572,13 @@ def parse_study(text: str, source: str = "<study>") -> StudySpec:
             prefix = f"{source}: {where}: " if loc else f"{source}: "
             lines.append(f"{prefix}{message}{got}")
         raise SpecError("\n".join(lines)) from exc
+    # The points that run first must be complete and allowed; that needs the condition and
+    # forbidden logic of the space module, which builds on this one (hence the late import).
+    from tuner.core import space
+
+    try:
+        space.baseline_values(spec)
+        space.starting_point_values(spec)
+    except ValueError as exc:
+        raise SpecError(f"{source}: {exc}") from exc
+    return spec
