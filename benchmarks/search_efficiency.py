@@ -64,15 +64,13 @@ def _with(spec: StudySpec, name: str, seed: int, n_startup: int | None = None) -
 
 
 @dataclass(frozen=True)
-class Current:
-    """The tuner's sampler factory as the orchestrator uses it today (tuner/sampling.py)."""
+class Default:
+    """The orchestrator's sampler for a study's ``sampler.name`` (tuner.core.sampling.make_sampler)."""
 
     name: str
 
     def __call__(self, spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
-        from tuner.sampling import make_sampler
-
-        return make_sampler(_with(spec, self.name, seed))
+        return sampling.make_sampler(_with(spec, self.name, seed))
 
 
 @dataclass(frozen=True)
@@ -112,27 +110,14 @@ class Local:
         return sampling.ParetoLocalSampler(self.inner(spec, seed), spec, local=self.local, seed=seed)
 
 
-@dataclass(frozen=True)
-class Proposed:
-    """tuner/core/sampling.py: make_sampler, told how many points the design enqueues."""
-
-    design: bool
-
-    def __call__(self, spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
-        size = 1 + len(sampling.initial_design(spec)) if self.design else 0  # baseline + design
-        return sampling.make_sampler(_with(spec, "tpe", seed), design_size=size)
-
-
-def current_factory(name: str) -> Current:
-    return Current(name)
+def default_factory(name: str) -> Default:
+    return Default(name)
 
 
 def tpe_factory(design: str | None = None, **kwargs: Any) -> TPE:
     return TPE(tuple(sorted(kwargs.items())), design)
 
 
-def proposed_factory(design: bool) -> Proposed:
-    return Proposed(design)
 
 
 def random_factory(spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
@@ -172,19 +157,20 @@ def variants(names: list[str] | None) -> list[Variant]:
         Variant("random", random_factory, budget_factor=4, note="RandomSampler"),
         Variant("grid (shuffled)", random_factory, grid=True, budget_factor=4,
                 note="every point once, random order"),
-        Variant("tpe (current)", current_factory("tpe"),
-                note="tuner/sampling.py: multivariate, group, constant_liar, 10 random start-up"),
-        Variant("nsga2 (current)", current_factory("nsga2"), note="tuner/sampling.py population"),
+        Variant("default", default_factory("tpe"),
+                note="what `sampler: {name: tpe}` runs (tuner/core/sampling.make_sampler): "
+                     "ParetoLocalSampler(univariate TPE, constant_liar), local share 0.5"),
+        Variant("tpe multivariate (old default)", tpe_factory(**MV),
+                note="the earlier default: multivariate, group, constant_liar, 10 random start-up"),
+        Variant("nsga2", default_factory("nsga2"), note="tuner/core/sampling.make_sampler population"),
         Variant("tpe independent", tpe_factory(constant_liar=True), note="univariate TPE, 10 start-up"),
         Variant("tpe + OFAT design", tpe_factory(design="top", **MV), design="top",
-                note="baseline, one knob at a time (tuner/core/sampling.initial_design), then current TPE"),
-        Variant("tpe (current) + local", Local(current_factory("tpe")),
-                note="ParetoLocalSampler around the current multivariate TPE"),
-        Variant("proposed", Proposed(False),
-                note="tuner/core/sampling.make_sampler: ParetoLocalSampler(univariate TPE), local share 0.5"),
-        Variant("proposed, 2 workers", Proposed(False), workers=2),
-        Variant("proposed, 4 workers", Proposed(False), workers=4),
-        Variant("tpe (current), 4 workers", current_factory("tpe"), workers=4),
+                note="baseline, one knob at a time (tuner/core/sampling.initial_design), then multivariate TPE"),
+        Variant("tpe multivariate + local", Local(tpe_factory(**MV)),
+                note="ParetoLocalSampler around the old multivariate TPE"),
+        Variant("default, 2 workers", default_factory("tpe"), workers=2),
+        Variant("default, 4 workers", default_factory("tpe"), workers=4),
+        Variant("tpe multivariate, 4 workers", tpe_factory(**MV), workers=4),
     ]
     if gp_available():
         out.append(Variant("gp", gp_factory, note="optuna GPSampler (torch, CPU), 10 start-up"))
@@ -329,7 +315,7 @@ def median_curve(rows: list[dict[str, Any]], budget: int) -> tuple[list[float], 
 # ------------------------------------------------------------------------------- output
 
 
-KEY_LINES = {"proposed": ("black", "-", 2.4), "tpe (current)": ("tab:red", "--", 2.0),
+KEY_LINES = {"default": ("black", "-", 2.4), "tpe multivariate (old default)": ("tab:red", "--", 2.0),
              "random": ("tab:gray", ":", 1.8)}
 
 
@@ -429,7 +415,7 @@ def main() -> int:
     ap.add_argument("--samplers", default="", help="variant names separated by ; (default all)")
     ap.add_argument("--early-stop", action="store_true", help="also measure tuner.core.early_stop")
     ap.add_argument("--early-stop-only", action="store_true")
-    ap.add_argument("--early-stop-sampler", default="proposed")
+    ap.add_argument("--early-stop-sampler", default="default")
     ap.add_argument("--policies", default="", help="early-stop policies separated by ; (default all)")
     ap.add_argument("--quick", action="store_true", help="3 seeds, main samplers only")
     ap.add_argument("--out", default=str(RESULTS / "search_efficiency.json"))
@@ -446,7 +432,7 @@ def main() -> int:
         return 0
     if args.quick:
         args.seeds = min(args.seeds, 3)
-        args.samplers = args.samplers or "random;tpe (current);proposed"
+        args.samplers = args.samplers or "random;tpe multivariate (old default);default"
     spaces = [s for s in args.spaces.split(",") if s]
     chosen = variants([s.strip() for s in args.samplers.split(";") if s.strip()] or None)
     for space in spaces:      # build / load ground truth once, before forking
@@ -535,6 +521,9 @@ def print_table(results: dict[str, Any], spaces: list[str]) -> None:
 # ------------------------------------------------------------------------------- early stop
 
 
+# "all" is what the tuner does (tuner/worker.py + core.early_stop.SweepGuard): infeasible
+# while starting / at verification / after the probe / on a missed limit, objective levels
+# first, dominated exact or on a bound. The others take it apart.
 POLICIES: dict[str, EarlyStopPolicy | None] = {
     "off": None,
     "infeasible at verify": EarlyStopPolicy(dominated=False, reorder=False),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -187,3 +188,47 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]):
         report.outcome = "failed"
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
         report.longrepr = f"real-vLLM test skipped under CI=true: {reason}"
+
+
+# -- headless Chromium (report pages) ---------------------------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+# CI installs Chromium, so there a missing browser is a failure, not a skip.
+needs_chromium = pytest.mark.skipif(CHROMIUM is None and os.environ.get("CI") != "true",
+                                    reason="chromium not installed (.ci/run installs it)")
+
+
+def render_in_chromium(page: Path, profile: Path) -> tuple[str, list[str]]:
+    """Open ``page`` in headless Chromium; return (the DOM after load, console messages).
+
+    The report marks ``data-plots-rendered="yes"`` on <body> once every figure decoded;
+    any console line (a script error, a failed load) is returned for the caller to assert on.
+    """
+
+    assert CHROMIUM is not None, "chromium not installed"
+    run = subprocess.run(
+        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={profile}", "--enable-logging=stderr", "--v=0",
+         "--virtual-time-budget=5000", "--dump-dom", page.as_uri()],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr[-2000:]
+    return run.stdout, [l for l in run.stderr.splitlines() if ":CONSOLE" in l]
+
+
+# -- the committed real CPU study (results/examples/smollm2-cpu) ------------------------
+
+CPU_EXAMPLE = ROOT / "results" / "examples" / "smollm2-cpu"
+
+
+def copy_cpu_example(tmp_path: Path) -> Path:
+    """A results root holding a copy of the committed CPU example study.
+
+    Tests read the copy, so nothing they run can write into results/examples.
+    """
+
+    assert (CPU_EXAMPLE / "spec.yaml").exists(), f"{CPU_EXAMPLE} is missing"
+    root = tmp_path / "results"
+    shutil.copytree(CPU_EXAMPLE, root / CPU_EXAMPLE.name)
+    return root

@@ -147,3 +147,151 @@ def test_never_stops_a_front_point_in_simulated_studies(small_truth) -> None:
     # Startup dominates this small workload's trials, so the saving is small but real;
     # benchmarks/search_efficiency.py --early-stop measures it on the glm5 spaces.
     assert min(saved) > 0
+
+
+# -- the worker's guard and what the orchestrator tells ------------------------------------
+
+def _plan(front, history=(), limits=()):
+    from tuner.core.early_stop import sweep_plan
+
+    return sweep_plan(TARGETS, list(limits), [1, 4, 16, 64], front, list(history))
+
+
+def test_guard_orders_levels_and_stops_a_dominated_trial_after_its_objective_levels() -> None:
+    import json
+
+    from tuner.core.early_stop import SweepGuard
+
+    plan = json.loads(json.dumps(_plan([(330.0, 13.7), (287.0, 11.1)])))   # as it crosses Ray
+    guard = SweepGuard(plan)
+    assert guard.levels([1, 4, 16, 64]) == [1, 64, 4, 16]
+    assert not guard.stop_after("verify", applied=True)
+    assert not guard.stop_after("probe", probe_passed=True)
+    assert not guard.after_level(lv(c1={"tpot_ms.mean": 20.0}), [64, 4, 16])    # throughput unknown
+    assert guard.after_level(lv(c1={"tpot_ms.mean": 20.0}, c64={"output_tok_s": 300.0}), [4, 16])
+    assert guard.record["reason"] == "dominated_exact" and guard.record["after"] == "c64"
+    assert guard.record["skipped_levels"] == [4, 16] and guard.record["bounds"] == [300.0, 20.0]
+    # A front point is never stopped: better TPOT than every front point.
+    keep = SweepGuard(plan)
+    assert not keep.after_level(lv(c1={"tpot_ms.mean": 10.0}, c64={"output_tok_s": 200.0}), [4, 16])
+    assert keep.record is None
+
+
+def test_guard_stops_infeasible_trials_at_once_and_never_without_a_plan() -> None:
+    from tuner.core.early_stop import SweepGuard
+
+    g = SweepGuard(_plan([]))
+    assert g.stop_after("verify", applied=False) and g.record["reason"] == "not_applied"
+    assert g.stop_after("probe", probe_passed=None)          # stays stopped
+    g = SweepGuard(_plan([]))
+    assert not g.stop_after("verify", applied=None) and g.stop_after("probe", probe_passed=False)
+    assert g.record == {"reason": "probe_failed", "after": "probe", "bounds": None, "skipped_levels": [1, 64, 4, 16]}
+    limit = {"label": "ttft_ms.p90@c1<=5000", "metric": "ttft_ms.p90", "level": 1, "max": 5000.0, "min": None}
+    g = SweepGuard(_plan([], limits=[limit]))
+    assert not g.after_level(lv(c1={"ttft_ms.p90": 4000.0, "tpot_ms.mean": 9.0}), [64, 4, 16])
+    g = SweepGuard(_plan([], limits=[limit]))
+    assert g.after_level(lv(c1={"ttft_ms.p90": 6000.0, "tpot_ms.mean": 9.0}), [64, 4, 16])
+    assert g.record["reason"] == "limit:ttft_ms.p90@c1<=5000"
+    none = SweepGuard(None)
+    assert none.levels([1, 4, 16, 64]) == [1, 4, 16, 64]
+    assert not none.stop_after("verify", applied=False) and not none.after_level(lv(c1={}), [4])
+
+
+def test_stopped_trials_are_told_infeasible_with_bounds_or_worst_values() -> None:
+    from tests.sim_studies import SMALL_STUDY
+    from tuner.core.outcome import TrialOutcome
+    from tuner.core.spec import parse_study
+    from tuner.records import TrialRecord
+    from tuner.scoring import stopped_told
+
+    spec = parse_study(SMALL_STUDY, "es-small")
+    dominated = TrialOutcome(number=3, status="completed", applied=True, probe_passed=True,
+                             levels={"1": {"tpot_ms.mean": 20.0, "output_tok_s": 40.0, "ttft_ms.p90": 90.0}},
+                             early_stop={"reason": "dominated", "after": "c1", "bounds": [150.0, 20.0]})
+    values, violated, placeholder = stopped_told(spec, dominated, worst=[10.0, 99.0])
+    assert values[[o.metric for o in spec.objectives].index("tpot_ms.mean")] == 20.0
+    assert violated["early_stopped"] == 1.0 and not placeholder
+    record = TrialRecord(3, "COMPLETE", "run", {}, constraints=violated)
+    assert not record.feasible and record.outcome == "stopped_early"
+    unapplied = TrialOutcome(number=4, status="completed", applied=False, mismatches=[{"target": "x"}],
+                             early_stop={"reason": "not_applied", "after": "verify", "bounds": None})
+    values, violated, placeholder = stopped_told(spec, unapplied, worst=[10.0, 99.0])
+    assert values == [10.0, 99.0] and placeholder and violated["applied"] > 0
+    assert TrialRecord(4, "COMPLETE", "run", {}, constraints=violated).outcome == "not_applied"
+    assert stopped_told(spec, unapplied, worst=None)[0] is None      # first trial: told FAIL
+
+
+def test_plan_front_and_history_come_from_measured_feasible_trials() -> None:
+    from optuna.trial import TrialState, create_trial
+
+    from tests.sim_studies import SMALL_STUDY
+    from tuner.core.spec import parse_study
+    from tuner.scoring import early_stop_plan
+
+    spec = parse_study(SMALL_STUDY, "es-small")
+    labels = [o.metric for o in spec.objectives]
+    levels = {str(c): {"output_tok_s": 10.0 * c, "tpot_ms.mean": 12.0, "ttft_ms.p90": 50.0}
+              for c in spec.load.concurrency}
+
+    def trial(values, constraints, **attrs):
+        return create_trial(state=TrialState.COMPLETE, values=values,
+                            user_attrs={"kind": "run", "outcome": {"levels": levels}, **attrs},
+                            system_attrs={f"constraints:{k}": v for k, v in constraints.items()})
+
+    dirs = [o.direction for o in spec.objectives]
+    good = [300.0 if d == "maximize" else 12.0 for d in dirs]
+    worse = [200.0 if d == "maximize" else 15.0 for d in dirs]
+    trials = [trial(good, {"probe": 0.0}), trial(worse, {"probe": 0.0}),
+              trial([900.0, 1.0], {"probe": 1.0}),                       # infeasible: not on the front
+              trial([900.0, 1.0], {"early_stopped": 1.0}),                # bounds: neither front nor history
+              trial([900.0, 1.0], {"forbidden": 1.0}, kind="forbidden")]
+    plan = early_stop_plan(spec, trials)
+    assert plan["front"] == [good]
+    assert len(plan["history"]) == 3 and set(plan["history"][0]) == {str(c) for c in spec.load.concurrency}
+    assert set(plan["history"][0][str(spec.load.concurrency[0])]) <= set(labels)
+
+
+def test_startup_time_as_an_objective_and_as_a_limit() -> None:
+    """Trial-level metrics (startup_s) are exact before the sweep: a third objective on them
+    stops nothing by itself, and a limit on them is read from the trial, never missed for
+    lack of a load-level value."""
+
+    from tuner.core.early_stop import TRIAL_LEVEL, SweepGuard, sweep_plan
+
+    startup = Target("startup_s", TRIAL_LEVEL, "minimize")
+    limit = {"label": "startup_s<=600", "metric": "startup_s", "level": TRIAL_LEVEL, "max": 600.0, "min": None}
+    front = [(330.0, 13.7, 400.0)]
+    plan = sweep_plan([THR, TPOT, startup], [limit], [1, 4, 16, 64], front, [])
+    assert plan["order"] == [1, 64, 4, 16]
+    slow_start = SweepGuard(plan)
+    slow_start.trial_metrics = {"startup_s": 500.0, "probe_s": 9.0}
+    measured = lv(c1={"tpot_ms.mean": 20.0}, c64={"output_tok_s": 300.0})
+    assert slow_start.after_level(measured, [4, 16])         # worse in all three: dominated, exact
+    assert slow_start.record["reason"] == "dominated_exact"
+    fast_start = SweepGuard(plan)
+    fast_start.trial_metrics = {"startup_s": 200.0, "probe_s": 9.0}
+    assert not fast_start.after_level(measured, [4, 16])     # a faster start is a trade-off
+    too_slow = SweepGuard(plan)
+    too_slow.trial_metrics = {"startup_s": 700.0, "probe_s": 9.0}
+    assert too_slow.after_level(lv(c1={"tpot_ms.mean": 5.0}), [64, 4, 16])
+    assert too_slow.record["reason"] == "limit:startup_s<=600"
+
+
+def test_plan_with_startup_time_as_a_third_objective_keeps_its_history() -> None:
+    from optuna.trial import TrialState, create_trial
+
+    from tests.sim_studies import SMALL_STUDY
+    from tuner.core.early_stop import TRIAL_LEVEL
+    from tuner.core.spec import parse_study
+    from tuner.scoring import early_stop_plan
+
+    spec = parse_study(SMALL_STUDY, "es-small")
+    spec = spec.model_copy(update={"objectives": [*spec.objectives, spec.objectives[0].model_copy(
+        update={"metric": "startup_s", "direction": "minimize"})]})
+    levels = {str(c): {"output_tok_s": 10.0 * c, "tpot_ms.mean": 12.0} for c in spec.load.concurrency}
+    trial = create_trial(state=TrialState.COMPLETE, values=[300.0, 12.0, 400.0],
+                         user_attrs={"kind": "run", "outcome": {"levels": levels, "startup_s": 400.0}},
+                         system_attrs={"constraints:probe": 0.0})
+    plan = early_stop_plan(spec, [trial])
+    assert [t["level"] for t in plan["targets"]][-1] == TRIAL_LEVEL
+    assert plan["front"] == [[300.0, 12.0, 400.0]] and len(plan["history"]) == 1

@@ -102,3 +102,45 @@ def test_systemd_execstart_quoting_round_trips() -> None:
     assert words[0] == "/usr/bin/env" and words[1:3] == ["vllm", "serve"]
     assert json.loads(words[words.index("--speculative-config") + 1]) == {"method": "ngram"}
     assert "Environment=VLLM_X=1" in unit
+
+
+# A front of three feasible points plus a dominated one and a fast-but-wrong one:
+#   10 (100 tok/s, 10 ms)  11 (190, 14)  12 (200, 40)  13 (150, 30, dominated by 11)
+#   14 (300, 5, probe failed: dominates everything, must never be picked without --force)
+KNEE = [
+    rec(10, 100, 10), rec(11, 190, 14), rec(12, 200, 40), rec(13, 150, 30),
+    rec(14, 300, 5, constraints={"probe": 1.0, "applied": 0.0}),
+]
+
+
+def _pick(pick: str, *where: str, force: bool = False) -> int:
+    return choose_record(KNEE, LABELS, DIRS, trial=None, pick=pick,
+                         filters=[parse_filter(w) for w in where], force=force).number
+
+
+def test_knee_is_the_balanced_front_point() -> None:
+    # Scaled to [0, 1] per objective: 10 -> (1, 0), 11 -> (0.1, 0.13), 12 -> (0, 1).
+    assert _pick("knee") == 11
+    # Only 11 and 12 clear the floor; between two points the knee is a tie, broken by number.
+    assert _pick("knee", "output_tok_s@cmax>=150") == 11
+    assert _pick("knee", force=True) == 14  # with --force the wrong point dominates the rest
+
+
+def test_lowest_latency_above_a_throughput_floor() -> None:
+    assert _pick("lowest-latency") == 10
+    assert _pick("lowest-latency", "output_tok_s@cmax>=150") == 11
+    assert _pick("lowest-latency", "output_tok_s@cmax>=195") == 12
+    assert _pick("best:tpot_ms.mean@c1", "output_tok_s@cmax>=150") == 11  # the long form
+    with pytest.raises(ExportError, match="no feasible trial matches the pick and filters"):
+        _pick("lowest-latency", "output_tok_s@cmax>=250")  # only the probe-failed point is that fast
+    assert _pick("lowest-latency", "output_tok_s@cmax>=250", force=True) == 14
+
+
+def test_best_throughput_under_a_latency_limit_and_two_filters() -> None:
+    assert _pick("best-throughput") == 12
+    assert _pick("best-throughput", "tpot_ms.mean@c1<=20") == 11
+    # Both filters apply: nothing feasible is at once this fast and this quick.
+    with pytest.raises(ExportError, match="no feasible trial"):
+        _pick("best-throughput", "tpot_ms.mean@c1<=20", "output_tok_s@cmax>=191")
+    with pytest.raises(ValueError, match="unknown pick"):
+        _pick("fastest")

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import optuna
 import pytest
+import yaml
 
-from tests.conftest import ROOT, run_tuner
+from tests.conftest import CPU_EXAMPLE, ROOT, copy_cpu_example, run_tuner
 from tuner.cli import load_spec_file
 from tuner.export import render_export
 from tuner.export_check import argv_from_export, check_arguments
@@ -30,7 +32,7 @@ server:
   env: {{VLLM_CPU_KVCACHE_SPACE: 2}}
 parameters:
   - {{name: eager, flag: enforce_eager, kind: bool}}
-  - {{name: cg, flag: compilation_config.cudagraph_mode, kind: categorical, values: [NONE, PIECEWISE]}}
+  - {{name: cg, flag: compilation_config.cudagraph_mode, kind: categorical, values: [NONE, PIECEWISE], default: NONE}}
   - {{name: method, flag: speculative_config.method, kind: categorical, values: [null, ngram]}}
   - {{name: k, flag: speculative_config.num_speculative_tokens, kind: int, low: 2, high: 4, when: {{method: ngram}}}}
 load: {{concurrency: [1, 4]}}
@@ -84,3 +86,45 @@ def test_export_check_passes_for_every_format_and_broken_flags_fail(tmp_path: Pa
     (ok1, msg1), (ok2, msg2) = check_arguments(str(VLLM_PY), [broken, typo], env={}, build_engine=True)
     assert not ok1 and "KeyError: 'BOGUS'" in msg1
     assert not ok2 and "unrecognized arguments: --enforce-eagr" in msg2
+
+
+# -- the committed real CPU study: its best point, and the same point broken ------------
+
+FLAG_FORMATS = ("shell", "json", "systemd", "yaml")
+
+
+def _export_check(results: Path, *extra: str) -> subprocess.CompletedProcess[str]:
+    return run_tuner("export", CPU_EXAMPLE.name, "--results", str(results), "--pick", "best-throughput",
+                     "--check", "--vllm-python", str(VLLM_PY), *extra, timeout=600)
+
+
+@needs_vllm
+@pytest.mark.realvllm
+def test_export_check_passes_on_the_cpu_examples_best_point(tmp_path: Path) -> None:
+    results = copy_cpu_example(tmp_path)
+    out = _export_check(results)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "(parser + engine config)" in out.stdout  # the model is here: the full engine config is built
+    for fmt in (*FLAG_FORMATS, "env"):
+        assert f"  {fmt:<8} ok" in out.stdout, out.stdout
+
+
+@needs_vllm
+@pytest.mark.realvllm
+@pytest.mark.parametrize(("flags", "vllm_says"), [
+    ({"enforce_eagr": True}, "vllm serve: error: unrecognized arguments: --enforce-eagr"),
+    ({"max_model_len": 999999}, "User-specified max_model_len (999999) is greater than the derived max_model_len"),
+], ids=["unknown-flag", "engine-config-rejects"])
+def test_export_check_fails_a_broken_flag_set_with_vllms_message(
+        tmp_path: Path, flags: dict[str, object], vllm_says: str) -> None:
+    results = copy_cpu_example(tmp_path)
+    spec_path = results / CPU_EXAMPLE.name / "spec.yaml"
+    data = yaml.safe_load(spec_path.read_text())
+    data["server"]["flags"].update(flags)  # fixed flags reach every exported trial
+    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    out = _export_check(results)
+    assert out.returncode == 1, out.stdout + out.stderr
+    for fmt in FLAG_FORMATS:
+        assert f"  {fmt:<8} FAIL" in out.stdout, out.stdout
+    assert out.stdout.count(vllm_says) == len(FLAG_FORMATS), out.stdout
+    assert "Traceback" not in out.stdout  # vLLM's error line, not where it was raised

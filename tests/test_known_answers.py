@@ -205,10 +205,12 @@ def test_items_are_deterministic_and_seeded() -> None:
 
 def test_default_item_set_shape() -> None:
     items = build_items(ProbeSpec())
-    assert len(items) == 24
-    assert len({i.id for i in items}) == 24
+    assert len(items) == 12
+    assert len({i.id for i in items}) == 12
     assert {i.family for i in items} == {"arithmetic", "copy", "number_words", "capital", "lookup"}
-    assert sum(i.api == "chat" for i in items) == sum(i.api == "completions" for i in items) == 12
+    assert sum(i.api == "chat" for i in items) == sum(i.api == "completions" for i in items) == 6
+    # One lookup question per default prompt length (300 and 600 tokens).
+    assert sum(i.family == "lookup" for i in items) == 4
     # Each question is asked through both APIs with the same expected answer.
     for chat, comp in zip(items[0::2], items[1::2], strict=True):
         assert (chat.api, comp.api) == ("chat", "completions")
@@ -272,16 +274,18 @@ def test_generated_answers_are_right() -> None:
 
 
 def test_lookup_lengths_cover_the_requested_sizes() -> None:
-    items = build_items(ProbeSpec(items=3, api="chat", families=("lookup",)))
+    items = build_items(ProbeSpec(items=3, api="chat", families=("lookup",),
+                                  lookup_prompt_tokens=(300, 600, 1000)))
     words = [len(i.prompt.split()) for i in items]
     # ~7 tokens per 4-word line: 300/600/1000 tokens -> about 170/340/570 words.
     assert words == sorted(words)
     assert 140 < words[0] < 200 and 300 < words[1] < 380 and 520 < words[2] < 620
 
 
-def test_default_set_has_all_three_lookup_lengths() -> None:
+def test_default_set_has_one_lookup_per_default_length() -> None:
     lookups = [i for i in build_items(ProbeSpec()) if i.family == "lookup" and i.api == "chat"]
-    assert len(lookups) == 3
+    assert len(lookups) == 2
+    assert len({len(i.prompt.split()) for i in lookups}) == 2
 
 
 def test_garbage_answers_fail_checks() -> None:
@@ -342,7 +346,8 @@ def test_tolerance_rejects_bad_input() -> None:
 
 def test_spec_defaults_and_normalisation() -> None:
     spec = ProbeSpec()
-    assert spec.enabled and spec.items == 24 and spec.concurrency == (1, 8)
+    assert spec.enabled and spec.items == 12 and spec.concurrency == (1, 8)
+    assert spec.lookup_prompt_tokens == (300, 600)
     assert spec.apis == ("chat", "completions")
     assert ProbeSpec(concurrency=[8, 1, 4]).concurrency == (1, 4, 8)
     assert ProbeSpec(api="completions").apis == ("completions",)
@@ -443,7 +448,7 @@ def _answers(
 
 
 def test_score_all_correct() -> None:
-    spec = ProbeSpec()
+    spec = ProbeSpec(items=24)
     items = build_items(spec)
     result = score(items, _answers(items, 1) + _answers(items, 8), spec, probe_seconds=1.5)
     assert result.passed and result.reason == "ok"
@@ -460,7 +465,7 @@ def test_score_all_correct() -> None:
 
 
 def test_score_garbage_fails_with_reason() -> None:
-    spec = ProbeSpec()
+    spec = ProbeSpec(items=24)
     items = build_items(spec)
     every = set(range(len(items)))
     result = score(items, _answers(items, 1, every) + _answers(items, 8, every), spec)
@@ -472,7 +477,7 @@ def test_score_garbage_fails_with_reason() -> None:
 
 
 def test_score_batch_dependent_bug_fails_consistency() -> None:
-    spec = ProbeSpec(min_accuracy=0.0)  # isolate the consistency rule
+    spec = ProbeSpec(items=24, min_accuracy=0.0)  # isolate the consistency rule
     items = build_items(spec)
     # Wrong at both levels, but differently wrong at concurrency 8 for half the items.
     wrong = set(range(len(items)))
@@ -488,7 +493,7 @@ def test_score_batch_dependent_bug_fails_consistency() -> None:
 
 
 def test_score_errors_count_wrong_and_are_listed() -> None:
-    spec = ProbeSpec(concurrency=[1])
+    spec = ProbeSpec(items=24, concurrency=[1])
     items = build_items(spec)
     answers = _answers(items, 1)
     answers[0] = ProbeAnswer(item_id=items[0].id, concurrency=1, error="HTTP 500: boom")
@@ -504,7 +509,7 @@ def test_score_errors_count_wrong_and_are_listed() -> None:
 
 
 def test_score_missing_answers_are_errors() -> None:
-    spec = ProbeSpec()
+    spec = ProbeSpec(items=24)
     items = build_items(spec)
     result = score(items, _answers(items, 1), spec)  # level 8 never ran
     assert not result.passed
@@ -514,7 +519,7 @@ def test_score_missing_answers_are_errors() -> None:
 
 
 def test_score_reference_rule() -> None:
-    spec = ProbeSpec(concurrency=[1], reference_accuracy=1.0, min_accuracy=0.99)
+    spec = ProbeSpec(items=24, concurrency=[1], reference_accuracy=1.0, min_accuracy=0.99)
     items = build_items(spec)
     ok = score(items, _answers(items, 1, {0, 1}), spec)  # 22/24, floor 0.99 not applied
     assert ok.passed and ok.levels[0].threshold == pytest.approx(1 - accuracy_tolerance(24, 1.0))
@@ -539,7 +544,7 @@ def test_score_rejects_caller_bugs() -> None:
 
 
 def test_result_round_trips_through_json() -> None:
-    spec = ProbeSpec()
+    spec = ProbeSpec(items=24)
     items = build_items(spec)
     result = score(items, _answers(items, 1, {3}) + _answers(items, 8, {3, 4}), spec)
     again = ProbeResult.model_validate_json(result.model_dump_json())

@@ -539,3 +539,23 @@ def test_sweep_with_client_processes(served: Served) -> None:
     assert [r.index for r in lv.records] == list(range(spec.requests_for(2)))
     assert lv.token_agreement.agree is True
     assert served.state.max_in_flight <= 2
+
+
+def test_sweep_runs_levels_in_the_given_order_and_stops_when_told(served: Served) -> None:
+    spec = SWEEP.model_copy(update={"concurrency": (1, 2, 4), "warmup_requests": 0})
+    seen: list[tuple[list[int], list[int]]] = []
+
+    def after_level(measured: dict[int, dict[str, float]], remaining: list[int]) -> bool:
+        seen.append((list(measured), list(remaining)))
+        assert all(m["completed"] > 0 for m in measured.values())
+        return list(measured) == [4, 1]      # stop once 4 and 1 are measured
+
+    result = asyncio.run(run_sweep(served.base_url, "fake", spec, ignore_eos=True, deadline_s=60,
+                                   levels=[4, 1, 2], after_level=after_level))
+    assert [lv.concurrency for lv in result.levels] == [4, 1]
+    assert result.stopped_levels == [2] and result.skipped_levels == []
+    assert seen == [([4], [1, 2]), ([4, 1], [2])]
+    # Level 2 sent nothing: 4 + 3 measured requests only.
+    assert len(served.state.bodies) == spec.requests_for(4) + spec.requests_for(1)
+    with pytest.raises(ValueError, match="reordering"):
+        asyncio.run(run_sweep(served.base_url, "fake", spec, ignore_eos=True, levels=[4, 1]))

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.conftest import run_tuner
 from tuner.adapters.loadgen import read_records_jsonl
 from tuner.core.spec import parse_study
 from tuner.measure import MeasureError, format_summary, measure
@@ -129,3 +130,63 @@ def test_measure_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
     port = _free_port()
     with pytest.raises(MeasureError, match="cannot reach /v1/models"):
         measure(f"http://127.0.0.1:{port}", study(), probe=False, out_dir=tmp_path)
+
+
+# -- `tuner measure` through the command line (a subprocess, as a user runs it) ---------
+
+
+def _study_file(tmp_path: Path) -> Path:
+    path = tmp_path / "measure-test.yaml"
+    path.write_text(STUDY.format(served="smol", repeats=1))
+    return path
+
+
+def test_cli_measure_prints_and_saves_the_metrics(sim: str, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    run = run_tuner("measure", str(_study_file(tmp_path)), "--url", sim, "--probe", "-o", str(out_dir),
+                    timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    saved = json.loads((out_dir / "summary.json").read_text())
+    assert saved["url"] == sim and saved["model"] == "smol" and saved["probe"]["total"] == 12
+    assert set(saved["levels"]) == {"1", "4"}
+    # Every level's row is printed with the saved numbers (format_summary's 1-decimal rounding).
+    rows = {ln.split()[0]: ln.split() for ln in run.stdout.splitlines()
+            if ln.strip() and ln.split()[0] in saved["levels"]}
+    assert set(rows) == {"1", "4"}, run.stdout
+    for c, lv in saved["levels"].items():
+        m = lv["metrics"]
+        assert m["completed"] == max(4, 2 * int(c)) and m["failed"] == 0
+        assert rows[c][1] == f"{m['output_tok_s']:,.1f}"
+        assert rows[c][4] == f"{m['ttft_ms.p50']:,.1f}"
+        assert len(read_records_jsonl(out_dir / f"requests-c{c}.jsonl")) == m["completed"]
+    assert "probe passed" in run.stdout and f"files in {out_dir}" in run.stdout
+    assert (out_dir / "probe.json").exists() and (out_dir / "metrics.json").exists()
+
+
+def test_cli_measure_default_folder_is_under_results(sim: str, tmp_path: Path) -> None:
+    run = run_tuner("measure", str(_study_file(tmp_path)), "--url", sim + "/v1",
+                    "--results", str(tmp_path / "res"), timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    folders = list((tmp_path / "res" / "measure-test" / "measure").iterdir())
+    assert len(folders) == 1 and (folders[0] / "summary.json").exists()
+    assert not (folders[0] / "probe.json").exists()  # no --probe, no probe
+    assert "probe" not in run.stdout.split("\n", 1)[1].split("times in ms")[0]
+
+
+def test_cli_measure_server_down_exits_3_with_the_reason(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{_free_port()}"
+    run = run_tuner("measure", str(_study_file(tmp_path)), "--url", url, "-o", str(tmp_path / "o"),
+                    timeout=120)
+    assert run.returncode == 3, run.stdout + run.stderr
+    assert f"tuner measure: {url}: cannot reach /v1/models" in run.stderr
+    assert "Traceback" not in run.stderr and not (tmp_path / "o").exists()
+
+
+def test_cli_measure_bad_study_file_exits_2(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(STUDY.format(served="smol", repeats=1).replace("concurrency: [1, 4]", "concurrency: [0]"))
+    run = run_tuner("measure", str(bad), "--url", "http://127.0.0.1:9", timeout=120)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.startswith("error: ") and "bad.yaml" in run.stderr and "concurrency" in run.stderr
+    missing = run_tuner("measure", "--url", "http://127.0.0.1:9", timeout=60)
+    assert missing.returncode == 2 and "file" in missing.stderr  # argparse: positional required

@@ -133,7 +133,7 @@ def _run(coro: Any) -> Any:
 
 
 def test_correct_server_passes(server: str) -> None:
-    spec = ProbeSpec()
+    spec = ProbeSpec(items=24)
     FAKE.learn(spec)
     result = _run(run_probe(f"{server}/good", MODEL, spec, headers={"Authorization": "Bearer k"}))
     assert result.passed, result.reason
@@ -147,7 +147,7 @@ def test_correct_server_passes(server: str) -> None:
 
 
 def test_requests_are_greedy_and_well_formed(server: str) -> None:
-    spec = ProbeSpec(concurrency=[1], max_tokens=20)
+    spec = ProbeSpec(items=24, concurrency=[1], max_tokens=20)
     FAKE.learn(spec)
     _run(run_probe(f"{server}/good/", MODEL, spec))  # trailing slash tolerated
     assert len(FAKE.bodies) == 24
@@ -187,7 +187,7 @@ def test_batch_dependent_bug_fails_at_high_concurrency(server: str) -> None:
 
 
 def test_server_errors_count_as_wrong(server: str) -> None:
-    spec = ProbeSpec(concurrency=[1, 4])
+    spec = ProbeSpec(items=24, lookup_prompt_tokens=(300, 600, 1000), concurrency=[1, 4])
     FAKE.learn(spec)
     result = _run(run_probe(f"{server}/flaky", MODEL, spec))
     failing = {r.id for r in result.records if r.family in ("capital", "lookup")}

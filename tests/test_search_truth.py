@@ -160,3 +160,58 @@ def test_not_applied_shows_in_the_log_before_the_weights_are_loaded(large) -> No
         seen = ev.verdict_s(values)
         assert seen is not None and seen < ev.evaluate(values).startup_s / 10
     assert ev.verdict_s(base) is None
+
+
+@pytest.mark.parametrize("name", ["glm5-8xpcie.yaml", "glm5-8xpcie-large.yaml"])
+def test_startup_stop_sees_what_the_time_model_assumes(name) -> None:
+    """Early stop while starting (core.early_stop.startup_mismatches) must find, in the
+    simulator's log cut where the weights start loading, exactly the not-applied targets
+    the benchmark's time model (Evaluator.verdict_s) stops early on - and nothing that the
+    full log would not confirm."""
+
+    from tuner.core.early_stop import startup_mismatches
+
+    spec = spec_of(name)
+    ev = st.Evaluator(spec, GLM)
+    early_seen = 0
+    for values in random.Random(9).sample(st.enumerate_points(spec), 40):
+        argv, env = st.default_render(spec, values)
+        argv = argv[len(spec.server.command):]
+        asked = asked_settings(spec.server, space.settings_for(spec, values))
+        try:
+            eff = resolve(parse_argv(argv), env, GLM)
+        except Exception:
+            continue
+        if eff.failure is not None:
+            continue
+        lines = startup_log(argv, env, GLM).splitlines()
+        cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
+        early = set(startup_mismatches(asked, "\n".join(lines[:cut])))
+        assert early <= set(st.mismatches(asked, eff)), values        # never a wrong stop
+        verdict = ev.verdict_s(values)
+        before_weights = verdict is not None and verdict < ev.time_model.prepare_s + _startup_until_load(eff)
+        assert bool(early) == before_weights, values
+        early_seen += bool(early)
+    assert early_seen, "no early verdict in the sample: the check would prove nothing"
+
+
+def _startup_until_load(eff) -> float:
+    return st._startup_s(eff, "load") - eff.profile.startup.weight_load_s + 1e-9
+
+
+def test_startup_stop_defers_to_full_verification_once_capture_lines_appear(glm5) -> None:
+    """A capture still running shows one kind of graph so far; a cudagraph_mode verdict is
+    only taken early before the first capture line (afterwards "ready" is seconds away)."""
+
+    from tuner.core.early_stop import startup_mismatches
+
+    values = next(v for v in st.enumerate_points(glm5)
+                  if v.get("cudagraph_mode") == "FULL" and v.get("disable_custom_all_reduce") is True)
+    argv, env = st.default_render(glm5, values)
+    argv = argv[len(glm5.server.command):]
+    asked = asked_settings(glm5.server, space.settings_for(glm5, values))
+    lines = startup_log(argv, env, GLM).splitlines()
+    cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
+    assert startup_mismatches(asked, "\n".join(lines[:cut])) == ["compilation_config.cudagraph_mode"]
+    capture = next(i for i, line in enumerate(lines) if "Capturing CUDA graphs" in line)
+    assert startup_mismatches(asked, "\n".join(lines[:capture + 1])) == []

@@ -39,16 +39,11 @@ def load_spec_file(path: str) -> StudySpec:
     except OSError as exc:
         raise SpecError(f"{path}: cannot read the study file: {exc.strerror}") from exc
     spec = parse_study(text, str(file))
-    if spec.probe.prompts_file:
-        # Relative to the study file, and checked now: a bad prompts file must stop the
-        # study before any server starts.
-        from tuner.adapters.probe_client import load_probe_items
+    # Prompts files (known answers, reference) are relative to the study file, and read and
+    # checked now: a bad file must stop the study before any server starts.
+    from tuner.orchestrator import resolve_probe_files
 
-        resolved = (file.parent / spec.probe.prompts_file).resolve()
-        probe = spec.probe.model_copy(update={"prompts_file": str(resolved)})
-        load_probe_items(probe)
-        spec = spec.model_copy(update={"probe": probe})
-    return spec
+    return spec.model_copy(update={"probe": resolve_probe_files(spec.probe, file.parent.resolve())})
 
 
 # -- validate ---------------------------------------------------------------------

@@ -156,8 +156,13 @@ class RayExecutor:
     def running(self) -> list[dict[str, Any]]:
         return [r.request for r in self._running.values()]
 
-    def submit(self, group: int, request: dict[str, Any], *, deadline_s: float) -> None:
-        ref = self._groups[group].actor.run_trial.remote(request)
+    def submit(self, group: int, request: dict[str, Any], *, deadline_s: float,
+               method: str = "run_trial") -> None:
+        """Start ``method`` (``run_trial``, or ``run_reference`` for the study's reference
+        job) on the group's actor; deadlines, cancellation and a lost worker are handled
+        alike for both."""
+
+        ref = getattr(self._groups[group].actor, method).remote(request)
         now = time.monotonic()
         self._running[group] = _Running(group, request, ref, now, now + deadline_s)
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -20,7 +21,8 @@ from pathlib import Path
 
 from tuner.core.spec import StudySpec
 
-__all__ = ["CheckResult", "vllm_python_for", "argv_from_export", "check_arguments", "CHECK_SCRIPT"]
+__all__ = ["CheckResult", "vllm_python_for", "argv_from_export", "check_arguments", "env_from_export",
+           "vllm_message", "CHECK_SCRIPT"]
 
 # Runs inside the vLLM environment. Import paths moved between vLLM releases; the first
 # that exists wins.
@@ -136,7 +138,39 @@ def check_arguments(python: str, argvs: list[list[str]], *, env: dict[str, str],
         if item["ok"]:
             out.append((True, "accepted by vLLM's parser" + (" and engine config" if build_engine else "")))
         else:
-            # vLLM's own words: the last meaningful lines (argparse error or exception).
-            lines = [l for l in item["message"].strip().splitlines() if l.strip()]
-            out.append((False, "\n".join(lines[-4:]) or "rejected"))
+            out.append((False, vllm_message(item["message"])))
     return out
+
+
+# An exception line of a traceback ("pydantic_core...ValidationError: 1 validation error")
+# or argparse's "vllm serve: error: ..." line.
+_ERROR_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*(?:Error|Exception|Exit)\b.*|.*: error: .*)$")
+
+
+def vllm_message(raw: str) -> str:
+    """vLLM's own words from a rejected check: the last error line and what follows it.
+
+    The traceback above it only says where vLLM raised, not why; the usage text argparse
+    prints before its error line is the same for every mistake.
+    """
+
+    lines = [l for l in raw.strip().splitlines() if l.strip()]
+    for i in range(len(lines) - 1, -1, -1):
+        if _ERROR_LINE.match(lines[i]):
+            return "\n".join(lines[i:i + 4])
+    return "\n".join(lines[-4:]) or "rejected"
+
+
+def env_from_export(text: str) -> dict[str, str]:
+    """The variables an ``env`` export sets (``NAME=value`` lines, shell-quoted values)."""
+
+    env: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        words = shlex.split(line)
+        if len(words) != 1 or "=" not in words[0]:
+            raise ValueError(f"not a NAME=value line: {line!r}")
+        name, value = words[0].split("=", 1)
+        env[name] = value
+    return env

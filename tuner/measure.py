@@ -99,7 +99,6 @@ async def ameasure(
 ) -> dict[str, Any]:
     """Async :func:`measure`."""
     out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
     began = time.monotonic()
     started_at = datetime.now(UTC).isoformat()
     notes: list[str] = []
@@ -111,6 +110,8 @@ async def ameasure(
                 f"the server does not list {' / '.join(wanted)}; measured its only model {model!r}"
             )
         detected = await _speculative(client, url) if speculative is None else speculative
+    # Created only once the server answered, so an unreachable server leaves no empty folder.
+    out_dir.mkdir(parents=True, exist_ok=True)
     if detected is None:
         notes.append("speculative decoding unknown (no /metrics): assumed off for ignore_eos")
     ignore_eos = spec.load.workload.resolve_ignore_eos(speculative=bool(detected))

@@ -47,9 +47,9 @@ from tuner.core.spec import ServerSpec, StudySpec
 from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
 from tuner.executor import Finished, NoWorkersLeft, RayExecutor
 from tuner.records import KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, read_records, record_points
-from tuner.sampling import grid_points, make_sampler, suggest
-from tuner.scoring import (constraints, level_of, metric_value, outcome_attrs, pareto_payload,
-                           result_text, values_text)
+from tuner.core.sampling import grid_points, make_sampler, suggest
+from tuner.scoring import (EARLY_STOPPED, constraints, early_stop_plan, level_of, metric_value, outcome_attrs,
+                           pareto_payload, result_text, stopped_told, values_text)
 from tuner.study_store import StudyHandle, make_storage
 
 __all__ = ["Orchestrator", "RunSummary", "make_sampler", "trial_command", "reference_configuration",
@@ -533,6 +533,7 @@ class Orchestrator:
             probe=self._probe_spec.model_dump(mode="json"),
             ignore_eos=bool(ignore_eos),
             reference=self._reference,
+            early_stop=early_stop_plan(self.spec, study.get_trials(deepcopy=False)),
         )
         trial.set_user_attr("kind", KIND_RUN)
         trial.set_user_attr("attempt", attempt)
@@ -690,7 +691,7 @@ class Orchestrator:
         raw = item.result.get("reference")
         reference = None if raw is None else Reference.model_validate(raw).model_copy(
             update={"label": config.label})
-        atomic_write_json(self.reference_probe_json, {
+        self._write_reference_file(self.reference_probe_json, {
             "trusted": problem is None,
             "problem": problem,
             "label": config.label,
@@ -709,13 +710,22 @@ class Orchestrator:
                 f"{problem or 'the reference job returned no reference'}.\nComparing trials with a "
                 f"broken reference proves nothing, so the study stops. Details: {self.reference_probe_json}, "
                 f"server log {log}")
-        atomic_write_json(self.reference_json, reference.model_dump(mode="json"))
+        self._write_reference_file(self.reference_json, reference.model_dump(mode="json"))
         accuracy = reference.known_answers_accuracy
         self.progress(
             f"[reference] recorded {len(reference.prompts)} prompts in {outcome.trial_s or 0:.1f}s "
             f"(known-answer accuracy {accuracy if accuracy is None else round(accuracy, 2)}, "
             f"agrees with itself); every trial is compared with it")
         return reference
+
+    def _write_reference_file(self, path: Path, data: Any) -> None:
+        try:
+            atomic_write_json(path, data)
+        except ArtifactWriteError as err:
+            # Without its files the reference could not be reused or inspected: stop here,
+            # resumably, rather than judge trials by a record that exists nowhere.
+            raise StudyError(f"could not write {path} ({err.reason}): {err}; free space, then "
+                             f"`tuner resume {self.handle.name}` records the reference again") from err
 
     # -- results -----------------------------------------------------------------
 
@@ -754,6 +764,9 @@ class Orchestrator:
                 self._retry(study, frozen, int(frozen.user_attrs.get("attempt", 1)))
             self.write_pareto(study)
             return
+        if outcome.early_stop and outcome.early_stop.get("reason") != "dominated_exact":
+            self._record_stopped(study, trial, outcome)
+            return
         values = [metric_value(self.spec, outcome, o) for o in self.spec.objectives]
         missing = [o.label for o, v in zip(self.spec.objectives, values) if v is None]
         if missing:
@@ -770,6 +783,24 @@ class Orchestrator:
         self.write_pareto(study)
         self.progress(f"[trial {number}] done in {outcome.trial_s or 0:.1f}s: " + result_text(
             self.labels, values, outcome, violated) + f" | front: {len(self._front(study))}")
+
+    def _record_stopped(self, study: optuna.Study, trial: Trial, outcome: TrialOutcome) -> None:
+        """A trial its worker stopped early (core.early_stop): infeasible, never on the front."""
+
+        told, violated, placeholder = stopped_told(self.spec, outcome, self._worst_values(study))
+        why = outcome.early_stop or {}
+        text = f"stopped after {why.get('after')}: {why.get('reason')}"
+        if told is None:
+            trial.set_user_attr("failure", {"reason": EARLY_STOPPED, "message": text, "phase": "load"})
+            study.tell(trial.number, state=TrialState.FAIL)
+        else:
+            for key, value in violated.items():
+                trial.set_constraint(key, value)
+            if placeholder:
+                trial.set_user_attr("placeholder_values", True)
+            study.tell(trial.number, told)
+        self.write_pareto(study)
+        self.progress(f"[trial {trial.number}] {text} after {outcome.trial_s or 0:.1f}s")
 
     def _front(self, study: optuna.Study) -> list[Any]:
         records = read_records(study)

@@ -50,6 +50,12 @@ def pareto_png(records: Sequence[TrialRecord], labels: Sequence[str], directions
                        marker=marker, c=colour, s=46, alpha=0.8, label=f"{legend} ({len(pts)})")
     points = [Point(r.number, tuple(r.values[l] for l in labels), r.feasible) for r in measured]
     front = pareto_front(points, directions)
+    on_front = {p.number for p in front}
+    for r in measured:
+        # Every point carries its trial number, so the figure can be read against the tables.
+        if r.number not in on_front:
+            ax.annotate(f"#{r.number}", (r.values[x_label], r.values[y_label]), textcoords="offset points",
+                        xytext=(5, -10), fontsize=7, color="#555")
     if front and len(labels) > 1:
         ordered = sorted(front, key=lambda p: p.values[1])
         ax.plot([p.values[1] for p in ordered], [p.values[0] for p in ordered], "-", c="#2ca02c",

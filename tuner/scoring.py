@@ -9,26 +9,38 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from tuner.core import early_stop
 from tuner.core.outcome import TrialOutcome
-from tuner.core.pareto import pareto_front
+from tuner.core.pareto import Point, pareto_front
 from tuner.core.spec import ObjectiveSpec, StudySpec
-from tuner.records import KIND_RUN, TrialRecord, record_points
+from tuner.records import EARLY_STOPPED, KIND_RUN, TrialRecord, record_points
 
-__all__ = ["level_of", "metric_value", "constraints", "outcome_attrs", "pareto_payload",
+__all__ = ["early_stop_plan", "stopped_told", "EARLY_STOPPED", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs", "pareto_payload",
            "result_text", "values_text"]
 
 
-def level_of(spec: StudySpec, item: ObjectiveSpec | Any) -> int:
+def level_for(spec: StudySpec, concurrency: int | str) -> int:
+    """The load level that ``concurrency`` ("max", "min" or a number) names."""
+
     levels = spec.load.concurrency
-    if item.concurrency == "max":
+    if concurrency == "max":
         return max(levels)
-    if item.concurrency == "min":
+    if concurrency == "min":
         return min(levels)
-    return int(item.concurrency)
+    return int(concurrency)
+
+
+def level_of(spec: StudySpec, item: ObjectiveSpec | Any) -> int:
+    """The load level an objective or limit is read at."""
+
+    return level_for(spec, item.concurrency)
+
+
+TRIAL_METRICS = ("startup_s", "probe_s", "trial_s")
 
 
 def metric_value(spec: StudySpec, outcome: TrialOutcome, item: Any) -> float | None:
-    if item.metric in ("startup_s", "probe_s", "trial_s"):
+    if item.metric in TRIAL_METRICS:
         return getattr(outcome, item.metric)
     level = outcome.levels.get(str(level_of(spec, item)), {})
     value = level.get(item.metric)
@@ -62,6 +74,75 @@ def constraints(spec: StudySpec, outcome: TrialOutcome) -> dict[str, float]:
     return result
 
 
+# Bounded history: the learned ratio is a maximum over trials, and the newest few hundred
+# trials are the ones near the front; shipping the whole study to every worker would cost
+# more than it adds.
+HISTORY_LIMIT = 300
+
+
+def early_stop_plan(spec: StudySpec, trials: Any) -> dict[str, Any]:
+    """The ``TrialRequest.early_stop`` of a trial starting now (core.early_stop.sweep_plan).
+
+    ``trials``: the study's FrozenTrials. Front: objective values of the feasible measured
+    trials' front; history: the objective metrics, per level, of trials that measured every
+    objective level (a trial stopped on a bound did not, and its values are bounds).
+    """
+
+    targets = [early_stop.Target(o.metric, early_stop.TRIAL_LEVEL if o.metric in TRIAL_METRICS
+                                 else level_of(spec, o), o.direction) for o in spec.objectives]
+    limits = [{"label": lim.label, "metric": lim.metric,
+               "level": early_stop.TRIAL_LEVEL if lim.metric in TRIAL_METRICS else level_of(spec, lim),
+               "max": lim.max, "min": lim.min} for lim in spec.limits]
+    metrics = {t.metric for t in targets}
+    needed = {str(t.level) for t in targets if t.level != early_stop.TRIAL_LEVEL}
+    directions = [t.direction for t in targets]
+    rows: list[tuple[float, ...]] = []
+    history: list[dict[int, dict[str, float]]] = []
+    for t in trials:
+        if t.state.name != "COMPLETE" or t.values is None or t.user_attrs.get("kind", KIND_RUN) != KIND_RUN:
+            continue
+        if EARLY_STOPPED in t.constraints or t.user_attrs.get("placeholder_values"):
+            continue
+        if all(v <= 0 for v in t.constraints.values()):
+            rows.append(tuple(t.values))
+        levels = (t.user_attrs.get("outcome") or {}).get("levels") or {}
+        if needed <= set(levels):
+            history.append({int(c): {m: v for m, v in lv.items() if m in metrics and v is not None}
+                            for c, lv in levels.items()})
+    front = [p.values for p in pareto_front([Point(i, r) for i, r in enumerate(rows)], directions)]
+    return early_stop.sweep_plan(targets, limits, spec.load.concurrency, front, history[-HISTORY_LIMIT:],
+                                 require_applied=spec.verify.require_applied)
+
+
+def stopped_told(spec: StudySpec, outcome: TrialOutcome,
+                 worst: list[float] | None) -> tuple[list[float] | None, dict[str, float], bool]:
+    """What a trial the worker stopped early is told as: (values, constraints, placeholder).
+
+    Its measured objectives are kept, an objective it never measured takes its optimistic
+    bound (what the trial could at best have reached) or else the worst value seen, and the
+    ``early_stopped`` constraint is violated, so it is never on the front and the sampler
+    ranks it with the infeasible trials. ``values`` None: nothing to tell values with (the
+    study's first trial): the caller tells it FAIL.
+    """
+
+    record = outcome.early_stop or {}
+    bounds = record.get("bounds") or [None] * len(spec.objectives)
+    values: list[float] = []
+    placeholder = False
+    for i, o in enumerate(spec.objectives):
+        value = metric_value(spec, outcome, o)
+        if value is None:
+            value = bounds[i]
+        if value is None and worst is not None:
+            value, placeholder = worst[i], True
+        if value is None:
+            return None, {}, True
+        values.append(float(value))
+    violated = constraints(spec, outcome)
+    violated[EARLY_STOPPED] = 1.0
+    return values, violated, placeholder
+
+
 def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
     """The part of an outcome worth keeping in the storage (full details are on disk)."""
 
@@ -83,6 +164,7 @@ def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
         "detected_unix": outcome.detected_unix,
         "warnings": outcome.warnings,
         "stop": outcome.stop,
+        "early_stop": outcome.early_stop,
     }
 
 

@@ -71,9 +71,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tuner.core import space
+from tuner.core.outcome import TrialOutcome
 from tuner.core.load_spec import LoadSpec
 from tuner.core.pareto import Point, pareto_front
 from tuner.core.render import asked_settings
+from tuner.core.sampling import grid_points
 from tuner.core.spec import StudySpec
 from tuner.core.workload import draft_requests, fit_draft, level_stream
 from tuner.sim.args import ArgvError, parse_argv
@@ -81,6 +83,8 @@ from tuner.sim.effective import ConfigError, Effective, resolve
 from tuner.sim.model import TOKENIZER, NgramIndex, chat_prompt, count_accepted, plan_output
 from tuner.sim.perf_model import NGRAM_METHODS, LevelEstimate, PerfConfig, Workload, simulate_closed_loop
 from tuner.sim.profile import Profile
+from tuner.scoring import constraints as scoring_constraints
+from tuner.scoring import level_for, metric_value
 
 __all__ = [
     "LevelTruth", "PointTruth", "GroundTruth", "TimeModel", "Measured", "enumerate_points",
@@ -162,29 +166,15 @@ class TimeModel:
 
 
 def enumerate_points(spec: StudySpec) -> list[dict[str, Any]]:
-    """Every allowed point (active parameters only, forbidden rules applied), file order."""
+    """Every allowed point (active parameters only, forbidden rules applied), file order.
 
-    ordered = space.ordered_parameters(spec)
-    if any(p.domain() is None for p in ordered):
-        raise ValueError("ground truth needs a discrete space: give every float parameter a step")
-    points: list[dict[str, Any]] = []
+    The grid sampler's own enumeration, so the truth covers exactly the points a study can
+    propose."""
 
-    def walk(i: int, values: dict[str, Any]) -> None:
-        if i == len(ordered):
-            if space.forbidden_reason(spec, values) is None:
-                points.append(dict(values))
-            return
-        param = ordered[i]
-        if not space.is_active(param, values):
-            walk(i + 1, values)
-            return
-        for value in param.domain() or []:
-            values[param.name] = value
-            walk(i + 1, values)
-            del values[param.name]
-
-    walk(0, {})
-    return points
+    try:
+        return grid_points(spec)
+    except ValueError as exc:
+        raise ValueError("ground truth needs a discrete space: give every float parameter a step") from exc
 
 
 def default_render(spec: StudySpec, values: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
@@ -554,33 +544,23 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
 
 _STAGES = ("init", "comm", "attn", "load", "kv")
 
-# Where in Sim.startup's log (= vLLM's order) the evidence of a not-applied target appears:
-# "api" notices print before the API server's init wait, the engine config line ("init") after
-# it, NCCL's "set by environment" lines, the all-reduce backends line and the custom
-# all-reduce warning at communicator init ("comm"), the attention-backend cudagraph
-# downgrade right after ("attn"), all of them before weights load; capture lines at the end.
+# Where in Sim.startup's log (= vLLM's order) a not-applied target can be stopped on while
+# the server starts: exactly the verdicts tuner.core.early_stop.startup_mismatches accepts
+# from a partial log - the custom all-reduce outcome at communicator init ("comm") and the
+# attention backend's CUDA-graph downgrade right after ("attn"), both before the weights
+# load. Every other verdict waits for the full log (end of startup), as in the worker.
 _STAGE_OF = {
     "disable_custom_all_reduce": "comm",
     "compilation_config.cudagraph_mode": "attn",
-    "compilation_config.mode": "init",
-    "compilation_config.max_cudagraph_capture_size": "init",
-    "max_cudagraph_capture_size": "init",
-    "enforce_eager": "init",
-    "tensor_parallel_size": "init",
-    "pipeline_parallel_size": "init",
 }
 
 
 def _verdict_stage_s(eff: Effective, target: str) -> float:
     st = eff.profile.startup
     stage = _STAGE_OF.get(target)
-    if stage is None and target.startswith(("speculative_config.",)):
-        stage = "init"
-    if stage is None and target.startswith(("env:NCCL_", "env:VLLM_ALLREDUCE_", "env:VLLM_USE_NCCL")):
-        stage = "comm"
     if target == "compilation_config.cudagraph_mode" and eff.cudagraph_mode != "NONE" and not eff.capture_sizes:
         stage = None          # "capture skipped": only known at the end of startup
-    return {"init": st.api_init_s, "comm": st.api_init_s + st.engine_init_s,
+    return {"comm": st.api_init_s + st.engine_init_s,
             "attn": st.api_init_s + st.engine_init_s}.get(stage or "", _startup_s(eff))
 
 
@@ -615,12 +595,18 @@ def evaluate_point(spec: StudySpec, profile: Profile, values: dict[str, Any]) ->
 
 
 def level_of(spec: StudySpec, concurrency: int | str) -> int:
-    levels = spec.load.concurrency
-    if concurrency == "max":
-        return max(levels)
-    if concurrency == "min":
-        return min(levels)
-    return int(concurrency)
+    """The load level ``concurrency`` names (tuner.scoring's rule)."""
+
+    return level_for(spec, concurrency)
+
+
+def _outcome(truth: PointTruth, levels: Mapping[int, Mapping[str, float]]) -> TrialOutcome:
+    """The outcome a worker would report for this point: what tuner.scoring reads."""
+
+    return TrialOutcome(number=0, status="completed", applied=truth.applied,
+                        mismatches=[{"target": t} for t in truth.mismatches],
+                        probe_passed=truth.probe_passed,
+                        levels={str(c): dict(m) for c, m in levels.items()})
 
 
 def metric_of(spec: StudySpec, levels: Mapping[int, Mapping[str, float]], item: Any) -> float | None:
@@ -657,26 +643,15 @@ def measure(spec: StudySpec, truth: PointTruth, *, noise: float = 0.0,
             levels[c] = {k: v * math.exp(rng.gauss(0.0, noise)) for k, v in lv.metrics.items()}
         else:
             levels[c] = dict(lv.metrics)
+    # Objectives and constraints exactly as the orchestrator computes them (tuner.scoring).
+    outcome = _outcome(truth, levels)
     objectives = []
     for o in spec.objectives:
-        value = metric_of(spec, levels, o)
+        value = metric_value(spec, outcome, o)
         if value is None:
             raise ValueError(f"ground truth has no {o.metric} at concurrency {o.concurrency}")
         objectives.append(value)
-    constraints = {
-        "probe": 0.0 if truth.probe_passed else 1.0,
-        "applied": 0.0 if (truth.applied or not spec.verify.require_applied) else float(max(1, len(truth.mismatches))),
-        "load_errors": 0.0,
-    }
-    for limit in spec.limits:
-        value = metric_of(spec, levels, limit)
-        if value is None:
-            violation = 1.0
-        elif limit.max is not None:
-            violation = value - limit.max
-        else:
-            violation = limit.min - value  # type: ignore[operator]
-        constraints[f"limit:{limit.label}"] = float(violation)
+    constraints = scoring_constraints(spec, outcome)
     return Measured(tuple(objectives), constraints, levels)
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import optuna
 
 from tuner.core.durations import format_duration
-from tuner.records import KIND_RUN, TrialRecord, front_records, read_records
+from tuner.records import KIND_RUN, TrialRecord, front_records, read_records_direct
 from tuner.study_store import StudyHandle
 
 __all__ = ["build_status", "format_status", "study_is_running"]
@@ -64,7 +64,9 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | None = None) -> dict[s
 
 
 def build_status(handle: StudyHandle, study: optuna.Study) -> dict[str, Any]:
-    records = read_records(study)
+    # Straight from the tables: status runs in a fresh process, where Optuna would decode
+    # every trial into a FrozenTrial first (about 1 s at 1,000 trials).
+    records = read_records_direct(study)
     labels = list(study.metric_names or [])
     directions = [d.name.lower() for d in study.directions]
     runs = [r for r in records if r.kind == KIND_RUN]

@@ -30,15 +30,21 @@ from tuner.adapters.artifacts import atomic_write_json, redact_env
 from tuner.adapters import proctree
 from tuner.adapters.launcher import TAG_VAR, ServerProcess
 from tuner.adapters.loadgen import run_sweep, write_records_jsonl
-from tuner.adapters.probe_client import run_probe
+from tuner.adapters.probe_client import load_probe_items, run_probe
+from tuner.adapters.reference_client import (ReferenceRecordError, check_reference, load_reference_sources,
+                                             record_reference, run_correctness)
+from tuner.core.early_stop import SweepGuard
 from tuner.core.effective_config import parse_effective_config
 from tuner.core.load_spec import LoadSpec
 from tuner.core.outcome import TrialOutcome, TrialRequest
 from tuner.core.probe_spec import ProbeSpec
+from tuner.core.reference import Reference, validate_reference
 from tuner.core.verify import verify
 from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCancelled, TrialError, TrialTimeout
 
 __all__ = ["TrialWorker"]
+
+STARTUP_LOG_POLL_S = 1.0  # how often a starting server's log is checked for a downgrade
 
 logger = logging.getLogger(__name__)
 
@@ -51,6 +57,9 @@ class TrialWorker:
         self._server: ServerProcess | None = None
         self._began: float | None = None
         self._cancel_reasons: dict[int, str] = {}
+        # What a reference job recorded, by request number, for run_reference to return
+        # (run_trial's result is the outcome alone).
+        self._jobs: dict[int, dict[str, Any]] = {}
 
     def describe(self) -> dict[str, Any]:
         node = None
@@ -91,15 +100,20 @@ class TrialWorker:
             async with asyncio.timeout(request.deadline_s):
                 phase = "prepare"
                 await self._prepare(request, trial_dir, outcome)
+                # Early stop (core.early_stop): a trial that can no longer reach the front
+                # skips what is left; the orchestrator tells it as stopped, never on the front.
+                guard = SweepGuard(request.early_stop)
                 phase = "start"
-                outcome.startup_s = await self._start(request, trial_dir)
+                outcome.startup_s = await self._start(request, trial_dir, guard)
                 phase = "verify"
                 self._verify(request, trial_dir, outcome)
                 phase = "probe"
-                if request.probe.get("enabled", True):
+                if request.probe.get("enabled", True) and not guard.stop_after("verify", applied=outcome.applied):
                     await self._watch(self._probe(request, trial_dir, outcome))
                 phase = "load"
-                await self._watch(self._load(request, trial_dir, outcome))
+                if not guard.stop_after("probe", probe_passed=outcome.probe_passed):
+                    await self._watch(self._load(request, trial_dir, outcome, guard))
+                outcome.early_stop = guard.record
                 phase = "stop"
                 outcome.status = "completed"
         except TimeoutError:
@@ -130,6 +144,21 @@ class TrialWorker:
         if cancelled:
             raise asyncio.CancelledError(f"trial {request.number} cancelled")
         return outcome.model_dump(mode="json")
+
+    async def run_reference(self, request_data: dict[str, Any]) -> dict[str, Any]:
+        """The study's reference job: start the reference configuration like a trial,
+        verify it, run the known-answer probe, record the reference and check it against
+        itself, stop the server. No load is measured.
+
+        Returns ``{"outcome": ..., "reference": ..., "known_answers": ..., "self_check":
+        ..., "problem": ...}``; ``problem`` says why the reference must not be trusted
+        (None: it can). The driver writes the study's reference files from it.
+        """
+
+        number = int(request_data["number"])
+        self._jobs.pop(number, None)
+        outcome = await self.run_trial(request_data)
+        return {"outcome": outcome, **self._jobs.pop(number, {})}
 
     # -- phases -----------------------------------------------------------------
 
@@ -183,7 +212,7 @@ class TrialWorker:
         raise GpusNotFree(f"processes of an earlier server of GPU group {self.group_index} are still "
                           f"alive after SIGKILL: pids {still}")
 
-    async def _start(self, request: TrialRequest, trial_dir: Path) -> float:
+    async def _start(self, request: TrialRequest, trial_dir: Path, guard: SweepGuard | None = None) -> float:
         env = dict(os.environ)
         env.update(request.env)
         log_path = trial_dir / "server.log"
@@ -198,7 +227,25 @@ class TrialWorker:
             stop_grace_s=request.stop_timeout_s,
         )
         self._server.start()
-        return await self._server.wait_ready(request.startup_timeout_s)
+        if guard is None or not guard.enabled:
+            return await self._server.wait_ready(request.startup_timeout_s)
+        # Early stop while starting: a downgrade the log already shows for good (see
+        # core.early_stop.startup_mismatches) ends the start minutes before "ready".
+        began = time.monotonic()
+        ready = asyncio.ensure_future(self._server.wait_ready(request.startup_timeout_s))
+        try:
+            while True:
+                done, _ = await asyncio.wait({ready}, timeout=STARTUP_LOG_POLL_S)
+                if done:
+                    return ready.result()
+                log = await asyncio.to_thread(self._server.log_text)
+                if guard.stop_while_starting(request.asked, log):
+                    return time.monotonic() - began
+        finally:
+            if not ready.done():
+                ready.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await ready
 
     def _verify(self, request: TrialRequest, trial_dir: Path, outcome: TrialOutcome) -> None:
         assert self._server is not None
@@ -211,22 +258,78 @@ class TrialWorker:
 
     async def _probe(self, request: TrialRequest, trial_dir: Path, outcome: TrialOutcome) -> None:
         assert self._server is not None
+        if request.kind == "reference":
+            await self._record_reference(request, outcome)
+            return
         spec = ProbeSpec.model_validate(request.probe)
+        reference = None if request.reference is None else Reference.model_validate(request.reference)
         began = time.monotonic()
-        result = await run_probe(self._server.base_url, request.served_model_name, spec,
-                                 deadline_s=self._remaining(request))
+        # Both layers: known answers, then agreement with the study's reference (token
+        # agreement to the first divergence, top-k there, teacher-forced prompt logprobs).
+        result = await run_correctness(self._server.base_url, request.served_model_name, spec,
+                                       reference=reference, deadline_s=self._remaining(request))
         outcome.probe_s = time.monotonic() - began
         outcome.probe_passed = result.passed
         outcome.probe_reason = result.reason
         atomic_write_json(trial_dir / "probe.json", result.model_dump(mode="json"))
 
-    async def _load(self, request: TrialRequest, trial_dir: Path, outcome: TrialOutcome) -> None:
+    async def _record_reference(self, request: TrialRequest, outcome: TrialOutcome) -> None:
+        """Record the study's reference from this (reference-configuration) server and
+        judge whether it can be trusted; the verdict goes into the job's result, not an
+        exception, so the driver can save what was recorded next to why it was refused."""
+
         assert self._server is not None
+        spec = ProbeSpec.model_validate(request.probe)
+        url, served = self._server.base_url, request.served_model_name
+        began = time.monotonic()
+        items = load_probe_items(spec)
+        sources = load_reference_sources(spec, items=items)
+        known = await run_probe(url, served, spec, deadline_s=self._remaining(request), items=items)
+        reference = self_check = None
+        problems: list[str] = []
+        try:
+            reference = await record_reference(url, served, spec, sources=sources, known_answers=known,
+                                               deadline_s=self._remaining(request))
+            # The same requests again against the same server: a reference that does not
+            # agree with itself would fail correct trials.
+            self_check = await check_reference(url, served, spec, reference,
+                                               deadline_s=self._remaining(request))
+        except ReferenceRecordError as exc:
+            problems.append(str(exc))
+        verdict = validate_reference(known, reference=reference, self_check=self_check)
+        if verdict is not None:
+            problems.append(verdict)
+        # A reference that silently kept graphs, compilation or a drafter could share the
+        # very bug the trials are checked for.
+        conservative = [m for m in outcome.mismatches
+                        if str(m.get("target", "")).split(".")[0]
+                        in ("enforce_eager", "compilation_config", "speculative_config")]
+        if conservative:
+            problems.append("the server did not apply the reference configuration as asked: " + "; ".join(
+                f"{m.get('target')}: asked {m.get('asked')!r}, got {m.get('got')!r}" for m in conservative))
+        outcome.probe_s = time.monotonic() - began
+        outcome.probe_passed = not problems
+        outcome.probe_reason = "; ".join(problems) if problems else "ok"
+        self._jobs[request.number] = {
+            "reference": None if reference is None else reference.model_dump(mode="json"),
+            "known_answers": known.model_dump(mode="json"),
+            "self_check": None if self_check is None else self_check.model_dump(mode="json"),
+            "problem": outcome.probe_reason if problems else None,
+        }
+
+    async def _load(self, request: TrialRequest, trial_dir: Path, outcome: TrialOutcome,
+                    guard: SweepGuard | None = None) -> None:
+        assert self._server is not None
+        if request.kind == "reference":
+            return  # the reference job records answers; its speed is of no interest
         spec = LoadSpec.model_validate(request.load)
         began = time.monotonic()
+        guard = guard or SweepGuard(None)
+        guard.trial_metrics = {"startup_s": outcome.startup_s, "probe_s": outcome.probe_s}
         sweep = await run_sweep(
             self._server.base_url, request.served_model_name, spec,
             ignore_eos=request.ignore_eos, deadline_s=self._remaining(request),
+            levels=guard.levels(spec.concurrency), after_level=guard.after_level,
         )
         outcome.load_s = time.monotonic() - began
         for level in sweep.levels:

@@ -534,6 +534,9 @@ class SweepResult(BaseModel):
     duration_s: float
     levels: list[LevelResult]
     skipped_levels: list[int] = Field(description="Levels not run because the budget ran out.")
+    stopped_levels: list[int] = Field(
+        default_factory=list,
+        description="Levels not run because after_level stopped the sweep (early stop).")
     warnings: list[str] = Field(description="Degraded measurement: missing endpoints, budget.")
 
     def to_json(self, *, include_records: bool = True, indent: int | None = None) -> str:
@@ -602,6 +605,8 @@ async def run_sweep(
     ignore_eos: bool,
     deadline_s: float | None = None,
     headers: dict[str, str] | None = None,
+    levels: Sequence[int] | None = None,
+    after_level: Callable[[dict[int, dict[str, float]], list[int]], bool] | None = None,
 ) -> SweepResult:
     """Warm up and measure every concurrency level of ``load_spec``.
 
@@ -613,12 +618,21 @@ async def run_sweep(
         deadline_s: budget for the whole sweep in seconds from the call; levels that
             would start after it are skipped and listed. None: only ``max_level_seconds``.
         headers: extra HTTP headers for every call.
+        levels: the order to measure ``load_spec.concurrency`` in (default: as configured).
+        after_level: called after each measured level with the flat metrics of every level
+            measured so far (in measuring order) and the levels still to run; True stops
+            the sweep there (tuner.core.early_stop.SweepGuard.after_level). The levels left
+            out are listed in ``stopped_levels``.
     """
     t_start = time.monotonic()
     started_at = datetime.now(UTC).isoformat()
     notes: list[str] = []
-    levels: list[LevelResult] = []
+    results: list[LevelResult] = []
     skipped: list[int] = []
+    stopped: list[int] = []
+    order = list(load_spec.concurrency) if levels is None else list(levels)
+    if sorted(order) != sorted(load_spec.concurrency):
+        raise ValueError(f"levels {order} are not a reordering of {load_spec.concurrency}")
 
     def budget() -> float | None:
         """Seconds a level may issue for now; None once the sweep budget is spent."""
@@ -636,12 +650,17 @@ async def run_sweep(
         sweep = _Sweep(
             aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes
         )
-        for c in load_spec.concurrency:
+        for i, c in enumerate(order):
             result = await _sweep_level(sweep, c)
             if result is None:
                 skipped.append(c)
-            else:
-                levels.append(result)
+                continue
+            results.append(result)
+            remaining = [x for x in order[i + 1:] if x not in skipped]
+            if after_level is not None and remaining and after_level(
+                    {lv.concurrency: lv.metrics.flat() for lv in results}, remaining):
+                stopped = remaining
+                break
     if skipped:
         notes.append(f"levels {skipped} skipped: sweep budget of {deadline_s}s exhausted")
     return SweepResult(
@@ -651,8 +670,9 @@ async def run_sweep(
         ignore_eos=ignore_eos,
         started_at=started_at,
         duration_s=time.monotonic() - t_start,
-        levels=levels,
+        levels=results,
         skipped_levels=skipped,
+        stopped_levels=stopped,
         warnings=notes,
     )
 

@@ -2,15 +2,18 @@
 
 A trial starts a server (minutes: weights, compile, graph capture), verifies the applied
 configuration, runs the correctness probe, then measures concurrency levels (e.g. 1, 4, 16,
-64; the top level costs more than the others together). This module decides, after each of
-those steps, whether the rest can be skipped. Four rules, each safe on its own:
+64; the top level costs more than the others together). This module decides, while the
+server starts and after each later step, whether the rest can be skipped. Three rules, each
+safe on its own:
 
-1. **Infeasible anyway** (``infeasible_reason``): a knob not applied (as soon as the log shows
-   it: the custom all-reduce and attention-backend downgrades are printed at communicator /
-   attention init, before the weights load), a failed correctness probe, or a limit missed at
-   a level already measured. Such a trial is never on the front whatever else it measures,
-   and samplers rank infeasible trials by constraint violation only (TPE's split, NSGA-II's
-   constrained domination), so unmeasured values teach them nothing.
+1. **Infeasible anyway**: a knob not applied, a failed correctness probe, or a limit missed
+   at a level already measured (``infeasible_reason``). Such a trial is never on the front
+   whatever else it measures, and samplers rank infeasible trials by constraint violation
+   only (TPE's split, NSGA-II's constrained domination), so unmeasured values teach them
+   nothing. Two downgrades are stopped on *while the server starts*
+   (``startup_mismatches``): the custom all-reduce outcome at communicator init and the
+   attention backend's CUDA-graph downgrade, both printed once, before the weights load, and
+   never taken back; every other verdict waits for the full log.
 
 2. **Objective levels first** (``level_order``): measure the levels an objective or a limit
    reads before the others (1, 64, then 4, 16). Then every objective value is *measured*, and
@@ -33,19 +36,31 @@ those steps, whether the rest can be skipped. Four rules, each safe on its own:
    * latencies (``ttft_ms``, ``tpot_ms``, ``itl_ms``, ``e2el_ms``, any statistic) and per-user
      speed (``output_tok_s_per_user``) at a higher level: the value at the highest measured
      level below it (latency does not fall, per-user speed does not rise with load);
+   * trial-level metrics (``startup_s``, ``probe_s``: a third objective on startup time) are
+     exact once known (``TRIAL_LEVEL``); ``trial_s`` is unbounded;
    * anything else, or a level below every measured one: unbounded (never stops).
 
    The trial stops when one feasible point of the current front is at least as good as
    these optimistic values in every objective and strictly better in one: the finished
    trial would be dominated by it too, so it could never enter the front (a front point only
    leaves the front for a point that dominates it, which then dominates this trial as well).
-   It is told infeasible (constraint ``dominated`` = 1) with the bounds as its values.
+   The same argument makes a front *snapshot* taken when the trial starts safe to use.
 
-What "safe" rests on, and how it is checked: rule 1 and 2 are exact. Rule 3 assumes the
+How it runs: the orchestrator puts ``sweep_plan`` (targets, limits, level order, the feasible
+front and the learned-ratio history) into each ``TrialRequest``; the worker consults a
+``SweepGuard`` while the server starts, after verification, after the probe and after each
+load level (``loadgen.run_sweep(levels=..., after_level=...)``) and writes the guard's
+``record`` into the outcome. A trial stopped by rule 1 or 3 is told with the ``early_stopped``
+constraint violated (its measured objectives, else its bounds, else the worst values seen):
+never on the front, never exported without ``--force``. A ``dominated_exact`` stop is a
+normal completed trial without its informational levels.
+
+What "safe" rests on, and how it is checked: rules 1 and 2 are exact. Rule 3 assumes the
 bound holds; ``benchmarks/search_efficiency.py --early-stop`` replays whole studies against
 the simulator's ground truth (with measurement noise) and counts stopped trials whose full
 measurement would have entered the front, and true front points stopped before their
-objectives were measured. Both must be 0; tests/test_early_stop.py runs a small version.
+objectives were measured. Both must be 0; tests/test_early_stop.py runs a small version and
+tests/test_search_truth.py checks the startup rule against the simulator's logs.
 """
 
 from __future__ import annotations
@@ -53,15 +68,21 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
+
+from tuner.core.effective_config import parse_effective_config
+from tuner.core.verify import verify
 
 __all__ = ["Target", "Decision", "optimistic_values", "dominated", "infeasible_reason", "decide",
-           "level_order", "AGGREGATE_METRICS", "DEFAULT_MARGIN", "DEFAULT_MIN_HISTORY"]
+           "level_order", "sweep_plan", "SweepGuard", "startup_mismatches", "AGGREGATE_METRICS", "DEFAULT_MARGIN", "DEFAULT_MIN_HISTORY"]
 
 AGGREGATE_METRICS = frozenset({"output_tok_s", "total_tok_s", "request_per_s"})
 _LATENCY_PREFIXES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 DEFAULT_MARGIN = 0.25
 DEFAULT_MIN_HISTORY = 3
 DEFAULT_MAX_GAP = 4.0
+# The pseudo-level of trial-level metrics (startup_s, probe_s, trial_s) in a plan's targets.
+TRIAL_LEVEL = 0
 
 Levels = Mapping[int, Mapping[str, float]]
 
@@ -86,7 +107,13 @@ class Decision:
 def level_order(levels: Sequence[int], needed: Sequence[int]) -> list[int]:
     """The order to measure a sweep in: levels an objective or limit reads first (ascending),
     then the others (ascending). Once the needed levels are measured the trial's objective
-    values are exact, so a dominated trial skips the informational levels at no risk."""
+    values are exact, so a dominated trial skips the informational levels at no risk.
+
+    Measured alternative (benchmarks/search_efficiency.py, glm5, 6 seeds): putting a
+    "bridge" level before each needed one (1, 16, 64, 4: a throughput bound at 64 from 16)
+    saved less study time (21 % vs 26 %): the bound from 16 stopped few trials, and every
+    trial that would have stopped after 64 had paid for 16 too.
+    """
 
     first = sorted({c for c in levels if c in set(needed)})
     return first + sorted(c for c in levels if c not in set(needed))
@@ -197,3 +224,161 @@ def decide(targets: Sequence[Target], measured: Levels, remaining: Sequence[int]
         return Decision(False, bounds=bounds)
     exact = all(t.level in measured for t in targets)
     return Decision(True, "dominated_exact" if exact else "dominated", bounds, index)
+
+
+# ------------------------------------------------------------------------------- in a trial
+
+
+def sweep_plan(targets: Sequence[Target], limits: Sequence[Mapping[str, Any]], levels: Sequence[int],
+               front: Sequence[Sequence[float]], history: Sequence[Levels], *,
+               require_applied: bool = True, margin: float = DEFAULT_MARGIN,
+               min_history: int = DEFAULT_MIN_HISTORY, max_gap: float = DEFAULT_MAX_GAP) -> dict[str, Any]:
+    """What a worker needs to stop its own trial, as JSON-ready data (it travels in the
+    TrialRequest). ``front``: objective values of the study's feasible front when the trial
+    starts - a front only ever moves towards better points, so a trial dominated by this
+    snapshot is dominated by every later front too. ``limits``: {label, metric, level, max,
+    min}. ``history``: level metrics of trials that measured all their objective levels."""
+
+    needed = [t.level for t in targets] + [int(lim["level"]) for lim in limits]
+    return {
+        "targets": [{"metric": t.metric, "level": t.level, "direction": t.direction} for t in targets],
+        "limits": [dict(lim) for lim in limits],
+        "order": level_order(levels, needed),
+        "front": [list(map(float, p)) for p in front],
+        "history": [{str(c): dict(m) for c, m in h.items()} for h in history],
+        "require_applied": require_applied,
+        "margin": margin, "min_history": min_history, "max_gap": max_gap,
+    }
+
+
+class SweepGuard:
+    """Consulted by the worker after verification, after the probe and after each load level.
+
+    ``stop_after(...)`` returns True once the trial cannot reach the front, and from then on;
+    ``record`` says why, after which step, with which optimistic bounds and which levels
+    were left out. ``SweepGuard(None)`` never stops (a request without a plan).
+    """
+
+    def __init__(self, plan: Mapping[str, Any] | None) -> None:
+        self.enabled = plan is not None
+        plan = plan or {}
+        self.targets = [Target(str(t["metric"]), int(t["level"]), str(t["direction"]))
+                        for t in plan.get("targets", [])]
+        self.limits = list(plan.get("limits", []))
+        self.order = [int(c) for c in plan.get("order", [])]
+        self.front = [tuple(p) for p in plan.get("front", [])]
+        self.history = [{int(c): dict(m) for c, m in h.items()}
+                        for h in plan.get("history", [])]
+        self.require_applied = bool(plan.get("require_applied", True))
+        self.margin = float(plan.get("margin", DEFAULT_MARGIN))
+        self.min_history = int(plan.get("min_history", DEFAULT_MIN_HISTORY))
+        self.max_gap = float(plan.get("max_gap", DEFAULT_MAX_GAP))
+        self.record: dict[str, Any] | None = None
+        # Trial-level metrics known before the sweep (startup_s, probe_s): objectives on
+        # them are planned at level 0 (scoring.early_stop_plan) and exact from the start.
+        self.trial_metrics: dict[str, float] = {}
+
+    @property
+    def stopped(self) -> bool:
+        return self.record is not None
+
+    def levels(self, configured: Sequence[int]) -> list[int]:
+        """The order to run ``configured`` in (the plan's order, unknown levels last)."""
+
+        if not self.enabled:
+            return list(configured)
+        known = [c for c in self.order if c in configured]
+        return known + [c for c in configured if c not in known]
+
+    def stop_after(self, step: str, *, applied: bool | None = None, probe_passed: bool | None = None) -> bool:
+        """After verification ("verify") or the probe ("probe"): rule 1."""
+
+        if not self.enabled or self.stopped:
+            return self.stopped
+        reason = infeasible_reason(applied=applied, probe_passed=probe_passed,
+                                   require_applied=self.require_applied)
+        if reason is not None:
+            self.record = {"reason": reason, "after": step, "bounds": None, "skipped_levels": list(self.order)}
+        return self.stopped
+
+    def stop_while_starting(self, asked: Mapping[str, Any], log_text: str) -> bool:
+        """While the server starts: rule 1 for knobs whose downgrade the log already shows
+        for good (``startup_mismatches``). True = stop the start; the trial is not applied."""
+
+        if not self.enabled or self.stopped or not self.require_applied:
+            return self.stopped
+        sure = startup_mismatches(asked, log_text)
+        if sure:
+            self.record = {"reason": "not_applied", "after": "startup", "bounds": None,
+                           "mismatches": sure, "skipped_levels": list(self.order)}
+        return self.stopped
+
+    def _limit_violations(self, measured: Levels) -> dict[str, float]:
+        out = {}
+        for lim in self.limits:
+            level = int(lim["level"])
+            if level == TRIAL_LEVEL:
+                value = self.trial_metrics.get(str(lim["metric"]))
+                if value is None:
+                    continue          # trial_s: not known before the trial ends
+            elif level not in measured:
+                continue
+            else:
+                value = measured[level].get(str(lim["metric"]))
+            if value is None or not math.isfinite(value):
+                out[str(lim["label"])] = 1.0      # as tuner.scoring: no value misses the limit
+            elif lim.get("max") is not None:
+                out[str(lim["label"])] = float(value) - float(lim["max"])
+            else:
+                out[str(lim["label"])] = float(lim["min"]) - float(value)
+        return out
+
+    def after_level(self, measured: Levels, remaining: Sequence[int]) -> bool:
+        """After a load level: rule 1 for limits, then rules 2 and 3. True = stop the sweep."""
+
+        if not self.enabled or self.stopped:
+            return self.stopped
+        if not remaining:
+            return False
+        done = list(measured)[-1] if measured else None     # the level just measured
+        reason = infeasible_reason(applied=True, probe_passed=True,
+                                   limit_violations=self._limit_violations(measured))
+        if reason is not None:
+            self.record = {"reason": reason, "after": f"c{done}", "bounds": None,
+                           "skipped_levels": list(remaining)}
+            return True
+        if any(t.level == TRIAL_LEVEL for t in self.targets):
+            measured = {TRIAL_LEVEL: {k: v for k, v in self.trial_metrics.items() if v is not None}, **measured}
+        d = decide(self.targets, measured, remaining, self.front, self.history, margin=self.margin,
+                   min_history=self.min_history, max_gap=self.max_gap)
+        if d.stop:
+            self.record = {"reason": d.reason, "after": f"c{done}",
+                           "bounds": [b if math.isfinite(b) else None for b in d.bounds],
+                           "dominated_by": list(self.front[d.dominated_by]) if d.dominated_by is not None else None,
+                           "skipped_levels": list(remaining)}
+        return d.stop
+
+
+def startup_mismatches(asked: Mapping[str, Any], log_text: str) -> list[str]:
+    """Asked targets that a *partial* startup log already proves not applied, for good.
+
+    Only verdicts resting on a line vLLM prints once and never takes back: the attention
+    backend's CUDA-graph downgrade warning (``cudagraph_mode``, printed at attention init,
+    before the weights load) and the custom all-reduce outcome at communicator init
+    (disabled-because warning, or CUSTOM among the backends). Verdicts that rest on a line
+    still missing (graph capture, printed at the end) wait for the full log - a partial log
+    proves nothing about them. The field-notes box shows both kinds of downgrade minutes
+    before the server is ready (benchmarks: a quarter of glm5-8xpcie's points).
+    """
+
+    eff = parse_effective_config(log_text)
+    # Before any capture line: a cudagraph_mode mismatch is then the mode itself (downgraded),
+    # never a capture still in progress that shows one kind of graph so far.
+    capturing = eff.graphs_captured is not None or bool(eff.graph_capture_skipped)
+    sure = []
+    for check in verify(asked, eff).mismatches():
+        if check.target == "compilation_config.cudagraph_mode" and eff.cudagraph_downgrades and not capturing:
+            sure.append(check.target)
+        elif check.target == "disable_custom_all_reduce" and eff.custom_all_reduce_active is not None:
+            sure.append(check.target)
+    return sure

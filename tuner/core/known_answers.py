@@ -47,10 +47,10 @@ import math
 import random
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from decimal import Decimal, InvalidOperation
 from statistics import NormalDist
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, computed_field
 
@@ -71,6 +71,7 @@ __all__ = [
     "build_items",
     "check_answer",
     "completion_prompt",
+    "jsonl_lines",
     "number_to_words",
     "parse_prompts_jsonl",
     "score",
@@ -517,6 +518,21 @@ def _line_problems(entry: _PromptLine) -> list[tuple[str, str]]:
     return []
 
 
+def jsonl_lines(text: str) -> Iterator[tuple[int, Any, str | None]]:
+    """(line number, value, problem) for each non-blank line of a JSONL text.
+
+    ``problem`` is None for a line that parsed, else why it is not JSON (``value`` is then
+    None). Shared by both prompts-file parsers, so both report bad lines alike.
+    """
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            yield lineno, json.loads(raw), None
+        except json.JSONDecodeError as exc:
+            yield lineno, None, f"not valid JSON: {exc.msg} at column {exc.colno}"
+
+
 def parse_prompts_jsonl(
     text: str, apis: Sequence[Api], *, source: str = "prompts file"
 ) -> list[ProbeItem]:
@@ -532,13 +548,9 @@ def parse_prompts_jsonl(
     problems: list[tuple[int, str, str]] = []
     items: list[ProbeItem] = []
     seen_ids: dict[str, int] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            problems.append((lineno, "-", f"not valid JSON: {exc.msg} at column {exc.colno}"))
+    for lineno, data, bad_json in jsonl_lines(text):
+        if bad_json is not None:
+            problems.append((lineno, "-", bad_json))
             continue
         if not isinstance(data, dict):
             problems.append((lineno, "-", "must be a JSON object"))

@@ -35,6 +35,15 @@ class TrialRequest(BaseModel):
     probe: dict[str, Any]
     ignore_eos: bool
     metrics_needed: list[int] = Field(default_factory=list, description="load levels to run")
+    early_stop: dict[str, Any] | None = Field(
+        default=None, description="core.early_stop.sweep_plan: when the worker may stop the "
+        "trial (objectives, limits, the front when it started); None: never")
+    kind: Literal["trial", "reference"] = Field(
+        default="trial",
+        description="'reference': the study's once-per-study reference recording (no load)")
+    reference: dict[str, Any] | None = Field(
+        default=None, description="the study's recorded reference (core.reference.Reference) "
+        "every trial's probe is compared with; None: known answers only")
 
 
 class TrialOutcome(BaseModel):
@@ -64,4 +73,7 @@ class TrialOutcome(BaseModel):
     probe_passed: bool | None = None
     probe_reason: str | None = None
     stop: dict[str, Any] = Field(default_factory=dict)
+    early_stop: dict[str, Any] | None = Field(
+        default=None, description="core.early_stop.SweepGuard.record: why and after which "
+        "step the trial stopped before its full sweep; None: it ran everything")
     warnings: list[str] = Field(default_factory=list)

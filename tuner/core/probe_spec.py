@@ -13,7 +13,7 @@ calls once before any server starts.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -23,8 +23,8 @@ Family = Literal["arithmetic", "copy", "number_words", "capital", "lookup"]
 Api = Literal["chat", "completions"]
 
 # Canonical order. Question slots are dealt round-robin in this order (see
-# known_answers.build_items), so lookup comes first: with the default 12 questions it then
-# gets three slots, one for each default lookup prompt length.
+# known_answers.build_items), so lookup comes first: with the default 6 questions (12 items,
+# two APIs) it then gets two slots, one for each default lookup prompt length.
 ALL_FAMILIES: tuple[Family, ...] = ("lookup", "arithmetic", "copy", "number_words", "capital")
 
 
@@ -74,6 +74,22 @@ class ReferenceSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = True
+    values: dict[str, Any] = Field(
+        default_factory=dict,
+        description=(
+            "Parameter values (by the study's parameter names) that replace the baseline's "
+            "for the reference configuration, e.g. {nccl_proto: Simple}; checked against the "
+            "study's parameters before anything starts."
+        ),
+    )
+    conservative: bool = Field(
+        default=True,
+        description=(
+            "Make the reference configuration conservative on top of those values: "
+            "enforce_eager on, no speculative_config and no compilation_config (fixed flags "
+            "included), so it shares no graph, compiler or drafter path with the trials."
+        ),
+    )
     known_answer_prompts: int | None = Field(
         default=None,
         ge=0,
@@ -95,7 +111,9 @@ class ReferenceSpec(BaseModel):
             "or {\"messages\": [...]} (chat), optional \"id\"; no expected answer needed."
         ),
     )
-    max_tokens: int = Field(default=32, ge=1, le=1024)
+    # 16 tokens leave room for a late divergence (a graph replayed wrong after 8 tokens)
+    # while keeping the per-trial cost near a tenth of a CPU-server trial.
+    max_tokens: int = Field(default=16, ge=1, le=1024)
     top_k: int = Field(
         default=5, ge=1, le=20, description="Logprobs per position (vLLM's --max-logprobs is 20)."
     )
@@ -174,12 +192,14 @@ class ProbeSpec(BaseModel):
 
     enabled: bool = True
     items: int = Field(
-        default=24,
+        default=12,
         ge=1,
         le=2000,
         description=(
             "Requests per concurrency level. With api='both' every question is asked through "
-            "both endpoints, so 24 means 12 questions x 2 APIs (an odd count is rounded up)."
+            "both endpoints, so 12 means 6 questions x 2 APIs (an odd count is rounded up). "
+            "Kept small because the reference layer, not the count, is what catches subtle "
+            "faults; more items mostly buy a tighter accuracy tolerance."
         ),
     )
     families: tuple[Family, ...] = Field(default=ALL_FAMILIES, min_length=1)
@@ -200,7 +220,7 @@ class ProbeSpec(BaseModel):
     )
     min_consistency: float = Field(default=0.9, ge=0.0, le=1.0)
     lookup_prompt_tokens: tuple[int, ...] = Field(
-        default=(300, 600, 1000),
+        default=(300, 600),
         min_length=1,
         description=(
             "Approximate prompt lengths of the key/value lookup questions, cycled; some "

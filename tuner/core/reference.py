@@ -36,7 +36,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from tuner.core.known_answers import ProbeItem, ProbeResult
+from tuner.core.known_answers import ProbeItem, ProbeResult, jsonl_lines
 from tuner.core.probe_spec import OPEN_PROMPTS, ProbeSpec, ReferenceSpec
 from tuner.errors import SpecError
 
@@ -165,13 +165,9 @@ def parse_reference_prompts_jsonl(
     problems: list[tuple[int, str]] = []
     out: list[ReferenceSource] = []
     seen: dict[str, int] = {}
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        if not raw.strip():
-            continue
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            problems.append((lineno, f"not valid JSON: {exc.msg} at column {exc.colno}"))
+    for lineno, data, bad_json in jsonl_lines(text):
+        if bad_json is not None:
+            problems.append((lineno, bad_json))
             continue
         try:
             line = _RefLine.model_validate(data)

@@ -1,13 +1,15 @@
-"""The sampler a study uses, chosen on evidence (issue 8).
+"""The sampler a study uses, chosen on evidence (issue 8), and how parameters are suggested.
 
-``benchmarks/search_efficiency.py`` replays whole studies against the simulator's ground
-truth (``tuner.search_truth``, every point of the space) through the orchestrator's ask /
-tell logic, with 3 % measurement noise, and counts the trials needed to reach 95 % of the
-true Pareto front's hypervolume. On ``search_spaces/glm5-8xpcie.yaml``, 10 seeds (median,
-25-75 %): random search 341 trials; TPE as the orchestrator builds it today (multivariate,
-group, constant_liar, 10 random start-up trials) 60.5 (50 - >100, 3 seeds never got there);
-univariate TPE 56.5; NSGA-II >100; ``make_sampler`` below 36.5 (32-55, worst 78, all seeds).
-benchmarks/results/search_efficiency.json has every figure, the larger space included.
+The orchestrator takes ``make_sampler``, ``suggest`` and ``grid_points`` from here (one
+module: the benchmark and the tuner cannot drift apart). ``benchmarks/search_efficiency.py``
+replays whole studies against the simulator's ground truth (``tuner.search_truth``, every
+point of the space) through the orchestrator's ask / tell logic, with 3 % measurement noise,
+and counts the trials needed to reach 95 % of the true Pareto front's hypervolume. On
+``search_spaces/glm5-8xpcie.yaml``, 10 seeds (median, 25-75 %): ``make_sampler``'s default
+36.5 (32-55, worst 78, all seeds); univariate TPE 56.5; the earlier default (multivariate
+TPE, group, constant_liar, 10 random start-up trials) 60.5 (50 - >100, 3 seeds never got
+there); NSGA-II >100; random search 341.5. benchmarks/results/search_efficiency.json has
+every figure.
 
 * ``make_sampler`` - for 'tpe': ``ParetoLocalSampler`` around a univariate TPE
   (constant_liar: parallel GPU groups are not handed the same proposal). After the start-up
@@ -15,12 +17,12 @@ benchmarks/results/search_efficiency.json has every figure, the larger space inc
   current front; the other half are TPE's. Why it wins here: a knob's effect barely depends
   on the others (NCCL LL lowers TPOT with or without speculation), so the front's points
   are one step apart (LL + MTP k=2 next to LL + MTP k=3), while TPE, having found one of
-  them, keeps proposing points it has already measured: 76 % of the current TPE's proposals
-  on glm5 are repeats (told the earlier result, which sharpens the repeat further; after 25
+  them, keeps proposing points it has already measured: 76 % of the earlier multivariate TPE's
+  proposals on glm5 were repeats (told the earlier result, which sharpens the repeat further; after 25
   in a row the orchestrator runs a random point), against 19 % here. NSGA-II, random and
   grid are unchanged.
 * ``initial_design`` - the baseline with one knob changed at a time (an alternative start
-  that the benchmark also measures: with the current TPE it reaches 95 % in 42 trials).
+  that the benchmark also measures: with multivariate TPE it reached 95 % in 42 trials).
 * ``AvoidSeenSampler`` - redraws values that can only lead to measured points (measured:
   removes the repeats but does not by itself find the front faster; kept for samplers that
   must not repeat, e.g. a grid-like use of TPE).
@@ -38,13 +40,14 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import Study
-from optuna.trial import FrozenTrial, TrialState
+from optuna.trial import FrozenTrial, Trial, TrialState
 
 from tuner.core import space
+from tuner.core.pareto import Point, pareto_front
 from tuner.core.spec import StudySpec
 
-__all__ = ["make_sampler", "initial_design", "AvoidSeenSampler", "ParetoLocalSampler", "neighbours",
-           "STARTUP_TRIALS", "MAX_DESIGN_FRACTION"]
+__all__ = ["make_sampler", "suggest", "grid_points", "initial_design", "AvoidSeenSampler",
+           "ParetoLocalSampler", "neighbours", "STARTUP_TRIALS", "MAX_DESIGN_FRACTION"]
 
 STARTUP_TRIALS = 10
 LOCAL_SHARE = 0.5
@@ -74,6 +77,46 @@ def make_sampler(spec: StudySpec, *, design_size: int = 0) -> optuna.samplers.Ba
                                              population_size=max(4, min(20, spec.budget.n_trials // 3)))
     # "random" and "grid": grid points are enqueued by the orchestrator in shuffled order.
     return optuna.samplers.RandomSampler(seed=s.seed)
+
+
+def suggest(trial: Trial, param: Any) -> Any:
+    """Ask Optuna for one parameter's value (the orchestrator suggests in
+    ``space.ordered_parameters`` order and skips inactive ones)."""
+
+    if param.kind == "categorical":
+        return trial.suggest_categorical(param.name, param.values)
+    if param.kind == "bool":
+        return trial.suggest_categorical(param.name, [False, True])
+    if param.kind == "int":
+        return trial.suggest_int(param.name, param.low, param.high, step=param.step, log=param.log)
+    return trial.suggest_float(param.name, param.low, param.high, step=param.step, log=param.log)
+
+
+def grid_points(spec: StudySpec) -> list[dict[str, Any]]:
+    """Every allowed point of a discrete space (active parameters only, forbidden rules
+    applied), in file order: the 'grid' sampler's points and the ground truth's."""
+
+    ordered = space.ordered_parameters(spec)
+    if any(p.domain() is None for p in ordered):
+        raise ValueError("sampler 'grid' needs every parameter to be discrete (give floats a step)")
+    points: list[dict[str, Any]] = []
+
+    def walk(i: int, values: dict[str, Any]) -> None:
+        if i == len(ordered):
+            if space.forbidden_reason(spec, values) is None:
+                points.append(dict(values))
+            return
+        param = ordered[i]
+        if not space.is_active(param, values):
+            walk(i + 1, values)
+            return
+        for value in param.domain() or []:
+            values[param.name] = value
+            walk(i + 1, values)
+            del values[param.name]
+
+    walk(0, {})
+    return points
 
 
 def _representative(param: Any, current: Any) -> list[Any]:
@@ -299,29 +342,44 @@ class ParetoLocalSampler(BaseSampler):
         self._min_trials = min_trials
         self._rng = random.Random(seed)
         self._plans: dict[int, dict[str, Any]] = {}
+        self._started = False
+        self._finished: dict[int, tuple[str | None, tuple[tuple[float, ...], dict[str, Any]] | None]] = {}
 
     def _front(self, study: Study) -> tuple[list[dict[str, Any]], set[str]]:
         done = []
         seen = set()
-        for t in study.get_trials(deepcopy=False):
-            values = t.user_attrs.get("values", t.params)
-            if values:
-                seen.add(space.params_key(values))
-            if (t.state == TrialState.COMPLETE and t.values is not None
-                    and t.user_attrs.get("kind", "run") == "run"
-                    and all(v <= 0 for v in t.constraints.values()) and values):
-                done.append((t.values, values))
-        signs = [-1.0 if d == optuna.study.StudyDirection.MAXIMIZE else 1.0 for d in study.directions]
-        scored = [([s * v for s, v in zip(signs, vals)], values) for vals, values in done]
-        front = [values for a, values in scored
-                 if not any(all(x <= y for x, y in zip(b, a)) and any(x < y for x, y in zip(b, a))
-                            for b, _ in scored)]
+        # The trial list Optuna caches for this ask (TPE reads the same one): no second
+        # storage read per proposal.
+        for t in study._get_trials(deepcopy=False, use_cache=True):
+            entry = self._finished.get(t.number)
+            if entry is None:
+                values = t.user_attrs.get("values", t.params)
+                key = space.params_key(values) if values else None
+                feasible = (t.state == TrialState.COMPLETE and t.values is not None
+                            and t.user_attrs.get("kind", "run") == "run"
+                            and all(v <= 0 for v in t.constraints.values()) and bool(values))
+                entry = (key, (tuple(t.values), values) if feasible else None)
+                if t.state.is_finished():
+                    self._finished[t.number] = entry    # a finished trial no longer changes
+            if entry[0] is not None:
+                seen.add(entry[0])
+            if entry[1] is not None:
+                done.append(entry[1])
+        directions = ["maximize" if d == optuna.study.StudyDirection.MAXIMIZE else "minimize"
+                      for d in study.directions]
+        points = [Point(i, tuple(vals)) for i, (vals, _) in enumerate(done)]
+        # In trial order: the shuffle below must see the same list for the same study.
+        front = [done[i][1] for i in sorted(p.number for p in pareto_front(points, directions))]
         return front, seen
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
         self._base.before_trial(study, trial)
-        finished = sum(1 for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL)))
-        if (trial.params or trial.system_attrs.get("fixed_params") or finished < self._min_trials
+        if not self._started:
+            # Finished trials never un-finish: once enough, stop counting (1,000 trials cost
+            # milliseconds per ask otherwise). Same decisions, same random draws.
+            self._started = sum(1 for _ in study.get_trials(
+                deepcopy=False, states=(TrialState.COMPLETE, TrialState.FAIL))) >= self._min_trials
+        if (trial.params or trial.system_attrs.get("fixed_params") or not self._started
                 or self._rng.random() >= self._local):
             return     # enqueued (fixed) trials, the start, and the global share
         front, seen = self._front(study)

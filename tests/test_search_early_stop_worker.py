@@ -1,0 +1,88 @@
+"""Early stop inside a real trial (TrialWorker against the simulator, no Ray): a knob the
+starting server downgrades ends the start before "ready", and a dominated trial skips its
+remaining load levels; the orchestrator tells both as stopped, never on the front."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+from tests.conftest import write_study
+from tuner.core import space
+from tuner.core.early_stop import SweepGuard
+from tuner.core.outcome import TrialOutcome, TrialRequest
+from tuner.core.render import asked_settings
+from tuner.records import TrialRecord
+from tuner.scoring import early_stop_plan, stopped_told
+
+
+def _request(tmp_path: Path, values: dict[str, Any], plan_front: list[list[float]] | None,
+             startup_scale: float = 0.02) -> tuple[Any, dict[str, Any]]:
+    from tuner.cli import load_spec_file
+    from tuner.orchestrator import trial_command
+
+    study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": startup_scale},
+                           updates={"server.startup_timeout": "120s", "budget.trial_timeout": "5m"})
+    spec = load_spec_file(str(study))
+    argv, env = trial_command(spec, values, port=spec.server.port)
+    plan = early_stop_plan(spec, [])
+    if plan_front is not None:
+        plan["front"] = plan_front
+    request = TrialRequest(
+        study=study.stem, number=0, values=values,
+        asked=asked_settings(spec.server, space.settings_for(spec, values)), argv=argv, env=env,
+        host=spec.server.host, port=spec.server.port, served_model_name=spec.server.served_model_name,
+        trial_dir=str(tmp_path / "trial"), startup_timeout_s=120, stop_timeout_s=10, deadline_s=300,
+        load=spec.load.model_dump(mode="json"), probe=spec.probe.model_dump(mode="json"), ignore_eos=True,
+        early_stop=plan)
+    return spec, request.model_dump(mode="json")
+
+
+def _run(request: dict[str, Any]) -> TrialOutcome:
+    from tuner.worker import TrialWorker
+
+    return TrialOutcome.model_validate(asyncio.run(TrialWorker().run_trial(request)))
+
+
+def test_a_downgraded_knob_stops_the_start_before_ready(tmp_path: Path) -> None:
+    # FULL graphs on the simulated box's attention backend: vLLM downgrades them to
+    # FULL_AND_PIECEWISE at attention init, long before weights, compile and capture.
+    values = {"enforce_eager": False, "cudagraph_mode": "FULL", "nccl_proto": None, "spec_method": None}
+    spec, request = _request(tmp_path, values, plan_front=None)
+    out = _run(request)
+    assert out.status == "completed" and out.applied is False
+    assert out.early_stop and out.early_stop["after"] == "startup"
+    assert out.early_stop["mismatches"] == ["compilation_config.cudagraph_mode"]
+    assert out.probe_passed is None and out.levels == {}
+    trial_dir = Path(request["trial_dir"])
+    assert json.loads((trial_dir / "verification.json").read_text())["applied"] is False
+    assert not (trial_dir / "probe.json").exists() and not (trial_dir / "server.pid").exists()
+    log = (trial_dir / "server.log").read_text()
+    assert "Application startup complete" not in log and "Capturing CUDA graphs" not in log
+    values_told, violated, _ = stopped_told(spec, out, worst=[1.0, 99.0])
+    assert TrialRecord(0, "COMPLETE", "run", {}, constraints=violated).outcome == "not_applied"
+    assert violated["early_stopped"] == 1.0
+
+
+def test_a_dominated_trial_measures_its_objective_levels_and_skips_the_rest(tmp_path: Path) -> None:
+    values = {"enforce_eager": True, "nccl_proto": None, "spec_method": None}
+    # A front point better in both objectives than anything the simulator can do.
+    spec, request = _request(tmp_path, values, plan_front=[[1e9, 1e-3]], startup_scale=0.002)
+    assert SweepGuard(request["early_stop"]).levels([1, 16]) == [1, 16]
+    # The demo's levels are its objective levels (1, 16); add an informational one.
+    request["load"]["concurrency"] = [1, 4, 16]
+    request["early_stop"]["order"] = [1, 16, 4]
+    out = _run(request)
+    assert out.status == "completed" and out.applied is True and out.probe_passed is True
+    assert out.early_stop and out.early_stop["reason"] == "dominated_exact"
+    assert out.early_stop["after"] == "c16" and out.early_stop["skipped_levels"] == [4]
+    assert sorted(out.levels) == ["1", "16"]
+    metrics = json.loads((Path(request["trial_dir"]) / "metrics.json").read_text())
+    assert metrics["stopped_levels"] == [4]
+    # Without a plan the same trial measures every level.
+    request["early_stop"] = None
+    request["trial_dir"] = str(tmp_path / "trial-full")
+    full = _run(request)
+    assert full.early_stop is None and sorted(full.levels) == ["1", "16", "4"]

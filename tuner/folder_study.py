@@ -1,0 +1,196 @@
+"""Read a study folder that has no Optuna storage (a copied or committed example).
+
+A study folder keeps, per trial, what the worker measured (``outcome.json``) and what it
+was asked to run (``command.json``), next to the resolved ``spec.yaml``. That is enough to
+rebuild what the orchestrator told Optuna — the objective values, the constraints and the
+outcome attributes come from the same functions (``tuner.scoring``) — so ``tuner report``,
+``export`` and ``status`` work on a folder copied without its ``optuna.db``, e.g.
+``results/examples/smollm2-cpu``. The rebuilt study lives in memory: nothing is written
+into the folder.
+
+What the folder does not hold is left out: proposals that never ran (duplicates,
+forbidden points) have no trial folder and appear as ``kind = "not_in_folder"`` gaps so
+trial numbers stay those of the original run; the run's wall-clock time is taken as the
+span from the first trial's start to the last trial's end.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from pathlib import Path
+from typing import Any
+
+import optuna
+from optuna.trial import FrozenTrial, TrialState
+
+from tuner.adapters.artifacts import StudyPaths
+from tuner.core import space
+from tuner.core.outcome import TrialOutcome
+from tuner.core.render import RenderedCommand, shell_line
+from tuner.core.spec import StudySpec, parse_study
+from tuner.errors import SpecError, StudyError
+from tuner.records import EARLY_STOPPED, KIND_RUN
+from tuner.scoring import constraints, metric_value, outcome_attrs, stopped_told
+from tuner.study_store import StudyHandle, open_existing
+
+__all__ = ["FolderStudyHandle", "open_for_reading", "study_from_trial_files", "KIND_NOT_IN_FOLDER"]
+
+KIND_NOT_IN_FOLDER = "not_in_folder"
+FOLDER_STORAGE = "trial-files"  # StudyHandle.storage_url of a folder-backed handle
+
+
+class FolderStudyHandle(StudyHandle):
+    """A study handle whose ``load()`` rebuilds the study from the trial files (read-only)."""
+
+    def load(self) -> optuna.Study:
+        return study_from_trial_files(self.paths, self.spec, self.name)
+
+
+def _has_storage(paths: StudyPaths) -> bool:
+    if not paths.study_json.exists():
+        return False
+    try:
+        meta = json.loads(paths.study_json.read_text())
+    except (OSError, ValueError):
+        return True  # let open_existing report the broken file
+    # A non-default storage (a database URL) is not in the folder; only the default
+    # SQLite file can be known to be missing.
+    return not meta.get("storage_is_default", True) or paths.sqlite.exists()
+
+
+def open_for_reading(results_root: Path, name: str, *, storage_url: str | None = None) -> StudyHandle:
+    """The study's handle for reading: its Optuna storage when it has one, else its trial files."""
+
+    paths = StudyPaths(results_root / name)
+    if storage_url is not None or _has_storage(paths) or not paths.spec_yaml.exists() \
+            or not (paths.root / "trials").is_dir():
+        return open_existing(results_root, name, storage_url=storage_url)
+    try:
+        spec = parse_study(paths.spec_yaml.read_text(), str(paths.spec_yaml))
+    except SpecError as exc:
+        raise StudyError(f"the saved spec of study {name!r} no longer validates:\n{exc}") from exc
+    return FolderStudyHandle(paths.root.name, paths, FOLDER_STORAGE, spec)
+
+
+def _when(unix: float | None) -> dt.datetime | None:
+    return None if unix is None else dt.datetime.fromtimestamp(unix)
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _worst_values(study: optuna.Study, directions: list[str]) -> list[float] | None:
+    """As the orchestrator's: the worst told value per objective so far (placeholders)."""
+
+    rows = [t.values for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+            if t.user_attrs.get("kind", KIND_RUN) == KIND_RUN and t.values is not None]
+    if not rows:
+        return None
+    return [min(col) if d == "maximize" else max(col) for col, d in zip(zip(*rows), directions)]
+
+
+def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
+           worst: list[float] | None) -> FrozenTrial | None:
+    """The trial as the orchestrator recorded it (Orchestrator._record), or None when its
+    files are incomplete. ``worst``: the worst values told before it, for early stops."""
+
+    outcome_data = _read_json(trial_dir / "outcome.json")
+    command = _read_json(trial_dir / "command.json")
+    if outcome_data is None or command is None or "values" not in command:
+        return None
+    try:
+        outcome = TrialOutcome.model_validate(outcome_data)
+    except ValueError:
+        return None
+    if outcome.number != number:
+        return None
+    values: dict[str, Any] = dict(command["values"])
+    params: dict[str, Any] = {}
+    distributions: dict[str, optuna.distributions.BaseDistribution] = {}
+    for param in space.ordered_parameters(spec):
+        if param.name in values:
+            params[param.name] = values[param.name]
+            distributions[param.name] = space.distribution(param)
+    attrs: dict[str, Any] = {
+        "kind": KIND_RUN,
+        "values": values,
+        "attempt": 1,
+        "baseline": space.params_key(values) == baseline_key,
+        "outcome": outcome_attrs(outcome),
+        "command": shell_line(RenderedCommand(list(command.get("argv", [])), dict(command.get("env", {})))),
+        "from_trial_files": True,
+    }
+    state = TrialState.COMPLETE
+    objective_values: list[float] | None = None
+    violated: dict[str, float] | None = None
+    if outcome.status == "failed":
+        state = TrialState.FAIL
+        attrs["failure"] = {"reason": outcome.reason, "message": outcome.message, "phase": outcome.phase,
+                            "log_excerpt": (outcome.log_excerpt or "")[-2000:]}
+    elif outcome.early_stop and outcome.early_stop.get("reason") != "dominated_exact":
+        # Stopped early by its worker: infeasible with measured or placeholder values.
+        told, stopped_violated, placeholder = stopped_told(spec, outcome, worst)
+        if told is None:
+            state = TrialState.FAIL
+            attrs["failure"] = {
+                "reason": EARLY_STOPPED, "phase": "load",
+                "message": f"stopped after {outcome.early_stop.get('after')}: {outcome.early_stop.get('reason')}"}
+        else:
+            objective_values, violated = told, stopped_violated
+            if placeholder:
+                attrs["placeholder_values"] = True
+    else:
+        measured = [metric_value(spec, outcome, o) for o in spec.objectives]
+        missing = [o.label for o, v in zip(spec.objectives, measured) if v is None]
+        if missing:
+            # As the orchestrator tells it: a completed trial without an objective failed.
+            state = TrialState.FAIL
+            attrs["failure"] = {"reason": "no_measurement",
+                                "message": f"no value for {', '.join(missing)}", "phase": "load"}
+        else:
+            objective_values = [float(v) for v in measured]  # type: ignore[arg-type]
+            violated = constraints(spec, outcome)
+    trial = optuna.trial.create_trial(state=state, values=objective_values, params=params,
+                                      distributions=distributions, user_attrs=attrs,
+                                      constraints=violated)
+    trial.datetime_start = _when(outcome.started_unix)
+    trial.datetime_complete = _when(outcome.finished_unix)
+    return trial
+
+
+def study_from_trial_files(paths: StudyPaths, spec: StudySpec, name: str) -> optuna.Study:
+    """An in-memory Optuna study holding what the folder's trial files say (see module doc)."""
+
+    numbers = sorted(int(d.name) for d in (paths.root / "trials").iterdir()
+                     if d.is_dir() and d.name.isdigit())
+    directions = [o.direction for o in spec.objectives]
+    study = optuna.create_study(study_name=name, directions=directions)
+    study.set_metric_names([o.label for o in spec.objectives])
+    baseline_key = space.params_key(space.baseline_values(spec))
+    starts: list[float] = []
+    ends: list[float] = []
+    for number in range(numbers[-1] + 1 if numbers else 0):
+        trial = None
+        if number in numbers:
+            trial = _trial(spec, paths.trial_dir(number), number, baseline_key,
+                           _worst_values(study, directions))
+        if trial is None:
+            # Keeps later trials at their original numbers; never a run, so never shown.
+            trial = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"kind": KIND_NOT_IN_FOLDER})
+        else:
+            outcome = trial.user_attrs["outcome"]
+            if outcome.get("started_unix") is not None:
+                starts.append(outcome["started_unix"])
+            if outcome.get("finished_unix") is not None:
+                ends.append(outcome["finished_unix"])
+        study.add_trial(trial)
+    if starts and ends:
+        study.set_user_attr("elapsed_s", max(ends) - min(starts))
+    study.set_user_attr("from_trial_files", str(paths.root))
+    return study
