@@ -523,14 +523,19 @@ def print_table(results: dict[str, Any], spaces: list[str]) -> None:
 
 # "all" is what the tuner does (tuner/worker.py + core.early_stop.SweepGuard): infeasible
 # while starting / at verification / after the probe / on a missed limit, objective levels
-# first, dominated exact or on a bound. The others take it apart.
+# first, dominated exact or on a bound, and inside a level on its window so far. The others
+# take it apart.
 POLICIES: dict[str, EarlyStopPolicy | None] = {
     "off": None,
     "infeasible at verify": EarlyStopPolicy(dominated=False, reorder=False),
     "infeasible while starting": EarlyStopPolicy(dominated=False, reorder=False, streaming_verify=True),
     "+ bound (1,4,16,64)": EarlyStopPolicy(reorder=False),
     "+ objectives first": EarlyStopPolicy(reorder=True),
-    "all": EarlyStopPolicy(reorder=True, streaming_verify=True),
+    "all but inside a level": EarlyStopPolicy(reorder=True, streaming_verify=True),
+    "all, inside a level only at the last dispatch (4a)": EarlyStopPolicy(
+        reorder=True, streaming_verify=True, inside=True, inside_margin=math.inf),
+    "all, 4b margin 15 %": EarlyStopPolicy(reorder=True, streaming_verify=True, inside=True, inside_margin=0.15),
+    "all": EarlyStopPolicy(reorder=True, streaming_verify=True, inside=True),
 }
 
 

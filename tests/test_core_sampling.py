@@ -139,3 +139,78 @@ def test_initial_design_is_one_knob_at_a_time(glm5) -> None:
         assert space.forbidden_reason(glm5, point) is None
         assert len([k for k in changed(base, point) if not glm5.parameter(k).when]) <= 1
     assert len(sampling.initial_design(glm5, children=True)) > len(design)
+
+
+def _made_up(values: dict, i: int) -> list[float]:
+    thr = 100 + 50 * (values.get("spec_method") == "mtp") - 60 * values["enforce_eager"] + (i % 7)
+    tpot = 20 - 5 * (values.get("spec_method") == "mtp") + 10 * values["enforce_eager"] + (i % 5) * 0.3
+    return [thr, tpot]
+
+
+def test_below_the_history_limit_tpe_proposes_what_it_would_alone(small) -> None:
+    """The wrapper hands TPE one trial list per proposal; while the study is smaller than
+    the history limit that list is the whole study, so TPE's proposals are unchanged
+    (two trials in flight at a time, as with two GPU groups: constant liar sees them)."""
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+
+    def run(sampler) -> list[dict]:
+        study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+        out = []
+        for i in range(0, 40, 2):
+            pair = [study.ask(), study.ask()]
+            for j, trial in enumerate(pair):
+                out.append(suggest_all(trial, small))
+                study.tell(trial, _made_up(out[-1], i + j))
+        return out
+
+    def tpe():
+        return optuna.samplers.TPESampler(seed=3, constant_liar=True, n_startup_trials=6)
+
+    wrapped = sampling.ParetoLocalSampler(tpe(), small, local=0.0, min_trials=6, seed=3, history=1000)
+    alone = run(tpe())
+    assert run(wrapped) == alone
+    assert len({space.params_key(v) for v in alone}) > 4      # TPE did choose, not one point
+
+
+class _Recording(optuna.samplers.RandomSampler):
+    """Records which trials the wrapped sampler was shown for each suggestion."""
+
+    def __init__(self) -> None:
+        super().__init__(seed=0)
+        self.shown: list[list[int]] = []
+
+    def sample_independent(self, study, trial, param_name, param_distribution):
+        self.shown.append([t.number for t in study.get_trials(deepcopy=False)])
+        return super().sample_independent(study, trial, param_name, param_distribution)
+
+
+@pytest.mark.parametrize(("share", "newest"), [(0.0, 5), (0.5, 15)])
+def test_a_large_study_shows_tpe_the_front_and_the_newest_trials(small, monkeypatch, share, newest) -> None:
+    """30 finished trials, history 5: the front, the newest max(5, share x 30) trials and
+    the running ones; never the old infeasible trial 0."""
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    monkeypatch.setattr(sampling, "HISTORY_SHARE", share)
+    base = _Recording()
+    sampler = sampling.ParetoLocalSampler(base, small, local=0.0, min_trials=0, seed=0, history=5)
+    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
+    for i in range(30):
+        trial = study.ask()
+        values = suggest_all(trial, small)
+        if i == 0:
+            trial.set_constraint("probe", 1.0)      # the best point, but infeasible
+            study.tell(trial, [1e6, 0.0])
+        else:
+            study.tell(trial, _made_up(values, i))
+    running = study.ask()                           # in flight on another group
+    base.shown.clear()
+    current = study.ask()
+    suggest_all(current, small)
+    feasible = [t for t in study.trials if t.state == optuna.trial.TrialState.COMPLETE and t.number != 0]
+    front = {t.number for t in feasible
+             if not any(o.values[0] >= t.values[0] and o.values[1] <= t.values[1] and o.values != t.values
+                        for o in feasible)}
+    expected = sorted(front | set(range(30 - newest, 30)) | {running.number, current.number})
+    assert base.shown and all(shown == expected for shown in base.shown)
+    assert 0 not in expected and len(expected) < 30

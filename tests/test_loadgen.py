@@ -559,3 +559,64 @@ def test_sweep_runs_levels_in_the_given_order_and_stops_when_told(served: Served
     assert len(served.state.bodies) == spec.requests_for(4) + spec.requests_for(1)
     with pytest.raises(ValueError, match="reordering"):
         asyncio.run(run_sweep(served.base_url, "fake", spec, ignore_eos=True, levels=[4, 1]))
+
+
+# -- early stop inside a level (tuner.core.early_stop rule 4) ---------------------------------
+
+
+def _ticks(n: int, delay: float = 0.02) -> dict[str, Any]:
+    return {"chunks": [[delay, 1] for _ in range(n)]}
+
+
+def test_checkpoint_sees_the_window_and_its_completion_then_halts(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tuner.adapters.loadgen as loadgen
+
+    monkeypatch.setattr(loadgen, "INSIDE_CHECK_EVERY_S", 0.0)   # judge after every request
+    plan = [plan_item(i, _ticks(10), max_tokens=10) for i in range(12)]
+    views: list[dict[str, Any]] = []
+
+    def checkpoint(view: dict[str, Any]) -> bool:
+        views.append(view)
+        return bool(view["exact"])          # halt once the window is complete
+
+    with pytest.raises(loadgen.LevelHalted) as halted:
+        asyncio.run(run_level(served.base_url, "fake", plan, concurrency=3, api="completions",
+                              deadline_s=None, request_timeout_s=10.0, checkpoint=checkpoint))
+    records = halted.value.records
+    # Judged only once the first wave (the first 3 requests) had finished; halted at the first
+    # completion after the last dispatch, with the rest of the drain cancelled.
+    assert views and views[-1]["exact"] and not any(v["exact"] for v in views[:-1])
+    assert all(v["completed"] >= 3 and v["planned"] == 12 for v in views)
+    assert 3 <= len(records) < 12
+    last = views[-1]
+    # The complete window's rate is the level's own steady-state output tok/s, plus at most
+    # the tokens of requests that were still in flight: it bounds what the level would report.
+    assert last["output_tok_s"] > 0 and last["window_s"] > 0
+    full = level(served, [plan_item(i, _ticks(10), max_tokens=10) for i in range(12)], concurrency=3)
+    final = compute_level_metrics(full, concurrency=3, planned=12)
+    assert final.output_tok_s <= last["output_tok_s"] * 1.3   # same server, same shape
+
+
+def test_sweep_halted_inside_a_level_stops_the_sweep(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    import tuner.adapters.loadgen as loadgen
+
+    monkeypatch.setattr(loadgen, "INSIDE_CHECK_EVERY_S", 0.0)
+    spec = SWEEP.model_copy(update={"concurrency": (1, 2, 4), "warmup_requests": 0,
+                                    "requests_per_stream": 4})
+    calls: list[tuple[int, list[int]]] = []
+
+    def inside(level: int, view: dict[str, Any], later: list[int]) -> bool:
+        calls.append((level, list(later)))
+        return level == 4 and bool(view["exact"])
+
+    result = asyncio.run(run_sweep(served.base_url, "fake", spec, ignore_eos=True, deadline_s=60,
+                                   levels=[1, 4, 2], inside_level=inside))
+    assert [lv.concurrency for lv in result.levels] == [1]
+    assert result.stopped_levels == [4, 2]
+    assert {c for c, _ in calls} <= {1, 4} and (4, [2]) in calls
+    # Repeats are medians of whole runs: never judged inside.
+    calls.clear()
+    asyncio.run(run_sweep(served.base_url, "fake", spec.model_copy(update={"repeats": 2}), ignore_eos=True,
+                          deadline_s=60, levels=[1, 4, 2], inside_level=inside))
+    assert calls == []

@@ -86,3 +86,26 @@ def test_a_dominated_trial_measures_its_objective_levels_and_skips_the_rest(tmp_
     request["trial_dir"] = str(tmp_path / "trial-full")
     full = _run(request)
     assert full.early_stop is None and sorted(full.levels) == ["1", "16", "4"]
+
+
+def test_a_dominated_trial_stops_inside_its_throughput_level(tmp_path: Path) -> None:
+    values = {"enforce_eager": True, "nccl_proto": None, "spec_method": None}
+    spec, request = _request(tmp_path, values, plan_front=[[1e9, 1e-3]], startup_scale=0.002)
+    # Three requests per stream: the throughput level (16) has a steady window between its
+    # first wave and its drain, so its rate is known by the last dispatch (rule 4a).
+    request["load"]["concurrency"] = [1, 4, 16]
+    request["load"]["requests_per_stream"] = 3
+    request["early_stop"]["order"] = [1, 16, 4]
+    out = _run(request)
+    assert out.status == "completed" and out.early_stop is not None
+    assert out.early_stop["reason"] == "dominated_exact", out.early_stop
+    assert out.early_stop["after"] == "c16 at last dispatch" and out.early_stop["skipped_levels"] == [16, 4]
+    c16 = out.early_stop["measured"]["16"]
+    assert c16["completed"] < c16["planned"]          # the drain was not waited for
+    # The level's output tok/s is recorded, so the orchestrator tells it like any completed
+    # trial (scoring.metric_value reads it), dominated by the front it was judged against.
+    assert sorted(out.levels) == ["1", "16"] and out.levels["16"]["output_tok_s"] == c16["output_tok_s"]
+    from tuner.scoring import metric_value
+    assert metric_value(spec, out, spec.objectives[0]) == c16["output_tok_s"]
+    metrics = json.loads((Path(request["trial_dir"]) / "metrics.json").read_text())
+    assert metrics["stopped_levels"] == [16, 4]

@@ -14,14 +14,18 @@ import random
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner import __version__
-from tuner.core import space
 from tuner.core.durations import format_duration, parse_duration
-from tuner.core.render import RenderedCommand, shell_line
-from tuner.core.spec import StudySpec, parse_study
 from tuner.errors import SpecError, StudyError
+
+if TYPE_CHECKING:
+    from tuner.core.spec import StudySpec
+
+# Each command imports what it needs inside its function: `tuner status` must answer in well
+# under a second, and importing Optuna (SQLAlchemy, Alembic, NumPy) and the pydantic spec
+# models costs about 0.3 s before any work is done.
 
 __all__ = ["main"]
 
@@ -33,6 +37,8 @@ def _say(line: str) -> None:
 
 
 def load_spec_file(path: str) -> StudySpec:
+    from tuner.core.spec import parse_study
+
     file = Path(path)
     try:
         text = file.read_text(encoding="utf-8")
@@ -50,6 +56,7 @@ def load_spec_file(path: str) -> StudySpec:
 
 
 def _command_text(spec: StudySpec, values: dict[str, Any]) -> str:
+    from tuner.core.render import RenderedCommand, shell_line
     from tuner.orchestrator import trial_command
 
     argv, env = trial_command(spec, values, python="python")
@@ -57,6 +64,8 @@ def _command_text(spec: StudySpec, values: dict[str, Any]) -> str:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from tuner.core import space
+
     spec = load_spec_file(args.file)
     size, continuous, exact = space.discrete_size(spec)
     _say(f"{args.file}: valid study {spec.name!r}")
@@ -162,11 +171,18 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from tuner.status import build_status, format_status
-    from tuner.folder_study import open_for_reading
+    from tuner.status import format_status, status_from_folder
 
-    handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
-    status = build_status(handle, handle.load())
+    # The default SQLite file is read without Optuna; any other storage, a folder without
+    # one, or anything unexpected takes the full path (which reports errors as it always has).
+    status = None if args.storage is not None else status_from_folder(Path(args.results), args.name)
+    if status is None:
+        from tuner.folder_study import open_for_reading
+        from tuner.status import build_status
+
+        _quiet_optuna(args)
+        handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
+        status = build_status(handle, handle.load())
     if args.json:
         _say(json.dumps(status, indent=2, default=str))
     else:
@@ -359,21 +375,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _quiet_optuna(args: argparse.Namespace) -> None:
+    if args.verbose:
+        return
+    import warnings
+
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Multivariate/grouped TPE and metric names are marked experimental; they are
+    # chosen on purpose, so the per-run notice is noise for users.
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if not args.verbose:
-        import warnings
-
-        import optuna
-
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        # Multivariate/grouped TPE and metric names are marked experimental; they are
-        # chosen on purpose, so the per-run notice is noise for users.
-        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
+    if args.func is not cmd_status:      # status quiets Optuna only if it imports it
+        _quiet_optuna(args)
     try:
         return args.func(args)
     except SpecError as exc:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,8 @@ from tuner.core.outcome import TrialOutcome
 from tuner.core.render import RenderedCommand, shell_line
 from tuner.core.spec import StudySpec, parse_study
 from tuner.errors import SpecError, StudyError
-from tuner.records import EARLY_STOPPED, KIND_RUN
-from tuner.scoring import constraints, metric_value, outcome_attrs, stopped_told
+from tuner.records import KIND_RUN
+from tuner.scoring import outcome_attrs, told_for
 from tuner.study_store import StudyHandle, open_existing
 
 __all__ = ["FolderStudyHandle", "open_for_reading", "study_from_trial_files", "KIND_NOT_IN_FOLDER"]
@@ -96,7 +97,7 @@ def _worst_values(study: optuna.Study, directions: list[str]) -> list[float] | N
 
 
 def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
-           worst: list[float] | None) -> FrozenTrial | None:
+           worst: Callable[[], list[float] | None]) -> FrozenTrial | None:
     """The trial as the orchestrator recorded it (Orchestrator._record), or None when its
     files are incomplete. ``worst``: the worst values told before it, for early stops."""
 
@@ -126,36 +127,12 @@ def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
         "command": shell_line(RenderedCommand(list(command.get("argv", [])), dict(command.get("env", {})))),
         "from_trial_files": True,
     }
-    state = TrialState.COMPLETE
-    objective_values: list[float] | None = None
-    violated: dict[str, float] | None = None
-    if outcome.status == "failed":
-        state = TrialState.FAIL
-        attrs["failure"] = {"reason": outcome.reason, "message": outcome.message, "phase": outcome.phase,
-                            "log_excerpt": (outcome.log_excerpt or "")[-2000:]}
-    elif outcome.early_stop and outcome.early_stop.get("reason") != "dominated_exact":
-        # Stopped early by its worker: infeasible with measured or placeholder values.
-        told, stopped_violated, placeholder = stopped_told(spec, outcome, worst)
-        if told is None:
-            state = TrialState.FAIL
-            attrs["failure"] = {
-                "reason": EARLY_STOPPED, "phase": "load",
-                "message": f"stopped after {outcome.early_stop.get('after')}: {outcome.early_stop.get('reason')}"}
-        else:
-            objective_values, violated = told, stopped_violated
-            if placeholder:
-                attrs["placeholder_values"] = True
-    else:
-        measured = [metric_value(spec, outcome, o) for o in spec.objectives]
-        missing = [o.label for o, v in zip(spec.objectives, measured) if v is None]
-        if missing:
-            # As the orchestrator tells it: a completed trial without an objective failed.
-            state = TrialState.FAIL
-            attrs["failure"] = {"reason": "no_measurement",
-                                "message": f"no value for {', '.join(missing)}", "phase": "load"}
-        else:
-            objective_values = [float(v) for v in measured]  # type: ignore[arg-type]
-            violated = constraints(spec, outcome)
+    # Told exactly as Orchestrator._record tells it (scoring.told_for).
+    told = told_for(spec, outcome, worst)
+    attrs.update(told.attrs)
+    state = TrialState.FAIL if told.values is None else TrialState.COMPLETE
+    objective_values = told.values
+    violated = told.constraints if told.values is not None else None
     trial = optuna.trial.create_trial(state=state, values=objective_values, params=params,
                                       distributions=distributions, user_attrs=attrs,
                                       constraints=violated)
@@ -179,7 +156,7 @@ def study_from_trial_files(paths: StudyPaths, spec: StudySpec, name: str) -> opt
         trial = None
         if number in numbers:
             trial = _trial(spec, paths.trial_dir(number), number, baseline_key,
-                           _worst_values(study, directions))
+                           lambda: _worst_values(study, directions))
         if trial is None:
             # Keeps later trials at their original numbers; never a run, so never shown.
             trial = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"kind": KIND_NOT_IN_FOLDER})

@@ -48,8 +48,8 @@ from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, Stud
 from tuner.executor import Finished, NoWorkersLeft, RayExecutor
 from tuner.records import KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, read_records, record_points
 from tuner.core.sampling import grid_points, make_sampler, suggest
-from tuner.scoring import (EARLY_STOPPED, constraints, early_stop_plan, level_of, metric_value, outcome_attrs,
-                           pareto_payload, result_text, stopped_told, values_text)
+from tuner.scoring import (early_stop_plan, level_of, metric_value, outcome_attrs, pareto_payload, result_text,
+                           stop_text, told_for, values_text)
 from tuner.study_store import StudyHandle, make_storage
 
 __all__ = ["Orchestrator", "RunSummary", "make_sampler", "trial_command", "reference_configuration",
@@ -533,7 +533,9 @@ class Orchestrator:
             probe=self._probe_spec.model_dump(mode="json"),
             ignore_eos=bool(ignore_eos),
             reference=self._reference,
-            early_stop=early_stop_plan(self.spec, study.get_trials(deepcopy=False)),
+            # execution.early_stop: false sends no plan, and a worker without one never stops.
+            early_stop=(early_stop_plan(self.spec, study.get_trials(deepcopy=False))
+                        if self.spec.execution.early_stop else None),
         )
         trial.set_user_attr("kind", KIND_RUN)
         trial.set_user_attr("attempt", attempt)
@@ -752,55 +754,34 @@ class Orchestrator:
                 retry_if_interrupted: bool) -> None:
         number = trial.number
         trial.set_user_attr("outcome", outcome_attrs(outcome))
-        if outcome.status == "failed":
-            trial.set_user_attr("failure", {
-                "reason": outcome.reason, "message": outcome.message, "phase": outcome.phase,
-                "log_excerpt": (outcome.log_excerpt or "")[-2000:],
-            })
+        # What to tell is scoring.told_for's (shared with folder_study, which rebuilds a
+        # study from its trial files); what to say and do next is the orchestrator's.
+        told = told_for(self.spec, outcome, lambda: self._worst_values(study))
+        for key, value in told.attrs.items():
+            trial.set_user_attr(key, value)
+        for key, value in told.constraints.items():
+            trial.set_constraint(key, value)
+        if told.values is None:
             study.tell(number, state=TrialState.FAIL)
+        else:
+            study.tell(number, told.values)
+        if told.how == "failed":
             self.progress(f"[trial {number}] FAILED ({outcome.reason}) {outcome.message or ''}".rstrip())
             if outcome.reason == "interrupted" and retry_if_interrupted:
                 frozen = study._storage.get_trial(trial._trial_id)
                 self._retry(study, frozen, int(frozen.user_attrs.get("attempt", 1)))
             self.write_pareto(study)
-            return
-        if outcome.early_stop and outcome.early_stop.get("reason") != "dominated_exact":
-            self._record_stopped(study, trial, outcome)
-            return
-        values = [metric_value(self.spec, outcome, o) for o in self.spec.objectives]
-        missing = [o.label for o, v in zip(self.spec.objectives, values) if v is None]
-        if missing:
-            trial.set_user_attr("failure", {
-                "reason": "no_measurement", "message": f"no value for {', '.join(missing)}", "phase": "load"})
-            study.tell(number, state=TrialState.FAIL)
-            self.progress(f"[trial {number}] FAILED (no_measurement) for {', '.join(missing)}")
+        elif told.how == "stopped":
+            # Stopped early by its worker (core.early_stop): infeasible, never on the front.
             self.write_pareto(study)
-            return
-        violated = constraints(self.spec, outcome)
-        for key, value in violated.items():
-            trial.set_constraint(key, value)
-        study.tell(number, values)
-        self.write_pareto(study)
-        self.progress(f"[trial {number}] done in {outcome.trial_s or 0:.1f}s: " + result_text(
-            self.labels, values, outcome, violated) + f" | front: {len(self._front(study))}")
-
-    def _record_stopped(self, study: optuna.Study, trial: Trial, outcome: TrialOutcome) -> None:
-        """A trial its worker stopped early (core.early_stop): infeasible, never on the front."""
-
-        told, violated, placeholder = stopped_told(self.spec, outcome, self._worst_values(study))
-        why = outcome.early_stop or {}
-        text = f"stopped after {why.get('after')}: {why.get('reason')}"
-        if told is None:
-            trial.set_user_attr("failure", {"reason": EARLY_STOPPED, "message": text, "phase": "load"})
-            study.tell(trial.number, state=TrialState.FAIL)
+            self.progress(f"[trial {number}] {stop_text(outcome)} after {outcome.trial_s or 0:.1f}s")
+        elif told.how == "no_measurement":
+            self.progress(f"[trial {number}] FAILED (no_measurement) for {', '.join(told.missing)}")
+            self.write_pareto(study)
         else:
-            for key, value in violated.items():
-                trial.set_constraint(key, value)
-            if placeholder:
-                trial.set_user_attr("placeholder_values", True)
-            study.tell(trial.number, told)
-        self.write_pareto(study)
-        self.progress(f"[trial {trial.number}] {text} after {outcome.trial_s or 0:.1f}s")
+            self.write_pareto(study)
+            self.progress(f"[trial {number}] done in {outcome.trial_s or 0:.1f}s: " + result_text(
+                self.labels, told.values, outcome, told.constraints) + f" | front: {len(self._front(study))}")
 
     def _front(self, study: optuna.Study) -> list[Any]:
         records = read_records(study)

@@ -7,6 +7,8 @@ outcome summary kept in the storage, and the content of pareto.json.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.core import early_stop
@@ -15,7 +17,7 @@ from tuner.core.pareto import Point, pareto_front
 from tuner.core.spec import ObjectiveSpec, StudySpec
 from tuner.records import EARLY_STOPPED, KIND_RUN, TrialRecord, record_points
 
-__all__ = ["early_stop_plan", "stopped_told", "EARLY_STOPPED", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs", "pareto_payload",
+__all__ = ["Told", "told_for", "early_stop_plan", "stopped_told", "EARLY_STOPPED", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs", "pareto_payload",
            "result_text", "values_text"]
 
 
@@ -141,6 +143,55 @@ def stopped_told(spec: StudySpec, outcome: TrialOutcome,
     violated = constraints(spec, outcome)
     violated[EARLY_STOPPED] = 1.0
     return values, violated, placeholder
+
+
+@dataclass
+class Told:
+    """What a finished trial's outcome is told to Optuna as.
+
+    ``values`` None: told FAIL. ``attrs``: user attributes besides ``outcome`` (``failure``,
+    ``placeholder_values``). ``how``: ``failed`` (the worker reported a failure),
+    ``no_measurement`` (completed without a value for an objective), ``stopped`` (stopped
+    early by its worker), ``measured``; ``missing``: the objectives without a value.
+    """
+
+    how: str
+    values: list[float] | None
+    constraints: dict[str, float] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+
+
+def stop_text(outcome: TrialOutcome) -> str:
+    why = outcome.early_stop or {}
+    return f"stopped after {why.get('after')}: {why.get('reason')}"
+
+
+def told_for(spec: StudySpec, outcome: TrialOutcome, worst: Callable[[], list[float] | None]) -> Told:
+    """The one rule for telling an outcome (the orchestrator's record of a trial, and the
+    study rebuilt from a folder's trial files, which must agree with it).
+
+    ``worst``: the worst value per objective told so far, asked for only when a trial
+    stopped early needs placeholders (reading it means reading every trial).
+    """
+
+    if outcome.status == "failed":
+        return Told("failed", None, attrs={"failure": {
+            "reason": outcome.reason, "message": outcome.message, "phase": outcome.phase,
+            "log_excerpt": (outcome.log_excerpt or "")[-2000:]}})
+    if outcome.early_stop and outcome.early_stop.get("reason") != "dominated_exact":
+        # dominated_exact measured its objectives: told like any completed trial.
+        values, violated, placeholder = stopped_told(spec, outcome, worst())
+        if values is None:
+            return Told("stopped", None, attrs={"failure": {
+                "reason": EARLY_STOPPED, "message": stop_text(outcome), "phase": "load"}})
+        return Told("stopped", values, violated, {"placeholder_values": True} if placeholder else {})
+    measured = [metric_value(spec, outcome, o) for o in spec.objectives]
+    missing = [o.label for o, v in zip(spec.objectives, measured) if v is None]
+    if missing:
+        return Told("no_measurement", None, missing=missing, attrs={"failure": {
+            "reason": "no_measurement", "message": f"no value for {', '.join(missing)}", "phase": "load"}})
+    return Told("measured", [float(v) for v in measured], constraints(spec, outcome))  # type: ignore[arg-type]
 
 
 def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:

@@ -14,9 +14,11 @@ Time is simulated: a trial takes startup + probe + its load levels + stop second
 ground truth's time model), ``workers`` trials run at once and the one that finishes first
 is told first - so constant-liar TPE sees the same pending trials as on a real cluster.
 
-An optional early-stop policy (``tuner.core.early_stop``) is consulted after verification,
-after the probe and after every load level, with the study's state at that moment; a
-stopped trial is shorter and is told infeasible, as the proposed worker integration would.
+An optional early-stop policy (``tuner.core.early_stop``) is consulted while the server
+starts, after verification, after the probe, inside a level (rule 4, see ``_Driver._inside``
+for its time and noise model) and after every load level, with the study's state at that
+moment; a stopped trial is shorter and is told as the orchestrator tells it (infeasible, or
+completed for ``dominated_exact``).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tuner.core import early_stop, space
+from tuner.core import early_stop, sampling, space
 from tuner.core.spec import StudySpec
 from tuner.search_truth import GroundTruth, Measured, PointTruth, level_of, measure
 
@@ -56,6 +58,8 @@ class EarlyStopPolicy:
     max_gap: float = early_stop.DEFAULT_MAX_GAP
     reorder: bool = True           # rule 3: objective/limit levels first
     streaming_verify: bool = False  # not applied known from the log while starting (see verdict)
+    inside: bool = False           # rule 4: stop inside a level on its window so far
+    inside_margin: float = early_stop.INSIDE_MARGIN
 
 
 @dataclass
@@ -122,17 +126,6 @@ class StudyRun:
 
 
 # ------------------------------------------------------------------------------------------
-
-
-def _suggest(trial: Trial, param: Any) -> Any:
-    # Same calls as tuner.orchestrator's suggestion (and tuner.sampling.suggest).
-    if param.kind == "categorical":
-        return trial.suggest_categorical(param.name, param.values)
-    if param.kind == "bool":
-        return trial.suggest_categorical(param.name, [False, True])
-    if param.kind == "int":
-        return trial.suggest_int(param.name, param.low, param.high, step=param.step, log=param.log)
-    return trial.suggest_float(param.name, param.low, param.high, step=param.step, log=param.log)
 
 
 @dataclass
@@ -266,7 +259,7 @@ class _Driver:
         values: dict[str, Any] = {}
         for param in space.ordered_parameters(self.spec):
             if space.is_active(param, values):
-                values[param.name] = _suggest(trial, param)
+                values[param.name] = sampling.suggest(trial, param)
         trial.set_user_attr("values", values)
         if space.forbidden_reason(self.spec, values) is not None:
             trial.set_user_attr("kind", KIND_FORBIDDEN)
@@ -313,6 +306,20 @@ class _Driver:
             levels = early_stop.level_order(levels, needed)
         limits = {k: v for k, v in m.constraints.items() if k.startswith("limit:")}
         for i, c in enumerate(levels):
+            if policy and policy.inside and i + 1 < len(levels):
+                inside = self._inside(job, c, {lc: m.levels[lc] for lc in levels[:i]}, m.levels[c])
+                if inside is not None:
+                    seconds, bounds, where = inside
+                    before = {lc: m.levels[lc] for lc in levels[:i]}
+                    if where.endswith("at last dispatch") and not any(
+                            level_of(self.spec, lim.concurrency) == c for lim in self.spec.limits):
+                        # Rule 4a: the level's output tok/s is measured; told like rule 2.
+                        return _Outcome(t + seconds + truth.stop_s, m, "dominated_exact", where,
+                                        {**before, c: {"output_tok_s": m.levels[c]["output_tok_s"]}}, bounds)
+                    wrong = bool(m.feasible and m.objectives is not None and early_stop.dominated(
+                        m.objectives, self._front_rows, self.directions) is None)
+                    return _Outcome(t + seconds + truth.stop_s, m, "dominated_inside", where, before,
+                                    bounds, wrong)
             t += truth.levels[c].load_s
             if not policy or i + 1 == len(levels):
                 continue
@@ -335,6 +342,55 @@ class _Driver:
                     return _Outcome(t + truth.stop_s, m, "dominated", f"c{c}", measured, d.bounds, wrong)
         return _Outcome(t + truth.stop_s, m)
 
+    def _inside(self, job: _Running, c: int, measured: dict[int, dict[str, float]],
+                final: dict[str, float]) -> tuple[float, tuple[float, ...], str] | None:
+        """Rule 4 in the simulated trial: (seconds into level ``c`` when it stops, bounds,
+        where) or None.
+
+        Time model (the ground truth's: a level's time is proportional to its requests): the
+        measured run of n requests on C streams is n / C rounds of equal length d, after the
+        warm-up; the window opens when the first wave is done (d), rule 4b may judge from
+        d * (1 + INSIDE_MIN_SHARE), and the window closes at the last dispatch, one round
+        before the end, where rule 4a judges the level's own (noisy) output tok/s - at that
+        moment already fixed. Rule 4b's rate so far is the level's true output tok/s with
+        lognormal noise of sigma ``noise * sqrt(full window / window so far)``, drawn
+        independently of the level's own measurement noise (independence makes a wrong stop
+        likelier than the real, overlapping windows would)."""
+
+        policy = self.policy
+        assert policy is not None
+        load = self.spec.load
+        mine = [tg for tg in self.targets if tg.level == c]
+        if (not mine or any(tg.metric != "output_tok_s" or tg.direction != "maximize" for tg in mine)
+                or load.repeats != 1 or load.client_processes != 1):
+            return None
+        lv = job.truth.levels[c]
+        n, w = load.requests_for(c), load.warmup_for(c)
+        run_s = lv.load_s / (1 + w / max(1, n))
+        d = run_s * min(c, n) / n
+        full = run_s - 2 * d                      # [first wave done, last dispatch)
+        if full <= 0:
+            return None
+        warm = run_s * w / max(1, n)
+        judged = d * early_stop.INSIDE_MIN_SHARE
+        checks = [(final["output_tok_s"], True, full, f"c{c} at last dispatch")]
+        if judged < full:
+            rng = random.Random(f"{self.seed}|{job.number}|inside|{c}")
+            sigma = self.noise * math.sqrt(full / judged)
+            rate = lv.metrics["output_tok_s"] * (math.exp(rng.gauss(0.0, sigma)) if sigma > 0 else 1.0)
+            checks.insert(0, (rate, False, judged, f"inside c{c}"))
+        for rate, exact, window_s, where in checks:
+            bound = early_stop.inside_bound(rate, window_s=window_s, first_wave_s=d, stable=True,
+                                            exact=exact, margin=policy.inside_margin)
+            if not math.isfinite(bound):
+                continue
+            partial = {**measured, c: {"output_tok_s": bound}}
+            bounds = early_stop.optimistic_values(self.targets, partial, self._history, margin=policy.margin,
+                                                  min_history=policy.min_history, max_gap=policy.max_gap)
+            if early_stop.dominated(bounds, self._front_rows, self.directions) is not None:
+                return warm + d + window_s, bounds, where
+        return None
+
     def _limit_level(self, key: str) -> int | None:
         for limit in self.spec.limits:
             if f"limit:{limit.label}" == key:
@@ -355,7 +411,7 @@ class _Driver:
             # best reach (measured objectives exact, the others at their optimistic bound).
             for key, value in m.constraints.items():
                 trial.set_constraint(key, value)
-            if out.stopped == "dominated":
+            if out.stopped in ("dominated", "dominated_inside"):
                 trial.set_constraint("dominated", 1.0)
             worst = self._worst_values()
             if out.bounds and worst is not None:
@@ -375,15 +431,16 @@ class _Driver:
             if m.feasible:
                 self._front_rows = _front(self._front_rows + [m.objectives], self.directions)
         full = (out.stopped is None or exact) and not truth.failed
-        if full and true_m.feasible and true_m.objectives is not None:
+        known = full
+        if known and true_m.feasible and true_m.objectives is not None:
             self._true_rows.append(true_m.objectives)
         self.run.trials.append(TrialLog(
             number=job.number, run_index=len(self.run.trials) + 1, values=job.values, key=truth.key,
             failed=truth.failed, feasible=full and m.feasible, truly_feasible=true_m.feasible,
-            measured=m.objectives if full else None, true_values=true_m.objectives,
+            measured=m.objectives if known else None, true_values=true_m.objectives,
             started_s=job.started_s, finished_s=out.finished_s, stopped=out.stopped,
             stopped_after=out.after, would_enter_front=out.wrong,
-            true_front=truth.key in self._true_front and not full))
+            true_front=truth.key in self._true_front and not known))
 
     def _found_all(self) -> bool:
         # Benchmarks of search speed need nothing after the whole true front is found.

@@ -330,6 +330,7 @@ class TrialWorker:
             self._server.base_url, request.served_model_name, spec,
             ignore_eos=request.ignore_eos, deadline_s=self._remaining(request),
             levels=guard.levels(spec.concurrency), after_level=guard.after_level,
+            inside_level=guard.inside_level if guard.enabled else None,
         )
         outcome.load_s = time.monotonic() - began
         for level in sweep.levels:
@@ -339,6 +340,10 @@ class TrialWorker:
             if level.server_side is not None:
                 outcome.server_side[key] = level.server_side
             write_records_jsonl(trial_dir / f"requests-c{level.concurrency}.jsonl", level.records)
+        # A level stopped at its last dispatch (early stop rule 4a) has its objective measured:
+        # its output tok/s is recorded so the trial is told with it, like any completed one.
+        for key, value in ((guard.record or {}).get("measured") or {}).items():
+            outcome.levels.setdefault(str(key), dict(value))
         outcome.warnings.extend(sweep.warnings)
         atomic_write_json(trial_dir / "metrics.json", sweep.summary())
 

@@ -30,6 +30,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -51,11 +52,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.core.load_spec import Api, LoadSpec
 from tuner.core.metrics import (
+    STABILITY_MAX_RATIO,
     LevelMetrics,
     RequestError,
     RequestRecord,
+    WindowPolicy,
     compute_level_metrics,
     summarize_repeats,
+    token_timeline,
 )
 from tuner.core.prometheus import MetricsSnapshot, parse_prometheus_text, server_side_metrics
 from tuner.core.sse import SSEError, SSEParser
@@ -63,6 +67,7 @@ from tuner.core.workload import RequestDraft, RequestPlan, TokenFitter, draft_re
 
 __all__ = [
     "TOKEN_AGREEMENT_TOLERANCE",
+    "LevelHalted",
     "LevelResult",
     "SweepResult",
     "TokenAgreement",
@@ -83,6 +88,11 @@ TOKEN_AGREEMENT_TOLERANCE = 0.01
 # Auxiliary calls (/tokenize, /metrics) are small; a server that needs longer is unwell.
 _AUX_TIMEOUT_S = 30.0
 _PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+# Early stop inside a level (tuner.core.early_stop rule 4): how often the window so far is
+# judged (a scan of every token timestamp; once a second keeps it off the hot path) and in
+# how many sub-windows its steadiness is checked.
+INSIDE_CHECK_EVERY_S = 1.0
+INSIDE_SUBWINDOWS = 3
 
 
 def _root(base_url: str) -> str:
@@ -199,7 +209,8 @@ def _encode_body(body: dict[str, Any]) -> bytes:
 
 
 async def _one_request(
-    lv: _Level, stream: _Stream, item: RequestPlan, scheduled_s: float
+    lv: _Level, stream: _Stream, item: RequestPlan, scheduled_s: float,
+    live: dict[int, tuple[float, _StreamState, int]] | None = None, pos: int = 0,
 ) -> RequestRecord:
     clock = time.monotonic
     t0 = lv.t0
@@ -217,6 +228,9 @@ async def _one_request(
 
     body = _encode_body(_request_body(lv.model, item, lv.api, lv.continuous_usage))
     dispatch_s = clock() - t0
+    if live is not None:
+        # In flight: its tokens so far count in the window judged inside the level.
+        live[pos] = (dispatch_s, st, item.max_tokens)
     try:
         # One total timeout over connect + request + stream: a server trickling bytes
         # forever would otherwise never trip a per-read timeout.
@@ -258,6 +272,8 @@ async def _one_request(
         logger.exception("unexpected client error in request %d", item.index)
         error = RequestError(type="client_exception", message=f"{type(exc).__name__}: {exc}")
     done_s = clock() - t0
+    if live is not None:
+        live.pop(pos, None)
 
     times = st.times
     if error is None and not times:
@@ -288,21 +304,147 @@ async def _one_request(
     )
 
 
+class _Window:
+    """The level's steady-state window so far, for early stop inside a level (rule 4 of
+    tuner.core.early_stop): opened when the first C requests (plan positions < C) have all
+    finished, as tuner.core.metrics opens it; token timestamps of finished requests are
+    collected once, in-flight ones are read at each judgement."""
+
+    def __init__(self, concurrency: int, planned: int) -> None:
+        self.concurrency = concurrency
+        self.planned = planned
+        self.first_wave: dict[int, RequestRecord] = {}
+        self.opened: float | None = None
+        self.first_s = 0.0
+        self.points: list[tuple[float, float]] = []
+        self.pending: list[RequestRecord] = []
+        self.completed = 0
+
+    def add(self, pos: int, record: RequestRecord) -> None:
+        self.completed += 1
+        if pos < self.concurrency:
+            self.first_wave[pos] = record
+            if len(self.first_wave) == min(self.concurrency, self.planned):
+                self.first_s = min(r.dispatch_s for r in self.first_wave.values())
+                self.opened = max(r.done_s for r in self.first_wave.values())
+                for r in self.pending + list(self.first_wave.values()):
+                    self._take(r)
+                self.pending = []
+                return
+        if self.opened is None:
+            self.pending.append(record)
+        else:
+            self._take(record)
+
+    def _take(self, record: RequestRecord) -> None:
+        if record.ok:
+            assert self.opened is not None
+            self.points.extend(pt for pt in token_timeline(record) if pt[0] >= self.opened)
+
+    def view(self, now: float, live: dict[int, tuple[float, _StreamState, int]],
+             last_dispatch: float | None = None, done_tokens: float = 0.0) -> dict[str, Any] | None:
+        """Output tok/s in the window so far, its steadiness and lengths; None when it cannot
+        be counted (window not open, or an in-flight request without exact per-chunk usage).
+
+        ``last_dispatch``: nothing more will be issued, so the level's window is known: it
+        ends at the last dispatch and starts where tuner.core.metrics starts it. The rate
+        is then an upper bound of the level's output tok/s (``exact``): the tokens in it
+        have all arrived, and an in-flight request can only take its tokens out by failing.
+        Should the drain still make the window degenerate (under ``min_fraction`` of the
+        run), the level reports its whole-run rate instead, which is then at most every
+        output token the level can still count (``done_tokens`` of finished requests plus
+        each in-flight request's max_tokens) over ``window / min_fraction``; the larger of
+        the two is returned."""
+        exact = last_dispatch is not None
+        opened = self.opened
+        if opened is None:
+            return None
+        if exact:
+            assert last_dispatch is not None
+            now = last_dispatch
+            policy = WindowPolicy()
+            opened = max(self.first_s + policy.warmup_fraction * (last_dispatch - self.first_s), opened)
+            # Timestamps of finished requests alone must keep the window non-degenerate.
+            if sum(1 for t, _ in self.points if opened <= t < now) < policy.min_token_timestamps:
+                return None
+        if now <= opened:
+            return None
+        points = [pt for pt in self.points if opened <= pt[0] < now]
+        for _, st, _ in list(live.values()):
+            times, cum = list(st.times), list(st.cumulative)
+            if not st.per_chunk_usage or len(cum) != len(times):
+                return None   # its tokens per chunk are unknown until it ends
+            points.extend((t, b - a) for t, a, b in zip(times, [0, *cum], cum, strict=False)
+                          if opened <= t < now)
+        window_s = now - opened
+        width = window_s / INSIDE_SUBWINDOWS
+        sub = [0.0] * INSIDE_SUBWINDOWS
+        for t, k in points:
+            sub[min(INSIDE_SUBWINDOWS - 1, int((t - opened) / width))] += k
+        stable = min(sub) > 0 and max(sub) / min(sub) <= STABILITY_MAX_RATIO
+        rate = math.fsum(sub) / window_s
+        if exact:
+            most = done_tokens + sum(m for _, _, m in live.values())
+            rate = max(rate, most * WindowPolicy().min_fraction / window_s)
+        assert self.opened is not None
+        return {"output_tok_s": rate, "window_s": window_s, "exact": exact,
+                "first_wave_s": self.opened - self.first_s, "stable": stable,
+                "completed": self.completed, "planned": self.planned}
+
+
 async def _run_streams(
     lv: _Level,
     plan: Sequence[RequestPlan],
     streams: int,
     claim: Callable[[], int],
     deadline_s: float | None,
+    checkpoint: Callable[[dict[str, Any]], bool] | None = None,
 ) -> dict[int, RequestRecord]:
     """``streams`` closed-loop streams taking plan positions from ``claim`` until the plan
-    or the deadline ends. Returns records by plan position (= issue order)."""
+    or the deadline ends. Returns records by plan position (= issue order).
+
+    ``checkpoint(window)``: judged at most every ``INSIDE_CHECK_EVERY_S`` after a request
+    finishes, with ``_Window.view``; True ends the level at once, in-flight requests
+    cancelled and not recorded."""
     out: dict[int, RequestRecord] = {}
     stop = False
+    halted = False
     t0 = lv.t0
+    window = _Window(streams, len(plan)) if checkpoint is not None else None
+    live: dict[int, tuple[float, _StreamState, int]] | None = {} if checkpoint is not None else None
+    last_check = -math.inf
+    all_claimed = False         # the last plan position is dispatched: the window is complete
+    judged_complete = False
+
+    def judge() -> bool:
+        """Rule 4 of tuner.core.early_stop after a request finished: throttled to every
+        INSIDE_CHECK_EVERY_S, except the first judgement once the window is complete."""
+        nonlocal last_check, halted, stop, judged_complete
+        assert window is not None and checkpoint is not None and live is not None
+        if len(out) == len(plan):
+            return False          # the level is complete: nothing left to save
+        now = time.monotonic() - t0
+        complete = stop or all_claimed
+        if not (complete and not judged_complete) and now - last_check < INSIDE_CHECK_EVERY_S:
+            return False
+        last_check = now
+        ended = None
+        if complete:   # nothing more is issued: the level's window ends at its last dispatch
+            judged_complete = True
+            ended = max([r.dispatch_s for r in out.values()] + [d for d, _, _ in live.values()])
+        done_tokens = sum(r.n_output_tokens() for r in out.values() if r.ok)
+        view = window.view(now, live, ended, done_tokens)
+        if view is None or not checkpoint(view):
+            return False
+        halted = stop = True
+        me = asyncio.current_task()
+        for t in tasks:
+            if t is not me:
+                t.cancel()
+        return True
 
     async def worker() -> None:
-        nonlocal stop
+        nonlocal stop, all_claimed
         stream = _Stream()
         try:
             while not stop:
@@ -316,20 +458,40 @@ async def _run_streams(
                 if pos >= len(plan):
                     stop = True
                     break
-                out[pos] = await _one_request(lv, stream, plan[pos], scheduled_s)
+                all_claimed = all_claimed or pos == len(plan) - 1
+                out[pos] = await _one_request(lv, stream, plan[pos], scheduled_s, live, pos)
+                if window is not None and not halted:
+                    window.add(pos, out[pos])
+                    if judge():
+                        break
         finally:
             stream.close()
 
     tasks = [asyncio.create_task(worker()) for _ in range(streams)]
     try:
-        await asyncio.gather(*tasks)
+        results = await asyncio.gather(*tasks, return_exceptions=True)
     except BaseException:
         # Cancelled (or a bug): leave no request running behind us.
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         raise
+    for r in results:
+        # Streams cancelled by a halting checkpoint are expected; anything else propagates.
+        if isinstance(r, BaseException) and not (halted and isinstance(r, asyncio.CancelledError)):
+            raise r
+    if halted:
+        raise LevelHalted(out)
     return out
+
+
+class LevelHalted(Exception):
+    """A level's checkpoint ended it early (early stop inside a level); carries the records
+    of the requests finished by then."""
+
+    def __init__(self, records: dict[int, RequestRecord]) -> None:
+        super().__init__("level halted by its checkpoint")
+        self.records = [records[i] for i in sorted(records)]
 
 
 async def run_level(
@@ -345,6 +507,7 @@ async def run_level(
     continuous_usage: bool = True,
     t0: float | None = None,
     processes: int = 1,
+    checkpoint: Callable[[dict[str, Any]], bool] | None = None,
 ) -> list[RequestRecord]:
     """Run ``plan`` in a closed loop of ``concurrency`` streams.
 
@@ -364,6 +527,9 @@ async def run_level(
         t0: ``time.monotonic()`` value the record times are relative to (default: now).
         processes: client processes to shard the streams over (see :mod:`._shards`);
             1 runs every stream in this event loop.
+        checkpoint: early stop inside the level (one client process only; ignored when
+            sharded): called with the steady-state window so far (``_Window.view``); True
+            ends the level and raises :class:`LevelHalted` with the finished records.
 
     Returns:
         One record per issued request, in issue order.
@@ -390,7 +556,7 @@ async def run_level(
             time.monotonic() if t0 is None else t0, request_timeout_s, continuous_usage,
         )
         counter = itertools.count()
-        by_pos = await _run_streams(lv, plan, concurrency, counter.__next__, deadline_s)
+        by_pos = await _run_streams(lv, plan, concurrency, counter.__next__, deadline_s, checkpoint)
         records = [by_pos[i] for i in sorted(by_pos)]
     if len(records) < len(plan):
         logger.info(
@@ -607,6 +773,7 @@ async def run_sweep(
     headers: dict[str, str] | None = None,
     levels: Sequence[int] | None = None,
     after_level: Callable[[dict[int, dict[str, float]], list[int]], bool] | None = None,
+    inside_level: Callable[[int, dict[str, Any], list[int]], bool] | None = None,
 ) -> SweepResult:
     """Warm up and measure every concurrency level of ``load_spec``.
 
@@ -623,6 +790,11 @@ async def run_sweep(
             measured so far (in measuring order) and the levels still to run; True stops
             the sweep there (tuner.core.early_stop.SweepGuard.after_level). The levels left
             out are listed in ``stopped_levels``.
+        inside_level: called during a level's measured run (``repeats: 1``, one client
+            process, levels left after it) with the level, its steady-state window so far
+            and the levels after it; True ends the level there and stops the sweep
+            (tuner.core.early_stop.SweepGuard.inside_level). The halted level is not
+            measured: it is listed first in ``stopped_levels``.
     """
     t_start = time.monotonic()
     started_at = datetime.now(UTC).isoformat()
@@ -651,7 +823,18 @@ async def run_sweep(
             aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes
         )
         for i, c in enumerate(order):
-            result = await _sweep_level(sweep, c)
+            later = [x for x in order[i + 1:] if x not in skipped]
+            check = None
+            # Like after_level, only while levels remain: the last level is measured whole.
+            if (inside_level is not None and later and load_spec.repeats == 1
+                    and load_spec.client_processes == 1):
+                def check(view: dict[str, Any], c: int = c, later: list[int] = later) -> bool:
+                    return inside_level(c, view, later)
+            try:
+                result = await _sweep_level(sweep, c, check)
+            except LevelHalted:
+                stopped = [c, *later]
+                break
             if result is None:
                 skipped.append(c)
                 continue
@@ -716,9 +899,12 @@ async def _plan_for(sw: _Sweep, c: int, repeat: int) -> tuple[list[RequestPlan],
     return plan, True
 
 
-async def _sweep_level(sw: _Sweep, c: int) -> LevelResult | None:
+async def _sweep_level(
+    sw: _Sweep, c: int, checkpoint: Callable[[dict[str, Any]], bool] | None = None
+) -> LevelResult | None:
     """Fit → warm up → scrape → measure (× repeats) → scrape for one level; None if out
-    of budget before anything was measured."""
+    of budget before anything was measured. ``checkpoint``: see :func:`run_level` (raises
+    :class:`LevelHalted` through)."""
     aux, base_url, model, spec = sw.aux, sw.base_url, sw.model, sw.spec
     ignore_eos, budget, headers = sw.ignore_eos, sw.budget, sw.headers
     if budget() is None:
@@ -751,7 +937,7 @@ async def _sweep_level(sw: _Sweep, c: int) -> LevelResult | None:
             base_url, model, plan,
             concurrency=c, api=spec.api, deadline_s=level_budget,
             request_timeout_s=spec.request_timeout_s, headers=headers,
-            processes=spec.client_processes,
+            processes=spec.client_processes, checkpoint=checkpoint,
         )
         deadline_hit = deadline_hit or len(run) < len(plan)
         runs.append(compute_level_metrics(run, concurrency=c, planned=len(plan)))

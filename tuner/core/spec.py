@@ -307,6 +307,10 @@ class ExecutionSpec(_Strict):
     parallel_trials: int | None = Field(
         None, ge=1, description="GPU groups used at once; default: as many as the cluster has"
     )
+    early_stop: bool = Field(
+        True, description="stop a trial once what it measured proves it cannot reach the front "
+        "(tuner/core/early_stop.py); false measures every trial in full"
+    )
 
 
 class SafetySpec(_Strict):
