@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tuner.adapters.probe_client import load_probe_items, run_probe
+from tuner.adapters.probe_client import apply_stop, load_probe_items, run_probe
 from tuner.core.known_answers import PromptsFileError, build_items
 from tuner.core.probe_spec import ProbeSpec
 
@@ -282,3 +282,14 @@ def test_prompts_file_errors(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text('{"prompt": "p", "expected": "x", "check": "nope"}\n')
     with pytest.raises(PromptsFileError, match=r"line 1: check: "):
         load_probe_items(ProbeSpec(prompts_file=str(tmp_path / "bad.jsonl")))
+
+
+def test_apply_stop_cuts_completion_answers_where_the_request_would_have_stopped() -> None:
+    items = build_items(ProbeSpec(items=2))
+    chat, completion = items
+    assert (chat.api, completion.api) == ("chat", "completions")
+    text = " 42\nQuestion: What is 1 + 1?\nAnswer: 2"
+    assert apply_stop(completion, text, "length") == (" 42", "stop")
+    assert apply_stop(completion, " 42", "length") == (" 42", "length")
+    # Chat requests carry no stop strings: their text is left alone.
+    assert apply_stop(chat, text, "length") == (text, "length")

@@ -182,7 +182,8 @@ def test_correct_server_with_other_numerics_passes(sim, tiny_ref: Recorded) -> N
     assert result.reason == "ok" and result.probe_seconds and result.probe_seconds > 0
     levels = result.reference.levels
     assert [lvl.close_fraction for lvl in levels] == [1.0, 1.0]
-    assert levels[0].forced_top1 == 1.0 and levels[0].forced_gap_max > 0.0
+    assert levels[-1].forced_top1 == 1.0 and levels[-1].forced_gap_max > 0.0
+    assert levels[0].forced_top1 is None  # forced once, batched at the highest level
     assert levels[0].decode_gap_max is not None and levels[0].decode_gap_max < 0.01
     assert len(result.reference.scores) == 20  # every prompt at every level, kept
 
@@ -192,7 +193,7 @@ def test_garbage_fails_both_layers(sim, tiny_ref: Recorded) -> None:
     assert not result.passed
     assert not result.known_answers.passed and not result.reference.passed
     assert all(lvl.far == lvl.prompts for lvl in result.reference.levels)
-    assert result.reference.levels[0].forced_top1 < 0.5
+    assert result.reference.levels[-1].forced_top1 < 0.5
     assert result.reason.startswith("known answers: ") and "; reference: " in result.reason
 
 
@@ -260,3 +261,64 @@ def test_no_false_alarm_in_20_runs(sim, tiny_ref: Recorded) -> None:
     # Every run really compared everything: no run passed by skipping a layer.
     assert all(r.reference is not None and len(r.reference.scores) == 20 for r in results)
     assert all(r.known_answers.total == 24 for r in results)
+
+
+# ------------------------------------------------------ one request serves both layers
+
+
+def finished_requests(server: SimProc) -> int:
+    """Generation requests the server completed, from its vLLM-style /metrics."""
+    text = httpx.get(server.url + "/metrics", timeout=10, trust_env=False).text
+    return sum(round(float(line.rsplit(" ", 1)[1])) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total{"))
+
+
+def test_known_answer_questions_are_asked_once_per_level(sim, tiny_ref: Recorded) -> None:
+    server = sim()
+    spec, ref = tiny_ref.spec, tiny_ref.reference
+    before = finished_requests(server)
+    result = probe(server, tiny_ref)
+    sent = finished_requests(server) - before
+    assert result.passed, result.reason
+    levels = len(spec.concurrency)
+    assert spec.reference.concurrency == spec.concurrency
+    shared = sum(p.source == "known_answer" for p in ref.prompts)
+    forced = sum(p.forced is not None for p in ref.prompts)
+    # Per level every known-answer item once, plus the reference prompts that are not
+    # known-answer questions; then the teacher-forced requests once. Asking each layer
+    # separately would add `shared` requests per level.
+    assert shared == 6
+    assert sent == levels * (spec.items + len(ref.prompts) - shared) + forced
+    # Both layers still judged every pair: nothing was skipped to save the requests.
+    assert result.known_answers.total == spec.items * levels
+    assert len(result.reference.scores) == len(ref.prompts) * levels
+    assert result.known_answers_seconds and result.reference_seconds
+    assert result.probe_seconds >= result.known_answers_seconds
+
+
+def test_a_trial_that_tokenizes_differently_is_asked_through_its_own_endpoint(
+        sim, tiny_ref: Recorded) -> None:
+    # The reference says the first known-answer question tokenizes to other ids than this
+    # server gives: that question must not be sent as the recorded ids, but through the
+    # chat endpoint as a user's request would be, and the reference prompt on its own.
+    ref = tiny_ref.reference
+    first = ref.prompts[0]
+    assert first.source == "known_answer"
+    ids = first.prompt_ids
+    odd = first.model_copy(update={"prompt_ids": [*ids[:-1], ids[-1] + 1]})
+    tampered = ref.model_copy(update={"prompts": [odd, *ref.prompts[1:]]})
+    server = sim()
+    before = finished_requests(server)
+    result = asyncio.run(run_correctness(server.url, MODEL, tiny_ref.spec, reference=tampered))
+    sent = finished_requests(server) - before
+    levels = len(tiny_ref.spec.concurrency)
+    shared = sum(p.source == "known_answer" for p in ref.prompts) - 1
+    forced = sum(p.forced is not None for p in ref.prompts)
+    assert sent == levels * (tiny_ref.spec.items + len(ref.prompts) - shared) + forced
+    assert result.known_answers.passed, result.known_answers.reason
+    # Its answer is the one the server gives through the shared path when ids agree.
+    normal = probe(server, tiny_ref)
+    item = f"{first.id.removeprefix('ka-')}-chat"
+    def answers(res: CorrectnessResult) -> list[str | None]:
+        return [r.answer for r in res.known_answers.records if r.id == item]
+    assert len(answers(result)) == levels and answers(result) == answers(normal)

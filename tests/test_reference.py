@@ -29,7 +29,9 @@ from tuner.core.reference import (
     parse_reference_prompts_jsonl,
     reference_sources,
     score_reference,
+    shared_prompts,
     tokenize_request,
+    truncate_generation,
     validate_reference,
     with_reference_accuracy,
 )
@@ -82,7 +84,7 @@ def answers(ref: Reference, levels=(1, 8), *, override=None, forced_override=Non
             else:
                 out.append(ReferenceAnswer(prompt_id=p.id, concurrency=level, kind="generate",
                                            generation=g))
-            if level == levels[0] and p.forced is not None:
+            if level == levels[-1] and p.forced is not None:
                 out.append(ReferenceAnswer(prompt_id=p.id, concurrency=level, kind="forced",
                                            forced=forced_override.get(p.id, p.forced)))
     return out
@@ -112,6 +114,20 @@ def test_reference_spec_defaults_and_validation():
         ReferenceSpec(top_k=21)  # above vLLM's default --max-logprobs
     with pytest.raises(ValidationError):
         ProbeSpec.model_validate({"reference": {"bogus": 1}})
+
+
+def test_reference_levels_follow_the_probe_unless_set():
+    # Same levels by default, so a known-answer request can serve both layers.
+    assert ProbeSpec(concurrency=[4, 1]).reference.concurrency == (1, 4)
+    assert ProbeSpec.model_validate({"concurrency": [1, 4], "reference": {"max_tokens": 8}}
+                                    ).reference.concurrency == (1, 4)
+    assert ProbeSpec(concurrency=[1, 4], reference=ReferenceSpec(max_tokens=8)
+                     ).reference.concurrency == (1, 4)
+    explicit = ProbeSpec(concurrency=[1, 4], reference={"concurrency": [1, 8]})
+    assert explicit.reference.concurrency == (1, 8)
+    # What the orchestrator sends to a worker comes back the same.
+    spec = ProbeSpec(concurrency=[1, 4])
+    assert ProbeSpec.model_validate(spec.model_dump(mode="json")) == spec
 
 
 # -------------------------------------------------------------- prompt sources
@@ -319,9 +335,9 @@ def test_agreeing_trial_passes_with_every_prompt_scored():
     assert res.passed and res.reason == "ok"
     assert [lvl.concurrency for lvl in res.levels] == [1, 8]
     assert len(res.scores) == 8 and all(s.verdict == "exact" for s in res.scores)
-    first = res.levels[0]
-    assert first.forced_top1 == 1.0 and first.forced_positions == 32
-    assert res.levels[1].forced_top1 is None  # teacher forcing runs at the lowest level
+    high = res.levels[-1]
+    assert high.forced_top1 == 1.0 and high.forced_positions == 32
+    assert res.levels[0].forced_top1 is None  # teacher forcing runs at the highest level
     assert res.thresholds["min_close_fraction"] == 1.0
 
 
@@ -360,7 +376,8 @@ def test_errors_and_missing_answers_count_as_not_close():
     ref = make_reference(n_prompts=2)
     res = score_reference(ref, answers(ref, override={("p1", 1): "HTTP 500: boom"}), ref_spec())
     assert not res.passed and res.levels[0].errors == 1 and "HTTP 500" in res.reason
-    partial = [a for a in answers(ref) if not (a.prompt_id == "p0" and a.concurrency == 8)]
+    partial = [a for a in answers(ref)
+               if not (a.prompt_id == "p0" and a.concurrency == 8 and a.kind == "generate")]
     res = score_reference(ref, partial, ref_spec())
     assert not res.passed and "no answer recorded" in res.reason
     # A lenient spec may accept some far prompts.
@@ -373,13 +390,13 @@ def test_teacher_forced_threshold_and_gap_gates():
     p0 = ref.prompts[0]
     one_flip = steps(p0.generation.tokens, top1=[999] + p0.generation.tokens[1:])
     res = score_reference(ref, answers(ref, forced_override={"p0": one_flip}), ref_spec())
-    assert res.passed and res.levels[0].forced_top1 == pytest.approx(49 / 50)
+    assert res.passed and res.levels[-1].forced_top1 == pytest.approx(49 / 50)
     two = steps(p0.generation.tokens, top1=[999, 999] + p0.generation.tokens[2:])
     res = score_reference(ref, answers(ref, forced_override={"p0": two}), ref_spec())
     assert not res.passed and "teacher-forced top-1 agreement 0.960 < 0.980" in res.reason
     shifted = steps(p0.generation.tokens, lp=-0.9)  # reference has -0.5: gap 0.4
     res = score_reference(ref, answers(ref, forced_override={"p0": shifted}), ref_spec())
-    assert res.passed and res.levels[0].forced_gap_max == pytest.approx(0.4)
+    assert res.passed and res.levels[-1].forced_gap_max == pytest.approx(0.4)
     res = score_reference(ref, answers(ref, forced_override={"p0": shifted}),
                           ref_spec(max_gap=0.3))
     assert not res.passed and "max reference-token |delta logprob| 0.4000 > 0.3" in res.reason
@@ -498,3 +515,41 @@ def test_combine_needs_both_layers():
     assert r.passed and r.reason == "ok (no reference recorded for this study)"
     dumped = json.loads(json.dumps(both.model_dump(mode="json")))
     assert dumped["reference"]["levels"][0]["concurrency"] == 1
+
+
+# ------------------------------------------------------- one request for both layers
+
+
+def _recorded(spec: ProbeSpec, sources) -> Reference:
+    prompts = [ReferencePrompt(id=src.id, source=src.source, fingerprint=src.fingerprint(),
+                               preview=src.preview(), prompt_ids=[1, 2, n],
+                               generation=gen([5, 6, n])) for n, src in enumerate(sources)]
+    return Reference(model="m", max_tokens=16, top_k=5, teacher_forced=False,
+                     forced_max_prompt_tokens=256, prompts=prompts)
+
+
+def test_shared_prompts_pair_each_question_with_its_recorded_chat_form():
+    spec = ProbeSpec()
+    items = build_items(spec)
+    ref = _recorded(spec, reference_sources(spec, items))
+    pairs = shared_prompts(spec, items, ref)
+    assert sorted(pairs) == sorted(i.id for i in items if i.api == "chat")
+    assert pairs["q00-lookup-chat"].id == "ka-q00-lookup"
+    # A recorded prompt whose text is not the item's (another seed) lends it nothing.
+    other = build_items(ProbeSpec(seed=1))
+    assert shared_prompts(spec, other, ref) == {
+        i.id: pairs[i.id] for i in other if i.id in pairs and i.prompt in
+        {j.prompt for j in items}}
+    assert shared_prompts(spec, other, ref) != pairs
+
+
+def test_truncate_generation_is_the_shorter_request():
+    long = gen([1, 2, 3, 4, 5], finish="stop")
+    cut = truncate_generation(long, 3)
+    assert cut.tokens == [1, 2, 3] and cut.top == long.top[:3] and cut.finish_reason == "length"
+    assert truncate_generation(long, 5) is long and truncate_generation(long, 9) is long
+    recorded = gen([1, 2, 3])
+    assert compare_generation(recorded, cut, 5).verdict == "exact"
+    # An answer that stopped before the recorded length is still compared as it is.
+    assert compare_generation(recorded, truncate_generation(gen([1, 2], finish="stop"), 3),
+                              5).verdict == "far"

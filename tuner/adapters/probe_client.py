@@ -27,7 +27,14 @@ from tuner.core.known_answers import (
 )
 from tuner.core.probe_spec import ProbeSpec
 
-__all__ = ["load_probe_items", "parse_response", "request_for", "run_probe"]
+__all__ = [
+    "apply_stop",
+    "ask_item",
+    "load_probe_items",
+    "parse_response",
+    "request_for",
+    "run_probe",
+]
 
 # The raw-completion framing ("Question: ...\nAnswer:") invites the model to go on with a
 # next question; stopping there saves decode time on a slow CPU server without touching
@@ -79,6 +86,22 @@ def request_for(item: ProbeItem, model: str, max_tokens: int) -> tuple[str, dict
     return "/v1/completions", body
 
 
+def apply_stop(item: ProbeItem, text: str, finish: str | None) -> tuple[str, str | None]:
+    """(text, finish_reason) as the server would have returned them had ``item``'s own
+    request (with its stop strings) been sent, for an answer generated without them.
+
+    The shared known-answer/reference request cannot carry the completion stop strings,
+    because the reference was recorded without them; cutting the text here gives the
+    known-answer check exactly the text the item's own request would have produced.
+    """
+    if item.api != "completions":
+        return text, finish
+    cuts = [i for i in (text.find(stop) for stop in _COMPLETION_STOP) if i >= 0]
+    if not cuts:
+        return text, finish
+    return text[: min(cuts)], "stop"
+
+
 def parse_response(
     item: ProbeItem, payload: Any
 ) -> tuple[str, str | None, int | None, int | None]:
@@ -110,7 +133,7 @@ def parse_response(
     )
 
 
-async def _ask(
+async def ask_item(
     client: httpx.AsyncClient,
     item: ProbeItem,
     level: int,
@@ -212,7 +235,7 @@ async def run_probe(
             gate = asyncio.Semaphore(level)
             async with asyncio.TaskGroup() as group:
                 tasks = [
-                    group.create_task(_ask(client, item, level, model, spec, gate, deadline))
+                    group.create_task(ask_item(client, item, level, model, spec, gate, deadline))
                     for item in items
                 ]
             answers.extend(task.result() for task in tasks)

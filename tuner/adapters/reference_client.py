@@ -20,8 +20,14 @@ from typing import Any
 
 import httpx
 
-from tuner.adapters.probe_client import load_probe_items, run_probe
-from tuner.core.known_answers import ProbeItem, ProbeResult
+from tuner.adapters.probe_client import (
+    apply_stop,
+    ask_item,
+    load_probe_items,
+    parse_response,
+    run_probe,
+)
+from tuner.core.known_answers import ProbeAnswer, ProbeItem, ProbeResult, score
 from tuner.core.probe_spec import ProbeSpec
 from tuner.core.reference import (
     CorrectnessResult,
@@ -40,7 +46,9 @@ from tuner.core.reference import (
     parse_reference_prompts_jsonl,
     reference_sources,
     score_reference,
+    shared_prompts,
     tokenize_request,
+    truncate_generation,
 )
 from tuner.errors import StudyError
 
@@ -284,36 +292,208 @@ async def check_reference(
 ) -> ReferenceResult:
     """Send the reference's requests to ``base_url`` and score them against ``reference``.
 
-    Greedy requests run once per level of ``spec.reference.concurrency`` (at most ``level``
-    in flight); the teacher-forced requests of the prompts the reference forced run once,
-    one at a time, with the lowest level (the conditions they were recorded under).
+    The same requests, levels and order as the reference layer of :func:`run_correctness`
+    (without known answers): the greedy requests once per level of
+    ``spec.reference.concurrency``, the teacher-forced ones with the highest level, at
+    most ``level`` in flight.
 
     Raises:
         asyncio.CancelledError: when cancelled; in-flight requests are cancelled too.
     """
     ref = spec.reference
-    start = perf_counter()
-    deadline = None if deadline_s is None else start + deadline_s
-    answers: list[ReferenceAnswer] = []
+    deadline = None if deadline_s is None else perf_counter() + deadline_s
     async with _client(base_url, headers, spec, max(ref.concurrency)) as client:
-        for n, level in enumerate(ref.concurrency):
-            gate = asyncio.Semaphore(level)
-            async with asyncio.TaskGroup() as group:
-                tasks = [
-                    group.create_task(
-                        _ask(client, p, level, "generate", model, spec, gate, deadline)
-                    )
-                    for p in reference.prompts
-                ]
-            answers.extend(t.result() for t in tasks)
-            if n == 0 and ref.teacher_forced:
-                one = asyncio.Semaphore(1)
-                for p in reference.prompts:
-                    if p.forced is not None:
-                        answers.append(
-                            await _ask(client, p, level, "forced", model, spec, one, deadline)
-                        )
+        _, answers, _ = await _run_levels(client, model, spec, reference, [], {}, deadline)
     return score_reference(reference, answers, ref)
+
+
+async def _tokenize_matches(
+    client: httpx.AsyncClient,
+    item: ProbeItem,
+    prompt: ReferencePrompt,
+    model: str,
+    spec: ProbeSpec,
+    gate: asyncio.Semaphore,
+    deadline: float | None,
+) -> bool:
+    """Whether the trial server turns ``item`` into the very ids the reference recorded.
+
+    Only then may the item be sent as those ids: a trial whose template or tokenizer
+    differs must be asked through its own endpoint, as before, so the known-answer layer
+    keeps testing the path a user's request takes. Costs no generation.
+    """
+    if item.api == "chat":
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": [{"role": "user", "content": item.prompt}],
+            "add_generation_prompt": True,
+        }
+    else:
+        body = {"model": model, "prompt": item.prompt, "add_special_tokens": True}
+    async with gate:
+        timeout = _timeout(spec, deadline)
+        if timeout is None:
+            return False
+        try:
+            got = await _post(client, "/tokenize", body, timeout)
+        except ValueError:
+            return False
+    return isinstance(got, dict) and got.get("tokens") == prompt.prompt_ids
+
+
+async def _ask_shared(
+    client: httpx.AsyncClient,
+    item: ProbeItem,
+    prompt: ReferencePrompt,
+    level: int,
+    model: str,
+    spec: ProbeSpec,
+    reference: Reference,
+    gate: asyncio.Semaphore,
+    deadline: float | None,
+) -> tuple[ProbeAnswer, ReferenceAnswer]:
+    """One request answering both layers for ``item`` at ``level``: the reference's ids,
+    greedy, with top-k logprobs, and as many tokens as the known-answer layer asks for
+    (the reference comparison looks at the first ``reference.max_tokens`` of them)."""
+    ref = spec.reference
+    async with gate:
+        timeout = _timeout(spec, deadline)
+        if timeout is None:
+            why = "not sent: probe deadline reached"
+            return (
+                ProbeAnswer(item_id=item.id, concurrency=level, error=why),
+                ReferenceAnswer(prompt_id=prompt.id, concurrency=level, kind="generate", error=why),
+            )
+        body = generation_request(model, prompt.prompt_ids, ref)
+        body["max_tokens"] = max(spec.max_tokens, reference.max_tokens)
+        began = perf_counter()
+        try:
+            payload = await _post(client, "/v1/completions", body, timeout)
+        except ValueError as exc:
+            latency = perf_counter() - began
+            return (
+                ProbeAnswer(item_id=item.id, concurrency=level, latency_s=latency, error=str(exc)),
+                ReferenceAnswer(
+                    prompt_id=prompt.id,
+                    concurrency=level,
+                    kind="generate",
+                    error=str(exc),
+                    latency_s=latency,
+                ),
+            )
+        latency = perf_counter() - began
+    # Each layer reads the body with its own parser, so a server that breaks only the
+    # logprobs (or only the text) is reported by the layer it breaks, as with two requests.
+    try:
+        text, finish, prompt_tokens, completion_tokens = parse_response(
+            item.model_copy(update={"api": "completions"}), payload
+        )
+        text, finish = apply_stop(item, text, finish)
+        known = ProbeAnswer(
+            item_id=item.id,
+            concurrency=level,
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            latency_s=latency,
+        )
+    except ValueError as exc:
+        known = ProbeAnswer(
+            item_id=item.id, concurrency=level, latency_s=latency, error=f"bad response body: {exc}"
+        )
+    try:
+        generation = truncate_generation(parse_generation(payload), reference.max_tokens)
+        agreement = ReferenceAnswer(
+            prompt_id=prompt.id,
+            concurrency=level,
+            kind="generate",
+            generation=generation,
+            latency_s=latency,
+        )
+    except ValueError as exc:
+        agreement = ReferenceAnswer(
+            prompt_id=prompt.id,
+            concurrency=level,
+            kind="generate",
+            error=str(exc),
+            latency_s=latency,
+        )
+    return known, agreement
+
+
+async def _run_levels(
+    client: httpx.AsyncClient,
+    model: str,
+    spec: ProbeSpec,
+    reference: Reference,
+    items: Sequence[ProbeItem],
+    pairs: Mapping[str, ReferencePrompt],
+    deadline: float | None,
+) -> tuple[list[ProbeAnswer], list[ReferenceAnswer], float]:
+    """Both layers' requests, level by level, lowest first.
+
+    At each level at most ``level`` requests are in flight in all: the known-answer items
+    (those in ``pairs`` as one shared request), the reference prompts no shared request
+    covers, and - at the highest reference level - the teacher-forced requests. Forcing is
+    prefill only, so there it costs little next to the decodes it is batched with, and it
+    runs where batch-dependent prefill numerics show.
+
+    Returns:
+        (known-answer answers, reference answers, seconds until each level's known-answer
+        requests were all back, summed over levels).
+    """
+    ref = spec.reference
+    known_levels = set(spec.concurrency) if items else set()
+    ref_levels = set(ref.concurrency)
+    forced_level = max(ref_levels)
+    known_answers: list[ProbeAnswer] = []
+    ref_answers: list[ReferenceAnswer] = []
+    known_s = 0.0
+    for level in sorted(known_levels | ref_levels):
+        gate = asyncio.Semaphore(level)
+        with_known = level in known_levels
+        with_ref = level in ref_levels
+        shared = pairs if with_known and with_ref else {}
+        level_start = perf_counter()
+        async with asyncio.TaskGroup() as group:
+            shared_tasks = []
+            known_tasks = []
+            for item in items if with_known else ():
+                if item.id in shared:
+                    task = _ask_shared(
+                        client, item, shared[item.id], level, model, spec, reference, gate, deadline
+                    )
+                    shared_tasks.append(group.create_task(task))
+                else:
+                    known_tasks.append(
+                        group.create_task(
+                            ask_item(client, item, level, model, spec, gate, deadline)
+                        )
+                    )
+            covered = {p.id for p in shared.values()}
+            ref_tasks = [
+                group.create_task(_ask(client, p, level, "generate", model, spec, gate, deadline))
+                for p in reference.prompts
+                if with_ref and p.id not in covered
+            ]
+            if with_ref and level == forced_level and ref.teacher_forced:
+                ref_tasks.extend(
+                    group.create_task(_ask(client, p, level, "forced", model, spec, gate, deadline))
+                    for p in reference.prompts
+                    if p.forced is not None
+                )
+            known_side = [*shared_tasks, *known_tasks]
+            if known_side:
+                await asyncio.wait(known_side)
+                known_s += perf_counter() - level_start
+        for shared_task in shared_tasks:
+            answer, agreement = shared_task.result()
+            known_answers.append(answer)
+            ref_answers.append(agreement)
+        known_answers.extend(t.result() for t in known_tasks)
+        ref_answers.extend(t.result() for t in ref_tasks)
+    return known_answers, ref_answers, known_s
 
 
 async def run_correctness(
@@ -326,43 +506,73 @@ async def run_correctness(
     deadline_s: float | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> CorrectnessResult:
-    """The whole correctness probe of one trial: known answers, then reference agreement.
+    """The whole correctness probe of one trial: known answers and reference agreement.
 
     ``reference`` is the study's recorded reference (None: that layer is skipped with a
     note, e.g. before the orchestrator records one). Both layers always run - a trial that
     already failed known answers still gets its agreement scores, because the two
     together say *how* it is broken - and share ``deadline_s``.
 
+    A known-answer question that is also a reference prompt is asked once per level that
+    both layers run at (:func:`_ask_shared`), provided the trial's ``/tokenize`` gives the
+    recorded ids; everything else as :func:`_run_levels` describes.
+
     Returns:
-        The combined verdict with ``probe_seconds`` (the probe's cost) and both layers.
+        The combined verdict with ``probe_seconds`` (the probe's cost) and both layers;
+        ``known_answers_seconds`` is the time until each level's known-answer requests were
+        all back (summed over levels; shared requests count there), ``reference_seconds``
+        the rest.
     """
     if not spec.enabled:
         return combine(ProbeResult.disabled(), None, reference_note="probe disabled")
-    start = perf_counter()
-    known = await run_probe(
-        base_url, model, spec, deadline_s=deadline_s, headers=headers, items=items
-    )
-    known_s = perf_counter() - start
-    result: ReferenceResult | None = None
     note: str | None = None
-    ref_s: float | None = None
     if not spec.reference.enabled:
         note = "reference agreement disabled"
     elif reference is None:
         note = "no reference recorded for this study"
-    else:
-        remaining = None if deadline_s is None else max(0.0, deadline_s - known_s)
-        began = perf_counter()
-        result = await check_reference(
-            base_url, model, spec, reference, deadline_s=remaining, headers=headers
+    if note is not None or reference is None:
+        start = perf_counter()
+        known = await run_probe(
+            base_url, model, spec, deadline_s=deadline_s, headers=headers, items=items
         )
-        ref_s = perf_counter() - began
+        elapsed = perf_counter() - start
+        return combine(
+            known,
+            None,
+            reference_note=note,
+            probe_seconds=elapsed,
+            known_answers_seconds=elapsed,
+        )
+    if items is None:
+        items = load_probe_items(spec)
+    start = perf_counter()
+    deadline = None if deadline_s is None else start + deadline_s
+    widest = max(*spec.concurrency, *spec.reference.concurrency)
+    async with _client(base_url, headers, spec, widest) as client:
+        pairs = shared_prompts(spec, items, reference)
+        if not set(spec.concurrency) & set(spec.reference.concurrency):
+            pairs = {}
+        if pairs:
+            wide = asyncio.Semaphore(widest)
+            async with asyncio.TaskGroup() as group:
+                checks = {
+                    item.id: group.create_task(
+                        _tokenize_matches(client, item, pairs[item.id], model, spec, wide, deadline)
+                    )
+                    for item in items
+                    if item.id in pairs
+                }
+            pairs = {i: p for i, p in pairs.items() if checks[i].result()}
+        known_answers, ref_answers, known_s = await _run_levels(
+            client, model, spec, reference, items, pairs, deadline
+        )
+    known = score(items, known_answers, spec, probe_seconds=known_s)
+    result = score_reference(reference, ref_answers, spec.reference)
+    total = perf_counter() - start
     return combine(
         known,
         result,
-        reference_note=note,
-        probe_seconds=perf_counter() - start,
+        probe_seconds=total,
         known_answers_seconds=known_s,
-        reference_seconds=ref_s,
+        reference_seconds=total - known_s,
     )
-

@@ -64,8 +64,9 @@ class ReferenceSpec(BaseModel):
     * at the lowest level at least ``min_exact_fraction`` of the prompts are identical
       over all ``max_tokens`` (vLLM's spec-decode e2e heuristic, 66 %); higher levels are
       not held to it because batch composition legitimately changes low-order bits;
-    * teacher-forced (lowest level only): over the reference continuation's positions the
-      trial's top-1 token equals the reference's for at least ``min_prompt_top1`` of them;
+    * teacher-forced (highest level only, batched with that level's decodes, where
+      batch-dependent prefill numerics show): over the reference continuation's positions
+      the trial's top-1 token equals the reference's for at least ``min_prompt_top1`` of them;
       the reference-token logprob gap (median and max |delta|) is recorded, and gated only
       when ``max_gap_median`` / ``max_gap`` are set (calibrate them first by checking the
       reference against itself: the right bound depends on dtype and hardware).
@@ -120,7 +121,11 @@ class ReferenceSpec(BaseModel):
     concurrency: tuple[int, ...] = Field(
         default=(1, 8),
         min_length=1,
-        description="The prompt set runs once per level; the lowest is compared most strictly.",
+        description=(
+            "The prompt set runs once per level; the lowest is compared most strictly. "
+            "Inside a probe section, unset means the probe's own levels, so the known-answer "
+            "requests can serve both layers at once."
+        ),
     )
     min_close_fraction: float = Field(default=1.0, ge=0.0, le=1.0)
     min_exact_fraction: float = Field(default=0.66, ge=0.0, le=1.0)
@@ -237,6 +242,25 @@ class ProbeSpec(BaseModel):
     seed: int = 0
     request_timeout_s: float = Field(default=60.0, gt=0.0)
     reference: ReferenceSpec = Field(default_factory=ReferenceSpec)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reference_levels_follow(cls, data: Any) -> Any:
+        # The reference layer runs at the probe's levels unless told otherwise: at a level
+        # both layers share, each known-answer request also carries the logprobs the
+        # reference comparison needs, so a question is asked once per level, not twice.
+        if not isinstance(data, dict):
+            return data
+        levels = data.get("concurrency", cls.model_fields["concurrency"].default)
+        ref = data.get("reference")
+        if ref is None:
+            return {**data, "reference": {"concurrency": levels}}
+        if isinstance(ref, dict) and "concurrency" not in ref:
+            return {**data, "reference": {**ref, "concurrency": levels}}
+        if isinstance(ref, ReferenceSpec) and "concurrency" not in ref.model_fields_set:
+            kept = ref.model_dump(exclude_unset=True)
+            return {**data, "reference": {**kept, "concurrency": levels}}
+        return data
 
     @field_validator("families")
     @classmethod

@@ -18,7 +18,10 @@ from a conservative configuration (eager, no speculation):
 * **Prefill path**: the reference continuation is teacher-forced (``prompt_logprobs`` on
   prompt + continuation) and the trial's top-1 token at each continuation position must
   agree with the reference's top-1. This survives divergence, so it keeps measuring where
-  the decode comparison had to stop. The reference token's logprob gap |delta| is recorded.
+  the decode comparison had to stop. Trials are forced at their highest concurrency level,
+  batched with its decodes (where batch-dependent prefill numerics show; prefill-only
+  requests cost little there); the reference forced one request at a time. The reference
+  token's logprob gap |delta| is recorded.
 
 Token-ID prompts (obtained once from the reference server's ``/tokenize``) keep chat
 templates and tokenization out of the comparison: both sides see exactly the same ids.
@@ -66,7 +69,9 @@ __all__ = [
     "parse_reference_prompts_jsonl",
     "reference_sources",
     "score_reference",
+    "shared_prompts",
     "tokenize_request",
+    "truncate_generation",
     "validate_reference",
     "with_reference_accuracy",
 ]
@@ -205,6 +210,68 @@ def _question_key(item: ProbeItem) -> str:
     return item.id.rsplit("-", 1)[0] if item.id.endswith(f"-{item.api}") else item.id
 
 
+def _known_answer_sources(
+    spec: ProbeSpec, items: Sequence[ProbeItem]
+) -> list[tuple[ReferenceSource, ProbeItem]]:
+    """The known-answer questions the reference reuses, each with the item it was made from."""
+    chosen: dict[str, ProbeItem] = {}
+    for item in items:
+        key = _question_key(item)
+        if key not in chosen or (item.api == "chat" and chosen[key].api != "chat"):
+            chosen[key] = item
+    questions = list(chosen.items())
+    if spec.reference.known_answer_prompts is not None:
+        questions = questions[: spec.reference.known_answer_prompts]
+    out: list[tuple[ReferenceSource, ProbeItem]] = []
+    for key, item in questions:
+        if item.api == "chat":
+            source = ReferenceSource(
+                id=f"ka-{key}",
+                source="known_answer",
+                messages=(ChatMessage(role="user", content=item.prompt),),
+            )
+        else:
+            source = ReferenceSource(id=f"ka-{key}", source="known_answer", prompt=item.prompt)
+        out.append((source, item))
+    return out
+
+
+def shared_prompts(
+    spec: ProbeSpec, items: Sequence[ProbeItem], reference: Reference
+) -> dict[str, ReferencePrompt]:
+    """Known-answer item id -> the reference prompt recorded from exactly that item.
+
+    Such an item needs one request per level, not two: sent as the reference's token ids
+    with top-k logprobs, its answer is judged as a known answer and compared with the
+    reference. Only prompts whose recorded fingerprint matches the item's text are paired,
+    so a stale or foreign reference never lends its ids to a different question.
+    """
+    recorded = {p.id: p for p in reference.prompts}
+    out: dict[str, ReferencePrompt] = {}
+    for source, item in _known_answer_sources(spec, items):
+        prompt = recorded.get(source.id)
+        if prompt is not None and prompt.fingerprint == source.fingerprint():
+            out[item.id] = prompt
+    return out
+
+
+def truncate_generation(generation: Generation, n: int) -> Generation:
+    """The first ``n`` positions of a greedy continuation, as if ``max_tokens`` had been n.
+
+    Greedy decoding is causal: a continuation asked for more tokens starts with exactly the
+    one asked for fewer, which ends with finish reason "length" when it was cut.
+    """
+    if len(generation.tokens) <= n:
+        return generation
+    return Generation(
+        tokens=generation.tokens[:n],
+        logprobs=generation.logprobs[:n],
+        top=generation.top[:n],
+        finish_reason="length",
+        text=generation.text,
+    )
+
+
 def reference_sources(
     spec: ProbeSpec,
     items: Sequence[ProbeItem],
@@ -218,26 +285,7 @@ def reference_sources(
     answer run. ``items`` are the known-answer items the probe sends (load_probe_items).
     """
     ref = spec.reference
-    chosen: dict[str, ProbeItem] = {}
-    for item in items:
-        key = _question_key(item)
-        if key not in chosen or (item.api == "chat" and chosen[key].api != "chat"):
-            chosen[key] = item
-    questions = list(chosen.items())
-    if ref.known_answer_prompts is not None:
-        questions = questions[: ref.known_answer_prompts]
-    out: list[ReferenceSource] = []
-    for key, item in questions:
-        if item.api == "chat":
-            out.append(
-                ReferenceSource(
-                    id=f"ka-{key}",
-                    source="known_answer",
-                    messages=(ChatMessage(role="user", content=item.prompt),),
-                )
-            )
-        else:
-            out.append(ReferenceSource(id=f"ka-{key}", source="known_answer", prompt=item.prompt))
+    out = [source for source, _ in _known_answer_sources(spec, items)]
     for n, (form, text) in enumerate(OPEN_PROMPTS[: ref.open_prompts]):
         if form == "chat":
             msgs = (ChatMessage(role="user", content=text),)
@@ -768,7 +816,7 @@ def score_reference(
     """Compare a trial's answers with the reference and apply :class:`ReferenceSpec`'s rule.
 
     A missing answer or a request error counts as not close. Teacher-forced answers are
-    expected at the lowest level only, for the prompts the reference forced.
+    expected at the highest level only, for the prompts the reference forced.
 
     Raises:
         ValueError: answers for unknown prompts, unexpected levels or duplicates (caller bugs).
@@ -793,6 +841,7 @@ def score_reference(
     failures: list[str] = []
     for level in levels:
         lowest = level == levels[0]
+        forced_here = level == levels[-1]
         rows: list[PromptScore] = []
         decode_gaps: list[float] = []
         forced_gaps: list[float] = []
@@ -801,7 +850,7 @@ def score_reference(
         for prompt in reference.prompts:
             row, gaps = _score_generation(prompt, level, got.get((prompt.id, level, "generate")), k)
             decode_gaps.extend(gaps)
-            if lowest and spec.teacher_forced and prompt.forced is not None:
+            if forced_here and spec.teacher_forced and prompt.forced is not None:
                 fans = got.get((prompt.id, level, "forced"))
                 pos, hits, fgaps, err = _score_forced(prompt, fans, row)
                 forced_pos += pos
@@ -819,7 +868,7 @@ def score_reference(
         close_fraction = (exact + close) / n if n else 1.0
         exact_fraction = exact / n if n else 1.0
         fmed, fmax = _stats(forced_gaps)
-        forced_top1 = forced_hits / forced_pos if lowest and forced_pos else None
+        forced_top1 = forced_hits / forced_pos if forced_here and forced_pos else None
         level_failures: list[str] = []
         if close_fraction < spec.min_close_fraction - _EPS:
             bad = [r for r in rows if r.verdict in ("far", "error")]
@@ -926,8 +975,10 @@ class CorrectnessResult(BaseModel):
             levels = self.reference.levels
             out["reference_close"] = min(lvl.close_fraction for lvl in levels)
             out["reference_exact_c1"] = levels[0].exact_fraction
-            out["reference_forced_top1"] = levels[0].forced_top1
-            out["reference_forced_gap_max"] = levels[0].forced_gap_max
+            forced = [lvl for lvl in levels if lvl.forced_top1 is not None]
+            if forced:
+                out["reference_forced_top1"] = forced[0].forced_top1
+                out["reference_forced_gap_max"] = forced[0].forced_gap_max
         return out
 
 
