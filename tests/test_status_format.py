@@ -86,3 +86,27 @@ def test_acceptance_without_a_known_method_or_length(tmp_path: Path) -> None:
     row = _trial_row(_record(5, {"server_side": server_side}), paths)
     assert row["spec_method"] is None
     assert format_status(_status([row])).splitlines()[-1] == "        speculative acceptance: c=1 40%"
+
+
+def test_stopped_trials_show_what_was_measured_not_placeholders(tmp_path: Path) -> None:
+    paths = StudyPaths(tmp_path / "s")
+    objectives = [{"label": "output_tok_s@cmax", "direction": "maximize"},
+                  {"label": "tpot_ms.mean@c1", "direction": "minimize"}]
+    before_load = TrialRecord(number=1, state="COMPLETE", kind="run", params={},
+                              values={"output_tok_s@cmax": 43.68, "tpot_ms.mean@c1": 56.38},
+                              attrs={"placeholder_values": True, "outcome": {"early_stop": {
+                                  "reason": "not_applied", "after": "verify", "bounds": None,
+                                  "skipped_levels": [1, 4]}}})
+    after_c1 = TrialRecord(number=5, state="COMPLETE", kind="run", params={},
+                           values={"output_tok_s@cmax": 40.12, "tpot_ms.mean@c1": 52.11},
+                           attrs={"outcome": {
+                               "levels": {"1": {"output_tok_s": 12.5, "tpot_ms.mean": 52.11}},
+                               "early_stop": {"reason": "dominated", "after": "c1",
+                                              "bounds": [40.12, 52.11], "skipped_levels": [4]}}})
+    status = _status([_trial_row(before_load, paths), _trial_row(after_c1, paths)])
+    status["objectives"] = objectives
+    text = format_status(status)
+    assert "    1 " in text and "not measured (stopped after verify: not_applied)" in text
+    assert "43.68" not in text and "56.38" not in text
+    assert ("output_tok_s@cmax<=40.12 (bound, c=4 skipped)  tpot_ms.mean@c1=52.11  "
+            "[stopped after c1: dominated]") in text

@@ -26,6 +26,8 @@ OUTCOME_STYLE = {
     "probe_failed": ("X", "#d62728", "probe failed"),
     "not_applied": ("^", "#ff7f0e", "config not applied"),
     "limit_missed": ("s", "#9467bd", "limit missed"),
+    # Stopped inside its sweep: one objective is the optimistic bound it was judged on.
+    "stopped_early": ("v", "#7f7f7f", "stopped early (bound)"),
 }
 
 
@@ -41,8 +43,11 @@ def pareto_png(records: Sequence[TrialRecord], labels: Sequence[str], directions
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
     y_label, x_label = labels[0], labels[1] if len(labels) > 1 else labels[0]
+    # Placeholder values (a trial stopped before its load, told the worst seen so far) are
+    # no measurement: such a trial would sit on top of another point and mislead.
     measured = [r for r in records if r.kind == "run" and r.state == "COMPLETE"
-                and y_label in r.values and x_label in r.values]
+                and y_label in r.values and x_label in r.values
+                and not r.attrs.get("placeholder_values")]
     for outcome, (marker, colour, legend) in OUTCOME_STYLE.items():
         pts = [r for r in measured if r.outcome == outcome]
         if pts:
@@ -70,8 +75,12 @@ def pareto_png(records: Sequence[TrialRecord], labels: Sequence[str], directions
         ax.scatter([baseline.values[x_label]], [baseline.values[y_label]], marker="D", s=80,
                    facecolors="none", edgecolors="black", lw=1.5, label="baseline", zorder=4)
     crashed = sum(1 for r in records if r.kind == "run" and r.state == "FAIL")
-    if crashed:
-        ax.text(0.99, 0.01, f"{crashed} trial(s) failed to run (not plotted)", transform=ax.transAxes,
+    unmeasured = sum(1 for r in records if r.kind == "run" and r.state == "COMPLETE"
+                     and r.attrs.get("placeholder_values"))
+    notes = ([f"{crashed} trial(s) failed to run"] if crashed else []) + (
+        [f"{unmeasured} trial(s) stopped before the load (e.g. config not applied)"] if unmeasured else [])
+    if notes:
+        ax.text(0.99, 0.01, "; ".join(notes) + " - not plotted", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize=8, color="#555")
     ax.set_xlabel(x_label + (" (lower is better)" if len(directions) > 1 and directions[1] == "minimize" else ""))
     ax.set_ylabel(y_label + (" (higher is better)" if directions[0] == "maximize" else ""))

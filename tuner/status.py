@@ -118,6 +118,10 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "probe_share": probe_s / trial_s if probe_s is not None and trial_s else None,
         "spec_method": method,
         "speculation": speculation,
+        # A trial stopped early was told placeholder or bound values for what it never
+        # measured; the text view must not print those as measurements.
+        "early_stop": outcome.get("early_stop"),
+        "measured_levels": sorted(int(c) for c in (outcome.get("levels") or {})),
         "checks": checks,
     }
 
@@ -215,6 +219,30 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
     }
 
 
+def _stopped_values(row: dict[str, Any], labels: list[str], directions: list[str]) -> str:
+    """What a trial stopped early really measured: its measured objectives as values, the
+    levels it skipped as the optimistic bound it was judged on (at most / at least), or
+    nothing at all when it stopped before the load."""
+
+    stop = row["early_stop"]
+    bounds = stop.get("bounds")
+    if not bounds:
+        return f"not measured (stopped after {stop.get('after')}: {stop.get('reason')})"
+    measured = set(row.get("measured_levels") or [])
+    top = max(measured | set(stop.get("skipped_levels") or []), default=None)
+    shown = []
+    for label, direction, bound in zip(labels, directions, bounds):
+        level_text = label.rpartition("@c")[2]
+        level = top if level_text == "max" else int(level_text) if level_text.isdigit() else None
+        if bound is None:
+            shown.append(f"{label}=not measured")
+        elif level is not None and level not in measured:
+            shown.append(f"{label}{'<=' if direction == 'maximize' else '>='}{_fmt(bound)} (bound, c={level} skipped)")
+        else:
+            shown.append(f"{label}={_fmt(bound)}")
+    return "  ".join(shown) + f"  [stopped after {stop.get('after')}: {stop.get('reason')}]"
+
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
@@ -255,8 +283,11 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     if verbose:
         lines.append("")
         lines.append("Trials:")
+        directions = [o["direction"] for o in status["objectives"]]
         for row in status["trials"]:
             vals = "  ".join(f"{label}={_fmt(row['values'].get(label))}" for label in labels if label in row["values"])
+            if row.get("early_stop") and row["early_stop"].get("reason") != "dominated_exact":
+                vals = _stopped_values(row, labels, directions)
             lines.append(f"  {row['trial']:>3} {row['outcome']:<22} {vals}")
             if row["failure"] and row["state"] == "FAIL":
                 lines.append(f"        reason: {row['failure'].get('message') or row['failure'].get('reason')}")
