@@ -35,7 +35,7 @@ from tuner.adapters.reference_client import (ReferenceRecordError, check_referen
                                              record_reference, run_correctness)
 from tuner.core.early_stop import SweepGuard
 from tuner.core.effective_config import parse_effective_config
-from tuner.core.load_spec import LoadSpec
+from tuner.core.load_spec import LoadSpec, rate_level_name
 from tuner.core.outcome import TrialOutcome, TrialRequest
 from tuner.core.probe_spec import ProbeSpec
 from tuner.core.reference import Reference, validate_reference
@@ -340,6 +340,10 @@ class TrialWorker:
             if level.server_side is not None:
                 outcome.server_side[key] = level.server_side
             write_records_jsonl(trial_dir / f"requests-c{level.concurrency}.jsonl", level.records)
+        # Open-loop rate levels are measured and reported (metrics.json, records), not scored.
+        for level in sweep.rate_levels:
+            name = rate_level_name(level.request_rate or 0.0)
+            write_records_jsonl(trial_dir / f"requests-{name}.jsonl", level.records)
         # A level stopped at its last dispatch (early stop rule 4a) has its objective measured:
         # its output tok/s is recorded so the trial is told with it, like any completed one.
         for key, value in ((guard.record or {}).get("measured") or {}).items():

@@ -21,7 +21,8 @@ cancellation propagates. Times are ``time.monotonic()`` seconds since the level 
 A sweep (:func:`run_sweep`) runs, per level: prompt fitting through ``/tokenize`` →
 warm-up with different prompts → ``/metrics`` scrape → measured level (× ``repeats``,
 fresh prompts each time) → scrape, so the server-side deltas cover the measured requests
-only.
+only. Open-loop rate levels (``LoadSpec.request_rates``, :func:`run_rate_level`) follow the
+concurrency levels: requests sent at seeded absolute arrival times, whatever is in flight.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ from tuner.adapters.http_stream import (
 )
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.core.load_spec import Api, LoadSpec
+from tuner.core.load_spec import Api, LoadSpec, rate_level_name
 from tuner.core.metrics import (
     STABILITY_MAX_RATIO,
     LevelMetrics,
@@ -63,19 +64,30 @@ from tuner.core.metrics import (
 )
 from tuner.core.prometheus import MetricsSnapshot, parse_prometheus_text, server_side_metrics
 from tuner.core.sse import SSEError, SSEParser
-from tuner.core.workload import RequestDraft, RequestPlan, TokenFitter, draft_requests, level_stream
+from tuner.core.workload import (
+    RequestDraft,
+    RequestPlan,
+    TokenFitter,
+    arrival_schedule,
+    draft_requests,
+    level_stream,
+    rate_stream,
+)
 
 __all__ = [
     "TOKEN_AGREEMENT_TOLERANCE",
     "LevelHalted",
     "LevelResult",
+    "RateRun",
     "SweepResult",
     "TokenAgreement",
     "WarmupSummary",
     "fetch_token_count",
     "fit_plan",
+    "rate_level_metrics",
     "read_records_jsonl",
     "run_level",
+    "run_rate_level",
     "run_sweep",
     "scrape_metrics",
     "write_records_jsonl",
@@ -566,6 +578,124 @@ async def run_level(
     return records
 
 
+@dataclass(frozen=True, slots=True)
+class RateRun:
+    """What one open-loop run produced: the records (issue order), how many requests
+    waited for the in-flight cap, and the most requests in flight at once."""
+
+    records: list[RequestRecord]
+    cap_waits: int
+    peak_in_flight: int
+
+
+async def run_rate_level(
+    base_url: str,
+    model: str,
+    plan: Sequence[RequestPlan],
+    schedule: Sequence[float],
+    *,
+    api: Api,
+    deadline_s: float | None,
+    request_timeout_s: float,
+    max_in_flight: int,
+    headers: dict[str, str] | None = None,
+    continuous_usage: bool = True,
+    t0: float | None = None,
+) -> RateRun:
+    """Run ``plan`` open loop: request i is sent at ``t0 + schedule[i]``.
+
+    The schedule holds absolute times from the level start (``time.monotonic``), so each
+    send waits for its own due time, never for a gap after the previous send: a slow
+    client or server cannot shift later arrivals. Requests are sent however many are
+    still in flight, up to ``max_in_flight`` — a safety cap, not a load shape; a request
+    that finds it full waits (counted in ``cap_waits``) and is sent as soon as a slot
+    frees, its record keeping the scheduled time (``scheduled_s``) next to the send time
+    (``dispatch_s``), so the client-side queueing shows as ``client_queue_ms``.
+    Idle keep-alive connections are reused; a new one is opened when none is idle.
+
+    Args:
+        schedule: due times in seconds from the level start, one per plan item,
+            non-decreasing (:func:`tuner.core.workload.arrival_schedule`).
+        deadline_s: no request due at or after this many seconds is sent (None: no limit).
+        max_in_flight: the safety cap (>= 1).
+        Other arguments as :func:`run_level`.
+
+    Returns:
+        :class:`RateRun`; records are in issue order, ``concurrency`` = ``max_in_flight``.
+    """
+    if len(schedule) != len(plan):
+        raise ValueError(f"schedule has {len(schedule)} times for {len(plan)} requests")
+    if any(b < a for a, b in zip(schedule, schedule[1:])):
+        raise ValueError("schedule must be non-decreasing")
+    if max_in_flight < 1:
+        raise ValueError(f"max_in_flight must be >= 1, got {max_in_flight}")
+    if request_timeout_s <= 0:
+        raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
+    endpoint = Endpoint.from_url(_root(base_url) + _PATHS[api])
+    lv = _Level(
+        endpoint, headers, model, api, max_in_flight,
+        time.monotonic() if t0 is None else t0, request_timeout_s, continuous_usage,
+    )
+    clock = time.monotonic
+    idle: list[_Stream] = []
+    slots = asyncio.Semaphore(max_in_flight)
+    out: dict[int, RequestRecord] = {}
+    tasks: list[asyncio.Task[None]] = []
+    in_flight = 0
+    peak = 0
+    cap_waits = 0
+
+    async def send(pos: int, due: float) -> None:
+        nonlocal in_flight
+        stream = idle.pop() if idle else _Stream()
+        try:
+            out[pos] = await _one_request(lv, stream, plan[pos], due)
+        finally:
+            in_flight -= 1
+            slots.release()
+            if stream.conn is not None and stream.conn.usable:
+                idle.append(stream)
+            else:
+                stream.close()
+
+    try:
+        for pos, due in enumerate(schedule):
+            if deadline_s is not None and due >= deadline_s:
+                break
+            delay = lv.t0 + due - clock()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if slots.locked():
+                cap_waits += 1
+            await slots.acquire()
+            if deadline_s is not None and clock() - lv.t0 >= deadline_s:
+                slots.release()  # the cap held it past the deadline: not sent
+                break
+            in_flight += 1
+            peak = max(peak, in_flight)
+            tasks.append(asyncio.create_task(send(pos, due)))
+        if tasks:
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            for r in results:
+                if isinstance(r, BaseException):
+                    raise r
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    finally:
+        for st in idle:
+            st.close()
+    records = [out[i] for i in sorted(out)]
+    if len(records) < len(plan):
+        logger.info(
+            "open loop: deadline %.1fs reached after %d of %d requests",
+            deadline_s or 0.0, len(records), len(plan),
+        )
+    return RateRun(records=records, cap_waits=cap_waits, peak_in_flight=peak)
+
+
 async def fetch_token_count(
     client: httpx.AsyncClient, base_url: str, model: str, text: str, *, chat: bool = False
 ) -> int | None:
@@ -675,7 +805,9 @@ class LevelResult(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    concurrency: int
+    concurrency: int = Field(description="Closed-loop C; at a rate level, the in-flight cap.")
+    request_rate: float | None = Field(
+        default=None, description="Open-loop level: target requests/s (None: closed loop).")
     prompts_fitted: bool = Field(description="Prompts trimmed to exact length via /tokenize.")
     deadline_hit: bool = Field(description="The level stopped issuing before its plan ended.")
     warmup: WarmupSummary
@@ -685,6 +817,11 @@ class LevelResult(BaseModel):
     )
     token_agreement: TokenAgreement
     records: list[RequestRecord]
+
+
+_NO_RECORDS: dict[str, Any] = {
+    "levels": {"__all__": {"records"}}, "rate_levels": {"__all__": {"records"}},
+}
 
 
 class SweepResult(BaseModel):
@@ -704,18 +841,31 @@ class SweepResult(BaseModel):
         default_factory=list,
         description="Levels not run because after_level stopped the sweep (early stop).")
     warnings: list[str] = Field(description="Degraded measurement: missing endpoints, budget.")
+    rate_levels: list[LevelResult] = Field(
+        default_factory=list,
+        description="Open-loop levels (LoadSpec.request_rates), measured after the others.")
+    skipped_rates: list[float] = Field(
+        default_factory=list, description="Rate levels not run because the budget ran out.")
+    stopped_rates: list[float] = Field(
+        default_factory=list,
+        description="Rate levels not run because early stop ended the sweep.")
 
     def to_json(self, *, include_records: bool = True, indent: int | None = None) -> str:
-        exclude = {"levels": {"__all__": {"records"}}} if not include_records else None
+        exclude = _NO_RECORDS if not include_records else None
         return self.model_dump_json(exclude=exclude, indent=indent)
 
     def summary(self) -> dict[str, Any]:
         """JSON-ready dict of everything but the raw records (for metrics.json)."""
-        return self.model_dump(mode="json", exclude={"levels": {"__all__": {"records"}}})
+        return self.model_dump(mode="json", exclude=_NO_RECORDS)
 
     def flat_by_level(self) -> dict[int, dict[str, float]]:
         """``LevelMetrics.flat()`` of each level, keyed by concurrency."""
         return {lv.concurrency: lv.metrics.flat() for lv in self.levels}
+
+    def flat_by_rate(self) -> dict[str, dict[str, float]]:
+        """``LevelMetrics.flat()`` of each rate level, keyed by its name (``r2.0``)."""
+        return {rate_level_name(lv.request_rate or 0.0): lv.metrics.flat()
+                for lv in self.rate_levels}
 
 
 def write_records_jsonl(path: Path, records: Sequence[RequestRecord]) -> None:
@@ -844,8 +994,24 @@ async def run_sweep(
                     {lv.concurrency: lv.metrics.flat() for lv in results}, remaining):
                 stopped = remaining
                 break
+        rate_results: list[LevelResult] = []
+        skipped_rates: list[float] = []
+        stopped_rates: list[float] = []
+        for rate in load_spec.request_rates:
+            if stopped:
+                # Early stop ended the sweep: the trial is judged already.
+                stopped_rates.append(rate)
+                continue
+            result = await _sweep_rate_level(sweep, rate)
+            if result is None:
+                skipped_rates.append(rate)
+            else:
+                rate_results.append(result)
     if skipped:
         notes.append(f"levels {skipped} skipped: sweep budget of {deadline_s}s exhausted")
+    if skipped_rates:
+        notes.append(
+            f"rate levels {skipped_rates} skipped: sweep budget of {deadline_s}s exhausted")
     return SweepResult(
         model=model,
         base_url=base_url,
@@ -857,6 +1023,9 @@ async def run_sweep(
         skipped_levels=skipped,
         stopped_levels=stopped,
         warnings=notes,
+        rate_levels=rate_results,
+        skipped_rates=skipped_rates,
+        stopped_rates=stopped_rates,
     )
 
 
@@ -944,22 +1113,7 @@ async def _sweep_level(
         if repeat:
             run = [r.model_copy(update={"repeat": repeat}) for r in run]
         records.extend(run)
-    after = await scrape_metrics(aux, base_url)
-    server = server_side_metrics(before, after) if before and after else None
-    agreement = _agreement(records, server)
-    if agreement.agree is False and before is not None:
-        # vLLM records stats just after handing tokens out; one late scrape rules out a
-        # race before a disagreement is reported.
-        await asyncio.sleep(1.0)
-        late = await scrape_metrics(aux, base_url)
-        if late is not None:
-            server = server_side_metrics(before, late)
-            agreement = _agreement(records, server)
-    if agreement.agree is False:
-        logger.warning(
-            "c=%d: client/server token counts disagree: %d vs %s",
-            c, agreement.client_output_tokens, agreement.server_generation_tokens,
-        )
+    server, agreement = await _server_view(sw, before, records, f"c={c}")
     # Instability is reported per level (metrics.unstable, stability_ratio), not as a sweep
     # warning: short levels are often flagged, and that is information, not degradation.
     metrics = summarize_repeats(runs)
@@ -973,6 +1127,123 @@ async def _sweep_level(
         token_agreement=agreement,
         records=records,
     )
+
+
+async def _server_view(
+    sw: _Sweep, before: MetricsSnapshot | None, records: Sequence[RequestRecord], label: str
+) -> tuple[dict[str, Any] | None, TokenAgreement]:
+    """Scrape after a level: server-side deltas since ``before`` and the token agreement."""
+    aux, base_url = sw.aux, sw.base_url
+    after = await scrape_metrics(aux, base_url)
+    server = server_side_metrics(before, after) if before and after else None
+    agreement = _agreement(records, server)
+    if agreement.agree is False and before is not None:
+        # vLLM records stats just after handing tokens out; one late scrape rules out a
+        # race before a disagreement is reported.
+        await asyncio.sleep(1.0)
+        late = await scrape_metrics(aux, base_url)
+        if late is not None:
+            server = server_side_metrics(before, late)
+            agreement = _agreement(records, server)
+    if agreement.agree is False:
+        logger.warning(
+            "%s: client/server token counts disagree: %d vs %s",
+            label, agreement.client_output_tokens, agreement.server_generation_tokens,
+        )
+    return server, agreement
+
+
+async def _rate_plan_for(sw: _Sweep, rate: float, repeat: int) -> tuple[list[RequestPlan], bool]:
+    """The measured plan of one repeat of a rate level (own seed stream, see _plan_for)."""
+    spec, ignore_eos = sw.spec, sw.ignore_eos
+    purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
+    drafts = draft_requests(
+        spec.workload, spec.requests_for_rate(rate), seed=spec.seed,
+        stream=rate_stream(purpose, rate),
+    )
+    plan = None
+    if sw.can_fit:
+        plan = await fit_plan(
+            sw.aux, sw.base_url, sw.model, drafts, ignore_eos=ignore_eos, api=spec.api
+        )
+        if plan is None:
+            sw.notes.append(
+                f"{rate_level_name(rate)}: /tokenize failed while fitting; prompt lengths estimated")
+    if plan is None:
+        return [d.to_plan(ignore_eos=ignore_eos) for d in drafts], False
+    return plan, True
+
+
+async def _sweep_rate_level(sw: _Sweep, rate: float) -> LevelResult | None:
+    """Fit → scrape → measure open loop (× repeats) → scrape for one rate level; None if
+    out of budget before anything was measured. No warm-up of its own: rate levels run
+    after the concurrency levels, on a server those already warmed (CUDA graphs, JIT),
+    and their prompts come from their own seed streams (no prefix-cache warming)."""
+    spec = sw.spec
+    name = rate_level_name(rate)
+    if sw.budget() is None:
+        return None
+    before = None
+    records: list[RequestRecord] = []
+    runs: list[LevelMetrics] = []
+    fitted = True
+    deadline_hit = False
+    for repeat in range(spec.repeats):
+        plan, fitted_r = await _rate_plan_for(sw, rate, repeat)
+        fitted = fitted and fitted_r
+        level_budget = sw.budget()
+        if level_budget is None:
+            if not runs:
+                return None
+            sw.notes.append(
+                f"{name}: {len(runs)} of {spec.repeats} repeats measured before the budget ran out"
+            )
+            break
+        if before is None:
+            before = await scrape_metrics(sw.aux, sw.base_url)
+        purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
+        schedule = arrival_schedule(
+            len(plan), rate, arrival=spec.arrival, burstiness=spec.burstiness,
+            seed=spec.seed, stream=rate_stream(purpose, rate),
+        )
+        run = await run_rate_level(
+            sw.base_url, sw.model, plan, schedule,
+            api=spec.api, deadline_s=level_budget, request_timeout_s=spec.request_timeout_s,
+            max_in_flight=spec.max_in_flight, headers=sw.headers,
+        )
+        if run.cap_waits:
+            sw.notes.append(
+                f"{name}: {run.cap_waits} requests waited for the in-flight cap "
+                f"(max_in_flight={spec.max_in_flight}); the arrival rate was not held"
+            )
+        deadline_hit = deadline_hit or len(run.records) < len(plan)
+        runs.append(rate_level_metrics(run, rate, cap=spec.max_in_flight, planned=len(plan)))
+        recs = run.records
+        if repeat:
+            recs = [r.model_copy(update={"repeat": repeat}) for r in recs]
+        records.extend(recs)
+    server, agreement = await _server_view(sw, before, records, name)
+    return LevelResult(
+        concurrency=spec.max_in_flight,
+        request_rate=rate,
+        prompts_fitted=fitted,
+        deadline_hit=deadline_hit,
+        warmup=WarmupSummary(requests=0, completed=0, failed=0, failure_reasons={},
+                             duration_s=0.0),
+        metrics=summarize_repeats(runs),
+        server_side=server,
+        token_agreement=agreement,
+        records=records,
+    )
+
+
+def rate_level_metrics(run: RateRun, rate: float, *, cap: int, planned: int | None = None
+                       ) -> LevelMetrics:
+    """:func:`compute_level_metrics` of an open-loop run, with its rate-level fields."""
+    metrics = compute_level_metrics(run.records, concurrency=cap, planned=planned, first_wave=1)
+    return metrics.model_copy(update={
+        "request_rate": rate, "cap_waits": run.cap_waits, "peak_in_flight": run.peak_in_flight,
+    })
 
 
 async def _warm_up(

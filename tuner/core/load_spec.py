@@ -11,13 +11,16 @@ Pure data: the runner is :mod:`tuner.adapters.loadgen`, prompts come from
 
 from __future__ import annotations
 
+import math
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["Api", "LoadSpec", "WorkloadClass", "WorkloadKind", "WorkloadSpec"]
+__all__ = ["Api", "Arrival", "LoadSpec", "WorkloadClass", "WorkloadKind", "WorkloadSpec",
+           "rate_level_name"]
 
 Api = Literal["completions", "chat"]
+Arrival = Literal["poisson", "gamma"]
 WorkloadKind = Literal["open_ended", "copy_heavy"]
 
 
@@ -108,7 +111,8 @@ class WorkloadSpec(BaseModel):
 
 
 class LoadSpec(BaseModel):
-    """Closed-loop concurrency sweep run against every trial's server."""
+    """Closed-loop concurrency sweep (and optional open-loop rate levels) run against every
+    trial's server."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -193,6 +197,42 @@ class LoadSpec(BaseModel):
         default_factory=WorkloadSpec, description="The request mix and output-length control."
     )
     seed: int = Field(default=0, description="Seed of the synthetic prompts.")
+    request_rates: tuple[float, ...] = Field(
+        default=(),
+        description=(
+            "Open-loop levels in requests per second, strictly ascending, each > 0, measured "
+            "after the concurrency levels: requests are sent at seeded arrival times computed "
+            "up front, however many are still in flight (measurement.md §2). Measured and "
+            "reported (level name r<rate>, e.g. r2.0), not usable in objectives or limits."
+        ),
+    )
+    arrival: Arrival = Field(
+        default="poisson",
+        description="Inter-arrival distribution of rate levels: poisson, or gamma (burstiness).",
+    )
+    burstiness: float = Field(
+        default=1.0,
+        description=(
+            "Gamma shape of the inter-arrival gaps, as vLLM's bench (--burstiness): 1.0 is "
+            "Poisson, < 1 burstier, > 1 more regular (CV = 1/sqrt(burstiness)). Only with "
+            "arrival: gamma."
+        ),
+    )
+    rate_duration_s: float = Field(
+        default=60.0,
+        description=(
+            "Nominal length of a rate level: it plans max(min_requests, round(rate x "
+            "rate_duration_s)) requests, the last one due at requests/rate seconds."
+        ),
+    )
+    max_in_flight: int = Field(
+        default=1024,
+        description=(
+            "Safety cap on in-flight requests at a rate level. When it binds, requests wait "
+            "and the wait is recorded (client_queue_ms, cap_waits): a level that hits it "
+            "measured a saturated client queue, not the intended arrival rate."
+        ),
+    )
 
     @field_validator("concurrency")
     @classmethod
@@ -206,6 +246,69 @@ class LoadSpec(BaseModel):
                     f"{levels[i - 1]} at position {i}"
                 )
         return levels
+
+    @field_validator("request_rates", mode="before")
+    @classmethod
+    def _valid_rates(cls, rates: object) -> object:
+        if not isinstance(rates, (list, tuple)):
+            raise ValueError(
+                f"request_rates={rates!r} must be a list of requests per second, e.g. [2.0, 8.0]"
+            )
+        prev: float | None = None
+        for i, r in enumerate(rates):
+            if isinstance(r, bool) or not isinstance(r, (int, float)):
+                raise ValueError(
+                    f"request_rates[{i}]={r!r} is not a number; allowed: finite numbers > 0 "
+                    "(requests per second)"
+                )
+            if not math.isfinite(r) or r <= 0:
+                raise ValueError(
+                    f"request_rates[{i}]={r!r} is not allowed; allowed: finite numbers > 0 "
+                    "(requests per second)"
+                )
+            if prev is not None and r <= prev:
+                raise ValueError(
+                    f"request_rates must be strictly ascending; got {r} after {prev} at "
+                    f"position {i}"
+                )
+            prev = float(r)
+        return rates
+
+    @field_validator("burstiness")
+    @classmethod
+    def _valid_burstiness(cls, value: float) -> float:
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"burstiness={value!r} is not allowed; allowed: a finite number > 0 (gamma "
+                "shape; 1.0 = Poisson)"
+            )
+        return value
+
+    @field_validator("rate_duration_s")
+    @classmethod
+    def _valid_rate_duration(cls, value: float) -> float:
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"rate_duration_s={value!r} is not allowed; allowed: a finite number of "
+                "seconds > 0"
+            )
+        return value
+
+    @field_validator("max_in_flight")
+    @classmethod
+    def _valid_cap(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"max_in_flight={value!r} is not allowed; allowed: an integer >= 1")
+        return value
+
+    @model_validator(mode="after")
+    def _poisson_is_shape_one(self) -> LoadSpec:
+        if self.arrival == "poisson" and self.burstiness != 1.0:
+            raise ValueError(
+                f"burstiness={self.burstiness} with arrival: poisson; Poisson arrivals have "
+                "burstiness 1.0, use arrival: gamma for another shape"
+            )
+        return self
 
     @model_validator(mode="after")
     def _enough_requests(self) -> LoadSpec:
@@ -225,6 +328,10 @@ class LoadSpec(BaseModel):
             return self.requests_per_level
         return max(self.min_requests, self.requests_per_stream * concurrency)
 
+    def requests_for_rate(self, rate: float) -> int:
+        """Planned requests at one rate level."""
+        return max(self.min_requests, round(rate * self.rate_duration_s))
+
     def warmup_for(self, concurrency: int) -> int:
         """Warm-up requests before one level.
 
@@ -235,3 +342,8 @@ class LoadSpec(BaseModel):
         if self.warmup_requests is not None:
             return self.warmup_requests
         return max(2 * concurrency, 4)
+
+
+def rate_level_name(rate: float) -> str:
+    """Name of an open-loop level, e.g. ``r2.0`` (records go to ``requests-r2.0.jsonl``)."""
+    return f"r{float(rate)}"

@@ -108,7 +108,9 @@ class RequestRecord(BaseModel):
     scheduled_s: float = Field(
         description=(
             "When the request was due: the moment a closed-loop slot freed up (semaphore "
-            "acquired). scheduled→dispatch is client-side event-loop lag."
+            "acquired), or at an open-loop rate level its scheduled arrival time. "
+            "scheduled→dispatch is client-side event-loop lag (open loop: plus any wait for "
+            "the in-flight cap)."
         )
     )
     dispatch_s: float = Field(description="Taken just before the POST (vLLM's start_time).")
@@ -309,7 +311,8 @@ class LevelMetrics(BaseModel):
     tpot_ms: Stat
     itl_ms: Stat
     e2el_ms: Stat
-    client_queue_ms: Stat = Field(description="dispatch − scheduled: client event-loop lag.")
+    client_queue_ms: Stat = Field(
+        description="dispatch − scheduled: client event-loop lag (open loop: + cap wait).")
 
     output_tok_s: float
     total_tok_s: float
@@ -351,6 +354,23 @@ class LevelMetrics(BaseModel):
             "Set when the level ran several times (LoadSpec.repeats): the detailed fields are "
             "the median repeat's, flat() reports per-key medians across repeats."
         ),
+    )
+    request_rate: float | None = Field(
+        default=None,
+        description=(
+            "Open-loop levels only: the target arrival rate (requests/s). None for "
+            "closed-loop levels. client_queue_ms is then actual send − scheduled arrival."
+        ),
+    )
+    cap_waits: int | None = Field(
+        default=None,
+        description=(
+            "Open-loop levels only: requests that had to wait for the in-flight safety cap "
+            "(LoadSpec.max_in_flight); > 0 means the arrival rate was not held."
+        ),
+    )
+    peak_in_flight: int | None = Field(
+        default=None, description="Open-loop levels only: most requests in flight at once."
     )
     total_output_tokens: int = Field(description="Σ output tokens of completed requests.")
     total_prompt_tokens: int = Field(description="Σ prompt tokens of completed requests.")
@@ -420,6 +440,7 @@ def compute_level_metrics(
     concurrency: int,
     window: WindowPolicy | None = None,
     planned: int | None = None,
+    first_wave: int | None = None,
 ) -> LevelMetrics:
     """Metrics of one level from its request records (see module docstring).
 
@@ -428,6 +449,8 @@ def compute_level_metrics(
         concurrency: the level's closed-loop concurrency C (defines the first wave).
         window: steady-state window policy; defaults to :class:`WindowPolicy`.
         planned: requests the plan held, to show when a deadline cut the level short.
+        first_wave: requests whose completion opens the steady-state window (default
+            ``concurrency``; open-loop levels pass 1, having no synchronized first wave).
     """
     policy = window or WindowPolicy()
     ok = [r for r in records if r.ok]
@@ -445,7 +468,8 @@ def compute_level_metrics(
 
     total_out = sum(r.n_output_tokens() for r in ok)
     total_prompt = sum(r.prompt_tokens or 0 for r in ok)
-    rates = _window_rates(records, ok, concurrency, policy, total_out, total_prompt)
+    wave = concurrency if first_wave is None else max(1, first_wave)
+    rates = _window_rates(records, ok, wave, policy, total_out, total_prompt)
 
     by_class: dict[str, ClassMetrics] = {}
     for name in sorted({r.class_name for r in records}):

@@ -34,10 +34,12 @@ __all__ = [
     "RequestPlan",
     "TokenFitter",
     "allocate_classes",
+    "arrival_schedule",
     "build_plan",
     "draft_requests",
     "fit_draft",
     "level_stream",
+    "rate_stream",
 ]
 
 # English prose is ~1.3 tokens per whitespace word for BPE tokenizers; it only has to be
@@ -217,6 +219,51 @@ class RequestDraft:
 def level_stream(purpose: str, concurrency: int) -> str:
     """Seed-stream name of one level's prompts, e.g. ``measure-c16`` or ``warmup-c16``."""
     return f"{purpose}-c{concurrency}"
+
+
+def rate_stream(purpose: str, rate: float) -> str:
+    """Seed-stream name of one open-loop level, e.g. ``measure-r2.0``."""
+    return f"{purpose}-r{float(rate)}"
+
+
+def arrival_schedule(
+    n: int, rate: float, *, arrival: str = "poisson", burstiness: float = 1.0,
+    seed: int = 0, stream: str = "",
+) -> list[float]:
+    """Absolute send times (seconds from the level start) of ``n`` open-loop requests.
+
+    As vLLM's bench (``serve.py::get_request``): gaps are Gamma(shape=burstiness,
+    scale=1/(rate x burstiness)) — Poisson at shape 1, CV = 1/sqrt(shape) — and the
+    cumulative times are rescaled so the last request is due at exactly ``n/rate``, which
+    closes the seed-to-seed gap in the achieved rate (measurement.md §2). The first gap
+    counts too, so the first request is due after one gap, not at 0. Seeded by
+    ``seed``/``stream`` only: the same level gets the same schedule every trial.
+    """
+    if n < 0:
+        raise ValueError(f"request count must be >= 0, got {n}")
+    if not (math.isfinite(rate) and rate > 0):
+        raise ValueError(f"rate must be a finite number > 0, got {rate!r}")
+    if arrival not in ("poisson", "gamma"):
+        raise ValueError(f"arrival must be 'poisson' or 'gamma', got {arrival!r}")
+    shape = 1.0 if arrival == "poisson" else burstiness
+    if not (math.isfinite(shape) and shape > 0):
+        raise ValueError(f"burstiness must be a finite number > 0, got {burstiness!r}")
+    if n == 0:
+        return []
+    rng = random.Random(f"tuner-arrival|{seed}|{stream}")
+    scale = 1.0 / (rate * shape)
+    times: list[float] = []
+    t = 0.0
+    for _ in range(n):
+        t += rng.gammavariate(shape, scale)
+        times.append(t)
+    target = n / rate
+    if times[-1] > 0:
+        factor = target / times[-1]
+        times = [x * factor for x in times]
+    else:  # every gap underflowed to 0 (absurdly small shape): spread evenly instead
+        times = [target * (i + 1) / n for i in range(n)]
+    return times
 
 
 def allocate_classes(
