@@ -126,6 +126,21 @@ def test_measure_discovers_the_model_and_repeats(sim: str, tmp_path: Path) -> No
     assert "median of 2" in format_summary(summary)
 
 
+def test_measure_reports_and_saves_open_loop_rate_levels(sim: str, tmp_path: Path) -> None:
+    text = STUDY.format(served="smol", repeats=1).replace(
+        "  concurrency: [1, 4]\n", "  concurrency: [1]\n  request_rates: [20.0]\n  rate_duration_s: 0.5\n")
+    spec = parse_study(text, "measure-test.yaml")
+    out = tmp_path / "m"
+    summary = measure(sim, spec, probe=False, out_dir=out)
+    assert set(summary["levels"]) == {"1", "r20.0"}
+    rate = summary["levels"]["r20.0"]["metrics"]
+    assert rate["failed"] == 0 and rate["completed"] >= 4 and rate["output_tok_s"] > 0
+    records = read_records_jsonl(out / "requests-r20.0.jsonl")
+    assert len(records) == rate["completed"]
+    rows = [ln.split()[0] for ln in format_summary(summary).splitlines()[3:5]]
+    assert rows == ["1", "r20.0"]
+
+
 def test_measure_unreachable_server_is_a_clear_error(tmp_path: Path) -> None:
     port = _free_port()
     with pytest.raises(MeasureError, match="cannot reach /v1/models"):

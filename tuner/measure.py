@@ -7,7 +7,8 @@ check a study file's load section before a long run, or to compare with other to
 
 Files written into ``out_dir``:
 
-* ``requests-c{C}.jsonl``  raw per-request records of each level (JSON lines);
+* ``requests-c{C}.jsonl`` / ``requests-r{rate}.jsonl``  raw per-request records of each
+  closed-loop / open-loop level (JSON lines);
 * ``metrics.json``          the sweep without records (levels, windows, server-side
   deltas, token agreement, warm-up, warnings), as a trial's ``metrics.json``;
 * ``probe.json``            the probe result (with ``probe``);
@@ -27,6 +28,7 @@ import httpx
 
 from tuner.adapters.artifacts import atomic_write_json
 from tuner.adapters.loadgen import run_sweep, scrape_metrics, write_records_jsonl
+from tuner.core.load_spec import rate_level_name
 from tuner.core.spec import StudySpec
 
 __all__ = ["MeasureError", "ameasure", "discover_model", "format_summary", "measure"]
@@ -136,10 +138,14 @@ async def ameasure(
     sweep = await run_sweep(_root(url), model, spec.load, ignore_eos=ignore_eos,
                             deadline_s=remaining, headers=headers)
     levels: dict[str, Any] = {}
-    for lv in sweep.levels:
-        write_records_jsonl(out_dir / f"requests-c{lv.concurrency}.jsonl", lv.records)
+    # Closed-loop levels are named by their concurrency, open-loop ones by their rate (r2.0).
+    named = [(str(lv.concurrency), lv) for lv in sweep.levels]
+    named += [(rate_level_name(lv.request_rate or 0.0), lv) for lv in sweep.rate_levels]
+    for name, lv in named:
+        prefix = "" if name.startswith("r") else "c"
+        write_records_jsonl(out_dir / f"requests-{prefix}{name}.jsonl", lv.records)
         m = lv.metrics
-        levels[str(lv.concurrency)] = {
+        levels[name] = {
             "metrics": {k: (None if math.isnan(v) else v) for k, v in m.flat().items()},
             "window_s": m.window_s,
             "window_fallback_reason": m.window_fallback_reason,
@@ -228,7 +234,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         verdict = "passed" if p["passed"] else "FAILED"
         lines.append(f"probe {verdict}: {p['correct']}/{p['total']} correct "
                      f"({p['accuracy']:.0%}) - {p['reason']}")
-    header = ["C", "out tok/s", "run tok/s", "req/s", "TTFT p50", "TTFT p90", "TPOT p50",
+    header = ["level", "out tok/s", "run tok/s", "req/s", "TTFT p50", "TTFT p90", "TPOT p50",
               "TPOT mean", "ITL p50", "E2EL p50", "ok", "failed", "stab.", "notes"]
     rows = [header]
     for c, lv in summary["levels"].items():
@@ -262,7 +268,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append("  ".join(cells).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths[:-1]) + "  " + "-" * 5)
-    lines.append("times in ms; out tok/s = steady-state window, run tok/s = vLLM-style whole run")
+    lines.append("times in ms; out tok/s = steady-state window, run tok/s = vLLM-style whole run;"
+                 " level = concurrency, or rN = open loop at N requests/s")
     if summary["skipped_levels"]:
         lines.append(f"skipped levels (budget): {summary['skipped_levels']}")
     for w in summary["warnings"]:
