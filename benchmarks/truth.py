@@ -101,31 +101,22 @@ def build(spec_path: str | Path, *, profile: str = "glm5-8xpcie", jobs: int = 2,
 def check_verdicts(spec_path: str | Path, profile: str = "glm5-8xpcie") -> tuple[int, list[str]]:
     """(points checked, disagreements) between mismatches() and the real log + verify path."""
 
-    from tuner.core import space
     from tuner.core.effective_config import parse_effective_config
-    from tuner.core.render import asked_settings
     from tuner.core.verify import verify
-    from tuner.sim.args import parse_argv
     from tuner.sim.dry_log import startup_log
-    from tuner.sim.effective import ConfigError, resolve
 
     spec = load_spec(spec_path)
     prof = load_profile(profile)
     bad: list[str] = []
     checked = 0
     for values in st.enumerate_points(spec):
-        argv, env = st.default_render(spec, values)
-        argv = argv[len(spec.server.command):]
-        asked = asked_settings(spec.server, space.settings_for(spec, values))
-        try:
-            eff = resolve(parse_argv(argv), env, prof)
-        except ConfigError:
-            continue
-        if eff.failure is not None:
+        start = st.sim_start(spec, values, prof)
+        if start is None:
             continue
         checked += 1
-        mine = set(st.mismatches(asked, eff))
-        theirs = {c.target for c in verify(asked, parse_effective_config(startup_log(argv, env, prof))).mismatches()}
+        mine = set(st.mismatches(start.asked, start.effective))
+        log = startup_log(start.argv, start.env, prof)
+        theirs = {c.target for c in verify(start.asked, parse_effective_config(log)).mismatches()}
         if mine != theirs:
             bad.append(f"{values}: ground truth {sorted(mine)}, verifier {sorted(theirs)}")
     return checked, bad

@@ -13,9 +13,7 @@ from tuner.core.effective_config import parse_effective_config
 from tuner.core.render import asked_settings
 from tuner.core.spec import parse_study
 from tuner.core.verify import verify
-from tuner.sim.args import parse_argv
 from tuner.sim.dry_log import startup_log
-from tuner.sim.effective import resolve
 from tuner.sim.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,15 +59,10 @@ def test_applied_verdicts_agree_with_the_log_path(name) -> None:
     sample = random.Random(8).sample(points, 25)
     seen_mismatch = 0
     for values in sample:
-        argv, env = st.default_render(spec, values)
-        argv = argv[len(spec.server.command):]
-        asked = asked_settings(spec.server, space.settings_for(spec, values))
-        try:
-            eff = resolve(parse_argv(argv), env, GLM)
-        except Exception:
+        start = st.sim_start(spec, values, GLM)
+        if start is None:
             continue      # fails at startup: nothing is verified
-        if eff.failure is not None:
-            continue
+        argv, env, asked, eff = start.argv, start.env, start.asked, start.effective
         mine = set(st.mismatches(asked, eff))
         theirs = {c.target for c in verify(asked, parse_effective_config(startup_log(argv, env, GLM))).mismatches()}
         assert mine == theirs, values
@@ -175,15 +168,10 @@ def test_startup_stop_sees_what_the_time_model_assumes(name) -> None:
     ev = st.Evaluator(spec, GLM)
     early_seen = 0
     for values in random.Random(9).sample(st.enumerate_points(spec), 40):
-        argv, env = st.default_render(spec, values)
-        argv = argv[len(spec.server.command):]
-        asked = asked_settings(spec.server, space.settings_for(spec, values))
-        try:
-            eff = resolve(parse_argv(argv), env, GLM)
-        except Exception:
+        start = st.sim_start(spec, values, GLM)
+        if start is None:
             continue
-        if eff.failure is not None:
-            continue
+        argv, env, asked, eff = start.argv, start.env, start.asked, start.effective
         lines = startup_log(argv, env, GLM).splitlines()
         cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
         early = set(startup_mismatches(asked, "\n".join(lines[:cut])))

@@ -185,6 +185,33 @@ def default_render(spec: StudySpec, values: dict[str, Any]) -> tuple[list[str], 
     return trial_command(spec, values, python="python")
 
 
+@dataclass(frozen=True)
+class SimStart:
+    """One point as the simulator would start it: the server's own arguments (the command
+    left out), its environment, what the trial asked, and what the simulator applies."""
+
+    argv: list[str]
+    env: dict[str, str]
+    asked: dict[str, Any]
+    effective: Effective
+
+
+def sim_start(spec: StudySpec, values: dict[str, Any], profile: Profile) -> SimStart | None:
+    """The simulator's start of ``values``, or None when that server would not start (a
+    configuration error or a startup failure: nothing to verify)."""
+
+    argv, env = default_render(spec, values)
+    argv = argv[len(spec.server.command):]
+    asked = asked_settings(spec.server, space.settings_for(spec, values))
+    try:
+        eff = resolve(parse_argv(argv), env, profile)
+    except (ConfigError, ArgvError):
+        return None
+    if eff.failure is not None:
+        return None
+    return SimStart(argv, env, asked, eff)
+
+
 # ------------------------------------------------------------------------------- verify
 
 
