@@ -156,13 +156,7 @@ def initial_design(spec: StudySpec, *, budget: int | None = None, children: bool
     for param in space.ordered_parameters(spec):
         if param.name not in base:
             continue   # inactive at the baseline: reached through its parent's values below
-        for value in _representative(param, base[param.name]):
-            values = _complete(spec, {**base, param.name: value}, changed=param.name)
-            key = space.params_key(values)
-            if key in seen or space.forbidden_reason(spec, values) is not None:
-                continue
-            seen.add(key)
-            points.append(values)
+        points += _one_knob_variants(spec, base, param, seen)
     # Children that only exist off the baseline (spec_k under spec_method): vary them at
     # their parent's first activating value too, so each child value is seen once.
     for param in space.ordered_parameters(spec) if children else []:
@@ -171,13 +165,7 @@ def initial_design(spec: StudySpec, *, budget: int | None = None, children: bool
         anchor = next((p for p in points if param.name in p), None)
         if anchor is None:
             continue
-        for value in _representative(param, anchor[param.name]):
-            values = _complete(spec, {**anchor, param.name: value}, changed=param.name)
-            key = space.params_key(values)
-            if key in seen or space.forbidden_reason(spec, values) is not None:
-                continue
-            seen.add(key)
-            points.append(values)
+        points += _one_knob_variants(spec, anchor, param, seen)
     return points[:max(0, limit)]
 
 
@@ -325,13 +313,23 @@ def neighbours(spec: StudySpec, values: dict[str, Any]) -> list[dict[str, Any]]:
     for param in space.ordered_parameters(spec):
         if param.name not in values:
             continue
-        for value in _representative(param, values[param.name]):
-            point = _complete(spec, {**values, param.name: value}, changed=param.name)
-            key = space.params_key(point)
-            if key in seen or space.forbidden_reason(spec, point) is not None:
-                continue
-            seen.add(key)
-            out.append(point)
+        out += _one_knob_variants(spec, values, param, seen)
+    return out
+
+
+def _one_knob_variants(spec: StudySpec, values: dict[str, Any], param: Any,
+                       seen: set[str]) -> list[dict[str, Any]]:
+    """``values`` with ``param`` moved to each of its representative values (children
+    completed), skipping forbidden points and those in ``seen``, which it extends."""
+
+    out = []
+    for value in _representative(param, values[param.name]):
+        point = _complete(spec, {**values, param.name: value}, changed=param.name)
+        key = space.params_key(point)
+        if key in seen or space.forbidden_reason(spec, point) is not None:
+            continue
+        seen.add(key)
+        out.append(point)
     return out
 
 
