@@ -170,6 +170,14 @@ async def ask_item(
         latency = perf_counter() - start
     if parsed is None:
         return ProbeAnswer(item_id=item.id, concurrency=level, latency_s=latency, error=error)
+    return answer_of(item, level, parsed, latency)
+
+
+def answer_of(item: ProbeItem, level: int, parsed: tuple[str, str | None, int | None, int | None],
+              latency: float) -> ProbeAnswer:
+    """The answer record of one item from its parsed reply (text, finish reason, prompt
+    and completion tokens); the reference layer builds its shared requests' answers here too."""
+
     text, finish, prompt_tokens, completion_tokens = parsed
     return ProbeAnswer(
         item_id=item.id,

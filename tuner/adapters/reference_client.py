@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 
 from tuner.adapters.probe_client import (
+    answer_of,
     apply_stop,
     ask_item,
     load_probe_items,
@@ -389,15 +390,7 @@ async def _ask_shared(
             item.model_copy(update={"api": "completions"}), payload
         )
         text, finish = apply_stop(item, text, finish)
-        known = ProbeAnswer(
-            item_id=item.id,
-            concurrency=level,
-            text=text,
-            finish_reason=finish,
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            latency_s=latency,
-        )
+        known = answer_of(item, level, (text, finish, prompt_tokens, completion_tokens), latency)
     except ValueError as exc:
         known = ProbeAnswer(
             item_id=item.id, concurrency=level, latency_s=latency, error=f"bad response body: {exc}"
