@@ -8,12 +8,15 @@ Exit codes: 0 done, 1 unexpected error, 2 invalid input (study file, arguments),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import random
+import signal
 import sys
 import time
 from pathlib import Path
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tuner import __version__
@@ -108,13 +111,14 @@ def _fmt(value: Any) -> str:
 # -- run / resume -----------------------------------------------------------------
 
 
-def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None) -> int:
-    from tuner.executor import RayExecutor, init_ray
-    from tuner.orchestrator import Orchestrator
-    from tuner.status import build_status, format_status
-    from tuner.study_store import StudyLock
+@contextlib.contextmanager
+def _study_executor(handle: Any, args: argparse.Namespace) -> Iterator[Any]:
+    """The study's lock, Ray and a started executor for as long as the block runs; every
+    server, worker and the local Ray runtime are stopped after it, whatever happens."""
 
+    from tuner.executor import RayExecutor, init_ray
     from tuner.runfile import clean_up_previous_run, clear_run, record_run
+    from tuner.study_store import StudyLock
 
     spec = handle.spec
     with StudyLock(handle.paths):
@@ -130,16 +134,24 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
                                cpus_per_trial=spec.server.cpus_per_trial, groups=groups, progress=_say)
         try:
             executor.start()
-            orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s, progress=_say)
-            _say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU group(s); "
-                 f"results in {handle.paths.root}")
-            summary = orchestrator.run()
+            yield executor
         finally:
             executor.shutdown()
             import ray
 
             ray.shutdown()
             clear_run(handle.paths.root)
+
+
+def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None) -> int:
+    from tuner.orchestrator import Orchestrator
+    from tuner.status import build_status, format_status
+
+    with _study_executor(handle, args) as executor:
+        orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s, progress=_say)
+        _say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU group(s); "
+             f"results in {handle.paths.root}")
+        summary = orchestrator.run()
     study = handle.load()
     _say("")
     _say(format_status(build_status(handle, study), verbose=False))
@@ -148,6 +160,64 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
         _say(f"interrupted: continue with `tuner resume {handle.name}`")
         return 130
     return 0
+
+
+def _confirm(handle: Any, args: argparse.Namespace, trials: list[int], *, repeats: int,
+             tolerance: float) -> list[Any]:
+    """Re-run ``trials`` on the study's GPU groups (the reference first, if it must be
+    recorded); their verdicts, also written to confirm/ and pareto.json."""
+
+    from tuner.confirming import confirm_trials
+    from tuner.orchestrator import Orchestrator
+
+    with _study_executor(handle, args) as executor:
+        orchestrator = Orchestrator(handle, executor, progress=_say)
+        study = orchestrator.open_study()
+        previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, orchestrator.on_sigint)
+        try:
+            if not orchestrator.prepare_reference():
+                return []
+            verdicts = confirm_trials(orchestrator, study, trials, repeats=repeats, tolerance=tolerance)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            orchestrator.write_pareto(study)
+    if orchestrator.interrupted:
+        raise KeyboardInterrupt
+    return verdicts
+
+
+def cmd_confirm(args: argparse.Namespace) -> int:
+    from tuner.core.confirmation import choose_candidates
+    from tuner.records import read_records, record_points
+    from tuner.study_store import open_existing
+
+    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    cfg = handle.spec.confirm
+    repeats = args.repeats or cfg.repeats
+    tolerance = args.tolerance if args.tolerance is not None else cfg.tolerance
+    if not 0 < tolerance < 1:
+        raise SpecError(f"--tolerance: {tolerance} is not allowed; give a fraction between 0 and 1, e.g. 0.1")
+    study = handle.load()
+    records = read_records(study)
+    if args.trial:
+        trials = list(dict.fromkeys(args.trial))
+        measured = sorted(r.number for r in records if r.kind == "run" and r.state == "COMPLETE" and r.values)
+        for trial in trials:
+            if trial not in measured:
+                raise SpecError(f"--trial: {trial} is not a measured trial of {handle.name}; "
+                                f"measured trials: {', '.join(map(str, measured)) or 'none'}")
+    else:
+        labels = list(study.metric_names or [])
+        directions = [d.name.lower() for d in study.directions]
+        trials = choose_candidates(record_points(records, labels), directions,
+                                   args.candidates or max(cfg.candidates, 1))
+        if not trials:
+            raise StudyError(f"study {handle.name} has no feasible trial to confirm")
+    _say(f"confirming trial(s) {', '.join(map(str, trials))} of {handle.name}: {repeats} re-run(s) each, "
+         f"tolerance {tolerance:.0%}")
+    verdicts = _confirm(handle, args, trials, repeats=repeats, tolerance=tolerance)
+    return 0 if verdicts and all(v.verdict == "confirmed" for v in verdicts) else 1
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -249,7 +319,26 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         filters = [parse_filter(text) for text in args.where]
         record = choose_record(read_records(study), labels, directions, trial=args.trial,
-                               pick=args.pick, filters=filters, force=args.force)
+                               pick=args.pick, filters=filters, force=args.force,
+                               # --confirm --trial N re-checks N now: its last verdict is not the judge.
+                               confirmations={} if args.confirm and args.trial is not None
+                               else handle.paths.confirmations())
+        if args.confirm:
+            # Re-run the chosen point on a fresh server now; export it only if it holds up.
+            if not handle.paths.sqlite.exists() and args.storage is None:
+                raise ExportError(f"--confirm needs the study's storage; {handle.paths.root} has trial "
+                                  "files only (a copied study). Re-run the exported command and measure "
+                                  "it with `tuner measure` instead")
+            cfg = handle.spec.confirm
+            _say(f"confirming trial {record.number} before export: {cfg.repeats} re-run(s), "
+                 f"tolerance {cfg.tolerance:.0%}")
+            verdicts = _confirm(handle, args, [record.number], repeats=cfg.repeats, tolerance=cfg.tolerance)
+            if not verdicts:
+                raise ExportError(f"the confirmation of trial {record.number} did not finish")
+            if verdicts[0].verdict != "confirmed" and not args.force:
+                print(f"tuner export: trial {record.number} is not confirmed ({verdicts[0].reason}); "
+                      "nothing exported (use --force to export it anyway)", file=sys.stderr)
+                return 1
         text = render_export(handle.spec, handle.name, record, args.format)
         if args.check:
             return _check_export(handle, record, args)
@@ -363,7 +452,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--vllm-python", help="interpreter of the vLLM environment (default: from server.command)")
     p.add_argument("--no-engine-config", action="store_true",
                    help="with --check: stop after the engine arguments (do not build the engine config)")
+    p.add_argument("--confirm", action="store_true",
+                   help="first re-run the chosen point on a fresh server (confirm: section); export only if it holds up")
+    p.add_argument("--ray-address", help="with --confirm: join this Ray cluster instead of starting a local one")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("confirm", help="re-run front points (or given trials) on a fresh server and compare")
+    p.add_argument("name")
+    common(p)
+    p.add_argument("--trial", type=int, action="append", default=[], help="confirm this trial (repeatable)")
+    p.add_argument("--candidates", type=int, help="without --trial: how many front points (default: confirm.candidates or 1)")
+    p.add_argument("--repeats", type=int, choices=range(1, 6), metavar="1-5", help="re-runs per trial (default: confirm.repeats)")
+    p.add_argument("--tolerance", type=float, help="allowed relative worsening, e.g. 0.1 (default: confirm.tolerance)")
+    p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+    p.set_defaults(func=cmd_confirm)
 
     p = sub.add_parser("measure", help="measure an already running server with a study file's load profile")
     p.add_argument("file", help="study file (its load and probe sections are used)")

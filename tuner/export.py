@@ -18,6 +18,7 @@ from tuner.core.pareto import Filter, pick_point
 import yaml
 
 from tuner.core import space
+from tuner.core.confirmation import blocks_export
 from tuner.core.render import PYTHON_PLACEHOLDER, RenderedCommand, server_arguments, shell_line
 from tuner.core.spec import StudySpec
 from tuner.orchestrator import trial_command
@@ -45,7 +46,15 @@ def choose_record(
     pick: str | None,
     filters: list[Filter],
     force: bool,
+    confirmations: dict[int, dict[str, Any]] | None = None,
 ) -> TrialRecord:
+    """The trial to export: ``trial`` itself, or the ``pick`` among feasible trials.
+
+    A point whose confirmation re-run failed or came back worse than its tolerance
+    (``confirm/``) is left out of picks and refused by number, unless ``force``.
+    """
+
+    confirmations = confirmations or {}
     by_number = {r.number: r for r in records}
     if trial is not None:
         record = by_number.get(trial)
@@ -58,8 +67,13 @@ def choose_record(
                 f"trial {trial} is not a valid configuration ({record.outcome}: "
                 f"{_why(record)}); use --force to export it anyway"
             )
+        blocked = blocks_export(confirmations.get(trial))
+        if blocked and not force:
+            raise ExportError(f"trial {trial} is not confirmed ({blocked}); use --force to export it anyway")
         return record
-    point = pick_point(record_points(records, labels), labels, directions,
+    points = [p for p in record_points(records, labels)
+              if force or not blocks_export(confirmations.get(p.number))]
+    point = pick_point(points, labels, directions,
                        policy=pick or "knee", filters=filters, include_infeasible=force)
     if point is None:
         raise ExportError("no feasible trial matches the pick" + (" and filters" if filters else ""))

@@ -38,6 +38,7 @@ from tuner.adapters.artifacts import atomic_write_json, is_secret_name
 from tuner.core import space
 from tuner.adapters.probe_client import load_probe_items
 from tuner.adapters.reference_client import load_reference_sources
+from tuner.core.confirmation import choose_candidates, confirmation_brief
 from tuner.core.outcome import TrialOutcome, TrialRequest
 from tuner.core.pareto import pareto_front
 from tuner.core.probe_spec import ProbeSpec
@@ -46,6 +47,7 @@ from tuner.core.render import RenderedCommand, asked_settings, render_command, s
 from tuner.core.spec import ServerSpec, StudySpec
 from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
 from tuner.executor import Finished, NoWorkersLeft, RayExecutor
+from tuner.confirming import confirm_trials
 from tuner.records import KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, read_records, record_points
 from tuner.core.sampling import grid_points, make_sampler, suggest
 from tuner.scoring import (early_stop_plan, level_of, metric_value, outcome_attrs, pareto_payload, result_text,
@@ -306,11 +308,13 @@ class Orchestrator:
         began = time.monotonic()
         prior_elapsed = float(study.user_attrs.get("elapsed_s", 0.0))
         previous_handler = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, self._on_sigint)
+        signal.signal(signal.SIGINT, self.on_sigint)
         storage_ok = True
         try:
-            if self._prepare_reference():
+            if self.prepare_reference():
                 self._loop(study, began, prior_elapsed)
+                if self._stop_reason in ("budget", "exhausted"):
+                    self.confirm_front(study)
         except StorageUnavailable as exc:
             storage_ok = False
             self._stop_reason = "storage"
@@ -335,7 +339,7 @@ class Orchestrator:
             f"were stopped. When the storage is back, continue with `tuner resume {self.handle.name}`."
         )
 
-    def _on_sigint(self, signum: int, frame: Any) -> None:
+    def on_sigint(self, signum: int, frame: Any) -> None:
         self._interrupts += 1
         if self._interrupts == 1:
             self.progress("[interrupt] stopping: aborting running trials and stopping servers "
@@ -511,21 +515,22 @@ class Orchestrator:
                 study.enqueue_trial(values, user_attrs={"attempt": 1})
                 return
 
-    def _dispatch(self, study: optuna.Study, trial: Trial, values: dict[str, Any], attempt: int) -> None:
-        group = self.executor.idle_groups()[0]
+    def trial_request(self, number: int, values: dict[str, Any], *, group: int, trial_dir: Path,
+                      early_stop: dict[str, Any] | None) -> TrialRequest:
+        """What a worker needs to run ``values`` on GPU group ``group`` (a trial, or a
+        confirmation re-run of one), with the study's probe and reference."""
+
         port = self.spec.server.port + group
         argv, env = trial_command(self.spec, values, port=port)
-        settings = space.settings_for(self.spec, values)
-        asked = asked_settings(self.spec.server, settings)
-        trial_dir = self.handle.paths.trial_dir(trial.number)
-        served = self.spec.server.served_model_name or self.spec.server.model
+        asked = asked_settings(self.spec.server, space.settings_for(self.spec, values))
         ignore_eos = self.spec.load.workload.ignore_eos
         if ignore_eos == "auto":
             ignore_eos = asked.get("speculative_config.method") is None
-        request = TrialRequest(
-            study=self.handle.name, number=trial.number, values=values, asked=asked, argv=argv,
+        return TrialRequest(
+            study=self.handle.name, number=number, values=values, asked=asked, argv=argv,
             env=env, secret_env=list(self.spec.server.secret_env), host=self.spec.server.host,
-            port=port, served_model_name=served, trial_dir=str(trial_dir.resolve()),
+            port=port, served_model_name=self.spec.server.served_model_name or self.spec.server.model,
+            trial_dir=str(trial_dir.resolve()),
             startup_timeout_s=self.spec.server.startup_timeout,
             stop_timeout_s=self.spec.server.stop_timeout,
             deadline_s=self.spec.budget.trial_timeout,
@@ -533,10 +538,22 @@ class Orchestrator:
             probe=self._probe_spec.model_dump(mode="json"),
             ignore_eos=bool(ignore_eos),
             reference=self._reference,
+            early_stop=early_stop,
+        )
+
+    @property
+    def interrupted(self) -> bool:
+        return self._stop_reason == "interrupted"
+
+    def _dispatch(self, study: optuna.Study, trial: Trial, values: dict[str, Any], attempt: int) -> None:
+        group = self.executor.idle_groups()[0]
+        request = self.trial_request(
+            trial.number, values, group=group, trial_dir=self.handle.paths.trial_dir(trial.number),
             # execution.early_stop: false sends no plan, and a worker without one never stops.
             early_stop=(early_stop_plan(self.spec, study.get_trials(deepcopy=False))
                         if self.spec.execution.early_stop else None),
         )
+        argv, env = request.argv, request.env
         trial.set_user_attr("kind", KIND_RUN)
         trial.set_user_attr("attempt", attempt)
         redact = tuple(n for n in env if is_secret_name(n))
@@ -563,7 +580,7 @@ class Orchestrator:
     def reference_probe_json(self) -> Path:
         return self.handle.paths.root / "reference_probe.json"
 
-    def _prepare_reference(self) -> bool:
+    def prepare_reference(self) -> bool:
         """Have the study's reference before the first trial: the stored one when it still
         fits the study, else one recorded now. False when interrupted meanwhile.
 
@@ -783,6 +800,26 @@ class Orchestrator:
             self.progress(f"[trial {number}] done in {outcome.trial_s or 0:.1f}s: " + result_text(
                 self.labels, told.values, outcome, told.constraints) + f" | front: {len(self._front(study))}")
 
+    # -- confirmation re-runs ----------------------------------------------------
+
+    def confirm_front(self, study: optuna.Study) -> None:
+        """Re-run the front's ``confirm.candidates`` most likely picks once the budget is
+        spent (``tuner.confirming``). A point confirmed earlier (a resumed study) is not
+        re-run; a wall-clock stop (``budget.timeout``) skips this, as does an interrupt."""
+
+        cfg = self.spec.confirm
+        if cfg.candidates <= 0:
+            return
+        points = record_points(read_records(study), self.labels)
+        chosen = choose_candidates(points, self.directions, cfg.candidates)
+        done = self.handle.paths.confirmations()
+        todo = [n for n in chosen if n not in done]
+        if not todo:
+            return
+        self.progress(f"[confirm] re-running {len(todo)} front point(s) {todo} "
+                      f"{cfg.repeats}x each on a fresh server (tolerance {cfg.tolerance:.0%})")
+        confirm_trials(self, study, todo, repeats=cfg.repeats, tolerance=cfg.tolerance)
+
     def _front(self, study: optuna.Study) -> list[Any]:
         records = read_records(study)
         return pareto_front(record_points(records, self.labels), self.directions)
@@ -791,6 +828,11 @@ class Orchestrator:
         """Rewrite pareto.json atomically; on a full disk the previous version stays."""
 
         payload = pareto_payload(self.handle.name, read_records(study), self.labels, self.directions)
+        confirmations = self.handle.paths.confirmations()
+        for entry in payload["front"]:
+            found = confirmations.get(entry["trial"])
+            if found is not None:
+                entry["confirmation"] = confirmation_brief(found)
         try:
             atomic_write_json(self.handle.paths.pareto_json, payload)
         except ArtifactWriteError as err:

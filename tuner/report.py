@@ -19,6 +19,7 @@ import optuna
 
 from tuner.adapters.artifacts import atomic_write_text
 from tuner.core.durations import format_duration
+from tuner.core.confirmation_text import summary_text
 from tuner.export import ExportError, choose_record, render_export
 from tuner.plots import best_so_far_png, importance_png, pareto_png
 from tuner.records import KIND_RUN, TrialRecord, front_records, read_records
@@ -148,9 +149,11 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
 
     runs = [r for r in records if r.kind == KIND_RUN]
     front = front_records(records, labels, directions)
+    confirmations = handle.paths.confirmations()
     baseline = next((r for r in runs if r.is_baseline and r.state == "COMPLETE"), None)
     try:
-        chosen = choose_record(records, labels, directions, trial=None, pick=pick, filters=[], force=False)
+        chosen = choose_record(records, labels, directions, trial=None, pick=pick, filters=[], force=False,
+                               confirmations=confirmations)
         export_text = render_export(handle.spec, handle.name, chosen, "shell")
     except ExportError as exc:
         chosen, export_text = None, f"# nothing to export: {exc}\n"
@@ -164,11 +167,16 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
             return ""
         return f" ({r.values[label] / baseline.values[label]:.2f}× baseline)"
 
+    def confirmed(r: TrialRecord) -> str:
+        found = confirmations.get(r.number)
+        return "not re-run" if found is None else summary_text(found)
+
     front_rows = "\n".join(
-        "<tr><td>{}</td>{}<td>{}</td></tr>".format(
+        "<tr><td>{}</td>{}<td>{}</td><td>{}</td></tr>".format(
             r.number,
             "".join(f"<td>{_fmt(r.values.get(l))}{ratio(r, l)}</td>" for l in labels),
             html.escape(", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items())),
+            html.escape(confirmed(r)),
         ) for r in front
     )
     head = "".join(f"<th>{html.escape(l)}</th>" for l in labels)
@@ -183,7 +191,7 @@ time used {format_duration(elapsed)}. Objectives: {", ".join(f"{html.escape(l)} 
 Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 <h2>Pareto front</h2>
 <div id="pareto">{_img(figures["pareto.png"], "Pareto front")}</div>
-<table><tr><th>trial</th>{head}<th>parameters</th></tr>
+<table><tr><th>trial</th>{head}<th>parameters</th><th>confirmation re-run</th></tr>
 {front_rows or '<tr><td colspan="9">no feasible trial yet</td></tr>'}</table>
 <p>Baseline: {"trial " + str(baseline.number) + " — " + ", ".join(f"{l}={_fmt(baseline.values.get(l))}" for l in labels) if baseline else "not measured"}.</p>
 <h2>Chosen configuration ({html.escape(pick)})</h2>
@@ -208,6 +216,9 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
     for r in front:
         md.append(f"| {r.number} | " + " | ".join(_fmt(r.values.get(l)) + ratio(r, l) for l in labels)
                   + " | " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items()) + " |")
+    if confirmations:
+        md += ["", "## Confirmation re-runs", ""]
+        md += [f"- trial {n}: {summary_text(c)}" for n, c in sorted(confirmations.items())]
     problems = [r for r in runs if r.outcome != "feasible"]
     if problems:
         md += ["", "## Not on the front because", ""]
@@ -222,6 +233,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
     atomic_write_text(out_dir / "report.json", json.dumps({
         "study": handle.name, "labels": labels, "directions": directions,
         "front": [r.number for r in front], "chosen": None if chosen is None else chosen.number,
+        "confirmations": {str(n): c.get("verdict") for n, c in confirmations.items()},
         "importances": importances, "importance_note": importance_note,
     }, indent=2) + "\n")
     return paths

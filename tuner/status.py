@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner.adapters.artifacts import StudyPaths
 from tuner.core.durations import format_duration
+from tuner.core.confirmation_text import summary_text
 from tuner.records import KIND_RUN, StoredStudy, TrialRecord, front_records, read_records_direct, read_sqlite_study
 
 if TYPE_CHECKING:
@@ -215,6 +216,8 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "objectives": [{"label": l, "direction": d} for l, d in zip(labels, directions)],
         "baseline": None if baseline is None else {"trial": baseline.number, "values": baseline.values},
         "front": [_trial_row(r, paths=paths) for r in front],
+        # Confirmation re-runs (confirm/), by trial number; shown under the front.
+        "confirmations": {str(k): v for k, v in paths.confirmations().items()},
         "trials": [_trial_row(r, paths) for r in runs],
     }
 
@@ -280,6 +283,13 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
         params = " ".join(f"{k}={_fmt(v)}" for k, v in row["params"].items())
         lines.append(f"  trial {row['trial']:>3}{' [baseline]' if row['baseline'] else ''}: {vals}{gain}")
         lines.append(f"             {params}")
+        confirmation = status.get("confirmations", {}).get(str(row["trial"]))
+        if confirmation is not None:
+            lines.append(f"             {summary_text(confirmation)}")
+    off_front = [c for k, c in sorted(status.get("confirmations", {}).items(), key=lambda kv: int(kv[0]))
+                 if int(k) not in {row["trial"] for row in status["front"]}]
+    for confirmation in off_front:
+        lines.append(f"  trial {confirmation['trial']:>3} (no longer on the front): {summary_text(confirmation)}")
     if verbose:
         lines.append("")
         lines.append("Trials:")

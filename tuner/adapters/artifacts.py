@@ -122,8 +122,35 @@ class StudyPaths:
     def trial_dir(self, number: int) -> Path:
         return self.root / "trials" / f"{number:04d}"
 
+    @property
+    def confirm_root(self) -> Path:
+        """Confirmation re-runs: ``NNNN-K/`` per re-run, ``NNNN.json`` per trial's verdict."""
+
+        return self.root / "confirm"
+
+    def confirm_dir(self, number: int, rerun: int) -> Path:
+        return self.confirm_root / f"{number:04d}-{rerun}"
+
+    def confirmation_json(self, number: int) -> Path:
+        return self.confirm_root / f"{number:04d}.json"
+
+    def confirmations(self) -> dict[int, dict[str, Any]]:
+        """Every readable confirmation verdict, by trial number (plain JSON: status reads
+        these without importing the models)."""
+
+        found: dict[int, dict[str, Any]] = {}
+        for path in sorted(self.confirm_root.glob("[0-9]*.json")):
+            try:
+                data = json.loads(path.read_text())
+                found[int(data["trial"])] = data
+            except (OSError, ValueError, KeyError, TypeError):
+                continue   # half-written or foreign: the re-run is simply not shown
+        return found
+
     def pid_files(self) -> list[Path]:
-        return sorted((self.root / "trials").glob("*/server.pid"))
+        # Trials' servers and confirmation re-runs' servers (same worker, same pid file).
+        return sorted([*(self.root / "trials").glob("*/server.pid"),
+                       *self.confirm_root.glob("*/server.pid")])
 
     def default_storage_url(self) -> str:
         return f"sqlite:///{self.sqlite.resolve()}"

@@ -29,6 +29,7 @@ from tuner.errors import SpecError
 
 __all__ = [
     "StudySpec",
+    "ConfirmSpec",
     "ServerSpec",
     "Parameter",
     "CategoricalParam",
@@ -313,6 +314,16 @@ class ExecutionSpec(_Strict):
     )
 
 
+class ConfirmSpec(_Strict):
+    candidates: int = Field(
+        0, ge=0, le=20, description="front points re-run once the budget is spent (0: none); "
+        "chosen best-per-objective first, then the knee, then the rest of the front")
+    repeats: int = Field(1, ge=1, le=5, description="fresh-server re-runs per candidate")
+    tolerance: float = Field(
+        0.10, gt=0, lt=1, description="relative change of an objective (median of the re-runs "
+        "against the trial) in its worse direction beyond which the point is not confirmed")
+
+
 class SafetySpec(_Strict):
     allow_multicast: bool = Field(
         False, description="allow NVLS/NVLSTree (NVLink multicast) in NCCL_ALGO values"
@@ -350,6 +361,7 @@ class StudySpec(_Strict):
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     verify: VerifySpec = Field(default_factory=VerifySpec)
     execution: ExecutionSpec = Field(default_factory=ExecutionSpec)
+    confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
     safety: SafetySpec = Field(default_factory=SafetySpec)
 
     @model_validator(mode="after")

@@ -1,0 +1,143 @@
+"""Confirmation re-runs in real `tuner` processes on the simulator (Ray, SQLite, servers).
+
+The simulator's clock speed (TUNER_SIM_TIME_SCALE) is left out of the study file and given
+to each `tuner` process instead: the servers inherit it through Ray's workers, so a later
+`tuner confirm` can run the same configuration on a "slower machine" (the clock 4x slower:
+every token takes 4x as long), which a faithful re-run must catch, and TUNER_SIM_FAULTS
+can make a re-run answer garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, processes_with_env, tuner_argv, write_study
+from tests.faultkit import FAST
+
+pytestmark = pytest.mark.slow
+
+SCALE = "0.05"
+SLOWER = "0.2"
+
+
+def _tuner(*args: str, env: dict[str, str] | None = None, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    full = dict(os.environ, TUNER_SIM_TIME_SCALE=SCALE)
+    full.update(env or {})
+    return subprocess.run(tuner_argv(*args), cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env=full)
+
+
+@pytest.fixture(scope="module")
+def confirmed(tmp_path_factory: pytest.TempPathFactory):
+    tmp_path = tmp_path_factory.mktemp("confirm-study")
+    updates = dict(FAST)
+    updates.update({
+        "parameters": [{"name": "case", "flag": "max_num_seqs", "kind": "categorical",
+                        "values": [256, 258, 260], "default": 256}],
+        "budget.n_trials": 3, "budget.trial_timeout": "60s",
+        # Loose on purpose: the simulated clock runs 20x fast on two shared cores, so
+        # honest re-runs differ by tens of per cent; a 4x slower machine still fails it.
+        "confirm": {"candidates": 2, "repeats": 1, "tolerance": 0.5},
+    })
+    path, marker = write_study(tmp_path, updates=updates, env={"TUNER_SIM_STARTUP_SCALE": 0.002})
+    data = yaml.safe_load(path.read_text())
+    data["server"]["env"].pop("TUNER_SIM_TIME_SCALE")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    results = tmp_path / "results"
+    began = time.monotonic()
+    out = _tuner("run", str(path), "--results", str(results))
+    print(out.stdout[-5000:], out.stderr[-3000:], f"\nstudy took {time.monotonic() - began:.1f}s")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    yield {"name": path.stem, "results": results, "root": results / path.stem, "out": out, "marker": marker}
+    deadline = time.monotonic() + 5
+    while processes_with_env(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not processes_with_env(marker), "orphan simulator processes"
+
+
+def _verdict(root: Path, trial: int) -> dict:
+    return json.loads((root / "confirm" / f"{trial:04d}.json").read_text())
+
+
+def test_front_candidates_are_rerun_after_the_budget_and_recorded(confirmed: dict) -> None:
+    root, out = confirmed["root"], confirmed["out"]
+    pareto = json.loads((root / "pareto.json").read_text())
+    front = [e["trial"] for e in pareto["front"]]
+    assert "[confirm] re-running" in out.stdout
+    verdicts = sorted(int(p.stem) for p in (root / "confirm").glob("*.json"))
+    # Best of each objective (one or two distinct trials), never more than confirm.candidates.
+    assert 1 <= len(verdicts) <= 2 and set(verdicts) <= set(front), (verdicts, front)
+    for trial in verdicts:
+        v = _verdict(root, trial)
+        assert v["verdict"] == "confirmed", v
+        assert [o["label"] for o in v["objectives"]] == [o["label"] for o in pareto["objectives"]]
+        (run,) = v["runs"]
+        assert run["folder"] == f"{trial:04d}-1" and run["outcome"] == "feasible"
+        rerun = root / "confirm" / run["folder"]
+        outcome = json.loads((rerun / "outcome.json").read_text())
+        # A whole trial again: fresh server, verify, probe, every level, no early stop.
+        assert outcome["status"] == "completed" and outcome["applied"] is True
+        assert outcome["probe_passed"] is True and not outcome.get("early_stop")
+        assert set(outcome["levels"]) == {"1", "4"}
+        assert (rerun / "server.log").stat().st_size > 0 and not (rerun / "server.pid").exists()
+        entry = next(e for e in pareto["front"] if e["trial"] == trial)
+        assert entry["confirmation"]["verdict"] == "confirmed"
+        assert entry["confirmation"]["median"][v["objectives"][0]["label"]] == v["objectives"][0]["median"]
+    status = _tuner("status", confirmed["name"], "--results", str(confirmed["results"]))
+    assert status.returncode == 0
+    assert status.stdout.count("confirmed (1 re-run): ") == len(verdicts), status.stdout
+
+
+def test_resume_does_not_rerun_confirmed_points(confirmed: dict) -> None:
+    before = sorted(p.name for p in (confirmed["root"] / "confirm").iterdir())
+    out = _tuner("resume", confirmed["name"], "--results", str(confirmed["results"]))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "[confirm]" not in out.stdout
+    assert sorted(p.name for p in (confirmed["root"] / "confirm").iterdir()) == before
+
+
+def test_a_slower_rerun_is_not_confirmed_and_export_refuses_it(confirmed: dict) -> None:
+    name, results, root = confirmed["name"], confirmed["results"], confirmed["root"]
+    trial = min(int(p.stem) for p in (root / "confirm").glob("*.json"))
+    out = _tuner("confirm", name, "--results", str(results), "--trial", str(trial),
+                 env={"TUNER_SIM_TIME_SCALE": SLOWER})
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    v = _verdict(root, trial)
+    assert v["verdict"] == "not_confirmed", v
+    assert [r["folder"] for r in v["runs"]] == [f"{trial:04d}-2"]      # the first re-run's folder is kept
+    assert (root / "confirm" / f"{trial:04d}-1" / "outcome.json").exists()
+    tok = next(o for o in v["objectives"] if o["direction"] == "maximize")
+    assert tok["change"] < -0.5, tok     # 4x slower clock: well under half the throughput
+    status = _tuner("status", name, "--results", str(results))
+    assert "not confirmed (1 re-run)" in status.stdout, status.stdout
+    refused = _tuner("export", name, "--results", str(results), "--trial", str(trial))
+    assert refused.returncode == 2 and "is not confirmed" in refused.stderr and "--force" in refused.stderr
+    forced = _tuner("export", name, "--results", str(results), "--trial", str(trial), "--force",
+                    "--format", "json")
+    assert forced.returncode == 0 and json.loads(forced.stdout)["trial"] == trial
+
+
+def test_export_confirm_reruns_the_point_first(confirmed: dict) -> None:
+    name, results, root = confirmed["name"], confirmed["results"], confirmed["root"]
+    pareto = json.loads((root / "pareto.json").read_text())
+    trial = max(e["trial"] for e in pareto["front"])
+    garbage = json.dumps([{"fault": "garbage"}])
+    refused = _tuner("export", name, "--results", str(results), "--trial", str(trial), "--confirm",
+                     "--format", "json", env={"TUNER_SIM_FAULTS": garbage})
+    assert refused.returncode == 1, refused.stdout[-3000:] + refused.stderr[-3000:]
+    assert refused.stdout.strip().endswith("}") is False and '"trial"' not in refused.stdout
+    v = _verdict(root, trial)
+    assert v["verdict"] == "failed" and "probe_failed" in v["reason"], v
+    ok = _tuner("export", name, "--results", str(results), "--trial", str(trial), "--confirm",
+                "--format", "json")
+    assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
+    exported = json.loads(ok.stdout[ok.stdout.index("{"):])
+    assert exported["trial"] == trial
+    assert _verdict(root, trial)["verdict"] == "confirmed"

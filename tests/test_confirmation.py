@@ -1,0 +1,136 @@
+"""Confirmation re-runs, the pure part: which front points are re-run first, and the verdict
+from hand-computed re-run values."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.core.confirmation import RunResult, choose_candidates, judge
+from tuner.core.confirmation_text import blocks_export, confirmation_brief, summary_text
+from tuner.core.pareto import Point
+from tuner.core.spec import parse_study
+from tuner.errors import SpecError
+from tuner.export import ExportError, choose_record
+from tuner.records import TrialRecord
+
+LABELS = ["output_tok_s@c16", "tpot_ms.mean@c1"]
+DIRS = ["maximize", "minimize"]
+
+
+def _run(folder: str, tok: float, tpot: float) -> RunResult:
+    return RunResult(folder=folder, values=[tok, tpot], feasible=True, outcome="feasible")
+
+
+def test_candidates_best_of_each_objective_then_knee_then_outwards() -> None:
+    # Front (by throughput, best first): 5 (100, 40), 3 (90, 30), 7 (80, 22), 2 (60, 20), 9 (50, 19.5)
+    # plus a dominated point (4) and an infeasible one (8) that must never be chosen.
+    points = [Point(5, (100, 40)), Point(3, (90, 30)), Point(7, (80, 22)), Point(2, (60, 20)),
+              Point(9, (50, 19.5)), Point(4, (70, 35)), Point(8, (200, 10), feasible=False)]
+    # Scaled to [0, 1] (signed, smaller is better): 5 (0, 1), 3 (0.2, 0.488), 7 (0.4, 0.123),
+    # 2 (0.8, 0.024), 9 (1, 0): distances 1, 0.53, 0.42, 0.80, 1 -> the knee is 7. Its
+    # neighbours on the front, 3 and 2, are equally far from it: the lower number first.
+    assert choose_candidates(points, DIRS, 10) == [5, 9, 7, 2, 3]
+    assert choose_candidates(points, DIRS, 3) == [5, 9, 7]
+    assert choose_candidates(points, DIRS, 1) == [5]
+    assert choose_candidates(points, DIRS, 0) == []
+    assert choose_candidates([Point(8, (1, 1), feasible=False)], DIRS, 3) == []
+
+
+def test_confirmed_when_within_tolerance_or_better() -> None:
+    # Throughput 100 -> median(97, 99, 104) = 99: -1 %; TPOT 20 -> median(21, 20.5, 19) = 20.5: +2.5 %.
+    v = judge(4, LABELS, DIRS, [100.0, 20.0], [_run("0004-1", 97, 21), _run("0004-2", 99, 20.5),
+                                               _run("0004-3", 104, 19)], tolerance=0.1, repeats=3)
+    assert v.verdict == "confirmed"
+    tok, tpot = v.objectives
+    assert tok.median == 99 and tok.change == pytest.approx(-0.01) and tok.worse_by == pytest.approx(0.01)
+    assert tok.spread == pytest.approx((104 - 97) / 99)
+    assert tpot.median == 20.5 and tpot.change == pytest.approx(0.025) and tpot.worse_by == pytest.approx(0.025)
+    # Better than measured is not a reason to distrust the point.
+    better = judge(4, LABELS, DIRS, [100.0, 20.0], [_run("0004-1", 130, 15)], tolerance=0.1, repeats=1)
+    assert better.verdict == "confirmed"
+    assert better.objectives[0].worse_by == 0 and better.objectives[1].worse_by == 0
+    assert better.objectives[0].spread is None   # one re-run has no spread
+
+
+def test_not_confirmed_names_each_objective_worse_beyond_tolerance() -> None:
+    # Throughput 100 -> 85 (-15 %, worse by 15 % > 10 %); TPOT 20 -> 21.8 (+9 %, within).
+    v = judge(6, LABELS, DIRS, [100.0, 20.0], [_run("0006-1", 85, 21.8)], tolerance=0.1, repeats=1)
+    assert v.verdict == "not_confirmed"
+    assert "output_tok_s@c16 -15.0%" in v.reason and "tpot" not in v.reason
+    # Latency worse: 20 -> 23 ms is +15 % in the minimised objective.
+    v = judge(6, LABELS, DIRS, [100.0, 20.0], [_run("0006-1", 100, 23)], tolerance=0.1, repeats=1)
+    assert v.verdict == "not_confirmed" and "tpot_ms.mean@c1 +15.0%" in v.reason
+    # Exactly at the tolerance still confirms (beyond means strictly more).
+    v = judge(6, LABELS, DIRS, [100.0, 20.0], [_run("0006-1", 90, 20)], tolerance=0.1, repeats=1)
+    assert v.objectives[0].worse_by == pytest.approx(0.1)
+
+
+def test_a_rerun_that_is_infeasible_fails_the_point() -> None:
+    bad = RunResult(folder="0002-2", values=[120, 15], feasible=False, outcome="probe_failed",
+                    message="known answers 3/10")
+    v = judge(2, LABELS, DIRS, [100.0, 20.0], [_run("0002-1", 100, 20), bad], tolerance=0.1, repeats=2)
+    assert v.verdict == "failed"
+    assert "0002-2: probe_failed (known answers 3/10)" in v.reason
+    # Medians come from the feasible re-runs only.
+    assert v.objectives[0].reruns == [100]
+    assert judge(2, LABELS, DIRS, [100.0, 20.0], [], tolerance=0.1, repeats=1).verdict == "failed"
+
+
+def test_texts_and_export_block_from_the_json_form() -> None:
+    ok = judge(4, LABELS, DIRS, [100.0, 20.0], [_run("0004-1", 98, 20.4)], tolerance=0.1, repeats=1)
+    data = ok.model_dump(mode="json")
+    assert summary_text(data) == ("confirmed (1 re-run): output_tok_s@c16 100 -> 98 (-2.0%), "
+                                  "tpot_ms.mean@c1 20 -> 20.4 (+2.0%)")
+    assert blocks_export(data) is None and blocks_export(None) is None
+    brief = confirmation_brief(data)
+    assert brief["verdict"] == "confirmed" and brief["change"]["output_tok_s@c16"] == pytest.approx(-0.02)
+    bad = judge(4, LABELS, DIRS, [100.0, 20.0], [_run("0004-1", 50, 20)], tolerance=0.1, repeats=1)
+    assert "not confirmed" in blocks_export(bad.model_dump(mode="json"))
+
+
+def _record(number: int, tok: float, tpot: float) -> TrialRecord:
+    return TrialRecord(number, "COMPLETE", "run", {"x": number},
+                       values={LABELS[0]: tok, LABELS[1]: tpot})
+
+
+def test_export_leaves_unconfirmed_points_out_unless_forced() -> None:
+    records = [_record(1, 100, 30), _record(2, 80, 20)]
+    failed = judge(1, LABELS, DIRS, [100.0, 30.0], [_run("0001-1", 60, 30)], tolerance=0.1,
+                   repeats=1).model_dump(mode="json")
+    confirmations = {1: failed}
+    pick = choose_record(records, LABELS, DIRS, trial=None, pick="best-throughput", filters=[],
+                         force=False, confirmations=confirmations)
+    assert pick.number == 2
+    assert choose_record(records, LABELS, DIRS, trial=None, pick="best-throughput", filters=[],
+                         force=True, confirmations=confirmations).number == 1
+    with pytest.raises(ExportError, match="trial 1 is not confirmed.*--force"):
+        choose_record(records, LABELS, DIRS, trial=1, pick=None, filters=[], force=False,
+                      confirmations=confirmations)
+    assert choose_record(records, LABELS, DIRS, trial=1, pick=None, filters=[], force=True,
+                         confirmations=confirmations).number == 1
+
+
+STUDY = """
+name: c
+server: {model: m}
+parameters:
+  - {name: eager, flag: enforce_eager, kind: bool}
+confirm: %s
+"""
+
+
+@pytest.mark.parametrize("section, field, shown", [
+    ("{candidates: -1}", "confirm.candidates", "-1"),
+    ("{candidates: 2, repeats: 9}", "confirm.repeats", "9"),
+    ("{tolerance: 1.5}", "confirm.tolerance", "1.5"),
+    ("{candidate: 2}", "confirm: unknown key", "allowed: candidates, repeats, tolerance"),
+])
+def test_confirm_section_is_validated(section: str, field: str, shown: str) -> None:
+    with pytest.raises(SpecError) as err:
+        parse_study(STUDY % section, "study.yaml")
+    assert field in str(err.value) and shown in str(err.value)
+
+
+def test_confirm_defaults_are_off() -> None:
+    spec = parse_study(STUDY % "{}", "study.yaml")
+    assert (spec.confirm.candidates, spec.confirm.repeats, spec.confirm.tolerance) == (0, 1, 0.10)

@@ -1,0 +1,164 @@
+"""Run confirmation re-runs of chosen trials on the study's GPU groups and record verdicts.
+
+A re-run is a whole trial again - fresh server, verification, the probe against the
+study's reference, the full load sweep with no early stop - in its own folder
+``confirm/NNNN-K/`` (the worker's usual files). When a trial's re-runs are all back, the
+verdict (``core.confirmation.judge``) is written atomically to ``confirm/NNNN.json``; an
+interrupted confirmation leaves its finished folders and no verdict, and the next attempt
+takes new folder numbers, so nothing measured is overwritten.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import optuna
+
+from tuner import recovery
+from tuner.adapters.artifacts import atomic_write_json
+from tuner.core.confirmation import Confirmation, RunResult, judge, summary_text
+from tuner.core.outcome import TrialOutcome
+from tuner.errors import ArtifactWriteError, StudyError
+from tuner.executor import NoWorkersLeft
+from tuner.records import KIND_RUN, TrialRecord, read_records
+from tuner.scoring import told_for
+
+if TYPE_CHECKING:
+    from tuner.orchestrator import Orchestrator
+
+__all__ = ["confirm_trials", "CONFIRM_JOB_BASE"]
+
+# Request numbers of re-runs: below the reference job's -1, never a trial's number.
+CONFIRM_JOB_BASE = -1000
+
+
+@dataclass
+class _Job:
+    number: int          # request number (negative)
+    trial: int
+    folder: Path
+
+
+@dataclass
+class _Pending:
+    jobs: list[_Job] = field(default_factory=list)
+    runs: dict[int, list[RunResult]] = field(default_factory=dict)
+
+
+class _JobFiles:
+    """What recovery.kill_servers_now needs: the folder of a job's pid file."""
+
+    def __init__(self, folders: dict[int, Path]) -> None:
+        self.folders = folders
+
+    def trial_dir(self, number: int) -> Path:
+        return self.folders[number]
+
+
+def _next_rerun(paths: Any, trial: int) -> int:
+    used = [int(p.name.rsplit("-", 1)[1]) for p in paths.confirm_root.glob(f"{trial:04d}-*")
+            if p.is_dir() and p.name.rsplit("-", 1)[1].isdigit()]
+    return max(used, default=0) + 1
+
+
+def confirm_trials(orch: Orchestrator, study: optuna.Study, trials: list[int], *, repeats: int,
+                   tolerance: float) -> list[Confirmation]:
+    """Re-run each trial ``repeats`` times and return (and write) the verdicts.
+
+    Returns early, with the verdicts finished so far, when the orchestrator is interrupted
+    (first Ctrl-C: running re-runs are stopped gracefully). The trials must be completed run
+    trials of ``study``.
+
+    Raises:
+        StudyError: a trial is not a completed run, or no GPU group is left.
+    """
+
+    spec, paths, executor = orch.spec, orch.handle.paths, orch.executor
+    labels = [o.label for o in spec.objectives]
+    directions = [o.direction for o in spec.objectives]
+    by_number = {r.number: r for r in read_records(study)}
+    pending = _Pending()
+    counter = CONFIRM_JOB_BASE
+    for trial in trials:
+        record = by_number.get(trial)
+        if record is None or record.kind != KIND_RUN or record.state != "COMPLETE" or not record.values:
+            raise StudyError(f"trial {trial} is not a completed trial of study {orch.handle.name}; "
+                             "only measured trials can be confirmed")
+        first = _next_rerun(paths, trial)
+        for k in range(first, first + repeats):
+            pending.jobs.append(_Job(counter, trial, paths.confirm_dir(trial, k)))
+            counter -= 1
+        pending.runs[trial] = []
+    queue = list(pending.jobs)
+    running: dict[int, _Job] = {}
+    verdicts: list[Confirmation] = []
+    stop_grace = spec.server.stop_timeout
+    deadline = spec.budget.trial_timeout + stop_grace + 15
+
+    def finish(job: _Job, result: RunResult) -> None:
+        runs = pending.runs[job.trial]
+        runs.append(result)
+        if len(runs) < repeats:
+            return
+        record = by_number[job.trial]
+        verdict = judge(job.trial, labels, directions, [record.values[l] for l in labels],
+                        sorted(runs, key=lambda r: r.folder), tolerance=tolerance, repeats=repeats,
+                        finished_unix=time.time())
+        try:
+            atomic_write_json(paths.confirmation_json(job.trial), verdict.model_dump(mode="json"))
+        except ArtifactWriteError as err:
+            orch.progress(f"[confirm] trial {job.trial}: verdict not written ({err.reason}): {err}")
+        verdicts.append(verdict)
+        orch.progress(f"[confirm] trial {job.trial}: {summary_text(verdict)}")
+
+    try:
+        while queue or running:
+            if orch.interrupted:
+                for item in executor.cancel_all(wait_s=stop_grace + 30):
+                    running.pop(int(item.request["number"]), None)
+                return verdicts
+            while queue and executor.idle_groups():
+                job = queue.pop(0)
+                group = executor.idle_groups()[0]
+                job.folder.mkdir(parents=True, exist_ok=True)
+                values = by_number[job.trial].attrs.get("values", by_number[job.trial].params)
+                request = orch.trial_request(job.number, values, group=group, trial_dir=job.folder,
+                                             early_stop=None)
+                executor.submit(group, request.model_dump(mode="json"), deadline_s=deadline)
+                running[job.number] = job
+                orch.progress(f"[confirm] trial {job.trial}: re-run {job.folder.name} on group {group}")
+            for item in executor.poll(0.5, stop_grace_s=stop_grace):
+                job = running.pop(int(item.request["number"]), None)
+                if job is not None:
+                    finish(job, _run_result(orch, job, item))
+    except NoWorkersLeft as exc:
+        raise StudyError(str(exc)) from exc
+    except KeyboardInterrupt:
+        # Second Ctrl-C: the re-runs' servers go now, not after their grace.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            recovery.kill_servers_now(_JobFiles({j.number: j.folder for j in running.values()}),  # type: ignore[arg-type]
+                                      list(running))
+            executor.abandon_all("interrupted", "stopped at once by a second Ctrl-C")
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        raise
+    return verdicts
+
+
+def _run_result(orch: Orchestrator, job: _Job, item: Any) -> RunResult:
+    """A finished re-run, told by the study's own rule (scoring.told_for)."""
+
+    if item.result is None:
+        return RunResult(folder=job.folder.name, outcome=f"failed:{item.error}", message=item.message)
+    outcome = TrialOutcome.model_validate(item.result)
+    told = told_for(orch.spec, outcome, lambda: None)
+    word = TrialRecord(job.number, "COMPLETE" if told.values is not None else "FAIL", KIND_RUN, {},
+                       constraints=told.constraints, attrs=told.attrs).outcome
+    message = outcome.message or outcome.probe_reason if word != "feasible" else None
+    return RunResult(folder=job.folder.name, values=told.values, feasible=word == "feasible",
+                     outcome=word, message=message, trial_s=outcome.trial_s)

@@ -1,0 +1,143 @@
+"""Confirmation re-runs of Pareto candidates: which points to re-run, and the verdict.
+
+A study's front is made of single measurements. A point that got there on a lucky
+window (a quiet neighbour, a warm page cache, a fluke in n-gram acceptance) is the one
+most likely to be exported, because selection favours whatever was over-measured. Before a
+point is handed out as *the* command to run, the study can start it again on a fresh
+server, run the probe and the full sweep again (no early stop), and compare.
+
+Pure logic: the orchestrator runs the jobs (``tuner.confirming``) and hands the objective
+values of each re-run to ``judge``; the record it returns is what status, report, export
+and ``pareto.json`` show.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from tuner.core.confirmation_text import blocks_export, confirmation_brief, pct as _pct, summary_text
+from tuner.core.pareto import Point, knee_point, pareto_front
+
+__all__ = ["RunResult", "ObjectiveCheck", "Confirmation", "choose_candidates", "judge", "Verdict",
+           "blocks_export", "summary_text", "confirmation_brief"]
+
+Verdict = Literal["confirmed", "not_confirmed", "failed"]
+
+
+class RunResult(BaseModel):
+    """One fresh-server re-run, as the study would have told it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    folder: str
+    values: list[float] | None = None   # objective values; None: failed or no measurement
+    feasible: bool = False
+    outcome: str = "failed"             # feasible, probe_failed, not_applied, limit_missed, failed:<reason>
+    message: str | None = None
+    trial_s: float | None = None
+
+
+class ObjectiveCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    label: str
+    direction: str
+    trial: float
+    reruns: list[float]
+    median: float | None
+    change: float | None        # (median - trial) / |trial|; signed, not direction-adjusted
+    worse_by: float | None      # the change in the objective's worse direction (>= 0), else 0
+    spread: float | None        # (max - min) / |median| over the re-runs (None with one re-run)
+
+
+class Confirmation(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trial: int
+    verdict: Verdict
+    reason: str
+    tolerance: float
+    repeats: int
+    objectives: list[ObjectiveCheck]
+    runs: list[RunResult]
+    finished_unix: float | None = None
+
+
+def choose_candidates(points: Sequence[Point], directions: Sequence[str], n: int) -> list[int]:
+    """Up to ``n`` front trial numbers, in the order they are worth confirming.
+
+    First the best point of each objective (what ``--pick best:<objective>`` exports), then
+    the knee (the default export), then the rest of the front from the middle outwards:
+    the points a user is most likely to take come first when ``n`` is smaller than the front.
+    """
+
+    front = pareto_front(points, directions)
+    if n <= 0 or not front:
+        return []
+    order: list[int] = []
+
+    def add(number: int) -> None:
+        if number not in order:
+            order.append(number)
+
+    for i, direction in enumerate(directions):
+        sign = -1.0 if direction == "maximize" else 1.0
+        add(min(front, key=lambda p: (sign * p.values[i], p.number)).number)
+    knee = knee_point(front, directions)
+    if knee is not None:
+        add(knee.number)
+    # pareto_front orders by the first objective; from the knee's position outwards.
+    rest = [p.number for p in front]
+    centre = rest.index(knee.number) if knee is not None else len(rest) // 2
+    for number in sorted(rest, key=lambda x: (abs(rest.index(x) - centre), x)):
+        add(number)
+    return order[:n]
+
+
+def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_values: Sequence[float],
+          runs: Sequence[RunResult], *, tolerance: float, repeats: int,
+          finished_unix: float | None = None) -> Confirmation:
+    """The verdict on one candidate from its re-runs.
+
+    ``failed``: a re-run was infeasible or measured nothing (the probe failed, a knob was not
+    applied, a limit was missed, the server did not start) - the point does not reproduce at
+    all. ``not_confirmed``: the re-runs' median is worse than the trial by more than
+    ``tolerance`` in some objective. ``confirmed`` otherwise; a median *better* than the trial
+    confirms the point (the trial under-measured it; the change is still recorded).
+    """
+
+    checks: list[ObjectiveCheck] = []
+    good = [r for r in runs if r.feasible and r.values is not None]
+    for i, (label, direction) in enumerate(zip(labels, directions)):
+        base = float(trial_values[i])
+        values = [float(r.values[i]) for r in good]  # type: ignore[index]
+        median = statistics.median(values) if values else None
+        change = worse = spread = None
+        if median is not None and base != 0:
+            change = (median - base) / abs(base)
+            worse = max(0.0, -change if direction == "maximize" else change)
+        if median and len(values) > 1:
+            spread = (max(values) - min(values)) / abs(median)
+        checks.append(ObjectiveCheck(label=label, direction=direction, trial=base, reruns=values,
+                                     median=median, change=change, worse_by=worse, spread=spread))
+    bad = [r for r in runs if not (r.feasible and r.values is not None)]
+    if not runs:
+        verdict, reason = "failed", "no re-run finished"
+    elif bad:
+        verdict = "failed"
+        reason = "; ".join(f"re-run {r.folder}: {r.outcome}" + (f" ({r.message})" if r.message else "")
+                           for r in bad)
+    else:
+        over = [c for c in checks if c.worse_by is not None and c.worse_by > tolerance]
+        if over:
+            verdict = "not_confirmed"
+            reason = ", ".join(f"{c.label} {_pct(c.change)} (worse by more than {tolerance:.0%})" for c in over)
+        else:
+            verdict = "confirmed"
+            reason = f"every objective within {tolerance:.0%} of the trial or better"
+    return Confirmation(trial=trial, verdict=verdict, reason=reason, tolerance=tolerance, repeats=repeats,
+                        objectives=checks, runs=list(runs), finished_unix=finished_unix)
