@@ -219,6 +219,7 @@ class Job:
     policy: EarlyStopPolicy | None = None
     stop_at_full: bool = True
     tag: str = ""
+    compile_cache: bool = True      # servers share vLLM's torch.compile cache (study_sim)
 
 
 def _summarise(run: StudyRun, truth: GroundTruth, spec: StudySpec) -> dict[str, Any]:
@@ -251,6 +252,9 @@ def _summarise(run: StudyRun, truth: GroundTruth, spec: StudySpec) -> dict[str, 
                           for a in sorted({t.stopped_after for t in stopped if t.stopped_after})},
         "wrong_stops": sum(1 for t in stopped if t.would_enter_front),
         "true_front_stopped": sum(1 for t in stopped if t.true_front),
+        "compile_hits": run.compile_hits,
+        "compile_misses": sum(1 for t in run.trials if t.compile == "miss"),
+        "compile_saved_hours": round(run.compile_saved_seconds / 3600, 4),
     }
 
 
@@ -268,7 +272,8 @@ def run_job(job: Job) -> dict[str, Any]:
     began = time.monotonic()
     run = run_study(spec, truth, v.factory, n_trials=job.n_trials, seed=job.seed, noise=job.noise,
                     workers=v.workers, policy=job.policy, grid=v.grid, initial=initial,
-                    stop_at_full=job.stop_at_full, duplicates=v.duplicates, verdict=verdict)
+                    stop_at_full=job.stop_at_full, duplicates=v.duplicates, verdict=verdict,
+                    compile_cache=job.compile_cache)
     out = _summarise(run, truth, spec)
     out.update(space=job.space, variant=v.name, seed=job.seed, tag=job.tag,
                wall_s=round(time.monotonic() - began, 1))
@@ -379,7 +384,8 @@ def plot_early_stop(es: dict[str, Any], path: Path) -> None:  # noqa: C901
                         label=label if run is runs[0] else None)
         ax.axhline(TARGET, color="black", linestyle="--", linewidth=0.8)
         ax.set_title(f"{space}: HV vs study time, {es[space]['sampler']}")
-        ax.set_xlabel("study time (hours, one GPU group)")
+        ax.set_xlabel("study time (hours, one GPU group; torch.compile cache shared)"
+                      if es[space].get("compile_cache") else "study time (hours, one GPU group)")
         ax.set_ylabel("hypervolume found / true hypervolume")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, loc="lower right")
@@ -415,6 +421,9 @@ def main() -> int:
     ap.add_argument("--samplers", default="", help="variant names separated by ; (default all)")
     ap.add_argument("--early-stop", action="store_true", help="also measure tuner.core.early_stop")
     ap.add_argument("--early-stop-only", action="store_true")
+    ap.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
+                    help="every server start compiles (default: the servers share vLLM's torch.compile "
+                         "cache, and the early-stop study also reports what the cache saves)")
     ap.add_argument("--early-stop-sampler", default="default")
     ap.add_argument("--policies", default="", help="early-stop policies separated by ; (default all)")
     ap.add_argument("--quick", action="store_true", help="3 seeds, main samplers only")
@@ -549,17 +558,25 @@ def early_stop_study(spaces: list[str], args: argparse.Namespace) -> dict[str, A
         for seed in range(args.seeds):
             for name, policy in chosen.items():
                 jobs.append(Job(space, v, seed, args.noise, BUDGET[space], policy=policy, stop_at_full=False,
-                                tag=name))
+                                tag=name, compile_cache=args.compile_cache))
+            if args.compile_cache:
+                # What the compile cache itself saves: the same studies with every start compiling.
+                for name in ("off", "all"):
+                    if name in chosen:
+                        jobs.append(Job(space, v, seed, args.noise, BUDGET[space], policy=POLICIES[name],
+                                        stop_at_full=False, tag=f"{name}, no compile cache",
+                                        compile_cache=False))
             # Random search stresses the rule: many more poor and unusual points.
             for name in ("off", "all") if not args.policies else ():
                 jobs.append(Job(space, rnd, seed, args.noise, BUDGET[space], policy=POLICIES[name],
-                                stop_at_full=False, tag=f"random: {name}"))
+                                stop_at_full=False, tag=f"random: {name}", compile_cache=args.compile_cache))
     print(f"[early stop] {len(jobs)} simulated studies", flush=True)
     rows = _pool_map(jobs, args.jobs)
     out: dict[str, Any] = {}
     for space in spaces:
         budget = BUDGET[space]
         tags = [*chosen] + ([] if args.policies else ["random: off", "random: all"])
+        tags += [f"{n}, no compile cache" for n in ("off", "all") if args.compile_cache and n in chosen]
         mine = {tag: [r for r in rows if r["space"] == space and r["tag"] == tag] for tag in tags}
 
         def hours(rows: list[dict[str, Any]]) -> float:
@@ -571,10 +588,17 @@ def early_stop_study(spaces: list[str], args: argparse.Namespace) -> dict[str, A
 
         policies = {}
         for tag, rs in mine.items():
-            off = mine["random: off"] if tag.startswith("random") else mine["off"]
+            off = (mine["random: off"] if tag.startswith("random") else
+                   mine["off, no compile cache"] if tag.endswith("no compile cache") else mine["off"])
+            by_seed = {r["seed"]: r["study_hours"] for r in off}
+            per_seed = [round(1 - r["study_hours"] / by_seed[r["seed"]], 4) for r in rs if by_seed.get(r["seed"])]
             policies[tag] = {
                 "study_hours_median": statistics.median(r["study_hours"] for r in rs),
                 "time_saved": round(1 - hours(rs) / hours(off), 4),
+                "time_saved_per_seed": per_seed,
+                "compile_hits": sum(r.get("compile_hits", 0) for r in rs),
+                "compile_misses": sum(r.get("compile_misses", 0) for r in rs),
+                "compile_saved_hours": round(sum(r.get("compile_saved_hours", 0.0) for r in rs), 3),
                 "t95": t95_stats(rs, budget),
                 "hours_to_95_median": med(rs, "hours_to_95"),
                 "final_hv_median": statistics.median(r["final_hv"] for r in rs),
@@ -583,8 +607,16 @@ def early_stop_study(spaces: list[str], args: argparse.Namespace) -> dict[str, A
                 "wrong_stops": sum(r["wrong_stops"] for r in rs),
                 "true_front_stopped": sum(r["true_front_stopped"] for r in rs),
             }
+        cache_effect = {}
+        for name in ("off", "all"):
+            with_cache, without = mine.get(name), mine.get(f"{name}, no compile cache")
+            if with_cache and without:
+                cache_effect[name] = round(1 - hours(with_cache) / hours(without), 4)
         out[space] = {
             "sampler": v.name, "budget": budget, "seeds": args.seeds, "policies": policies,
+            "compile_cache": bool(args.compile_cache),
+            # study time the compile cache saves against every start compiling (same policy)
+            "compile_cache_saved": cache_effect,
             "runs": {key: [{"curve": r["curve"], "trial_hours": r["trial_hours"]} for r in mine[key]]
                      for key in ("off", "all") if key in mine},
         }
@@ -607,9 +639,18 @@ def print_early_stop(es: dict[str, Any]) -> None:
               f"{'wrong':>5} {'front':>5}  stopped (all seeds)")
         for tag, p in r["policies"].items():
             h95 = "" if p["hours_to_95_median"] is None else f"{p['hours_to_95_median']:.1f}"
+            seeds = p.get("time_saved_per_seed") or []
+            spread = (f" per seed {100 * min(seeds):.1f}-{100 * max(seeds):.1f}% median "
+                      f"{100 * statistics.median(seeds):.1f}%") if seeds and any(seeds) else ""
+            hits = (f" compile hits {p['compile_hits']}/{p['compile_hits'] + p['compile_misses']}"
+                    if "compile_hits" in p else "")
             print(f"  {tag:<28} {100 * p['time_saved']:>5.1f}% {p['study_hours_median']:>6.1f} "
                   f"{fmt_trials(p['t95']['median'], b):>5} {h95:>7} {p['final_hv_median']:>6.3f} "
-                  f"{p['wrong_stops']:>5} {p['true_front_stopped']:>5}  {p['stopped']}")
+                  f"{p['wrong_stops']:>5} {p['true_front_stopped']:>5}  {p['stopped']}{spread}{hits}")
+        if r.get("compile_cache_saved"):
+            print("  the compile cache itself saves " + ", ".join(
+                f"{100 * v:.1f}% ({k})" for k, v in r["compile_cache_saved"].items()) +
+                " of study time against every start compiling")
         print("  saved: study time saved vs no early stop (same sampler, seeds, budget); hours: median"
               " study time; wrong: stopped trials whose full measurement would have entered the front;"
               " front: true front points stopped before their objectives were measured")

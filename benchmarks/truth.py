@@ -33,6 +33,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 SOURCES = ["tuner/sim/perf_model.py", "tuner/sim/scheduler.py",
            "tuner/sim/effective.py", "tuner/sim/comm.py", "tuner/sim/model.py", "tuner/sim/args.py",
            "tuner/sim/tokenizer.py", "tuner/core/workload.py", "tuner/core/render.py",
+           "tuner/sim/cache.py", "tuner/sim/profile.py", "tuner/core/compile_cache.py",
            "tuner/core/space.py"]
 
 

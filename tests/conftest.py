@@ -88,6 +88,23 @@ def run_tuner(*args: str, timeout: float = 600, cwd: Path = ROOT) -> subprocess.
     return subprocess.run(tuner_argv(*args), cwd=cwd, capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_compile_cache(tmp_path_factory: pytest.TempPathFactory):
+    """Every server the tests start (simulator or real vLLM, through Ray's workers, which
+    inherit this process's environment) keeps its torch.compile cache in this session's
+    temporary folder, never in ~/.cache. A VLLM_CACHE_ROOT set by the caller is kept."""
+
+    if os.environ.get("VLLM_CACHE_ROOT"):
+        yield os.environ["VLLM_CACHE_ROOT"]
+        return
+    root = tmp_path_factory.mktemp("vllm-cache")
+    os.environ["VLLM_CACHE_ROOT"] = str(root)
+    try:
+        yield str(root)
+    finally:
+        os.environ.pop("VLLM_CACHE_ROOT", None)
+
+
 @pytest.fixture
 def orphan_check():
     """Yields a list to append markers to; fails if any process with a marker survives."""

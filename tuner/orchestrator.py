@@ -38,6 +38,7 @@ from tuner.adapters.artifacts import atomic_write_json, is_secret_name
 from tuner.core import space
 from tuner.adapters.probe_client import load_probe_items
 from tuner.adapters.reference_client import load_reference_sources
+from tuner.core.compile_cache import cache_env
 from tuner.core.confirmation import choose_candidates, confirmation_brief
 from tuner.core.outcome import TrialOutcome, TrialRequest
 from tuner.core.pareto import pareto_front
@@ -522,6 +523,9 @@ class Orchestrator:
 
         port = self.spec.server.port + group
         argv, env = trial_command(self.spec, values, port=port)
+        # The study's shared torch.compile cache (execution.compile_cache_dir): a server
+        # setting, not part of the configuration, so it stays out of render and export.
+        env.update(cache_env(self.spec.execution.compile_cache_dir, self.spec.server.env))
         asked = asked_settings(self.spec.server, space.settings_for(self.spec, values))
         ignore_eos = self.spec.load.workload.ignore_eos
         if ignore_eos == "auto":

@@ -79,6 +79,25 @@ class TrialRecord:
             return "stopped_early"   # dominated: its values are bounds, not measurements
         return "feasible"
 
+    @property
+    def compile_record(self) -> dict[str, Any] | None:
+        """The trial's torch.compile record (tuner.core.compile_cache.CompileRecord as JSON:
+        cache hit/miss/partial/none, compile, capture and init-engine seconds), from the
+        ``compile`` user attribute or the outcome's ``compile`` field; None when unknown
+        (trials recorded before compile records existed, or a log that never got there)."""
+
+        rec = self.attrs.get("compile")
+        if rec is None:
+            rec = (self.attrs.get("outcome") or {}).get("compile")
+        return rec if isinstance(rec, dict) else None
+
+    @property
+    def compile_cache(self) -> str | None:
+        """"hit", "miss", "partial", "none" or None (unknown)."""
+
+        rec = self.compile_record
+        return None if rec is None else rec.get("cache")
+
 
 def _record(trial: FrozenTrial, labels: list[str]) -> TrialRecord:
     values: dict[str, float] = {}

@@ -216,6 +216,7 @@ def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
         "warnings": outcome.warnings,
         "stop": outcome.stop,
         "early_stop": outcome.early_stop,
+        "compile": outcome.compile,
     }
 
 

@@ -44,7 +44,10 @@ init, graph capture per size, server start), cut at the failing stage for failur
 probe is simulated as short known-answer requests at the probe's levels; a load level costs
 its warm-up (``warmup_for(c)`` requests, at the level's per-request cost) plus the measured
 run; a fixed stop cost is added. A not-applied point is known at verification, a probe
-failure after the probe.
+failure after the probe. ``startup_s`` is a torch.compile cache miss; ``compile_key``,
+``compile_s``, ``compile_hit_s`` and ``compile_at_s`` let a simulated study
+(``tuner.study_sim``, ``compile_cache=True``) shorten a start whose key an earlier trial
+compiled (``hit_saving_s``: Sim.startup's hit loads in ``StartupSpec.compile_hit_parts``).
 
 Noise (``measure``): multiplicative lognormal per trial, level and metric, seeded, so a
 simulated study can see the spread real measurements have.
@@ -79,6 +82,7 @@ from tuner.core.sampling import grid_points
 from tuner.core.spec import StudySpec
 from tuner.core.workload import draft_requests, fit_draft, level_stream
 from tuner.sim.args import ArgvError, parse_argv
+from tuner.sim.cache import compile_hash
 from tuner.sim.effective import ConfigError, Effective, resolve
 from tuner.sim.model import TOKENIZER, NgramIndex, chat_prompt, count_accepted, plan_output
 from tuner.sim.perf_model import NGRAM_METHODS, LevelEstimate, PerfConfig, Workload, simulate_closed_loop
@@ -94,7 +98,7 @@ __all__ = [
 
 # Bump when a change here alters what evaluate() returns for a point: benchmarks/truth.py
 # keys its cache on it (front, reference and hypervolume are recomputed on every load).
-EVAL_VERSION = 1
+EVAL_VERSION = 2     # 2: compile-cache fields (compile_key, compile_s, compile_hit_s, compile_at_s)
 REF_MARGIN = 0.5
 STRICT_REF_MARGIN = 0.1
 # Probe requests are short known-answer questions (tuner.core.known_answers): a few dozen
@@ -128,6 +132,20 @@ class PointTruth:
     startup_s: float = 0.0
     probe_s: float = 0.0
     stop_s: float = 0.0
+    # torch.compile cache (tuner.sim.cache): the point's compile key (None: nothing is
+    # compiled, or the start fails before compiling), the seconds compiling takes on a miss
+    # (startup_s assumes a miss), the seconds loading takes on a hit, and when (seconds
+    # into the trial) the compiled entry is written, i.e. usable by a later start.
+    compile_key: str | None = None
+    compile_s: float = 0.0
+    compile_hit_s: float = 0.0
+    compile_at_s: float = 0.0
+
+    @property
+    def hit_saving_s(self) -> float:
+        """How much shorter the start is when the compile cache already holds the key."""
+
+        return max(0.0, self.compile_s - self.compile_hit_s) if self.compile_key else 0.0
 
     @property
     def key(self) -> str:
@@ -151,7 +169,10 @@ class PointTruth:
                    message=data.get("message"), applied=bool(data["applied"]),
                    mismatches=tuple(data.get("mismatches", ())), probe_passed=bool(data["probe_passed"]),
                    levels=levels, startup_s=float(data["startup_s"]), probe_s=float(data["probe_s"]),
-                   stop_s=float(data["stop_s"]))
+                   stop_s=float(data["stop_s"]), compile_key=data.get("compile_key"),
+                   compile_s=float(data.get("compile_s", 0.0)),
+                   compile_hit_s=float(data.get("compile_hit_s", 0.0)),
+                   compile_at_s=float(data.get("compile_at_s", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -478,9 +499,11 @@ class Evaluator:
         if eff.failure is not None:
             reason = {"kv": "gpu_memory_insufficient", "load": "gpu_memory_insufficient",
                       "comm": "nccl_error"}.get(eff.failure.stage, "server_exited")
+            # A start failing after torch.compile (KV-cache sizing) has written its entry.
+            cc = _compile_fields(eff, env, tm) if eff.failure.stage == "kv" else {}
             return PointTruth(values, "failed", reason, eff.failure.message.splitlines()[0],
                               startup_s=tm.prepare_s + _startup_s(eff, until=eff.failure.stage),
-                              stop_s=tm.stop_s)
+                              stop_s=tm.stop_s, **cc)
         wrong = tuple(mismatches(asked, eff))
         probe_ok = eff.corruption is None
         ignore_eos = spec.load.workload.ignore_eos
@@ -493,7 +516,7 @@ class Evaluator:
         return PointTruth(values, "completed", None, None, applied=not wrong, mismatches=wrong,
                           probe_passed=probe_ok, levels=levels,
                           startup_s=tm.prepare_s + _startup_s(eff), probe_s=self._probe_s(eff.perf),
-                          stop_s=tm.stop_s)
+                          stop_s=tm.stop_s, **_compile_fields(eff, env, tm))
 
     def verdict_s(self, values: dict[str, Any]) -> float | None:
         """Seconds into startup when the log already shows a knob not applied (None if every
@@ -589,6 +612,20 @@ def _verdict_stage_s(eff: Effective, target: str) -> float:
         stage = None          # "capture skipped": only known at the end of startup
     return {"comm": st.api_init_s + st.engine_init_s,
             "attn": st.api_init_s + st.engine_init_s}.get(stage or "", _startup_s(eff))
+
+
+def _compile_fields(eff: Effective, env: Mapping[str, str], tm: TimeModel) -> dict[str, Any]:
+    """PointTruth's compile-cache fields for a start that gets through torch.compile: the
+    simulator's own key (tuner.sim.cache.compile_hash) and its miss/hit timeline."""
+
+    if eff.compile_mode == 0:
+        return {}
+    st = eff.profile.startup
+    dynamo, load = st.compile_hit_parts
+    compile_s = st.dynamo_s + st.inductor_s
+    at = tm.prepare_s + st.api_init_s + st.engine_init_s + st.weight_load_s + compile_s
+    return {"compile_key": compile_hash(eff, env)[:16], "compile_s": compile_s,
+            "compile_hit_s": dynamo + load, "compile_at_s": at}
 
 
 def _startup_s(eff: Effective, until: str | None = None) -> float:

@@ -122,6 +122,7 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         # A trial stopped early was told placeholder or bound values for what it never
         # measured; the text view must not print those as measurements.
         "early_stop": outcome.get("early_stop"),
+        "compile": record.compile_record,
         "measured_levels": sorted(int(c) for c in (outcome.get("levels") or {})),
         "checks": checks,
     }
@@ -317,9 +318,23 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
                 share = (f" ({row['probe_share']:.0%} of {row['trial_s']:.0f}s)"
                          if row.get("probe_share") is not None else "")
                 lines.append(f"        probe {row['probe_s']:.1f}s{share}")
+            if row.get("compile") and row["compile"].get("cache") not in (None, "none"):
+                lines.append(_compile_line(row))
             if row.get("speculation"):
                 lines.append(_speculation_line(row))
     return "\n".join(lines)
+
+
+def _compile_line(row: dict[str, Any]) -> str:
+    """E.g. ``startup 61.2s: torch.compile cache hit (3.1s), graph capture 17s``."""
+
+    rec = row["compile"]
+    parts = [f"torch.compile cache {rec['cache']}"
+             + (f" ({rec['compile_s']:.1f}s)" if rec.get("compile_s") is not None else "")]
+    if rec.get("graph_capture_s") is not None:
+        parts.append(f"graph capture {rec['graph_capture_s']:.0f}s")
+    startup = f"startup {row['startup_s']:.1f}s: " if row.get("startup_s") is not None else ""
+    return "        " + startup + ", ".join(parts)
 
 
 def _speculation_line(row: dict[str, Any]) -> str:

@@ -19,6 +19,11 @@ starts, after verification, after the probe, inside a level (rule 4, see ``_Driv
 for its time and noise model) and after every load level, with the study's state at that
 moment; a stopped trial is shorter and is told as the orchestrator tells it (infeasible, or
 completed for ``dominated_exact``).
+
+With ``compile_cache`` the servers share vLLM's torch.compile cache, as on a real node: a
+trial whose compile key (``PointTruth.compile_key``, the simulator's hash of the
+compile-relevant effective settings) was compiled by a trial whose compile finished before
+this one started loads instead of compiling, and starts ``PointTruth.hit_saving_s`` sooner.
 """
 
 from __future__ import annotations
@@ -81,6 +86,8 @@ class TrialLog:
     stopped_after: str | None = None  # phase after which it stopped ("verify", "probe", "c4", ...)
     would_enter_front: bool = False  # stopped, yet its full measurement would be on the front then
     true_front: bool = False        # stopped before its objectives were measured, yet a true front point
+    compile: str | None = None      # torch.compile cache: "hit", "miss", None (nothing compiled)
+    compile_saved_s: float = 0.0    # startup seconds the hit saved
 
     @property
     def seconds(self) -> float:
@@ -121,6 +128,16 @@ class StudyRun:
         return sum(t.seconds for t in self.trials)
 
     @property
+    def compile_saved_seconds(self) -> float:
+        """Startup seconds the torch.compile cache saved (run with ``compile_cache``)."""
+
+        return sum(t.compile_saved_s for t in self.trials)
+
+    @property
+    def compile_hits(self) -> int:
+        return sum(t.compile == "hit" for t in self.trials)
+
+    @property
     def makespan(self) -> float:
         return max((t.finished_s for t in self.trials), default=0.0)
 
@@ -137,6 +154,8 @@ class _Outcome:
     levels: dict[int, dict[str, float]] | None = None
     bounds: tuple[float, ...] = ()
     wrong: bool = False
+    compile: str | None = None
+    compile_saved_s: float = 0.0
 
 
 @dataclass
@@ -153,8 +172,12 @@ class _Driver:
                  n_trials: int, seed: int, noise: float, workers: int,
                  policy: EarlyStopPolicy | None, initial: Sequence[dict[str, Any]] = (),
                  stop_at_full: bool = False, duplicates: str = "retell",
-                 verdict: Callable[[dict[str, Any]], float | None] | None = None) -> None:
+                 verdict: Callable[[dict[str, Any]], float | None] | None = None,
+                 compile_cache: bool = False) -> None:
         self.verdict = verdict
+        # The torch.compile cache: compile key -> when (study seconds) its entry was written.
+        self.compile_cache = compile_cache
+        self._compiled: dict[str, float] = {}
         self.stop_at_full = stop_at_full
         self.duplicates = duplicates
         self._true_rows: list[tuple[float, ...]] = []
@@ -276,6 +299,27 @@ class _Driver:
 
     # -- one trial's timeline ------------------------------------------------------------
     def _execute(self, job: _Running) -> _Outcome:
+        """One trial's timeline (``_play``) with the torch.compile cache applied: a trial
+        whose compile key was written by a trial before it started loads instead of
+        compiling (``PointTruth.hit_saving_s`` off its start); one that gets past its
+        compile writes the entry at ``compile_at_s`` into its run."""
+
+        truth = job.truth
+        key = truth.compile_key if self.compile_cache else None
+        written = self._compiled.get(key) if key else None
+        hit = written is not None and written <= job.started_s
+        saving = truth.hit_saving_s if hit else 0.0
+        out = self._play(job, saving)
+        if key is not None:
+            compiled_at = job.started_s + truth.compile_at_s
+            past_compile = (out.finished_s - truth.stop_s) >= compiled_at - saving - 1e-9
+            if past_compile and not hit:
+                self._compiled[key] = min(self._compiled.get(key, math.inf), compiled_at)
+            if past_compile or hit:
+                out.compile, out.compile_saved_s = ("hit", saving) if hit else ("miss", 0.0)
+        return out
+
+    def _play(self, job: _Running, saving: float = 0.0) -> _Outcome:
         """Play one trial against the ground truth, consulting the early-stop policy with the
         study's state as it is now (at the trial's start: later completions could only
         tighten the front, so this is the conservative choice for parallel workers)."""
@@ -283,7 +327,7 @@ class _Driver:
         truth = job.truth
         rng = random.Random(f"{self.seed}|{job.number}|noise")
         m = measure(self.spec, truth, noise=self.noise, rng=rng)
-        t = job.started_s + truth.startup_s
+        t = job.started_s + truth.startup_s - saving
         if truth.failed:
             return _Outcome(t + truth.stop_s, m)
         policy = self.policy
@@ -293,6 +337,8 @@ class _Driver:
             if reason and policy.streaming_verify and self.verdict is not None:
                 seen = self.verdict(job.values)
                 if seen is not None:
+                    if saving and seen >= truth.compile_at_s:
+                        seen -= saving        # a verdict from the end of the start comes sooner
                     return _Outcome(job.started_s + seen + truth.stop_s, m, reason, "startup")
             if reason:
                 return _Outcome(t + truth.stop_s, m, reason, "verify")
@@ -440,7 +486,8 @@ class _Driver:
             measured=m.objectives if known else None, true_values=true_m.objectives,
             started_s=job.started_s, finished_s=out.finished_s, stopped=out.stopped,
             stopped_after=out.after, would_enter_front=out.wrong,
-            true_front=truth.key in self._true_front and not known))
+            true_front=truth.key in self._true_front and not known,
+            compile=out.compile, compile_saved_s=out.compile_saved_s))
 
     def _found_all(self) -> bool:
         # Benchmarks of search speed need nothing after the whole true front is found.
@@ -480,17 +527,20 @@ def run_study(spec: StudySpec, truth: GroundTruth, sampler_factory: SamplerFacto
               seed: int, noise: float = 0.0, workers: int = 1, policy: EarlyStopPolicy | None = None,
               grid: bool = False, initial: Sequence[dict[str, Any]] = (),
               stop_at_full: bool = False, duplicates: str = "retell",
-              verdict: Callable[[dict[str, Any]], float | None] | None = None) -> StudyRun:
+              verdict: Callable[[dict[str, Any]], float | None] | None = None,
+              compile_cache: bool = False) -> StudyRun:
     """One simulated study. ``sampler_factory(spec, seed)`` builds the sampler;
     ``stop_at_full``: stop once the evaluated points cover the whole true front.
     ``duplicates``: "retell" (the orchestrator today: a repeated point is told the earlier
     result again) or "infeasible" (told with a violated ``duplicate`` constraint).
     ``verdict(values)``: seconds into a trial when its log shows a knob not applied
-    (``Evaluator.verdict_s``), used by ``EarlyStopPolicy.streaming_verify``."""
+    (``Evaluator.verdict_s``), used by ``EarlyStopPolicy.streaming_verify``.
+    ``compile_cache``: model vLLM's torch.compile cache shared by the study's servers (a
+    point whose compile key an earlier trial compiled starts ``hit_saving_s`` sooner)."""
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sampler = sampler_factory(spec, seed)
     driver = _Driver(spec, truth, sampler, n_trials=n_trials, seed=seed, noise=noise, workers=workers,
                      policy=policy, initial=initial, stop_at_full=stop_at_full, duplicates=duplicates,
-                     verdict=verdict)
+                     verdict=verdict, compile_cache=compile_cache)
     return driver.drive(grid)

@@ -33,6 +33,7 @@ from tuner.adapters.loadgen import run_sweep, write_records_jsonl
 from tuner.adapters.probe_client import load_probe_items, run_probe
 from tuner.adapters.reference_client import (ReferenceRecordError, check_reference, load_reference_sources,
                                              record_reference, run_correctness)
+from tuner.core.compile_cache import parse_compile_log
 from tuner.core.early_stop import SweepGuard
 from tuner.core.effective_config import parse_effective_config
 from tuner.core.load_spec import LoadSpec, rate_level_name
@@ -412,7 +413,24 @@ class TrialWorker:
         }
         if report.leftover_pids:
             outcome.warnings.append(f"processes still alive after stop: {report.leftover_pids}")
+        self._record_compile(server, request, outcome)
         return interrupted
+
+    @staticmethod
+    def _record_compile(server: ServerProcess, request: TrialRequest, outcome: TrialOutcome) -> None:
+        """What the server's log says about torch.compile and vLLM's compile cache (hit,
+        miss, none, or unknown when the log stops before the engine was up), with compile,
+        graph capture and init-engine seconds: ``compile_cache.json`` in the trial folder
+        and ``outcome.compile`` (a trial user attribute through scoring.outcome_attrs)."""
+
+        try:
+            record = parse_compile_log(server.log_text()).to_json()
+        except OSError as exc:
+            outcome.warnings.append(f"could not read the server log for the compile record: {exc}")
+            return
+        with contextlib.suppress(TrialError):   # a missing side file must not fail the trial
+            atomic_write_json(Path(request.trial_dir) / "compile_cache.json", record)
+        outcome.compile = record
 
     # -- bookkeeping ---------------------------------------------------------------
 

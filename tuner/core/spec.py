@@ -312,6 +312,19 @@ class ExecutionSpec(_Strict):
         True, description="stop a trial once what it measured proves it cannot reach the front "
         "(tuner/core/early_stop.py); false measures every trial in full"
     )
+    compile_cache_dir: str | None = Field(
+        None, description="vLLM's cache root (VLLM_CACHE_ROOT) for every server this study "
+        "starts, so trials share torch.compile artifacts there; absolute ('~' and $VARS "
+        "expanded). Unset: vLLM's default (~/.cache/vllm, shared by every study on the node). "
+        "A VLLM_CACHE_ROOT in server.env wins. Not carried into exports"
+    )
+
+    @field_validator("compile_cache_dir")
+    @classmethod
+    def _check_compile_cache_dir(cls, value: str | None) -> str | None:
+        from tuner.core.compile_cache import validate_cache_dir
+
+        return validate_cache_dir(value)
 
 
 class ConfirmSpec(_Strict):

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 import uvicorn
 
 from tuner.sim.args import ArgvError, non_default_args, parse_argv
+from tuner.sim.cache import CompileCache, compile_factors, compile_hash, default_root
 from tuner.sim.effective import ConfigError, Effective, Failure, resolve
 from tuner.sim.engine import Engine
 from tuner.sim.faults import ActiveFaults, FaultError, applies, parse_faults
@@ -36,8 +37,13 @@ def effective_config(argv: Sequence[str], env: Mapping[str, str], profile: Profi
 
 class Sim:
     def __init__(self, eff: Effective, faults: ActiveFaults, scale: float, log: LogWriter,
-                 sock: socket.socket, startup_scale: float | None = None) -> None:
+                 sock: socket.socket, startup_scale: float | None = None, *,
+                 cache: CompileCache | None = None, env: Mapping[str, str] | None = None) -> None:
         self.eff = eff
+        # No cache given (dry logs): look like a miss, write nothing.
+        self.cache = cache or CompileCache(default_root({}), enabled=False)
+        self.env = dict(env or {})
+        self.compile_hit: bool | None = None
         self.faults = faults
         self.scale = scale
         # Startup (weight loading, compile, capture) may be compressed separately: a demo
@@ -76,6 +82,50 @@ class Sim:
                              "remaining processes count=1")
         self.child.kill()
         self.child.wait(timeout=2)
+
+    async def compile(self, cuda: bool) -> float:
+        """torch.compile with vLLM's cache (tuner.sim.cache): load on a hit, else compile and
+        write the entry; the lines are vLLM's (0.26/0.32 miss fixtures, AOT hit format
+        strings). Returns the seconds vLLM reports as "compilation"."""
+
+        eff, log, st = self.eff, self.log, self.eff.profile.startup
+        cache = self.cache
+        key = compile_hash(eff, self.env)
+        hit = cache.lookup(key)
+        self.compile_hit = hit
+        module = "" if cuda else "[backbone] "     # 0.32 on CPU names the compiled module
+        rng = f"(1, {eff.max_num_batched_tokens})"
+        if not cuda:
+            log.engine("INFO", "cpu_model_runner.py:96", "Warming up model for the compilation...")
+        log.engine("INFO", "backends.py:1094", f"Using cache directory: {cache.inductor_dir(key)} "
+                   "for vLLM's torch.compile")
+        if hit:
+            dynamo, load = st.compile_hit_parts
+            await self.wait(dynamo)
+            log.engine("INFO", "backends.py:1155", f"Dynamo bytecode transform time: {dynamo:.2f} s")
+            await self.wait(load)
+            log.engine("INFO", "backends.py:292", f"Directly load the compiled graph(s) for compile "
+                       f"range {rng} from the cache, took {load:.3f} s")
+            log.engine("INFO", "decorators.py:311", f"{module}Directly load AOT compilation from path "
+                       f"{cache.aot_path(key)}")
+            total = dynamo + load
+        else:
+            await self.wait(st.dynamo_s)
+            log.engine("INFO", "backends.py:1155", f"Dynamo bytecode transform time: {st.dynamo_s:.2f} s")
+            log.engine("INFO", "backends.py:378", f"Cache the graph of compile range {rng} for later use")
+            await self.wait(st.inductor_s)
+            log.engine("INFO", "backends.py:393", f"Compiling a graph for compile range {rng} takes "
+                       f"{st.inductor_s:.2f} s")
+            total = st.dynamo_s + st.inductor_s
+            saved = cache.store(key, compile_factors(eff, self.env), total)
+            if saved is not None:
+                log.engine("INFO", "decorators.py:708" if cuda else "decorators.py:743",
+                           f"{module}saved AOT compiled function to {saved}")
+            elif cache.enabled:
+                log.engine("WARNING", "decorators.py:712", f"unable to save AOT compiled function to "
+                           f"{cache.aot_path(key)}: write failed")
+        log.engine("INFO", "monitor.py:53", f"torch.compile took {total:.2f} s in total")
+        return total
 
     def engine_failure(self, failure: Failure) -> int:
         if failure.nccl_line:
@@ -146,17 +196,7 @@ class Sim:
                    f"{eff.weights_gib_per_rank:.2f} GiB memory and {st.weight_load_s:.6f} seconds")
         compile_s = 0.0
         if eff.compile_mode != 0:
-            compile_s = st.dynamo_s + st.inductor_s
-            if not cuda:
-                log.engine("INFO", "cpu_model_runner.py:96", "Warming up model for the compilation...")
-            log.engine("INFO", "backends.py:1094", "Using cache directory: ~/.cache/vllm/"
-                       "torch_compile_cache/5ee1b2c3d4/rank_0_0/backbone for vLLM's torch.compile")
-            await self.wait(st.dynamo_s)
-            log.engine("INFO", "backends.py:1155", f"Dynamo bytecode transform time: {st.dynamo_s:.2f} s")
-            await self.wait(st.inductor_s)
-            log.engine("INFO", "backends.py:393", f"Compiling a graph for compile range (1, "
-                       f"{eff.max_num_batched_tokens}) takes {st.inductor_s:.2f} s")
-            log.engine("INFO", "monitor.py:53", f"torch.compile took {compile_s:.2f} s in total")
+            compile_s = await self.compile(cuda)
         await self.wait(st.profile_run_s)
         log.engine("INFO", "monitor.py:81", f"Initial profiling/warmup run took {st.profile_run_s:.2f} s")
         if fail and fail.stage == "kv":
@@ -327,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.raw("Traceback (most recent call last):", "APIServer")
         log.raw(f"OSError: [Errno {exc.errno}] {exc.strerror}", "APIServer")
         return 1
-    sim = Sim(eff, active, scale, log, sock, startup_scale)
+    sim = Sim(eff, active, scale, log, sock, startup_scale, cache=CompileCache.from_env(env), env=env)
     try:
         return asyncio.run(sim.run())
     finally:
