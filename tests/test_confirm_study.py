@@ -141,3 +141,34 @@ def test_export_confirm_reruns_the_point_first(confirmed: dict) -> None:
     exported = json.loads(ok.stdout[ok.stdout.index("{"):])
     assert exported["trial"] == trial
     assert _verdict(root, trial)["verdict"] == "confirmed"
+
+
+def test_a_wall_clock_limit_keeps_time_for_the_reruns(tmp_path: Path) -> None:
+    """budget.timeout with confirm: new trials stop early enough for the re-runs, which then
+    run (instead of being skipped because the limit was reached)."""
+
+    updates = dict(FAST)
+    updates.update({
+        "parameters": [{"name": "case", "flag": "max_num_seqs", "kind": "categorical",
+                        "values": list(range(256, 296)), "default": 256}],
+        # Far more trials than fit: the wall clock ends the search, not n_trials.
+        "budget.n_trials": 40, "budget.timeout": "25s", "budget.trial_timeout": "60s",
+        "confirm": {"candidates": 1, "repeats": 1, "tolerance": 0.5},
+    })
+    path, marker = write_study(tmp_path, updates=updates, env={"TUNER_SIM_STARTUP_SCALE": 0.002})
+    results = tmp_path / "results"
+    try:
+        out = _tuner("run", str(path), "--results", str(results))
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        assert "[budget] no new trials after" in out.stdout, out.stdout[-3000:]
+        assert "are kept for the confirmation re-runs" in out.stdout
+        root = results / path.stem
+        (verdict,) = [json.loads(p.read_text()) for p in (root / "confirm").glob("*.json")]
+        assert verdict["runs"][0]["outcome"] == "feasible", verdict
+        finished = len(list((root / "trials").glob("*/outcome.json")))
+        assert 2 <= finished < 40
+    finally:
+        deadline = time.monotonic() + 5
+        while processes_with_env(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not processes_with_env(marker), "orphan simulator processes"

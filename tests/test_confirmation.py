@@ -134,3 +134,14 @@ def test_confirm_section_is_validated(section: str, field: str, shown: str) -> N
 def test_confirm_defaults_are_off() -> None:
     spec = parse_study(STUDY % "{}", "study.yaml")
     assert (spec.confirm.candidates, spec.confirm.repeats, spec.confirm.tolerance) == (0, 1, 0.10)
+
+
+def test_reserve_is_rounds_of_parallel_reruns_at_the_median_full_trial() -> None:
+    from tuner.core.confirmation import reserve_seconds
+
+    # Median of 100, 300, 120 is 120; 2 candidates x 2 repeats on 3 groups = 2 rounds, after
+    # one trial's time for the trials still running when new ones stop.
+    assert reserve_seconds([100, 300, 120], candidates=2, repeats=2, groups=3) == 360
+    assert reserve_seconds([100, 300, 120], candidates=2, repeats=2, groups=4) == 240
+    assert reserve_seconds([100, 300, 120], candidates=0, repeats=2, groups=1) == 0
+    assert reserve_seconds([], candidates=2, repeats=1, groups=1) == 0

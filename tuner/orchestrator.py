@@ -39,7 +39,7 @@ from tuner.core import space
 from tuner.adapters.probe_client import load_probe_items
 from tuner.adapters.reference_client import load_reference_sources
 from tuner.core.compile_cache import cache_env
-from tuner.core.confirmation import choose_candidates, confirmation_brief
+from tuner.core.confirmation import choose_candidates, confirmation_brief, reserve_seconds
 from tuner.core.outcome import TrialOutcome, TrialRequest
 from tuner.core.pareto import pareto_front
 from tuner.core.probe_spec import ProbeSpec
@@ -199,6 +199,11 @@ class Orchestrator:
         self._stop_reason: str | None = None
         self._grid: list[dict[str, Any]] | None = None
         self._in_flight: dict[int, Trial] = {}
+        # With budget.timeout and confirm.candidates, new trials stop early enough to leave
+        # time for the confirmation re-runs (core.confirmation.reserve_seconds), estimated
+        # from the trials that ran their whole sweep.
+        self._full_trial_s: list[float] = []
+        self._confirm_reserve_s = 0.0
         # What every trial's probe is judged with: the study's probe section, with the
         # reference's known-answer accuracy once there is a reference, and the reference.
         self._probe_spec: ProbeSpec = self.spec.probe
@@ -313,9 +318,15 @@ class Orchestrator:
         storage_ok = True
         try:
             if self.prepare_reference():
+                self._note_full_trials(study)
                 self._loop(study, began, prior_elapsed)
-                if self._stop_reason in ("budget", "exhausted"):
+                elapsed = prior_elapsed + time.monotonic() - began
+                if self._stop_reason in ("budget", "exhausted") or (
+                        self._stop_reason == "timeout" and self.timeout_s is not None and elapsed < self.timeout_s):
                     self.confirm_front(study)
+                elif self._stop_reason == "timeout" and self.spec.confirm.candidates > 0:
+                    self.progress(f"[confirm] skipped: the wall-clock limit is reached; run "
+                                  f"`tuner confirm {self.handle.name}` to re-run the front")
         except StorageUnavailable as exc:
             storage_ok = False
             self._stop_reason = "storage"
@@ -361,10 +372,15 @@ class Orchestrator:
                 elapsed = prior_elapsed + time.monotonic() - began
                 done_runs = self._finished_runs(study)
                 in_flight = len(self.executor.running())
-                out_of_time = self.timeout_s is not None and elapsed >= self.timeout_s
+                out_of_time = self.timeout_s is not None and elapsed >= self.timeout_s - self._confirm_reserve_s
                 if out_of_time and self._stop_reason is None:
                     self._stop_reason = "timeout"
-                    self.progress(f"[budget] wall-clock limit reached after {elapsed:.0f}s; finishing running trials")
+                    if self._confirm_reserve_s and elapsed < self.timeout_s:
+                        self.progress(f"[budget] no new trials after {elapsed:.0f}s: the last "
+                                      f"{self._confirm_reserve_s:.0f}s of the wall-clock limit are kept for "
+                                      "the confirmation re-runs; finishing running trials")
+                    else:
+                        self.progress(f"[budget] wall-clock limit reached after {elapsed:.0f}s; finishing running trials")
                 can_start = self._stop_reason is None and done_runs + in_flight < self.n_trials
                 while can_start and self.executor.idle_groups():
                     started = self._start_next(study, rejected_in_a_row)
@@ -771,9 +787,27 @@ class Orchestrator:
             outcome = TrialOutcome.model_validate(item.result)
         self._record(study, trial, outcome, retry_if_interrupted=True)
 
+    def _note_full_trials(self, study: optuna.Study, outcome: TrialOutcome | None = None) -> None:
+        """Keep the durations of trials that ran their whole sweep (all of the study's on
+        the first call, then one outcome at a time) and the confirmation reserve from them."""
+
+        if not (self.timeout_s and self.spec.confirm.candidates):
+            return
+        if outcome is None:
+            for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+                attrs = t.user_attrs.get("outcome") or {}
+                if t.user_attrs.get("kind") == KIND_RUN and attrs.get("trial_s") and not attrs.get("early_stop"):
+                    self._full_trial_s.append(float(attrs["trial_s"]))
+        elif outcome.status == "completed" and outcome.trial_s and not outcome.early_stop:
+            self._full_trial_s.append(outcome.trial_s)
+        self._confirm_reserve_s = reserve_seconds(
+            self._full_trial_s, candidates=self.spec.confirm.candidates,
+            repeats=self.spec.confirm.repeats, groups=self.executor.n_groups)
+
     def _record(self, study: optuna.Study, trial: Trial, outcome: TrialOutcome, *,
                 retry_if_interrupted: bool) -> None:
         number = trial.number
+        self._note_full_trials(study, outcome)
         trial.set_user_attr("outcome", outcome_attrs(outcome))
         # What to tell is scoring.told_for's (shared with folder_study, which rebuilds a
         # study from its trial files); what to say and do next is the orchestrator's.

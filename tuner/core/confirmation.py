@@ -13,6 +13,7 @@ and ``pareto.json`` show.
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Sequence
 from typing import Any, Literal
@@ -23,6 +24,7 @@ from tuner.core.confirmation_text import blocks_export, confirmation_brief, pct 
 from tuner.core.pareto import Point, knee_point, pareto_front
 
 __all__ = ["RunResult", "ObjectiveCheck", "Confirmation", "choose_candidates", "judge", "Verdict",
+           "reserve_seconds",
            "blocks_export", "summary_text", "confirmation_brief"]
 
 Verdict = Literal["confirmed", "not_confirmed", "failed"]
@@ -141,3 +143,17 @@ def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_va
             reason = f"every objective within {tolerance:.0%} of the trial or better"
     return Confirmation(trial=trial, verdict=verdict, reason=reason, tolerance=tolerance, repeats=repeats,
                         objectives=checks, runs=list(runs), finished_unix=finished_unix)
+
+
+def reserve_seconds(full_trial_seconds: Sequence[float], *, candidates: int, repeats: int,
+                    groups: int) -> float:
+    """Wall-clock time to keep free at the end of a study with ``budget.timeout`` for its
+    confirmation re-runs: one trial's time for the trials still running when new ones stop,
+    then rounds of ``groups`` parallel re-runs, each as long as the median trial that ran
+    its whole sweep (a re-run never stops early). 0 before any such trial, and when nothing
+    is to be confirmed."""
+
+    runs = candidates * repeats
+    if runs <= 0 or not full_trial_seconds:
+        return 0.0
+    return (1 + math.ceil(runs / max(1, groups))) * statistics.median(full_trial_seconds)
