@@ -92,6 +92,9 @@ def study_variant(tmp_path: Path) -> tuple[Path, str, str]:
     data["baseline"] = {"enforce_eager": True, "spec_method": None}
     data.pop("starting_points", None)  # the grid runs the PIECEWISE point anyway
     data["budget"] = {"n_trials": 4, "trial_timeout": "16m"}
+    # The best-throughput point is started again on a fresh server after the grid and
+    # compared with its trial (a whole trial again, ~2 min).
+    data["confirm"] = {"candidates": 1, "repeats": 1, "tolerance": 0.25}
     data["sampler"] = {"name": "grid", "seed": 0}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
@@ -119,6 +122,7 @@ def test_real_cpu_study_verifies_probes_measures_and_exports(tmp_path: Path,
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert processes_with_env(marker) == [], "servers left running after `tuner run`"
     check_study_artifacts(results, name)
+    check_confirmation(results, name)
     check_export_starts_the_same_config(results, name, tmp_path)
     print(f"whole test: {time.monotonic() - t0:.0f}s")
 
@@ -235,6 +239,28 @@ def check_study_artifacts(results: Path, name: str) -> None:
         assert len(side["spec_acceptance_rate_per_position"]) == 4
     baseline_side = json.loads((study_dir / "trials" / "0000" / "outcome.json").read_text())["server_side"]
     assert baseline_side["1"]["spec_drafts"] is None  # no speculation: unknown, not 0
+
+
+def check_confirmation(results: Path, name: str) -> None:
+    """confirm.candidates: 1 re-ran the best-throughput front point on a fresh real server."""
+
+    study_dir = results / name
+    pareto = json.loads((study_dir / "pareto.json").read_text())
+    label = pareto["objectives"][0]["label"]
+    best = max(pareto["front"], key=lambda e: e["values"][label])
+    verdict = json.loads((study_dir / "confirm" / f"{best['trial']:04d}.json").read_text())
+    print("confirmation:", {c["label"]: (c["trial"], c["median"], c["change"]) for c in verdict["objectives"]})
+    (run,) = verdict["runs"]
+    rerun = study_dir / "confirm" / run["folder"]
+    outcome = json.loads((rerun / "outcome.json").read_text())
+    assert outcome["status"] == "completed" and outcome["applied"] is True, outcome
+    assert outcome["probe_passed"] is True and outcome.get("early_stop") is None
+    assert json.loads((rerun / "probe.json").read_text())["reference"]["passed"] is True
+    assert all(c["median"] > 0 for c in verdict["objectives"])
+    # Same server, same load, minutes apart on the same cores: within 25 %.
+    assert verdict["verdict"] == "confirmed", verdict
+    assert best["confirmation"]["verdict"] == "confirmed"
+    assert not (rerun / "server.pid").exists()
 
 
 def check_export_starts_the_same_config(results: Path, name: str, tmp_path: Path) -> None:
