@@ -556,3 +556,61 @@ def test_result_round_trips_through_json() -> None:
 def test_disabled_result() -> None:
     result = ProbeResult.disabled()
     assert result.passed and result.skipped and result.reason == "probe disabled"
+
+
+# ------------------------------------------------------- single-stream subset levels
+
+
+def _subset_case(changed: set[int], wrong_at_1: bool = False) -> ProbeResult:
+    """12 items at concurrency 8, items 0-2 only at 1 (a single-stream subset); the items
+    in ``changed`` answer differently at 8 than at 1."""
+    spec = ProbeSpec(items=12, reference_accuracy=1.0)
+    items = build_items(spec)
+    subset = {items[n].id for n in range(3)}
+    level1 = [a for a in _answers(items, 1, set(range(12)) if wrong_at_1 else set())
+              if a.item_id in subset]
+    level8 = [a.model_copy(update={"text": f"{a.text} or so"}) if n in changed else a
+              for n, a in enumerate(_answers(items, 8))]
+    return score(items, level1 + level8, spec, asked={1: subset})
+
+
+def test_subset_level_is_recorded_not_gated_on_accuracy() -> None:
+    result = _subset_case(set())
+    assert result.passed, result.reason
+    single, batched = result.levels
+    assert single.subset and single.total == 3 and single.threshold is None
+    assert not batched.subset and batched.total == 12 and batched.threshold is not None
+    assert batched.consistency == 1.0 and result.total == 15
+    # Wrong answers at 1 only: their accuracy is not gated there (a chosen, not random,
+    # sample of 3), but the answers changed with the batch size: consistency fails.
+    bad = _subset_case(set(), wrong_at_1=True)
+    assert not bad.passed and bad.levels[0].passed and not bad.levels[1].passed
+    assert "3 of the 3 single-stream items answered differently at concurrency 8 than at 1" \
+        in bad.reason
+
+
+def test_subset_consistency_tolerates_what_the_full_set_would_but_never_all() -> None:
+    # 0.9 over 12 items tolerates one changed answer; the 3 compared pairs keep that.
+    one = _subset_case({0})
+    assert one.passed, one.reason
+    assert one.levels[1].consistency == pytest.approx(2 / 3)
+    two = _subset_case({0, 1})
+    assert not two.passed and "at most 1 tolerated" in two.reason
+    # Changes outside the subset cannot be compared and do not count.
+    assert _subset_case({5, 6, 7}).passed
+    # A subset of one pair: a changed answer there is all of them.
+    spec = ProbeSpec(items=12, reference_accuracy=1.0)
+    items = build_items(spec)
+    level8 = _answers(items, 8)
+    level8[0] = level8[0].model_copy(update={"text": "other"})
+    result = score(items, _answers(items, 1)[:1] + level8, spec, asked={1: {items[0].id}})
+    assert not result.passed and "1 of the 1 single-stream items" in result.reason
+
+
+def test_subset_rejects_answers_not_asked() -> None:
+    spec = ProbeSpec(items=12)
+    items = build_items(spec)
+    with pytest.raises(ValueError, match="not asked at 1"):
+        score(items, _answers(items, 1) + _answers(items, 8), spec, asked={1: {items[0].id}})
+    with pytest.raises(ValueError, match="bad item subset"):
+        score(items, _answers(items, 8), spec, asked={1: {"nope"}})

@@ -26,11 +26,13 @@ from tuner.adapters.reference_client import (
     record_reference,
     run_correctness,
 )
-from tuner.adapters.probe_client import run_probe
 from tuner.core.probe_spec import ProbeSpec
+from tuner.adapters.probe_client import load_probe_items, run_probe
 from tuner.core.reference import (
     CorrectnessResult,
     Reference,
+    forced_prompt_ids,
+    single_stream_plan,
     validate_reference,
     with_reference_accuracy,
 )
@@ -185,7 +187,14 @@ def test_correct_server_with_other_numerics_passes(sim, tiny_ref: Recorded) -> N
     assert levels[-1].forced_top1 == 1.0 and levels[-1].forced_gap_max > 0.0
     assert levels[0].forced_top1 is None  # forced once, batched at the highest level
     assert levels[0].decode_gap_max is not None and levels[0].decode_gap_max < 0.01
-    assert len(result.reference.scores) == 20  # every prompt at every level, kept
+    # Concurrency 1 ran the single-stream subset, the highest level every prompt; kept.
+    assert levels[0].subset and not levels[1].subset
+    assert {s.id for s in result.reference.scores if s.concurrency == 1} == {
+        "ka-q05-lookup", "open1-text"}
+    assert len(result.reference.scores) == 2 + 10
+    ka = result.known_answers
+    assert ka.levels[0].subset and ka.levels[0].threshold is None
+    assert ka.by_concurrency[1].total == 2 and ka.by_concurrency[8].total == 12
 
 
 def test_garbage_fails_both_layers(sim, tiny_ref: Recorded) -> None:
@@ -209,6 +218,39 @@ def test_divergence_after_8_tokens_passes_known_answers_but_fails_reference(
     assert "diverged at token 8" in result.reason
 
 
+def test_single_stream_plan_covers_both_forms_both_apis_long_prompt_and_late_tokens(
+        tiny_ref: Recorded) -> None:
+    spec, ref = tiny_ref.spec, tiny_ref.reference
+    items = load_probe_items(spec)
+    plan = single_stream_plan(spec, items, ref)
+    assert plan is not None
+    chosen = [p for p in ref.prompts if p.id in plan.prompts]
+    assert {p.form for p in chosen} == {"chat", "text"}
+    assert max(len(p.prompt_ids) for p in chosen) == max(len(p.prompt_ids) for p in ref.prompts)
+    assert max(len(p.generation.tokens) for p in chosen) == 16 > 8  # room past token 8
+    by_id = {i.id: i for i in items}
+    assert {by_id[i].api for i in plan.items} == {"chat", "completions"}
+    assert plan.items == {"q05-lookup-chat", "q01-arithmetic-completions"}
+    # 'full' (or a single level) sends everything everywhere.
+    assert single_stream_plan(spec.model_copy(update={"single_stream": "full"}), items,
+                              ref) is None
+
+
+def test_garbage_only_at_batch_size_1_fails_at_concurrency_1(sim, tiny_ref: Recorded) -> None:
+    # A kernel path only taken for one sequence: the batched level sees it only in the
+    # tail, where requests finish one by one; the single-stream subset must catch it.
+    result = probe(sim(faults=[{"fault": "garbage_when_batch_lt", "batch": 2}]), tiny_ref)
+    assert not result.passed
+    single = result.reference.levels[0]
+    assert single.concurrency == 1 and single.subset and not single.passed
+    assert single.far == single.prompts
+    assert "not close at concurrency 1" in result.reference.reason
+    # The known answers asked alone are garbage too (the batched level's tail may garble
+    # some of its answers as well, so which known-answer rule trips is timing-dependent).
+    alone = [r for r in result.known_answers.records if r.concurrency == 1]
+    assert alone and not any(r.correct for r in alone)
+
+
 def test_batch_dependent_garbage_fails_only_at_higher_concurrency(sim, tiny_ref: Recorded) -> None:
     result = probe(sim(faults=[{"fault": "garbage_when_batch_gt", "batch": 2}]), tiny_ref)
     assert not result.passed
@@ -227,7 +269,7 @@ def test_long_prompt_garbage_fails_on_the_long_lookup(sim, tiny_ref: Recorded) -
 
 
 def test_deadline_cuts_the_probe_short_and_fails_it(sim, tiny_ref: Recorded) -> None:
-    server = sim(time_scale=0.05)
+    server = sim(time_scale=0.2)
     began = time.monotonic()
     result = probe(server, tiny_ref, deadline_s=1.0)
     assert time.monotonic() - began < 10
@@ -258,9 +300,10 @@ def test_no_false_alarm_in_20_runs(sim, tiny_ref: Recorded) -> None:
     results = [probe(server, tiny_ref) for _ in range(20)]
     alarms = [r.reason for r in results if not r.passed]
     assert not alarms, alarms
-    # Every run really compared everything: no run passed by skipping a layer.
-    assert all(r.reference is not None and len(r.reference.scores) == 20 for r in results)
-    assert all(r.known_answers.total == 24 for r in results)
+    # Every run really compared everything: no run passed by skipping a layer (the whole
+    # set at concurrency 8, the single-stream subset at 1).
+    assert all(r.reference is not None and len(r.reference.scores) == 2 + 10 for r in results)
+    assert all(r.known_answers.total == 2 + 12 for r in results)
 
 
 # ------------------------------------------------------ one request serves both layers
@@ -273,25 +316,35 @@ def finished_requests(server: SimProc) -> int:
                if line.startswith("vllm:request_success_total{"))
 
 
-def test_known_answer_questions_are_asked_once_per_level(sim, tiny_ref: Recorded) -> None:
+@pytest.mark.parametrize("single_stream", ["full", "subset"])
+def test_known_answer_questions_are_asked_once_per_level(
+        sim, tiny_ref: Recorded, single_stream: str) -> None:
     server = sim()
-    spec, ref = tiny_ref.spec, tiny_ref.reference
+    ref = tiny_ref.reference
+    spec = tiny_ref.spec.model_copy(update={"single_stream": single_stream})
+    rec = Recorded(spec, ref, tiny_ref.known_accuracy)
     before = finished_requests(server)
-    result = probe(server, tiny_ref)
+    result = probe(server, rec)
     sent = finished_requests(server) - before
     assert result.passed, result.reason
-    levels = len(spec.concurrency)
-    assert spec.reference.concurrency == spec.concurrency
+    assert spec.reference.concurrency == spec.concurrency == (1, 8)
     shared = sum(p.source == "known_answer" for p in ref.prompts)
-    forced = sum(p.forced is not None for p in ref.prompts)
+    forced = len(forced_prompt_ids(ref, spec.reference))
+    assert shared == 6 and forced == 4  # the open prompts are forced, not the known answers
     # Per level every known-answer item once, plus the reference prompts that are not
     # known-answer questions; then the teacher-forced requests once. Asking each layer
     # separately would add `shared` requests per level.
-    assert shared == 6
-    assert sent == levels * (spec.items + len(ref.prompts) - shared) + forced
-    # Both layers still judged every pair: nothing was skipped to save the requests.
-    assert result.known_answers.total == spec.items * levels
-    assert len(result.reference.scores) == len(ref.prompts) * levels
+    full_level = spec.items + len(ref.prompts) - shared
+    if single_stream == "full":
+        assert sent == 2 * full_level + forced
+        assert result.known_answers.total == spec.items * 2
+        assert len(result.reference.scores) == len(ref.prompts) * 2
+    else:
+        # Concurrency 1: the lookup (one request for both layers), a short completions
+        # question and the raw-text open prompt.
+        assert sent == 3 + full_level + forced
+        assert result.known_answers.total == 2 + spec.items
+        assert len(result.reference.scores) == 2 + len(ref.prompts)
     assert result.known_answers_seconds and result.reference_seconds
     assert result.probe_seconds >= result.known_answers_seconds
 
@@ -308,16 +361,17 @@ def test_a_trial_that_tokenizes_differently_is_asked_through_its_own_endpoint(
     odd = first.model_copy(update={"prompt_ids": [*ids[:-1], ids[-1] + 1]})
     tampered = ref.model_copy(update={"prompts": [odd, *ref.prompts[1:]]})
     server = sim()
+    spec = tiny_ref.spec.model_copy(update={"single_stream": "full"})
     before = finished_requests(server)
-    result = asyncio.run(run_correctness(server.url, MODEL, tiny_ref.spec, reference=tampered))
+    result = asyncio.run(run_correctness(server.url, MODEL, spec, reference=tampered))
     sent = finished_requests(server) - before
-    levels = len(tiny_ref.spec.concurrency)
+    levels = len(spec.concurrency)
     shared = sum(p.source == "known_answer" for p in ref.prompts) - 1
-    forced = sum(p.forced is not None for p in ref.prompts)
-    assert sent == levels * (tiny_ref.spec.items + len(ref.prompts) - shared) + forced
+    forced = len(forced_prompt_ids(ref, spec.reference))
+    assert sent == levels * (spec.items + len(ref.prompts) - shared) + forced
     assert result.known_answers.passed, result.known_answers.reason
     # Its answer is the one the server gives through the shared path when ids agree.
-    normal = probe(server, tiny_ref)
+    normal = probe(server, Recorded(spec, ref, tiny_ref.known_accuracy))
     item = f"{first.id.removeprefix('ka-')}-chat"
     def answers(res: CorrectnessResult) -> list[str | None]:
         return [r.answer for r in res.known_answers.records if r.id == item]

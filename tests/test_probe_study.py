@@ -123,8 +123,14 @@ def test_correct_trials_carry_per_prompt_reference_scores(probe_study: dict) -> 
         # own), so each known-answer question is asked once per level for both layers.
         assert levels == {r["concurrency"] for r in probe["known_answers"]["records"]}
         assert len(levels) == 2
-        for level in levels:
-            assert {s["id"] for s in scores if s["concurrency"] == level} == ids
+        # The whole prompt set at the batched level; at concurrency 1 the single-stream
+        # subset (probe.single_stream), marked as such in probe.json.
+        subset = {lvl["concurrency"]: lvl["subset"] for lvl in probe["reference"]["levels"]}
+        assert subset == {1: True, max(levels): False}
+        assert {s["id"] for s in scores if s["concurrency"] == max(levels)} == ids
+        single = {s["id"] for s in scores if s["concurrency"] == 1}
+        assert single < ids and any(i.startswith("open") for i in single)
+        assert any(i.startswith("ka-") for i in single)
         assert all(s["verdict"] in ("exact", "close") for s in scores)
         assert probe["known_answers"]["total"] > 0
         outcome = json.loads((_trial_dir(probe_study, case) / "outcome.json").read_text())

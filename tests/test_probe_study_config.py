@@ -98,3 +98,17 @@ def test_bad_prompt_files_stop_before_anything_starts(tmp_path: Path) -> None:
     # With the reference layer off its file is not read at all.
     off = study(**{"probe.reference.prompts_file": "ref.jsonl", "probe.reference.enabled": False})
     assert resolve_probe_files(off.probe, tmp_path).reference.enabled is False
+
+
+def test_probe_cost_settings_are_checked_with_field_value_and_allowed() -> None:
+    data = yaml.safe_load((ROOT / "search_spaces" / "smollm2-cpu.yaml").read_text())
+    spec = parse_study(yaml.safe_dump(data), "smollm2-cpu.yaml")
+    assert spec.probe.single_stream == "subset" and spec.probe.concurrency == (1, 8)
+    assert spec.probe.reference.forced_prompts == "open"
+    data["probe"]["single_stream"] = "some"
+    data["probe"]["reference"] = {"forced_prompts": "known"}
+    with pytest.raises(SpecError) as err:
+        parse_study(yaml.safe_dump(data), "smollm2-cpu.yaml")
+    text = str(err.value)
+    assert "probe.single_stream: Input should be 'subset' or 'full' (got 'some')" in text
+    assert "probe.reference.forced_prompts: Input should be 'open' or 'all' (got 'known')" in text

@@ -116,8 +116,11 @@ def report(name: str, result: ReferenceResult) -> None:
         line = (f"  c={lvl.concurrency}: close {lvl.close_fraction:.3f} (margin "
                 f"{lvl.close_fraction - th['min_close_fraction']:+.3f}), exact "
                 f"{lvl.exact_fraction:.3f}")
-        if lvl.concurrency == result.levels[0].concurrency:
+        # The exact rule is held at the lowest level that ran every prompt.
+        if lvl is next(x for x in result.levels if not x.subset):
             line += f" (margin {lvl.exact_fraction - th['min_exact_fraction']:+.3f})"
+        elif lvl.subset:
+            line += " (single-stream subset)"
         if lvl.forced_top1 is not None:
             line += (f", forced top-1 {lvl.forced_top1:.4f} over {lvl.forced_positions} "
                      f"(margin {lvl.forced_top1 - th['min_prompt_top1']:+.4f}), forced "

@@ -39,7 +39,9 @@ from tuner.core.reference import (
     ReferencePromptsError,
     ReferenceResult,
     ReferenceSource,
+    SingleStreamPlan,
     combine,
+    forced_prompt_ids,
     forced_request,
     generation_request,
     parse_forced,
@@ -48,6 +50,7 @@ from tuner.core.reference import (
     reference_sources,
     score_reference,
     shared_prompts,
+    single_stream_plan,
     tokenize_request,
     truncate_generation,
 )
@@ -207,6 +210,7 @@ async def record_reference(
                 ReferencePrompt(
                     id=source.id,
                     source=source.source,
+                    form="chat" if source.messages is not None else "text",
                     fingerprint=source.fingerprint(),
                     preview=source.preview(),
                     prompt_ids=ids,
@@ -294,9 +298,10 @@ async def check_reference(
     """Send the reference's requests to ``base_url`` and score them against ``reference``.
 
     The same requests, levels and order as the reference layer of :func:`run_correctness`
-    (without known answers): the greedy requests once per level of
-    ``spec.reference.concurrency``, the teacher-forced ones with the highest level, at
-    most ``level`` in flight.
+    (without known answers), except that every level sends the whole prompt set (no
+    single-stream subset: this is the reference's self-check, run once per study): the
+    greedy requests once per level of ``spec.reference.concurrency``, the teacher-forced
+    ones (:func:`forced_prompt_ids`) with the highest level, at most ``level`` in flight.
 
     Raises:
         asyncio.CancelledError: when cancelled; in-flight requests are cancelled too.
@@ -304,7 +309,9 @@ async def check_reference(
     ref = spec.reference
     deadline = None if deadline_s is None else perf_counter() + deadline_s
     async with _client(base_url, headers, spec, max(ref.concurrency)) as client:
-        _, answers, _ = await _run_levels(client, model, spec, reference, [], {}, deadline)
+        _, answers, _ = await _run_levels(
+            client, model, spec, reference, [], {}, deadline, plan=None
+        )
     return score_reference(reference, answers, ref)
 
 
@@ -423,14 +430,17 @@ async def _run_levels(
     items: Sequence[ProbeItem],
     pairs: Mapping[str, ReferencePrompt],
     deadline: float | None,
+    *,
+    plan: SingleStreamPlan | None,
 ) -> tuple[list[ProbeAnswer], list[ReferenceAnswer], float]:
     """Both layers' requests, level by level, lowest first.
 
     At each level at most ``level`` requests are in flight in all: the known-answer items
     (those in ``pairs`` as one shared request), the reference prompts no shared request
-    covers, and - at the highest reference level - the teacher-forced requests. Forcing is
-    prefill only, so there it costs little next to the decodes it is batched with, and it
-    runs where batch-dependent prefill numerics show.
+    covers, and - at the highest reference level - the teacher-forced requests
+    (:func:`forced_prompt_ids`). Forcing is prefill only, so there it costs little next to
+    the decodes it is batched with, and it runs where batch-dependent prefill numerics
+    show. ``plan`` (:func:`single_stream_plan`) limits what concurrency 1 sends.
 
     Returns:
         (known-answer answers, reference answers, seconds until each level's known-answer
@@ -440,6 +450,9 @@ async def _run_levels(
     known_levels = set(spec.concurrency) if items else set()
     ref_levels = set(ref.concurrency)
     forced_level = max(ref_levels)
+    forced_ids = forced_prompt_ids(reference, ref)
+    level_items = {} if plan is None else plan.asked_items()
+    level_prompts = {} if plan is None else plan.asked_prompts()
     known_answers: list[ProbeAnswer] = []
     ref_answers: list[ReferenceAnswer] = []
     known_s = 0.0
@@ -447,12 +460,47 @@ async def _run_levels(
         gate = asyncio.Semaphore(level)
         with_known = level in known_levels
         with_ref = level in ref_levels
-        shared = pairs if with_known and with_ref else {}
+        send_items = level_items.get(level)
+        send_prompts = level_prompts.get(level)
+        shared = {
+            item_id: prompt
+            for item_id, prompt in (pairs.items() if with_known and with_ref else ())
+            if send_prompts is None or prompt.id in send_prompts
+        }
         level_start = perf_counter()
+        sent_items = [
+            item
+            for item in (items if with_known else ())
+            if send_items is None or item.id in send_items
+        ]
+        sent_ids = {item.id for item in sent_items}
+        covered = {p.id for item_id, p in shared.items() if item_id in sent_ids}
+        own_prompts = [
+            p
+            for p in reference.prompts
+            if with_ref and p.id not in covered and (send_prompts is None or p.id in send_prompts)
+        ]
+        forced_prompts = [
+            p
+            for p in reference.prompts
+            if with_ref and level == forced_level and p.id in forced_ids and p.forced is not None
+        ]
         async with asyncio.TaskGroup() as group:
+            # Longest work first, so the level's tail runs as full a batch as it can: the
+            # reference's own prompts (the open ones decode reference.max_tokens tokens),
+            # the teacher-forced prefills, then the known answers (a few tokens each).
+            # Tasks take the gate in the order they are created.
+            ref_tasks = [
+                group.create_task(_ask(client, p, level, "generate", model, spec, gate, deadline))
+                for p in own_prompts
+            ]
+            ref_tasks.extend(
+                group.create_task(_ask(client, p, level, "forced", model, spec, gate, deadline))
+                for p in forced_prompts
+            )
             shared_tasks = []
             known_tasks = []
-            for item in items if with_known else ():
+            for item in sent_items:
                 if item.id in shared:
                     task = _ask_shared(
                         client, item, shared[item.id], level, model, spec, reference, gate, deadline
@@ -464,18 +512,6 @@ async def _run_levels(
                             ask_item(client, item, level, model, spec, gate, deadline)
                         )
                     )
-            covered = {p.id for p in shared.values()}
-            ref_tasks = [
-                group.create_task(_ask(client, p, level, "generate", model, spec, gate, deadline))
-                for p in reference.prompts
-                if with_ref and p.id not in covered
-            ]
-            if with_ref and level == forced_level and ref.teacher_forced:
-                ref_tasks.extend(
-                    group.create_task(_ask(client, p, level, "forced", model, spec, gate, deadline))
-                    for p in reference.prompts
-                    if p.forced is not None
-                )
             known_side = [*shared_tasks, *known_tasks]
             if known_side:
                 await asyncio.wait(known_side)
@@ -508,7 +544,9 @@ async def run_correctness(
 
     A known-answer question that is also a reference prompt is asked once per level that
     both layers run at (:func:`_ask_shared`), provided the trial's ``/tokenize`` gives the
-    recorded ids; everything else as :func:`_run_levels` describes.
+    recorded ids; everything else as :func:`_run_levels` describes. Concurrency 1 sends
+    only the single-stream subset (:func:`single_stream_plan`) when ``spec.single_stream``
+    is ``subset`` and a higher level runs the whole set; both layers are scored with it.
 
     Returns:
         The combined verdict with ``probe_seconds`` (the probe's cost) and both layers;
@@ -538,6 +576,7 @@ async def run_correctness(
         )
     if items is None:
         items = load_probe_items(spec)
+    plan = single_stream_plan(spec, items, reference)
     start = perf_counter()
     deadline = None if deadline_s is None else start + deadline_s
     widest = max(*spec.concurrency, *spec.reference.concurrency)
@@ -557,10 +596,21 @@ async def run_correctness(
                 }
             pairs = {i: p for i, p in pairs.items() if checks[i].result()}
         known_answers, ref_answers, known_s = await _run_levels(
-            client, model, spec, reference, items, pairs, deadline
+            client, model, spec, reference, items, pairs, deadline, plan=plan
         )
-    known = score(items, known_answers, spec, probe_seconds=known_s)
-    result = score_reference(reference, ref_answers, spec.reference)
+    known = score(
+        items,
+        known_answers,
+        spec,
+        probe_seconds=known_s,
+        asked=None if plan is None else plan.asked_items(),
+    )
+    result = score_reference(
+        reference,
+        ref_answers,
+        spec.reference,
+        asked=None if plan is None else plan.asked_prompts(),
+    )
     total = perf_counter() - start
     return combine(
         known,

@@ -47,7 +47,7 @@ import math
 import random
 import re
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from statistics import NormalDist
 from typing import Any, Literal, NamedTuple
@@ -160,12 +160,20 @@ class LevelResult(BaseModel):
     correct: int
     total: int
     accuracy: float
-    threshold: float
+    threshold: float | None = Field(
+        description="The accuracy bar; None at a single-stream subset level (not gated there)."
+    )
     by_api: dict[str, Tally]
     consistency: float | None = Field(
-        description="Fraction of items answered identically to the lowest level; None there."
+        description=(
+            "Fraction of the items asked at both levels answered identically to the lowest "
+            "level; None there."
+        )
     )
     passed: bool
+    subset: bool = Field(
+        default=False, description="Only some items were asked here (ProbeSpec.single_stream)."
+    )
 
 
 class ProbeResult(BaseModel):
@@ -668,11 +676,17 @@ def score(
     spec: ProbeSpec,
     *,
     probe_seconds: float | None = None,
+    asked: Mapping[int, Collection[str]] | None = None,
 ) -> ProbeResult:
     """Judge every (item, concurrency level) pair and apply the pass rule of ``ProbeSpec``.
 
     A missing answer or an error counts as wrong. Levels are ``spec.concurrency``; the
     lowest one is the consistency baseline.
+
+    ``asked`` maps a level to the ids of the only items asked there (a single-stream
+    subset, :func:`tuner.core.reference.single_stream_plan`); a level not in it asked every
+    item. A subset level's accuracy is recorded, not gated (see :class:`ProbeSpec`), and
+    consistency is judged over the items asked at both levels.
 
     Raises:
         ValueError: on duplicate or unknown answers, or an empty item set (caller bugs).
@@ -682,12 +696,18 @@ def score(
     by_id = {item.id: item for item in items}
     if len(by_id) != len(items):
         raise ValueError("probe item ids must be unique")
+    subsets = {level: set(ids) for level, ids in (asked or {}).items()}
+    for level, ids in subsets.items():
+        if level not in spec.concurrency or not ids or not ids <= by_id.keys():
+            raise ValueError(f"bad item subset at concurrency {level}: {sorted(ids)[:5]}")
     got: dict[tuple[str, int], ProbeAnswer] = {}
     for ans in answers:
         if ans.item_id not in by_id:
             raise ValueError(f"answer for unknown item {ans.item_id!r}")
         if ans.concurrency not in spec.concurrency:
             raise ValueError(f"answer at unexpected concurrency {ans.concurrency}")
+        if ans.concurrency in subsets and ans.item_id not in subsets[ans.concurrency]:
+            raise ValueError(f"answer for {ans.item_id!r}, not asked at {ans.concurrency}")
         if (ans.item_id, ans.concurrency) in got:
             raise ValueError(f"two answers for {ans.item_id!r} at concurrency {ans.concurrency}")
         got[(ans.item_id, ans.concurrency)] = ans
@@ -696,11 +716,13 @@ def score(
         _judge(item, level, got.get((item.id, level)))
         for level in spec.concurrency
         for item in items
+        if level not in subsets or item.id in subsets[level]
     ]
     baseline = spec.concurrency[0]
     base_text = {
         r.id: r.answer for r in records if r.concurrency == baseline and r.error is None
     }
+    base_ids = {r.id for r in records if r.concurrency == baseline}
     failures: list[str] = []
     levels: list[LevelResult] = []
     same_total = pairs_total = 0
@@ -708,7 +730,12 @@ def score(
         recs = [r for r in records if r.concurrency == level]
         correct = sum(r.correct for r in recs)
         accuracy = correct / len(recs)
-        if spec.reference_accuracy is None:
+        subset = level in subsets and len(subsets[level]) < len(items)
+        threshold: float | None
+        if subset:
+            threshold = None
+            rule = ""
+        elif spec.reference_accuracy is None:
             threshold = spec.min_accuracy
             rule = ""
         else:
@@ -720,7 +747,7 @@ def score(
             )
         by_api = _tally(recs, "api")
         # Small epsilon: accuracy and threshold are both ratios of small integers.
-        ok = accuracy >= threshold - 1e-9
+        ok = threshold is None or accuracy >= threshold - 1e-9
         if not ok:
             apis = ", ".join(f"{api} {t.accuracy:.2f}" for api, t in by_api.items())
             failures.append(
@@ -728,19 +755,35 @@ def score(
             )
         consistency = None
         if level != baseline:
+            pairs = [r for r in recs if r.id in base_ids]
             same = sum(
                 r.error is None and r.id in base_text and base_text[r.id] == r.answer
-                for r in recs
+                for r in pairs
             )
-            consistency = same / len(recs)
+            changed = len(pairs) - same
+            consistency = same / len(pairs) if pairs else None
             same_total += same
-            pairs_total += len(recs)
-            if consistency < spec.min_consistency - 1e-9:
+            pairs_total += len(pairs)
+            # As many changed answers as min_consistency tolerates over this level's items
+            # (same/n >= c <=> changed <= (1-c)n); with a single-stream subset as baseline
+            # the pairs are fewer, so never all of them either.
+            tolerated = math.floor((1.0 - spec.min_consistency) * len(recs) + 1e-9)
+            if len(pairs) < len(recs):
+                tolerated = min(tolerated, len(pairs) - 1)
+            if pairs and spec.min_consistency > 0 and changed > tolerated:
                 ok = False
-                failures.append(
-                    f"consistency {consistency:.2f} < {spec.min_consistency:.2f} at concurrency "
-                    f"{level} vs {baseline} (greedy answers changed with batch size)"
-                )
+                if len(pairs) == len(recs):
+                    failures.append(
+                        f"consistency {same / len(pairs):.2f} < {spec.min_consistency:.2f} at "
+                        f"concurrency {level} vs {baseline} (greedy answers changed with "
+                        "batch size)"
+                    )
+                else:
+                    failures.append(
+                        f"{changed} of the {len(pairs)} single-stream items answered "
+                        f"differently at concurrency {level} than at {baseline} (at most "
+                        f"{tolerated} tolerated; greedy answers changed with batch size)"
+                    )
         levels.append(
             LevelResult(
                 concurrency=level,
@@ -751,6 +794,7 @@ def score(
                 by_api=by_api,
                 consistency=consistency,
                 passed=ok,
+                subset=subset,
             )
         )
 

@@ -195,11 +195,15 @@ class Engine:
             await self._sleep_step(self.cost.step_ms(plan.shape()) / 1e3 * self.scale)
             self._step += 1
             batch_fault = self.faults.get("garbage_when_batch_gt")
+            small_fault = self.faults.get("garbage_when_batch_lt")
             for entry in plan.entries:
                 req = self._by_seq.get(entry.seq.seq_id)
                 if req is None or req.finished:
                     continue   # aborted while the step ran
                 if batch_fault and batch_fault.batch is not None and running > batch_fault.batch:
+                    req.plan.garble(req.emitted, self.eff.numerics_salt)
+                # A kernel path taken only for small batches (batch size 1 with batch=2).
+                if small_fault and small_fault.batch is not None and running < small_fault.batch:
                     req.plan.garble(req.emitted, self.eff.numerics_salt)
                 self._emit(req, entry)
 

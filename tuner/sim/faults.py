@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 FaultName = Literal[
     "slow_start", "crash_at_start", "oom_at_start", "hang_at_start", "crash_mid_load",
     "hang_mid_stream", "ignore_sigterm", "garbage_sse", "http_5xx", "garbage",
-    "diverge_after_tokens", "garbage_when_batch_gt", "garbage_when_prompt_gt",
+    "diverge_after_tokens", "garbage_when_batch_gt", "garbage_when_batch_lt",
+    "garbage_when_prompt_gt",
     "silent_downgrade",
 ]
 FAULT_NAMES: tuple[str, ...] = FaultName.__args__  # type: ignore[attr-defined]
@@ -27,6 +28,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "slow_start": ("seconds",),
     "diverge_after_tokens": ("tokens",),
     "garbage_when_batch_gt": ("batch",),
+    "garbage_when_batch_lt": ("batch",),
     "garbage_when_prompt_gt": ("tokens",),
     "silent_downgrade": ("target", "value"),
 }
@@ -41,7 +43,7 @@ class Fault(BaseModel):
     after_requests: int = 0             # request-count faults: the first N requests are fine
     count: int = 1                      # http_5xx: how many requests get a 500
     tokens: int | None = None           # diverge_after_tokens / garbage_when_prompt_gt
-    batch: int | None = None            # garbage_when_batch_gt
+    batch: int | None = None            # garbage_when_batch_gt / _lt (lt 2: batch size 1 only)
     target: str | None = None           # silent_downgrade: e.g. compilation_config.cudagraph_mode
     value: Any = None                   # silent_downgrade: the value actually used
 
