@@ -204,3 +204,20 @@ def test_cache_env_defers_to_the_studys_own_variable() -> None:
     assert cache_env(None) == {}
     assert cache_env("/data/vllm") == {"VLLM_CACHE_ROOT": "/data/vllm"}
     assert cache_env("/data/vllm", {"VLLM_CACHE_ROOT": "/mine"}) == {}
+
+
+def test_compiled_engine_without_cache_lines_is_unknown_not_none() -> None:
+    """The CPU build with VLLM_USE_AOT_COMPILE=0 compiles ("Warming up model for the
+    compilation...") but prints no cache line: the record must say unknown, never "none"
+    (which means the engine ran without torch.compile)."""
+
+    from pathlib import Path
+
+    from tuner.core.compile_cache import parse_compile_log
+
+    fixtures = Path(__file__).parent / "fixtures" / "vllm_logs" / "cpu-0.32.0"
+    recorded = (fixtures / "compiled.log").read_text()
+    assert parse_compile_log(recorded).cache == "miss"          # recorded: it saved an AOT artifact
+    silent = "\n".join(l for l in recorded.splitlines() if "saved AOT compiled function" not in l)
+    assert parse_compile_log(silent).cache is None
+    assert parse_compile_log((fixtures / "eager.log").read_text()).cache == "none"

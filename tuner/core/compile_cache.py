@@ -71,6 +71,12 @@ _LOADED_RE = re.compile(r"Directly load the compiled graph\(s\) for (?:compile r
                         r"dynamic shape) from the cache, took ([\d.]+) s")
 _AOT_SAVED_RE = re.compile(_MODULE_RE + r"saved AOT compiled function to (\S+)")
 _AOT_LOADED_RE = re.compile(_MODULE_RE + r"Directly load AOT compilation from path (\S+)")
+# The engine config line says whether torch.compile runs at all (no compile lines then
+# mean "none"); with compilation on and no cache lines (the CPU build with
+# VLLM_USE_AOT_COMPILE=0 prints only "Warming up model for the compilation...") the cache
+# status is unknown, not "none".
+_ENGINE_EAGER_RE = re.compile(r"Initializing a V1 LLM engine .*?\benforce_eager=(True|False)")
+_ENGINE_MODE_RE = re.compile(r"Initializing a V1 LLM engine .*?'mode': <CompilationMode\.(\w+):")
 _RELOAD_RE = re.compile(r"Compiling model again due to a load failure from (\S+), reason: (.*)$")
 _TOTAL_RE = re.compile(_MODULE_RE + r"torch\.compile (?:took|takes) ([\d.]+) s in total")
 _CAPTURE_RE = re.compile(r"Graph capturing finished in ([\d.]+) secs?")
@@ -134,6 +140,7 @@ def parse_compile_log(text: str) -> CompileRecord:
     lod: list[float] = []
     init_compilation: float | None = None
     started = False
+    compiles: bool | None = None   # from the engine config line; None: not seen
     for raw in text.splitlines():
         prefix, line = _split(raw)
 
@@ -175,6 +182,10 @@ def parse_compile_log(text: str) -> CompileRecord:
         elif (m := _CAPTURE_RE.search(line)) is not None:
             if rec.graph_capture_s is None:
                 rec.graph_capture_s = float(m.group(1))
+        elif "Initializing a V1 LLM engine" in line:
+            eager = _ENGINE_EAGER_RE.search(line)
+            mode = _ENGINE_MODE_RE.search(line)
+            compiles = not ((eager and eager.group(1) == "True") or (mode and mode.group(1) == "NONE"))
         elif (m := _INIT_RE.search(line)) is not None:
             started = True
             if rec.init_engine_s is None:
@@ -194,7 +205,7 @@ def parse_compile_log(text: str) -> CompileRecord:
         rec.cache = "hit"
     elif miss:
         rec.cache = "miss"
-    elif started and rec.cache_dir is None and not totals:
+    elif started and rec.cache_dir is None and not totals and compiles is not True:
         rec.cache = "none"
     return rec
 
