@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, processes_with_env, tuner_argv, write_study
-from tests.faultkit import FAST
+from tests.faultkit import FAST, Tuner, wait_for
+from tuner.adapters import proctree
 
 pytestmark = pytest.mark.slow
 
@@ -167,6 +168,59 @@ def test_a_wall_clock_limit_keeps_time_for_the_reruns(tmp_path: Path) -> None:
         assert verdict["runs"][0]["outcome"] == "feasible", verdict
         finished = len(list((root / "trials").glob("*/outcome.json")))
         assert 2 <= finished < 40
+    finally:
+        deadline = time.monotonic() + 5
+        while processes_with_env(marker) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not processes_with_env(marker), "orphan simulator processes"
+
+
+def test_second_ctrl_c_kills_a_rerun_at_once_and_a_later_confirm_starts_afresh(tmp_path: Path) -> None:
+    """A re-run's server that ignores SIGTERM, with a minute of stop grace: the second Ctrl-C
+    kills it at once (its folder names its pid file like a trial's), no verdict is written,
+    and the next `tuner confirm` takes a new folder and keeps the interrupted one."""
+
+    updates = dict(FAST)
+    updates.update({
+        "parameters": [{"name": "case", "flag": "max_num_seqs", "kind": "categorical",
+                        "values": [256], "default": 256}],
+        "budget.n_trials": 1, "budget.trial_timeout": "60s", "server.stop_timeout": "60s",
+    })
+    path, marker = write_study(tmp_path, updates=updates, env={"TUNER_SIM_STARTUP_SCALE": 0.002})
+    data = yaml.safe_load(path.read_text())
+    data["server"]["env"].pop("TUNER_SIM_TIME_SCALE")
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    name, results = path.stem, tmp_path / "results"
+    root = results / name
+    try:
+        out = _tuner("run", str(path), "--results", str(results))
+        assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+        faults = json.dumps([{"fault": "ignore_sigterm"}, {"fault": "slow_start", "seconds": 1500}])
+        tuner = Tuner(tmp_path, "confirm", name, "--results", str(results), "--trial", "0",
+                      env={"TUNER_SIM_TIME_SCALE": SCALE, "TUNER_SIM_FAULTS": faults}, tag="confirm")
+        pid_file = root / "confirm" / "0000-1" / "server.pid"
+        try:
+            wait_for(pid_file.exists, 120, "the re-run's server", tuner)
+            pgid = int(json.loads(pid_file.read_text())["pgid"])
+            time.sleep(0.3)
+            tuner.ctrl_c()
+            time.sleep(1.0)   # the first stop now waits out the SIGTERM grace
+            assert tuner.proc.poll() is None, "the first Ctrl-C must wait for the server"
+            pressed = time.monotonic()
+            tuner.ctrl_c()
+            code = tuner.wait(timeout=30)
+            took = time.monotonic() - pressed
+        finally:
+            tuner.stop()
+        assert code == 130, tuner.output[-3000:]
+        assert took < 10, f"second Ctrl-C took {took:.1f}s"
+        assert not proctree.group_members(pgid), "the re-run's server survived"
+        assert not (root / "confirm" / "0000.json").exists()
+        again = _tuner("confirm", name, "--results", str(results), "--trial", "0")
+        assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+        verdict = _verdict(root, 0)
+        assert verdict["verdict"] == "confirmed" and [r["folder"] for r in verdict["runs"]] == ["0000-2"]
+        assert (root / "confirm" / "0000-1").is_dir()
     finally:
         deadline = time.monotonic() + 5
         while processes_with_env(marker) and time.monotonic() < deadline:

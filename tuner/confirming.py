@@ -10,7 +10,6 @@ takes new folder numbers, so nothing measured is overwritten.
 
 from __future__ import annotations
 
-import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 
 import optuna
 
-from tuner import recovery
 from tuner.adapters.artifacts import atomic_write_json
 from tuner.core.confirmation import Confirmation, RunResult, judge, summary_text
 from tuner.core.outcome import TrialOutcome
@@ -47,16 +45,6 @@ class _Job:
 class _Pending:
     jobs: list[_Job] = field(default_factory=list)
     runs: dict[int, list[RunResult]] = field(default_factory=dict)
-
-
-class _JobFiles:
-    """What recovery.kill_servers_now needs: the folder of a job's pid file."""
-
-    def __init__(self, folders: dict[int, Path]) -> None:
-        self.folders = folders
-
-    def trial_dir(self, number: int) -> Path:
-        return self.folders[number]
 
 
 def _next_rerun(paths: Any, trial: int) -> int:
@@ -139,13 +127,7 @@ def confirm_trials(orch: Orchestrator, study: optuna.Study, trials: list[int], *
         raise StudyError(str(exc)) from exc
     except KeyboardInterrupt:
         # Second Ctrl-C: the re-runs' servers go now, not after their grace.
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-        try:
-            recovery.kill_servers_now(_JobFiles({j.number: j.folder for j in running.values()}),  # type: ignore[arg-type]
-                                      list(running))
-            executor.abandon_all("interrupted", "stopped at once by a second Ctrl-C")
-        finally:
-            signal.signal(signal.SIGINT, previous)
+        orch.kill_running_now()
         raise
     return verdicts
 

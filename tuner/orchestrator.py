@@ -154,21 +154,6 @@ def resolve_probe_files(probe: ProbeSpec, base_dir: Path) -> ProbeSpec:
     return resolved
 
 
-class _ReferenceJobFiles:
-    """The reference job's folder as the two recovery helpers see a study (they only ask
-    for ``pid_files()`` and ``trial_dir(n)``), so its server is stopped like a trial's."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder
-
-    def pid_files(self) -> list[Path]:
-        pid = self.folder / "server.pid"
-        return [pid] if pid.exists() else []
-
-    def trial_dir(self, number: int) -> Path:
-        return self.folder
-
-
 @dataclass
 class RunSummary:
     finished_runs: int
@@ -264,10 +249,8 @@ class Orchestrator:
         self.progress(f"[retry] trial {trial.number} will be re-run (attempt {attempt + 1})")
 
     def _stop_leftover_servers(self) -> None:
+        # Trials', confirmation re-runs' and the reference job's (StudyPaths.pid_files).
         recovery.stop_leftover_servers(self.handle.paths, self.spec.server.stop_timeout, self.progress)
-        # A run killed while it recorded the reference left that server behind.
-        recovery.stop_leftover_servers(_ReferenceJobFiles(self.reference_dir),  # type: ignore[arg-type]
-                                       self.spec.server.stop_timeout, self.progress)
 
     def ensure_baseline(self, study: optuna.Study) -> None:
         """Queue the baseline, then the study's starting points, once per study (a resumed
@@ -424,11 +407,7 @@ class Orchestrator:
         self._stop_reason = "interrupted"
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)  # this must not be cut short
         try:
-            numbers = [int(r["number"]) for r in self.executor.running()]
-            killed = recovery.kill_servers_now(self.handle.paths, numbers)
-            items = self.executor.abandon_all("interrupted", "stopped at once by a second Ctrl-C")
-            self.progress(f"[interrupt] stopped now: killed {len(killed)} server(s)")
-            for item in items:
+            for item in self.kill_running_now():
                 try:
                     self._tell(study, item)
                 except StorageUnavailable:
@@ -436,6 +415,23 @@ class Orchestrator:
                     logger.warning("could not record trial %s", item.request.get("number"))
         finally:
             signal.signal(signal.SIGINT, previous)
+
+    def kill_running_now(self) -> list[Finished]:
+        """Second Ctrl-C: SIGKILL the servers of every running job (trial, reference or
+        confirmation re-run: each request names its folder, where its pid file is) and
+        abandon the workers, without waiting; the abandoned jobs, failed ``interrupted``.
+        SIGINT is ignored meanwhile: this must not be cut short."""
+
+        self._stop_reason = "interrupted"
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            killed = recovery.kill_servers_now(
+                [Path(r["trial_dir"]) / "server.pid" for r in self.executor.running()])
+            items = self.executor.abandon_all("interrupted", "stopped at once by a second Ctrl-C")
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        self.progress(f"[interrupt] stopped now: killed {len(killed)} server(s)")
+        return items
 
     def _next_values(self, study: optuna.Study, trial: Trial) -> dict[str, Any]:
         values: dict[str, Any] = {}
@@ -590,7 +586,7 @@ class Orchestrator:
     def reference_dir(self) -> Path:
         """The reference job's own files (command, server log, outcome)."""
 
-        return self.handle.paths.root / "reference"
+        return self.handle.paths.reference_dir
 
     @property
     def reference_json(self) -> Path:
@@ -695,14 +691,7 @@ class Orchestrator:
             raise StudyError(str(exc)) from exc
         except KeyboardInterrupt:
             # Second Ctrl-C: the reference server goes now, not after its grace.
-            self._stop_reason = "interrupted"
-            previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
-            try:
-                recovery.kill_servers_now(_ReferenceJobFiles(self.reference_dir),  # type: ignore[arg-type]
-                                          [REFERENCE_JOB])
-                self.executor.abandon_all("interrupted", "stopped at once by a second Ctrl-C")
-            finally:
-                signal.signal(signal.SIGINT, previous)
+            self.kill_running_now()
             raise
 
     def _keep_reference(self, item: Finished, config: ReferenceConfiguration) -> Reference | None:

@@ -80,12 +80,12 @@ def stop_leftover_servers(paths: StudyPaths, stop_timeout_s: float,
         pid_file.unlink(missing_ok=True)
 
 
-def kill_servers_now(paths: StudyPaths, numbers: list[int]) -> list[int]:
-    """SIGKILL the local servers of these trials at once (a second Ctrl-C); their pgids."""
+def kill_servers_now(pid_files: list[Path]) -> list[int]:
+    """SIGKILL the local servers these pid files name at once (a second Ctrl-C); their pgids."""
 
     killed = []
-    for number in numbers:
-        record = _read(paths.trial_dir(number) / "server.pid")
+    for pid_file in pid_files:
+        record = _read(pid_file)
         if record is None:
             continue
         pgid = _ours(record)

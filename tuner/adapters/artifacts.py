@@ -147,10 +147,17 @@ class StudyPaths:
                 continue   # half-written or foreign: the re-run is simply not shown
         return found
 
+    @property
+    def reference_dir(self) -> Path:
+        """The study's reference job (command, server log, outcome)."""
+
+        return self.root / "reference"
+
     def pid_files(self) -> list[Path]:
-        # Trials' servers and confirmation re-runs' servers (same worker, same pid file).
+        # Every server a worker starts writes one: trials, confirmation re-runs, the reference.
         return sorted([*(self.root / "trials").glob("*/server.pid"),
-                       *self.confirm_root.glob("*/server.pid")])
+                       *self.confirm_root.glob("*/server.pid"),
+                       *self.reference_dir.glob("server.pid")])
 
     def default_storage_url(self) -> str:
         return f"sqlite:///{self.sqlite.resolve()}"
