@@ -32,8 +32,8 @@ from tuner.sim.profile import load_profile  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 SOURCES = ["tuner/sim/perf_model.py", "tuner/sim/scheduler.py",
            "tuner/sim/effective.py", "tuner/sim/comm.py", "tuner/sim/model.py", "tuner/sim/args.py",
-           "tuner/sim/tokenizer.py", "tuner/core/workload.py", "tuner/core/render.py",
-           "tuner/sim/cache.py", "tuner/sim/profile.py", "tuner/core/compile_cache.py",
+           "tuner/sim/tokenizer.py", "tuner/core/workload.py", "tuner/vllm/render.py",
+           "tuner/sim/cache.py", "tuner/sim/profile.py", "tuner/vllm/compile_cache.py",
            "tuner/core/space.py"]
 
 
@@ -102,8 +102,8 @@ def build(spec_path: str | Path, *, profile: str = "glm5-8xpcie", jobs: int = 2,
 def check_verdicts(spec_path: str | Path, profile: str = "glm5-8xpcie") -> tuple[int, list[str]]:
     """(points checked, disagreements) between mismatches() and the real log + verify path."""
 
-    from tuner.core.effective_config import parse_effective_config
-    from tuner.core.verify import verify
+    from tuner.vllm.effective_config import parse_effective_config
+    from tuner.vllm.verify import verify
     from tuner.sim.dry_log import startup_log
 
     spec = load_spec(spec_path)

@@ -1,4 +1,4 @@
-"""vLLM's torch.compile cache as the tuner sees it (tuner.core.compile_cache): the compile
+"""vLLM's torch.compile cache as the tuner sees it (tuner.vllm.compile_cache): the compile
 record of a server log and the compile key of a configuration.
 
 Which lines are recorded and which are built:
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.core.compile_cache import (CompileRecord, cache_env, compile_key, compile_settings,
+from tuner.vllm.compile_cache import (CompileRecord, cache_env, compile_key, compile_settings,
                                       parse_compile_log, relevance, validate_cache_dir)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_logs"
@@ -213,7 +213,7 @@ def test_compiled_engine_without_cache_lines_is_unknown_not_none() -> None:
 
     from pathlib import Path
 
-    from tuner.core.compile_cache import parse_compile_log
+    from tuner.vllm.compile_cache import parse_compile_log
 
     fixtures = Path(__file__).parent / "fixtures" / "vllm_logs" / "cpu-0.32.0"
     recorded = (fixtures / "compiled.log").read_text()

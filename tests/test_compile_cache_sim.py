@@ -15,7 +15,7 @@ import pytest
 
 from tests.conftest import write_study
 from tests.test_sim_proc import Sim
-from tuner.core.compile_cache import parse_compile_log
+from tuner.vllm.compile_cache import parse_compile_log
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -97,7 +97,7 @@ def _request(tmp_path: Path, number: int) -> Any:
     from tuner.cli import load_spec_file
     from tuner.core import space
     from tuner.core.outcome import TrialRequest
-    from tuner.core.render import asked_settings
+    from tuner.vllm.render import asked_settings
     from tuner.orchestrator import trial_command
 
     study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": 0.02, **_env(tmp_path)},

@@ -16,8 +16,8 @@ import httpx
 import pytest
 
 from tests.conftest import processes_with_env, run_tuner, write_study
-from tuner.core.effective_config import parse_effective_config
-from tuner.core.verify import verify
+from tuner.vllm.effective_config import parse_effective_config
+from tuner.vllm.verify import verify
 
 pytestmark = pytest.mark.slow
 

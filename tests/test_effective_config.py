@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tuner.core.effective_config import (
+from tuner.vllm.effective_config import (
     EVIDENCE_WIDTH,
     EffectiveConfig,
     excerpt,

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from tuner.core.effective_config import EffectiveConfig, parse_effective_config
-from tuner.core.failure_signatures import FatalLineScanner, match_fatal_line, scan_log
+from tuner.vllm.effective_config import EffectiveConfig, parse_effective_config
+from tuner.vllm.failure_signatures import FatalLineScanner, match_fatal_line, scan_log
 from tuner.core.prometheus import parse_prometheus_text, server_side_metrics
-from tuner.core.verify import verify
+from tuner.vllm.verify import verify
 
 FIXTURES = Path(__file__).parent / "fixtures"
 LOGS = FIXTURES / "vllm_logs" / "cpu-0.32.0"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.core.effective_config import strip_ansi
-from tuner.core.failure_signatures import (
+from tuner.vllm.effective_config import strip_ansi
+from tuner.vllm.failure_signatures import (
     GENERIC_REASONS,
     REASONS,
     FatalLineScanner,

@@ -436,7 +436,7 @@ def test_driver_deadline_cancels_into_the_actor_and_stops_the_server(tmp_path: P
     from tuner.cli import load_spec_file
     from tuner.core import space
     from tuner.core.outcome import TrialRequest
-    from tuner.core.render import asked_settings
+    from tuner.vllm.render import asked_settings
     from tuner.executor import RayExecutor
     from tuner.orchestrator import trial_command
 

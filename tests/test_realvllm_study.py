@@ -36,9 +36,9 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, free_port_block, processes_with_env, run_tuner
-from tuner.core.effective_config import parse_effective_config
+from tuner.vllm.effective_config import parse_effective_config
 from tuner.core.probe_spec import ProbeSpec
-from tuner.core.verify import verify
+from tuner.vllm.verify import verify
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import shlex
 
-from tuner.core.render import RenderedCommand, asked_settings, render_command, shell_line
+from tuner.vllm.render import RenderedCommand, asked_settings, render_command, shell_line
 from tuner.core.spec import ServerSpec
 
 

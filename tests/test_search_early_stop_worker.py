@@ -13,7 +13,7 @@ from tests.conftest import write_study
 from tuner.core import space
 from tuner.core.early_stop import SweepGuard
 from tuner.core.outcome import TrialOutcome, TrialRequest
-from tuner.core.render import asked_settings
+from tuner.vllm.render import asked_settings
 from tuner.records import TrialRecord
 from tuner.scoring import early_stop_plan, stopped_told
 

@@ -9,10 +9,10 @@ import pytest
 
 from tuner import search_truth as st
 from tuner.core import space
-from tuner.core.effective_config import parse_effective_config
-from tuner.core.render import asked_settings
+from tuner.vllm.effective_config import parse_effective_config
+from tuner.vllm.render import asked_settings
 from tuner.core.spec import parse_study
-from tuner.core.verify import verify
+from tuner.vllm.verify import verify
 from tuner.sim.dry_log import startup_log
 from tuner.sim.profile import load_profile
 

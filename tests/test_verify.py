@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from tuner.core.effective_config import EffectiveConfig, parse_effective_config
-from tuner.core.verify import KnobCheck, VerificationResult, verify
+from tuner.vllm.effective_config import EffectiveConfig, parse_effective_config
+from tuner.vllm.verify import KnobCheck, VerificationResult, verify
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
 

@@ -59,7 +59,7 @@ def load_spec_file(path: str) -> StudySpec:
 
 
 def _command_text(spec: StudySpec, values: dict[str, Any]) -> str:
-    from tuner.core.render import RenderedCommand, shell_line
+    from tuner.vllm.render import RenderedCommand, shell_line
     from tuner.orchestrator import trial_command
 
     argv, env = trial_command(spec, values, python="python")

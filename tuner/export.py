@@ -19,7 +19,7 @@ import yaml
 
 from tuner.core import space
 from tuner.core.confirmation import blocks_export
-from tuner.core.render import PYTHON_PLACEHOLDER, RenderedCommand, server_arguments, shell_line
+from tuner.vllm.render import PYTHON_PLACEHOLDER, RenderedCommand, server_arguments, shell_line
 from tuner.core.spec import StudySpec
 from tuner.orchestrator import trial_command
 from tuner.records import TrialRecord, record_points

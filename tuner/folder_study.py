@@ -28,7 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.adapters.artifacts import StudyPaths
 from tuner.core import space
 from tuner.core.outcome import TrialOutcome
-from tuner.core.render import RenderedCommand, shell_line
+from tuner.vllm.render import RenderedCommand, shell_line
 from tuner.core.spec import StudySpec, parse_study
 from tuner.errors import SpecError, StudyError
 from tuner.records import KIND_RUN

@@ -38,13 +38,13 @@ from tuner.adapters.artifacts import atomic_write_json, is_secret_name
 from tuner.core import space
 from tuner.adapters.probe_client import load_probe_items
 from tuner.adapters.reference_client import load_reference_sources
-from tuner.core.compile_cache import cache_env
+from tuner.vllm.compile_cache import cache_env
 from tuner.core.confirmation import choose_candidates, confirmation_brief, reserve_seconds
 from tuner.core.outcome import TrialOutcome, TrialRequest
 from tuner.core.pareto import pareto_front
 from tuner.core.probe_spec import ProbeSpec
 from tuner.core.reference import Reference, with_reference_accuracy
-from tuner.core.render import RenderedCommand, asked_settings, render_command, shell_line
+from tuner.vllm.render import RenderedCommand, asked_settings, render_command, shell_line
 from tuner.core.spec import ServerSpec, StudySpec
 from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
 from tuner.executor import Finished, NoWorkersLeft, RayExecutor

@@ -81,7 +81,7 @@ class TrialRecord:
 
     @property
     def compile_record(self) -> dict[str, Any] | None:
-        """The trial's torch.compile record (tuner.core.compile_cache.CompileRecord as JSON:
+        """The trial's torch.compile record (tuner.vllm.compile_cache.CompileRecord as JSON:
         cache hit/miss/partial/none, compile, capture and init-engine seconds), from the
         ``compile`` user attribute or the outcome's ``compile`` field; None when unknown
         (trials recorded before compile records existed, or a log that never got there)."""

@@ -10,7 +10,7 @@ takes, with each I/O step replaced by the simulator's pure model of it:
    configuration the simulated vLLM would run. An argv/config error (``ConfigError``) or an
    engine failure (``Effective.failure``) makes the trial *failed* (told FAIL).
 3. **Verify**: each asked target is compared with the value the simulated server really
-   applies, the way ``tuner.core.verify`` reads it back from the log (see ``_got``).
+   applies, the way ``tuner.vllm.verify`` reads it back from the log (see ``_got``).
    A silent downgrade (custom all-reduce off on PCIe, FULL -> FULL_AND_PIECEWISE on an
    UNIFORM_BATCH attention backend, ...) makes the point *not applied* -> infeasible.
    ``benchmarks/search_efficiency.py --check-verdicts`` replays every point through the
@@ -77,7 +77,7 @@ from tuner.core import space
 from tuner.core.outcome import TrialOutcome
 from tuner.core.load_spec import LoadSpec
 from tuner.core.pareto import Point, pareto_front
-from tuner.core.render import asked_settings
+from tuner.vllm.render import asked_settings
 from tuner.core.sampling import grid_points
 from tuner.core.spec import StudySpec
 from tuner.core.workload import draft_requests, fit_draft, level_stream

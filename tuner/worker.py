@@ -33,14 +33,14 @@ from tuner.adapters.loadgen import run_sweep, write_records_jsonl
 from tuner.adapters.probe_client import load_probe_items, run_probe
 from tuner.adapters.reference_client import (ReferenceRecordError, check_reference, load_reference_sources,
                                              record_reference, run_correctness)
-from tuner.core.compile_cache import parse_compile_log
+from tuner.vllm.compile_cache import parse_compile_log
 from tuner.core.early_stop import SweepGuard
-from tuner.core.effective_config import parse_effective_config
+from tuner.vllm.effective_config import parse_effective_config
 from tuner.core.load_spec import LoadSpec, rate_level_name
 from tuner.core.outcome import TrialOutcome, TrialRequest
 from tuner.core.probe_spec import ProbeSpec
 from tuner.core.reference import Reference, validate_reference
-from tuner.core.verify import verify
+from tuner.vllm.verify import verify
 from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCancelled, TrialError, TrialTimeout
 
 __all__ = ["TrialWorker"]

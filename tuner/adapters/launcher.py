@@ -27,7 +27,7 @@ from pathlib import Path
 import httpx
 
 from tuner.adapters import proctree
-from tuner.core.failure_signatures import FatalLineScanner
+from tuner.vllm.failure_signatures import FatalLineScanner
 from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerStartTimeout
 
 __all__ = ["ServerProcess", "StopReport", "port_owner_message", "check_port_free", "TAG_VAR",

@@ -105,8 +105,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.core.effective_config import parse_effective_config
-from tuner.core.verify import verify
+from tuner.vllm.effective_config import parse_effective_config
+from tuner.vllm.verify import verify
 
 __all__ = ["Target", "Decision", "optimistic_values", "dominated", "infeasible_reason", "decide",
            "level_order", "sweep_plan", "SweepGuard", "startup_mismatches", "inside_bound",

@@ -77,6 +77,6 @@ class TrialOutcome(BaseModel):
         default=None, description="core.early_stop.SweepGuard.record: why and after which "
         "step the trial stopped before its full sweep; None: it ran everything")
     compile: dict[str, Any] | None = Field(
-        default=None, description="core.compile_cache.CompileRecord from the server log "
+        default=None, description="vllm.compile_cache.CompileRecord from the server log "
         "(torch.compile cache hit/miss, compile and capture seconds); None: unknown")
     warnings: list[str] = Field(default_factory=list)

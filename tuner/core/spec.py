@@ -24,7 +24,7 @@ from pydantic import (
 from tuner.core.durations import parse_duration
 from tuner.core.load_spec import LoadSpec
 from tuner.core.probe_spec import ProbeSpec
-from tuner.core.vllm_catalog import MULTICAST_ALGOS, check_target_name, check_value
+from tuner.vllm.catalog import MULTICAST_ALGOS, check_target_name, check_value
 from tuner.errors import SpecError
 
 __all__ = [
@@ -322,7 +322,7 @@ class ExecutionSpec(_Strict):
     @field_validator("compile_cache_dir")
     @classmethod
     def _check_compile_cache_dir(cls, value: str | None) -> str | None:
-        from tuner.core.compile_cache import validate_cache_dir
+        from tuner.vllm.compile_cache import validate_cache_dir
 
         return validate_cache_dir(value)
 

@@ -1,7 +1,7 @@
 """The simulator's torch.compile cache: real files under VLLM_CACHE_ROOT, keyed like vLLM's.
 
 vLLM keys its compile cache by a hash of the compile-relevant configuration (see
-``tuner.core.compile_cache`` for which settings and why) and writes, after compiling,
+``tuner.vllm.compile_cache`` for which settings and why) and writes, after compiling,
 ``$VLLM_CACHE_ROOT/torch_compile_cache/torch_aot_compile/<sha256>/rank_0_0/model``
 atomically (``<path>.<pid>.tmp`` then ``os.replace``) next to the Inductor cache directory
 ``torch_compile_cache/<hash10>/rank_0_0/backbone``. The simulator does the same with the
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.core.compile_cache import CACHE_ENV, IGNORED_VLLM_ENV
+from tuner.vllm.compile_cache import CACHE_ENV, IGNORED_VLLM_ENV
 from tuner.sim.effective import Effective
 from tuner.sim.logs import VERSION
 

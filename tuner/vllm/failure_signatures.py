@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.core.effective_config import LogLine, excerpt, split_log_line, strip_ansi
+from tuner.vllm.effective_config import LogLine, excerpt, split_log_line, strip_ansi
 
 __all__ = [
     "GENERIC_REASONS",

@@ -7,7 +7,7 @@
   leftover setting) — the trial measured a different configuration than it claims;
 * ``unverifiable``: the log cannot tell (the note says what would make it tell).
 
-Targets (see ``vllm_catalog``): top-level engine args (``enforce_eager``), dotted fields of
+Targets (see ``catalog``): top-level engine args (``enforce_eager``), dotted fields of
 JSON config args (``compilation_config.cudagraph_mode``) and ``env:NAME``. How each target
 is read back is one row of ``_CHECKERS``/``_PREFIX_CHECKERS``; any other target falls back
 to vLLM's own record of parsed arguments, the ``non-default args:`` line.
@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from tuner.core.effective_config import EffectiveConfig, excerpt_around_key
+from tuner.vllm.effective_config import EffectiveConfig, excerpt_around_key
 
 __all__ = ["KnobCheck", "Status", "VerificationResult", "verify"]
 
