@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/overhead.py [--trials 1000] [--profile]
 
-Builds a study folder + SQLite storage with ``tuner.study_store`` (as ``tuner run`` does),
+Builds a study folder + SQLite storage with ``tuner.study.store`` (as ``tuner run`` does),
 fills it with trials that carry the user attributes and constraints a real trial gets
 (``create_trial`` for the bulk, because telling 1,000 trials through the loop costs minutes),
 and at several study sizes runs a few trials through the orchestrator's real code path with a
@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT))
 import optuna  # noqa: E402
 from optuna.trial import TrialState, create_trial  # noqa: E402
 
-from tuner.core import space  # noqa: E402
-from tuner.core.spec import parse_study  # noqa: E402
+from tuner.study import samplers, space  # noqa: E402
+from tuner.study.study_file import parse_study  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 # The wide space: 1,000 trials cover a fifth of it. On glm5-8xpcie (1,560 points) they would
@@ -103,7 +103,7 @@ def fabricate(study: optuna.Study, spec: Any, count: int, rng: random.Random, st
     """``count`` finished trials as the orchestrator leaves them (user attrs, constraints)."""
 
     levels = tuple(spec.load.concurrency)
-    dists = {p.name: space.distribution(p) for p in space.ordered_parameters(spec)}
+    dists = {p.name: samplers.distribution(p) for p in space.ordered_parameters(spec)}
     for i in range(count):
         number = start + i
         values = space.random_values(spec, rng)
@@ -184,7 +184,7 @@ def measure_real_path(orch: Any, study: optuna.Study, executor: StandInExecutor,
 def measure_bare(study: optuna.Study, spec: Any, k: int) -> list[float]:
     """study.ask() + suggestions + study.tell(): the sampler and storage alone."""
 
-    from tuner.core.sampling import suggest
+    from tuner.study.samplers import suggest
 
     wall, cpu = [], []
     for _ in range(k):
@@ -227,7 +227,7 @@ def main() -> int:
 
     from tuner.orchestrator import Orchestrator
     from tuner.status import build_status, format_status, status_from_folder
-    from tuner.study_store import create_or_open
+    from tuner.study.store import create_or_open
 
     spec = parse_study(SPEC.read_text(), str(SPEC)).model_copy()
     root = Path(tempfile.mkdtemp(prefix="tuner-overhead-"))
@@ -238,8 +238,8 @@ def main() -> int:
     orch.ensure_baseline(study)
     rng = random.Random(0)
     sizes = sorted({s for s in (1, 100, 300, args.trials) if s <= args.trials})
-    report: dict[str, Any] = {"spec": str(SPEC.relative_to(ROOT)), "storage": "sqlite (tuner.study_store)",
-                              "sampler": "tuner.core.sampling.make_sampler (the default, tpe)",
+    report: dict[str, Any] = {"spec": str(SPEC.relative_to(ROOT)), "storage": "sqlite (tuner.study.store)",
+                              "sampler": "tuner.study.samplers.make_sampler (the default, tpe)",
                               "sizes": {}, "targets": {"overhead_s": 1.0, "ask_tell_s": 0.1, "status_s": 1.0}}
     have = 0
     for size in sizes:

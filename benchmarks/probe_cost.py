@@ -60,7 +60,8 @@ from tuner.adapters.reference_client import (  # noqa: E402
 )
 from tuner.core.probe_spec import ProbeSpec  # noqa: E402
 from tuner.core.reference import single_stream_plan, with_reference_accuracy  # noqa: E402
-from tuner.core.spec import StudySpec, parse_study  # noqa: E402
+from tuner.study.spec import StudySpec  # noqa: E402
+from tuner.study.study_file import parse_study  # noqa: E402
 
 
 def _load_average() -> list[float]:

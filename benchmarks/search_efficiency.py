@@ -3,7 +3,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/search_efficiency.py            # everything
     PYTHONPATH=. .venv/bin/python benchmarks/search_efficiency.py --quick    # 3 seeds, fewer variants
 
-Each study is simulated without servers (tuner.study_sim): an in-memory Optuna study driven
+Each study is simulated without servers (tuner.sim.study): an in-memory Optuna study driven
 through the orchestrator's ask / suggest / tell logic, every trial answered from the ground
 truth of benchmarks/truth.py (simulator performance model at every point of the space) with
 multiplicative lognormal measurement noise. For every (space, sampler, seed) it records the
@@ -11,7 +11,7 @@ true hypervolume of the feasible points evaluated so far after each finished tri
 table gives the trials needed to reach 95 % of the true front's hypervolume (median over
 seeds, 25th-75th percentile and worst seed; ">N" = not reached within the N-trial budget).
 
---early-stop compares studies with and without tuner.core.early_stop (same sampler, same
+--early-stop compares studies with and without tuner.study.early_stop (same sampler, same
 seeds, whole budget): study time saved, trials stopped, and stopped trials that would have
 entered the front (must be 0) or are true front points (must be 0).
 
@@ -43,10 +43,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import optuna  # noqa: E402
 
-from tuner.core import sampling  # noqa: E402
-from tuner.core.spec import SamplerSpec, StudySpec  # noqa: E402
-from tuner.search_truth import GroundTruth  # noqa: E402
-from tuner.study_sim import EarlyStopPolicy, StudyRun, run_study  # noqa: E402
+from tuner.study import sampling, samplers  # noqa: E402
+from tuner.study.spec import SamplerSpec, StudySpec  # noqa: E402
+from tuner.sim.truth import GroundTruth  # noqa: E402
+from tuner.sim.study import EarlyStopPolicy, StudyRun, run_study  # noqa: E402
 
 import truth as truth_mod  # noqa: E402
 
@@ -65,18 +65,18 @@ def _with(spec: StudySpec, name: str, seed: int, n_startup: int | None = None) -
 
 @dataclass(frozen=True)
 class Default:
-    """The orchestrator's sampler for a study's ``sampler.name`` (tuner.core.sampling.make_sampler)."""
+    """The orchestrator's sampler for a study's ``sampler.name`` (tuner.study.samplers.make_sampler)."""
 
     name: str
 
     def __call__(self, spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
-        return sampling.make_sampler(_with(spec, self.name, seed))
+        return samplers.make_sampler(_with(spec, self.name, seed))
 
 
 @dataclass(frozen=True)
 class TPE:
     """A TPESampler with explicit settings (picklable, for the process pool); with a design,
-    its random start-up shrinks by the design's size as tuner/core/sampling.py does."""
+    its random start-up shrinks by the design's size as tuner/study/samplers.py does."""
 
     settings: tuple[tuple[str, Any], ...] = ()
     design: str | None = None
@@ -91,23 +91,23 @@ class TPE:
 
 @dataclass(frozen=True)
 class AvoidSeen:
-    """tuner/core/sampling.py AvoidSeenSampler around a TPE variant."""
+    """tuner/study/samplers.py AvoidSeenSampler around a TPE variant."""
 
     inner: TPE
 
     def __call__(self, spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
-        return sampling.AvoidSeenSampler(self.inner(spec, seed), spec, seed=seed)
+        return samplers.AvoidSeenSampler(self.inner(spec, seed), spec, seed=seed)
 
 
 @dataclass(frozen=True)
 class Local:
-    """tuner/core/sampling.py ParetoLocalSampler around a sampler variant."""
+    """tuner/study/samplers.py ParetoLocalSampler around a sampler variant."""
 
     inner: Any
     local: float = 0.5
 
     def __call__(self, spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
-        return sampling.ParetoLocalSampler(self.inner(spec, seed), spec, local=self.local, seed=seed)
+        return samplers.ParetoLocalSampler(self.inner(spec, seed), spec, local=self.local, seed=seed)
 
 
 def default_factory(name: str) -> Default:
@@ -158,11 +158,11 @@ def variants(names: list[str] | None) -> list[Variant]:
         Variant("grid (shuffled)", random_factory, grid=True, budget_factor=4,
                 note="every point once, random order"),
         Variant("default", default_factory("tpe"),
-                note="what `sampler: {name: tpe}` runs (tuner/core/sampling.make_sampler): "
+                note="what `sampler: {name: tpe}` runs (tuner.study.samplers.make_sampler): "
                      "ParetoLocalSampler(univariate TPE, constant_liar), local share 0.5"),
         Variant("tpe multivariate (old default)", tpe_factory(**MV),
                 note="the earlier default: multivariate, group, constant_liar, 10 random start-up"),
-        Variant("nsga2", default_factory("nsga2"), note="tuner/core/sampling.make_sampler population"),
+        Variant("nsga2", default_factory("nsga2"), note="tuner.study.samplers.make_sampler population"),
         Variant("tpe independent", tpe_factory(constant_liar=True), note="univariate TPE, 10 start-up"),
         Variant("tpe + OFAT design", tpe_factory(design="top", **MV), design="top",
                 note="baseline, one knob at a time (tuner/core/sampling.initial_design), then multivariate TPE"),
@@ -202,7 +202,7 @@ def _evaluator(space: str) -> Any:
     """For when a not-applied knob shows in the log (resolve only, no simulation)."""
 
     if space not in _EVALUATORS:
-        from tuner.search_truth import Evaluator
+        from tuner.sim.truth import Evaluator
         from tuner.sim.profile import load_profile
 
         _EVALUATORS[space] = Evaluator(_truth(space)[0], load_profile("glm5-8xpcie"))
@@ -219,7 +219,7 @@ class Job:
     policy: EarlyStopPolicy | None = None
     stop_at_full: bool = True
     tag: str = ""
-    compile_cache: bool = True      # servers share vLLM's torch.compile cache (study_sim)
+    compile_cache: bool = True      # servers share vLLM's torch.compile cache (tuner.sim.study)
 
 
 def _summarise(run: StudyRun, truth: GroundTruth, spec: StudySpec) -> dict[str, Any]:
@@ -419,7 +419,7 @@ def main() -> int:
     ap.add_argument("--noise", type=float, default=0.03, help="lognormal sigma of measurements")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--samplers", default="", help="variant names separated by ; (default all)")
-    ap.add_argument("--early-stop", action="store_true", help="also measure tuner.core.early_stop")
+    ap.add_argument("--early-stop", action="store_true", help="also measure tuner.study.early_stop")
     ap.add_argument("--early-stop-only", action="store_true")
     ap.add_argument("--no-compile-cache", dest="compile_cache", action="store_false",
                     help="every server start compiles (default: the servers share vLLM's torch.compile "
@@ -530,7 +530,7 @@ def print_table(results: dict[str, Any], spaces: list[str]) -> None:
 # ------------------------------------------------------------------------------- early stop
 
 
-# "all" is what the tuner does (tuner/worker.py + core.early_stop.SweepGuard): infeasible
+# "all" is what the tuner does (tuner/worker.py + study.early_stop.SweepGuard): infeasible
 # while starting / at verification / after the probe / on a missed limit, objective levels
 # first, dominated exact or on a bound, and inside a level on its window so far. The others
 # take it apart.

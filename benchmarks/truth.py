@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import sys
 import time
@@ -25,16 +26,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tuner import search_truth as st  # noqa: E402
-from tuner.core.spec import StudySpec, parse_study  # noqa: E402
+from tuner.sim import truth as st  # noqa: E402
+from tuner.study.spec import StudySpec  # noqa: E402
+from tuner.study.study_file import parse_study  # noqa: E402
 from tuner.sim.profile import load_profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
-SOURCES = ["tuner/sim/perf_model.py", "tuner/sim/scheduler.py",
-           "tuner/sim/effective.py", "tuner/sim/comm.py", "tuner/sim/model.py", "tuner/sim/args.py",
-           "tuner/sim/tokenizer.py", "tuner/core/workload.py", "tuner/vllm/render.py",
-           "tuner/sim/cache.py", "tuner/sim/profile.py", "tuner/vllm/compile_cache.py",
-           "tuner/core/space.py"]
+# Modules whose code decides a point's outcome, by name (their files move between packages).
+SOURCES = ["tuner.sim.perf_model", "tuner.sim.perf_config", "tuner.sim.scheduler", "tuner.sim.events",
+           "tuner.sim.effective", "tuner.sim.comm", "tuner.sim.model", "tuner.sim.args",
+           "tuner.sim.tokenizer", "tuner.core.workload", "tuner.vllm.render", "tuner.sim.cache",
+           "tuner.sim.profile", "tuner.vllm.compile_cache", "tuner.study.space"]
 
 
 def load_spec(path: str | Path) -> StudySpec:
@@ -47,8 +49,11 @@ def fingerprint(spec_path: Path, profile: str) -> str:
     h.update(profile.encode())
     h.update(f"eval-version {st.EVAL_VERSION}".encode())
     h.update((ROOT / "tuner/sim/profiles" / f"{profile}.yaml").read_bytes())
-    for rel in SOURCES:
-        h.update((ROOT / rel).read_bytes())
+    for name in SOURCES:
+        found = importlib.util.find_spec(name)
+        if found is None or found.origin is None:
+            raise SystemExit(f"benchmarks/truth.py: module {name} not found (moved? update SOURCES)")
+        h.update(Path(found.origin).read_bytes())
     return h.hexdigest()[:16]
 
 

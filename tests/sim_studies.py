@@ -1,4 +1,4 @@
-"""Small study files for tests that need a whole ground truth (tuner.search_truth) fast:
+"""Small study files for tests that need a whole ground truth (tuner.sim.truth) fast:
 GLM-5 on the simulator's field-notes profile, but short requests and low concurrency."""
 
 SMALL_STUDY = """

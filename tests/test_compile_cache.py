@@ -185,7 +185,7 @@ def test_every_verdict_has_a_reason() -> None:
 def test_cache_dir_validation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from pydantic import ValidationError
 
-    from tuner.core.spec import ExecutionSpec
+    from tuner.study.spec import ExecutionSpec
 
     monkeypatch.setenv("HOME", str(tmp_path))
     monkeypatch.setenv("TUNER_TEST_CACHE", str(tmp_path / "c"))

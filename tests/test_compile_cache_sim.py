@@ -1,7 +1,7 @@
 """The compile cache end to end: real simulator starts sharing a temporary VLLM_CACHE_ROOT
 (a miss compiles and writes the entry, the next start with the same compile-relevant
 settings logs vLLM's hit lines and starts sooner), the worker recording it per trial, and
-the simulated-study time model (tuner.study_sim with compile_cache)."""
+the simulated-study time model (tuner.sim.study with compile_cache)."""
 
 from __future__ import annotations
 
@@ -95,10 +95,10 @@ def test_dry_log_never_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def _request(tmp_path: Path, number: int) -> Any:
     from tuner.cli import load_spec_file
-    from tuner.core import space
-    from tuner.core.outcome import TrialRequest
+    from tuner.study import space
+    from tuner.study.outcome import TrialRequest
     from tuner.vllm.render import asked_settings
-    from tuner.orchestrator import trial_command
+    from tuner.study.command import trial_command
 
     study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": 0.02, **_env(tmp_path)},
                            updates={"server.startup_timeout": "120s"})
@@ -115,7 +115,7 @@ def _request(tmp_path: Path, number: int) -> Any:
 
 
 def test_the_worker_records_the_compile_cache_per_trial(tmp_path: Path) -> None:
-    from tuner.core.outcome import TrialOutcome
+    from tuner.study.outcome import TrialOutcome
     from tuner.worker import TrialWorker
 
     async def start_stop(request: Any) -> tuple[float, dict[str, Any]]:
@@ -141,7 +141,7 @@ def test_the_worker_records_the_compile_cache_per_trial(tmp_path: Path) -> None:
 
 
 def test_records_read_the_compile_record_or_say_unknown() -> None:
-    from tuner.records import TrialRecord
+    from tuner.study.records import TrialRecord
 
     old = TrialRecord(0, "COMPLETE", "run", {}, attrs={"outcome": {"startup_s": 400.0}})
     assert old.compile_record is None and old.compile_cache is None
@@ -156,8 +156,8 @@ def test_records_read_the_compile_record_or_say_unknown() -> None:
 @pytest.fixture(scope="module")
 def small():
     from tests.sim_studies import SMALL_STUDY
-    from tuner.core.spec import parse_study
-    from tuner.search_truth import build_ground_truth
+    from tuner.study.study_file import parse_study
+    from tuner.sim.truth import build_ground_truth
     from tuner.sim.profile import load_profile
 
     spec = parse_study(SMALL_STUDY, "small")
@@ -186,7 +186,7 @@ def test_truth_carries_the_compile_key(small) -> None:
 
 
 def test_a_repeated_compile_key_starts_sooner(small) -> None:
-    from tuner.study_sim import run_study
+    from tuner.sim.study import run_study
 
     spec, truth = small
     off = run_study(spec, truth, _rand, n_trials=15, seed=3)
@@ -207,7 +207,7 @@ def test_a_repeated_compile_key_starts_sooner(small) -> None:
 
 
 def test_parallel_trials_only_hit_what_finished_compiling_before_they_started(small) -> None:
-    from tuner.study_sim import run_study
+    from tuner.sim.study import run_study
 
     spec, truth = small
     run = run_study(spec, truth, _rand, n_trials=16, seed=5, workers=4, compile_cache=True)

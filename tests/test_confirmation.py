@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.core.confirmation import RunResult, choose_candidates, judge
-from tuner.core.confirmation_text import blocks_export, confirmation_brief, summary_text
-from tuner.core.pareto import Point
-from tuner.core.spec import parse_study
+from tuner.study.confirmation import RunResult, choose_candidates, judge
+from tuner.study.confirmation_text import blocks_export, confirmation_brief, summary_text
+from tuner.study.pareto import Point
+from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
 from tuner.export import ExportError, choose_record
-from tuner.records import TrialRecord
+from tuner.study.records import TrialRecord
 
 LABELS = ["output_tok_s@c16", "tpot_ms.mean@c1"]
 DIRS = ["maximize", "minimize"]
@@ -137,7 +137,7 @@ def test_confirm_defaults_are_off() -> None:
 
 
 def test_reserve_is_rounds_of_parallel_reruns_at_the_median_full_trial() -> None:
-    from tuner.core.confirmation import reserve_seconds
+    from tuner.study.confirmation import reserve_seconds
 
     # Median of 100, 300, 120 is 120; 2 candidates x 2 repeats on 3 groups = 2 rounds, after
     # one trial's time for the trials still running when new ones stop.

@@ -8,8 +8,8 @@ import optuna
 import pytest
 
 from tests.sim_studies import SMALL_STUDY
-from tuner.core import sampling, space
-from tuner.core.spec import parse_study
+from tuner.study import sampling, samplers, space
+from tuner.study.study_file import parse_study
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -55,17 +55,17 @@ def test_neighbours_change_one_knob(glm5) -> None:
 
 
 def test_make_sampler_defaults_and_overrides(glm5) -> None:
-    s = sampling.make_sampler(glm5)
-    assert isinstance(s, sampling.ParetoLocalSampler)
+    s = samplers.make_sampler(glm5)
+    assert isinstance(s, samplers.ParetoLocalSampler)
     nsga = glm5.model_copy(update={"sampler": glm5.sampler.model_copy(update={"name": "nsga2"})})
-    assert isinstance(sampling.make_sampler(nsga), optuna.samplers.NSGAIISampler)
+    assert isinstance(samplers.make_sampler(nsga), optuna.samplers.NSGAIISampler)
     rnd = glm5.model_copy(update={"sampler": glm5.sampler.model_copy(update={"name": "random"})})
-    assert isinstance(sampling.make_sampler(rnd), optuna.samplers.RandomSampler)
+    assert isinstance(samplers.make_sampler(rnd), optuna.samplers.RandomSampler)
 
 
 def test_local_trials_measure_a_new_neighbour_of_the_front(small) -> None:
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    sampler = sampling.ParetoLocalSampler(optuna.samplers.RandomSampler(seed=0), small, local=1.0,
+    sampler = samplers.ParetoLocalSampler(optuna.samplers.RandomSampler(seed=0), small, local=1.0,
                                           min_trials=3, seed=0)
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
     seen = []
@@ -107,7 +107,7 @@ def _point(key: str) -> dict:
 
 
 def test_enqueued_trials_are_left_alone(small) -> None:
-    sampler = sampling.ParetoLocalSampler(optuna.samplers.RandomSampler(seed=1), small, local=1.0,
+    sampler = samplers.ParetoLocalSampler(optuna.samplers.RandomSampler(seed=1), small, local=1.0,
                                           min_trials=0, seed=1)
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
     base = space.baseline_values(small)
@@ -118,7 +118,7 @@ def test_enqueued_trials_are_left_alone(small) -> None:
 
 def test_avoid_seen_draws_unmeasured_points(small) -> None:
     total = space.discrete_size(small)[0]
-    sampler = sampling.AvoidSeenSampler(optuna.samplers.RandomSampler(seed=2), small, seed=2)
+    sampler = samplers.AvoidSeenSampler(optuna.samplers.RandomSampler(seed=2), small, seed=2)
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
     keys = []
     for _ in range(total):
@@ -167,7 +167,7 @@ def test_below_the_history_limit_tpe_proposes_what_it_would_alone(small) -> None
     def tpe():
         return optuna.samplers.TPESampler(seed=3, constant_liar=True, n_startup_trials=6)
 
-    wrapped = sampling.ParetoLocalSampler(tpe(), small, local=0.0, min_trials=6, seed=3, history=1000)
+    wrapped = samplers.ParetoLocalSampler(tpe(), small, local=0.0, min_trials=6, seed=3, history=1000)
     alone = run(tpe())
     assert run(wrapped) == alone
     assert len({space.params_key(v) for v in alone}) > 4      # TPE did choose, not one point
@@ -191,9 +191,9 @@ def test_a_large_study_shows_tpe_the_front_and_the_newest_trials(small, monkeypa
     the running ones; never the old infeasible trial 0."""
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    monkeypatch.setattr(sampling, "HISTORY_SHARE", share)
+    monkeypatch.setattr(samplers, "HISTORY_SHARE", share)
     base = _Recording()
-    sampler = sampling.ParetoLocalSampler(base, small, local=0.0, min_trials=0, seed=0, history=5)
+    sampler = samplers.ParetoLocalSampler(base, small, local=0.0, min_trials=0, seed=0, history=5)
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
     for i in range(30):
         trial = study.ask()

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tuner.core.early_stop import (Target, decide, dominated, infeasible_reason, learned_ratio,
+from tuner.study.early_stop import (Target, decide, dominated, infeasible_reason, learned_ratio,
                                    level_order, optimistic)
 
 THR = Target("output_tok_s", 64, "maximize")
@@ -111,8 +111,8 @@ def test_infeasible_reasons() -> None:
 @pytest.fixture(scope="module")
 def small_truth():
     from tests.sim_studies import SMALL_STUDY
-    from tuner.core.spec import parse_study
-    from tuner.search_truth import build_ground_truth
+    from tuner.study.study_file import parse_study
+    from tuner.sim.truth import build_ground_truth
     from tuner.sim.profile import load_profile
 
     spec = parse_study(SMALL_STUDY, "es-small")
@@ -122,8 +122,8 @@ def small_truth():
 def test_never_stops_a_front_point_in_simulated_studies(small_truth) -> None:
     import optuna
 
-    from tuner.core.sampling import make_sampler
-    from tuner.study_sim import EarlyStopPolicy, run_study
+    from tuner.study.samplers import make_sampler
+    from tuner.sim.study import EarlyStopPolicy, run_study
 
     spec, truth = small_truth
     assert len(truth.front) >= 2
@@ -152,7 +152,7 @@ def test_never_stops_a_front_point_in_simulated_studies(small_truth) -> None:
 # -- the worker's guard and what the orchestrator tells ------------------------------------
 
 def _plan(front, history=(), limits=()):
-    from tuner.core.early_stop import sweep_plan
+    from tuner.study.early_stop import sweep_plan
 
     return sweep_plan(TARGETS, list(limits), [1, 4, 16, 64], front, list(history))
 
@@ -160,7 +160,7 @@ def _plan(front, history=(), limits=()):
 def test_guard_orders_levels_and_stops_a_dominated_trial_after_its_objective_levels() -> None:
     import json
 
-    from tuner.core.early_stop import SweepGuard
+    from tuner.study.early_stop import SweepGuard
 
     plan = json.loads(json.dumps(_plan([(330.0, 13.7), (287.0, 11.1)])))   # as it crosses Ray
     guard = SweepGuard(plan)
@@ -178,7 +178,7 @@ def test_guard_orders_levels_and_stops_a_dominated_trial_after_its_objective_lev
 
 
 def test_guard_stops_infeasible_trials_at_once_and_never_without_a_plan() -> None:
-    from tuner.core.early_stop import SweepGuard
+    from tuner.study.early_stop import SweepGuard
 
     g = SweepGuard(_plan([]))
     assert g.stop_after("verify", applied=False) and g.record["reason"] == "not_applied"
@@ -199,10 +199,10 @@ def test_guard_stops_infeasible_trials_at_once_and_never_without_a_plan() -> Non
 
 def test_stopped_trials_are_told_infeasible_with_bounds_or_worst_values() -> None:
     from tests.sim_studies import SMALL_STUDY
-    from tuner.core.outcome import TrialOutcome
-    from tuner.core.spec import parse_study
-    from tuner.records import TrialRecord
-    from tuner.scoring import stopped_told
+    from tuner.study.outcome import TrialOutcome
+    from tuner.study.study_file import parse_study
+    from tuner.study.records import TrialRecord
+    from tuner.study.scoring import stopped_told
 
     spec = parse_study(SMALL_STUDY, "es-small")
     dominated = TrialOutcome(number=3, status="completed", applied=True, probe_passed=True,
@@ -225,8 +225,8 @@ def test_plan_front_and_history_come_from_measured_feasible_trials() -> None:
     from optuna.trial import TrialState, create_trial
 
     from tests.sim_studies import SMALL_STUDY
-    from tuner.core.spec import parse_study
-    from tuner.scoring import early_stop_plan
+    from tuner.study.study_file import parse_study
+    from tuner.study.scoring import early_stop_plan
 
     spec = parse_study(SMALL_STUDY, "es-small")
     labels = [o.metric for o in spec.objectives]
@@ -256,7 +256,7 @@ def test_startup_time_as_an_objective_and_as_a_limit() -> None:
     stops nothing by itself, and a limit on them is read from the trial, never missed for
     lack of a load-level value."""
 
-    from tuner.core.early_stop import TRIAL_LEVEL, SweepGuard, sweep_plan
+    from tuner.study.early_stop import TRIAL_LEVEL, SweepGuard, sweep_plan
 
     startup = Target("startup_s", TRIAL_LEVEL, "minimize")
     limit = {"label": "startup_s<=600", "metric": "startup_s", "level": TRIAL_LEVEL, "max": 600.0, "min": None}
@@ -281,9 +281,9 @@ def test_plan_with_startup_time_as_a_third_objective_keeps_its_history() -> None
     from optuna.trial import TrialState, create_trial
 
     from tests.sim_studies import SMALL_STUDY
-    from tuner.core.early_stop import TRIAL_LEVEL
-    from tuner.core.spec import parse_study
-    from tuner.scoring import early_stop_plan
+    from tuner.study.early_stop import TRIAL_LEVEL
+    from tuner.study.study_file import parse_study
+    from tuner.study.scoring import early_stop_plan
 
     spec = parse_study(SMALL_STUDY, "es-small")
     spec = spec.model_copy(update={"objectives": [*spec.objectives, spec.objectives[0].model_copy(

@@ -1,4 +1,4 @@
-"""Early stop inside a level (tuner.core.early_stop rule 4): the bound, the guard, the load
+"""Early stop inside a level (tuner.study.early_stop rule 4): the bound, the guard, the load
 generator's view of the window so far, and - in simulated studies - that it never stops a
 trial that would have reached the front."""
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from tuner.core.early_stop import INSIDE_MARGIN, SweepGuard, Target, inside_bound, sweep_plan
+from tuner.study.early_stop import INSIDE_MARGIN, SweepGuard, Target, inside_bound, sweep_plan
 from tuner.core.metrics import RequestRecord, compute_level_metrics
 
 THR = Target("output_tok_s", 64, "maximize")
@@ -152,8 +152,8 @@ def truth3():
     window (one round) between its first wave and its drain."""
 
     from tests.sim_studies import SMALL_STUDY
-    from tuner.core.spec import parse_study
-    from tuner.search_truth import build_ground_truth
+    from tuner.study.study_file import parse_study
+    from tuner.sim.truth import build_ground_truth
     from tuner.sim.profile import load_profile
 
     text = SMALL_STUDY.replace("requests_per_stream: 2", "requests_per_stream: 3")
@@ -165,8 +165,8 @@ def truth3():
 def test_inside_a_level_never_stops_a_front_point_in_simulated_studies(truth3) -> None:
     import optuna
 
-    from tuner.core.sampling import make_sampler
-    from tuner.study_sim import EarlyStopPolicy, run_study
+    from tuner.study.samplers import make_sampler
+    from tuner.sim.study import EarlyStopPolicy, run_study
 
     spec, truth = truth3
     without = EarlyStopPolicy(streaming_verify=False)

@@ -8,10 +8,10 @@ import textwrap
 
 import pytest
 
-from tuner.core.pareto import parse_filter
-from tuner.core.spec import parse_study
+from tuner.study.pareto import parse_filter
+from tuner.study.study_file import parse_study
 from tuner.export import ExportError, choose_record, render_export
-from tuner.records import TrialRecord
+from tuner.study.records import TrialRecord
 
 SPEC = parse_study(textwrap.dedent("""
     name: ex

@@ -434,11 +434,11 @@ def test_driver_deadline_cancels_into_the_actor_and_stops_the_server(tmp_path: P
     import ray
 
     from tuner.cli import load_spec_file
-    from tuner.core import space
-    from tuner.core.outcome import TrialRequest
+    from tuner.study import space
+    from tuner.study.outcome import TrialRequest
     from tuner.vllm.render import asked_settings
     from tuner.executor import RayExecutor
-    from tuner.orchestrator import trial_command
+    from tuner.study.command import trial_command
 
     study, marker = fault_study(tmp_path, {256: [{"fault": "hang_at_start"}]},
                                 updates={"server.startup_timeout": "10m", "budget.trial_timeout": "10m"})
@@ -491,7 +491,7 @@ def test_storage_retries_through_a_short_lock_and_gives_up_on_a_long_one(tmp_pat
     import optuna
 
     from tuner.errors import StorageUnavailable
-    from tuner.study_store import RetryPolicy, make_storage
+    from tuner.study.store import RetryPolicy, make_storage
 
     db = tmp_path / "optuna.db"
     storage = make_storage(f"sqlite:///{db}", RetryPolicy(busy_timeout_s=0.2, budget_s=4, first_delay_s=0.2))
@@ -526,9 +526,9 @@ def test_resume_records_a_finished_trial_the_storage_never_got(tmp_path: Path) -
     import optuna
 
     from tuner.cli import load_spec_file
-    from tuner.core.outcome import TrialOutcome
+    from tuner.study.outcome import TrialOutcome
     from tuner.orchestrator import Orchestrator
-    from tuner.study_store import create_or_open
+    from tuner.study.store import create_or_open
 
     study_file, _ = fault_study(tmp_path, {256: [], 257: []})
     spec = load_spec_file(str(study_file))

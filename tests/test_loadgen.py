@@ -561,7 +561,7 @@ def test_sweep_runs_levels_in_the_given_order_and_stops_when_told(served: Served
         asyncio.run(run_sweep(served.base_url, "fake", spec, ignore_eos=True, levels=[4, 1]))
 
 
-# -- early stop inside a level (tuner.core.early_stop rule 4) ---------------------------------
+# -- early stop inside a level (tuner.study.early_stop rule 4) ---------------------------------
 
 
 def _ticks(n: int, delay: float = 0.02) -> dict[str, Any]:

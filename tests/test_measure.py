@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import run_tuner
 from tuner.adapters.loadgen import read_records_jsonl
-from tuner.core.spec import parse_study
+from tuner.study.study_file import parse_study
 from tuner.measure import MeasureError, format_summary, measure
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -24,7 +24,8 @@ from tuner.adapters.loadgen import (
     run_sweep,
 )
 from tuner.core.load_spec import LoadSpec, rate_level_name
-from tuner.core.spec import SpecError, parse_study
+from tuner.errors import SpecError
+from tuner.study.study_file import parse_study
 from tuner.core.workload import arrival_schedule, draft_requests, rate_stream
 
 # ---------------------------------------------------------------- the schedule

@@ -12,9 +12,10 @@ import yaml
 
 from tuner.core.known_answers import PromptsFileError
 from tuner.core.reference import ReferencePromptsError
-from tuner.core.spec import parse_study
+from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
-from tuner.orchestrator import reference_configuration, resolve_probe_files, trial_command
+from tuner.orchestrator import resolve_probe_files
+from tuner.study.command import reference_configuration, trial_command
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -6,7 +6,7 @@ import json
 import shlex
 
 from tuner.vllm.render import RenderedCommand, asked_settings, render_command, shell_line
-from tuner.core.spec import ServerSpec
+from tuner.study.spec import ServerSpec
 
 
 def server(**kw: object) -> ServerSpec:

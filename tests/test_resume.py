@@ -105,7 +105,7 @@ def test_resume_stops_a_server_left_by_a_killed_run(tmp_path: Path, orphan_check
 
     from tuner.cli import load_spec_file
     from tuner.orchestrator import Orchestrator
-    from tuner.study_store import create_or_open
+    from tuner.study.store import create_or_open
 
     study, marker = write_study(tmp_path)
     orphan_check.append(marker)

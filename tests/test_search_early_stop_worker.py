@@ -10,18 +10,18 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import write_study
-from tuner.core import space
-from tuner.core.early_stop import SweepGuard
-from tuner.core.outcome import TrialOutcome, TrialRequest
+from tuner.study import space
+from tuner.study.early_stop import SweepGuard
+from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.vllm.render import asked_settings
-from tuner.records import TrialRecord
-from tuner.scoring import early_stop_plan, stopped_told
+from tuner.study.records import TrialRecord
+from tuner.study.scoring import early_stop_plan, stopped_told
 
 
 def _request(tmp_path: Path, values: dict[str, Any], plan_front: list[list[float]] | None,
              startup_scale: float = 0.02) -> tuple[Any, dict[str, Any]]:
     from tuner.cli import load_spec_file
-    from tuner.orchestrator import trial_command
+    from tuner.study.command import trial_command
 
     study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": startup_scale},
                            updates={"server.startup_timeout": "120s", "budget.trial_timeout": "5m"})
@@ -105,7 +105,7 @@ def test_a_dominated_trial_stops_inside_its_throughput_level(tmp_path: Path) -> 
     # The level's output tok/s is recorded, so the orchestrator tells it like any completed
     # trial (scoring.metric_value reads it), dominated by the front it was judged against.
     assert sorted(out.levels) == ["1", "16"] and out.levels["16"]["output_tok_s"] == c16["output_tok_s"]
-    from tuner.scoring import metric_value
+    from tuner.study.scoring import metric_value
     assert metric_value(spec, out, spec.objectives[0]) == c16["output_tok_s"]
     metrics = json.loads((Path(request["trial_dir"]) / "metrics.json").read_text())
     assert metrics["stopped_levels"] == [16, 4]

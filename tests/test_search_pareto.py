@@ -1,10 +1,10 @@
-"""The sort-based Pareto front (core.pareto, run after every trial) against the definition."""
+"""The sort-based Pareto front (study.pareto, run after every trial) against the definition."""
 
 from __future__ import annotations
 
 import random
 
-from tuner.core.pareto import Point, _dominates, _signed, pareto_front
+from tuner.study.pareto import Point, _dominates, _signed, pareto_front
 
 
 def _by_definition(points: list[Point], directions: list[str]) -> list[Point]:

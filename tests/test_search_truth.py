@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from tuner import search_truth as st
-from tuner.core import space
+from tuner.sim import truth as st
+from tuner.study import space
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.vllm.render import asked_settings
-from tuner.core.spec import parse_study
+from tuner.study.study_file import parse_study
 from tuner.vllm.verify import verify
 from tuner.sim.dry_log import startup_log
 from tuner.sim.profile import load_profile
@@ -157,12 +157,12 @@ def test_not_applied_shows_in_the_log_before_the_weights_are_loaded(large) -> No
 
 @pytest.mark.parametrize("name", ["glm5-8xpcie.yaml", "glm5-8xpcie-large.yaml"])
 def test_startup_stop_sees_what_the_time_model_assumes(name) -> None:
-    """Early stop while starting (core.early_stop.startup_mismatches) must find, in the
+    """Early stop while starting (study.early_stop.startup_mismatches) must find, in the
     simulator's log cut where the weights start loading, exactly the not-applied targets
     the benchmark's time model (Evaluator.verdict_s) stops early on - and nothing that the
     full log would not confirm."""
 
-    from tuner.core.early_stop import startup_mismatches
+    from tuner.study.early_stop import startup_mismatches
 
     spec = spec_of(name)
     ev = st.Evaluator(spec, GLM)
@@ -191,7 +191,7 @@ def test_startup_stop_defers_to_full_verification_once_capture_lines_appear(glm5
     """A capture still running shows one kind of graph so far; a cudagraph_mode verdict is
     only taken early before the first capture line (afterwards "ready" is seconds away)."""
 
-    from tuner.core.early_stop import startup_mismatches
+    from tuner.study.early_stop import startup_mismatches
 
     values = next(v for v in st.enumerate_points(glm5)
                   if v.get("cudagraph_mode") == "FULL" and v.get("disable_custom_all_reduce") is True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 import textwrap
 
-from tuner.core import space
-from tuner.core.spec import parse_study
+from tuner.study import space
+from tuner.study.study_file import parse_study
 
 SPEC = parse_study(textwrap.dedent("""
     name: s

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.core.spec import parse_study
+from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
 
 ROOT = Path(__file__).resolve().parents[1]

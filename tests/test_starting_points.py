@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from tuner.core import space
-from tuner.core.spec import parse_study
+from tuner.study import space
+from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
 from tuner.orchestrator import Orchestrator
 

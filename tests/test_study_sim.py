@@ -7,11 +7,11 @@ import optuna
 import pytest
 
 from tests.sim_studies import SMALL_STUDY
-from tuner.core import space
-from tuner.core.spec import parse_study
-from tuner.search_truth import build_ground_truth
+from tuner.study import space
+from tuner.study.study_file import parse_study
+from tuner.sim.truth import build_ground_truth
 from tuner.sim.profile import load_profile
-from tuner.study_sim import MAX_REJECTED_IN_A_ROW, EarlyStopPolicy, run_study
+from tuner.sim.study import MAX_REJECTED_IN_A_ROW, EarlyStopPolicy, run_study
 
 
 @pytest.fixture(scope="module")

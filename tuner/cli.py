@@ -20,11 +20,11 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tuner import __version__
-from tuner.core.durations import format_duration, parse_duration
+from tuner.study.durations import format_duration, parse_duration
 from tuner.errors import SpecError, StudyError
 
 if TYPE_CHECKING:
-    from tuner.core.spec import StudySpec
+    from tuner.study.spec import StudySpec
 
 # Each command imports what it needs inside its function: `tuner status` must answer in well
 # under a second, and importing Optuna (SQLAlchemy, Alembic, NumPy) and the pydantic spec
@@ -40,7 +40,7 @@ def _say(line: str) -> None:
 
 
 def load_spec_file(path: str) -> StudySpec:
-    from tuner.core.spec import parse_study
+    from tuner.study.study_file import parse_study
 
     file = Path(path)
     try:
@@ -60,14 +60,14 @@ def load_spec_file(path: str) -> StudySpec:
 
 def _command_text(spec: StudySpec, values: dict[str, Any]) -> str:
     from tuner.vllm.render import RenderedCommand, shell_line
-    from tuner.orchestrator import trial_command
+    from tuner.study.command import trial_command
 
     argv, env = trial_command(spec, values, python="python")
     return shell_line(RenderedCommand(argv, env), redact=tuple(spec.server.secret_env))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from tuner.core import space
+    from tuner.study import space
 
     spec = load_spec_file(args.file)
     size, continuous, exact = space.discrete_size(spec)
@@ -118,7 +118,7 @@ def _study_executor(handle: Any, args: argparse.Namespace) -> Iterator[Any]:
 
     from tuner.executor import RayExecutor, init_ray
     from tuner.runfile import clean_up_previous_run, clear_run, record_run
-    from tuner.study_store import StudyLock
+    from tuner.study.store import StudyLock
 
     spec = handle.spec
     with StudyLock(handle.paths):
@@ -188,9 +188,9 @@ def _confirm(handle: Any, args: argparse.Namespace, trials: list[int], *, repeat
 
 
 def cmd_confirm(args: argparse.Namespace) -> int:
-    from tuner.core.confirmation import choose_candidates
-    from tuner.records import read_records, record_points
-    from tuner.study_store import open_existing
+    from tuner.study.confirmation import choose_candidates
+    from tuner.study.records import read_records, record_points
+    from tuner.study.store import open_existing
 
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
     cfg = handle.spec.confirm
@@ -221,7 +221,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from tuner.study_store import create_or_open
+    from tuner.study.store import create_or_open
 
     spec = load_spec_file(args.file)
     timeout_s = parse_duration(args.timeout) if args.timeout else None
@@ -230,7 +230,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from tuner.study_store import open_existing
+    from tuner.study.store import open_existing
 
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
     timeout_s = parse_duration(args.timeout) if args.timeout else None
@@ -247,7 +247,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     # one, or anything unexpected takes the full path (which reports errors as it always has).
     status = None if args.storage is not None else status_from_folder(Path(args.results), args.name)
     if status is None:
-        from tuner.folder_study import open_for_reading
+        from tuner.study.folder import open_for_reading
         from tuner.status import build_status
 
         _quiet_optuna(args)
@@ -307,10 +307,10 @@ def _check_export(handle: Any, record: Any, args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from tuner.adapters.artifacts import atomic_write_text
-    from tuner.core.pareto import parse_filter
+    from tuner.study.pareto import parse_filter
     from tuner.export import ExportError, choose_record, render_export
-    from tuner.records import read_records
-    from tuner.folder_study import open_for_reading
+    from tuner.study.records import read_records
+    from tuner.study.folder import open_for_reading
 
     handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
     study = handle.load()
@@ -355,7 +355,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from tuner.report import write_report
-    from tuner.folder_study import open_for_reading
+    from tuner.study.folder import open_for_reading
 
     handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
     out_dir = Path(args.output) if args.output else handle.paths.root / "report"

@@ -3,7 +3,7 @@
 A re-run is a whole trial again - fresh server, verification, the probe against the
 study's reference, the full load sweep with no early stop - in its own folder
 ``confirm/NNNN-K/`` (the worker's usual files). When a trial's re-runs are all back, the
-verdict (``core.confirmation.judge``) is written atomically to ``confirm/NNNN.json``; an
+verdict (``study.confirmation.judge``) is written atomically to ``confirm/NNNN.json``; an
 interrupted confirmation leaves its finished folders and no verdict, and the next attempt
 takes new folder numbers, so nothing measured is overwritten.
 """
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from tuner.adapters.artifacts import atomic_write_json
-from tuner.core.confirmation import Confirmation, RunResult, judge, summary_text
-from tuner.core.outcome import TrialOutcome
+from tuner.study.confirmation import Confirmation, RunResult, judge, summary_text
+from tuner.study.outcome import TrialOutcome
 from tuner.errors import ArtifactWriteError, StudyError
 from tuner.executor import NoWorkersLeft
-from tuner.records import KIND_RUN, TrialRecord, read_records
-from tuner.scoring import told_for
+from tuner.study.records import KIND_RUN, TrialRecord, read_records
+from tuner.study.scoring import told_for
 
 if TYPE_CHECKING:
     from tuner.orchestrator import Orchestrator

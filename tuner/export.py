@@ -14,15 +14,15 @@ from typing import Any
 
 from tuner import __version__
 from tuner.adapters.artifacts import is_secret_name
-from tuner.core.pareto import Filter, pick_point
+from tuner.study.pareto import Filter, pick_point
 import yaml
 
-from tuner.core import space
-from tuner.core.confirmation import blocks_export
+from tuner.study import space
+from tuner.study.confirmation import blocks_export
 from tuner.vllm.render import PYTHON_PLACEHOLDER, RenderedCommand, server_arguments, shell_line
-from tuner.core.spec import StudySpec
-from tuner.orchestrator import trial_command
-from tuner.records import TrialRecord, record_points
+from tuner.study.spec import StudySpec
+from tuner.study.command import trial_command
+from tuner.study.records import TrialRecord, record_points
 
 __all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]
 

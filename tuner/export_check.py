@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.core.spec import StudySpec
+from tuner.study.spec import StudySpec
 
 __all__ = ["CheckResult", "vllm_python_for", "argv_from_export", "check_arguments", "env_from_export",
            "vllm_message", "CHECK_SCRIPT"]

@@ -29,7 +29,7 @@ import httpx
 from tuner.adapters.artifacts import atomic_write_json
 from tuner.adapters.loadgen import run_sweep, scrape_metrics, write_records_jsonl
 from tuner.core.load_spec import rate_level_name
-from tuner.core.spec import StudySpec
+from tuner.study.spec import StudySpec
 
 __all__ = ["MeasureError", "ameasure", "discover_model", "format_summary", "measure"]
 

@@ -12,18 +12,18 @@ Trial outcomes reach the optimizer like this:
 
 Stopping: the first Ctrl-C cancels the running trials (their servers are stopped), marks
 them interrupted (re-run on resume) and returns; a second one kills the local servers and
-the workers at once. A storage that keeps failing (see study_store) stops the study the
+the workers at once. A storage that keeps failing (see tuner.study.store) stops the study the
 same way, resumably; a full disk fails the trial that could not write its files, and a
 pareto.json that cannot be rewritten keeps its previous, complete content.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import random
 import signal
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,100 +35,41 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from tuner import recovery
 from tuner.adapters.artifacts import atomic_write_json, is_secret_name
-from tuner.core import space
+from tuner.study import space
 from tuner.adapters.probe_client import load_probe_items
 from tuner.adapters.reference_client import load_reference_sources
 from tuner.vllm.compile_cache import cache_env
-from tuner.core.confirmation import choose_candidates, confirmation_brief, reserve_seconds
-from tuner.core.outcome import TrialOutcome, TrialRequest
-from tuner.core.pareto import pareto_front
+from tuner.study.confirmation import choose_candidates, confirmation_brief, reserve_seconds
+from tuner.study.outcome import TrialOutcome, TrialRequest
+from tuner.study.pareto import pareto_front
 from tuner.core.probe_spec import ProbeSpec
 from tuner.core.reference import Reference, with_reference_accuracy
-from tuner.vllm.render import RenderedCommand, asked_settings, render_command, shell_line
-from tuner.core.spec import ServerSpec, StudySpec
-from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
+from tuner.vllm.render import RenderedCommand, asked_settings, shell_line
+from tuner.study.command import ReferenceConfiguration, reference_configuration, trial_command
+from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError
 from tuner.executor import Finished, NoWorkersLeft, RayExecutor
 from tuner.confirming import confirm_trials
-from tuner.records import KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, read_records, record_points
-from tuner.core.sampling import grid_points, make_sampler, suggest
-from tuner.scoring import (early_stop_plan, level_of, metric_value, outcome_attrs, pareto_payload, result_text,
+from tuner.study.records import KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, read_records, record_points
+from tuner.study.sampling import grid_points
+from tuner.study.samplers import make_sampler, suggest
+from tuner.study.scoring import (early_stop_plan, outcome_attrs, pareto_payload, result_text,
                            stop_text, told_for, values_text)
-from tuner.study_store import StudyHandle, make_storage
+from tuner.study.store import StudyHandle, make_storage
 
-__all__ = ["Orchestrator", "RunSummary", "make_sampler", "trial_command", "reference_configuration",
-           "resolve_probe_files", "level_of", "metric_value"]
+__all__ = ["Orchestrator", "RunSummary", "resolve_probe_files", "pinned"]
 
 logger = logging.getLogger(__name__)
 
 MAX_REJECTED_IN_A_ROW = 25  # then a random unseen point is enqueued instead
 WORKER_WAIT_S = 600.0  # no GPU group available for this long: stop (resumably)
 REFERENCE_JOB = -1  # request number of the reference job (trial numbers start at 0)
-# Config arguments the conservative reference drops: each is a path (graphs, the compiler,
-# a drafter) a trial's bug could live in, and the reference must not share it.
-_NOT_IN_REFERENCE = ("compilation_config", "speculative_config")
+def pinned(argv: list[str]) -> list[str]:
+    """``argv`` with a relative interpreter path (e.g. .venv-vllm/bin/python, meaning
+    "relative to where the tuner was started") made absolute: workers may run elsewhere."""
 
-
-def trial_command(spec: StudySpec, values: dict[str, Any], *, port: int | None = None,
-                  python: str | None = None) -> tuple[list[str], dict[str, str]]:
-    return _command(spec, spec.server, space.settings_for(spec, values), port=port, python=python)
-
-
-def _command(spec: StudySpec, server: ServerSpec, settings: dict[str, Any], *, port: int | None,
-             python: str | None) -> tuple[list[str], dict[str, str]]:
-    rendered = render_command(server, settings, python=python or sys.executable, port=port)
-    argv = list(rendered.argv)
-    if python is None and "/" in argv[0] and not os.path.isabs(argv[0]):
-        # A relative interpreter path (e.g. .venv-vllm/bin/python) means "relative to where
-        # the tuner was started"; workers may run elsewhere, so pin it now.
-        argv[0] = os.path.abspath(argv[0])
-    env = dict(rendered.env)
-    if spec.verify.nccl_debug == "on" or (
-        spec.verify.nccl_debug == "auto"
-        and any(p.target.startswith("env:NCCL_") for p in spec.parameters)
-    ):
-        # Needed to read back the protocol/algorithm NCCL actually chose.
-        env.setdefault("NCCL_DEBUG", "INFO")
-        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,ENV")
-    return argv, env
-
-
-@dataclass(frozen=True)
-class ReferenceConfiguration:
-    values: dict[str, Any]
-    argv: list[str]
-    env: dict[str, str]
-    asked: dict[str, Any]
-    label: str
-
-
-def reference_configuration(spec: StudySpec, *, port: int | None = None,
-                            python: str | None = None) -> ReferenceConfiguration:
-    """The configuration the study's reference is recorded from: the baseline's values
-    with ``probe.reference.values`` on top, then (``conservative``) enforce_eager on and
-    no compilation or speculative config, fixed flags included.
-
-    Raises:
-        SpecError: ``probe.reference.values`` names a parameter the study does not have.
-    """
-
-    ref = spec.probe.reference
-    names = {p.name for p in spec.parameters}
-    unknown = sorted(set(ref.values) - names)
-    if unknown:
-        raise SpecError(f"probe.reference.values: unknown parameter(s) {unknown}; "
-                        f"the study's parameters are {sorted(names)}")
-    values = {**space.baseline_values(spec), **ref.values}
-    settings = space.settings_for(spec, values)
-    server = spec.server
-    label = "baseline" + (f" with {values_text(ref.values)}" if ref.values else "")
-    if ref.conservative:
-        settings = {t: v for t, v in settings.items() if t.split(".")[0] not in _NOT_IN_REFERENCE}
-        settings["enforce_eager"] = True
-        flags = {k: v for k, v in server.flags.items() if k.split(".")[0] not in _NOT_IN_REFERENCE}
-        server = server.model_copy(update={"flags": flags})
-        label += ", eager, no compilation config, no speculation"
-    argv, env = _command(spec, server, settings, port=port, python=python)
-    return ReferenceConfiguration(values, argv, env, asked_settings(server, settings), label)
+    if "/" in argv[0] and not os.path.isabs(argv[0]):
+        return [os.path.abspath(argv[0]), *argv[1:]]
+    return argv
 
 
 def resolve_probe_files(probe: ProbeSpec, base_dir: Path) -> ProbeSpec:
@@ -185,7 +126,7 @@ class Orchestrator:
         self._grid: list[dict[str, Any]] | None = None
         self._in_flight: dict[int, Trial] = {}
         # With budget.timeout and confirm.candidates, new trials stop early enough to leave
-        # time for the confirmation re-runs (core.confirmation.reserve_seconds), estimated
+        # time for the confirmation re-runs (study.confirmation.reserve_seconds), estimated
         # from the trials that ran their whole sweep.
         self._full_trial_s: list[float] = []
         self._confirm_reserve_s = 0.0
@@ -535,6 +476,7 @@ class Orchestrator:
 
         port = self.spec.server.port + group
         argv, env = trial_command(self.spec, values, port=port)
+        argv = pinned(argv)
         # The study's shared torch.compile cache (execution.compile_cache_dir): a server
         # setting, not part of the configuration, so it stays out of render and export.
         env.update(cache_env(self.spec.execution.compile_cache_dir, self.spec.server.env))
@@ -665,6 +607,7 @@ class Orchestrator:
             group = self.executor.idle_groups()[0]
             port = self.spec.server.port + group
             config = reference_configuration(self.spec, port=port)
+            config = dataclasses.replace(config, argv=pinned(config.argv))
             served = self.spec.server.served_model_name or self.spec.server.model
             # The reference server is judged by the absolute bar (min_accuracy): a
             # reference accuracy, even one set in the study file, is what it establishes.
@@ -798,7 +741,7 @@ class Orchestrator:
         number = trial.number
         self._note_full_trials(study, outcome)
         trial.set_user_attr("outcome", outcome_attrs(outcome))
-        # What to tell is scoring.told_for's (shared with folder_study, which rebuilds a
+        # What to tell is scoring.told_for's (shared with tuner.study.folder, which rebuilds a
         # study from its trial files); what to say and do next is the orchestrator's.
         told = told_for(self.spec, outcome, lambda: self._worst_values(study))
         for key, value in told.attrs.items():
@@ -816,7 +759,7 @@ class Orchestrator:
                 self._retry(study, frozen, int(frozen.user_attrs.get("attempt", 1)))
             self.write_pareto(study)
         elif told.how == "stopped":
-            # Stopped early by its worker (core.early_stop): infeasible, never on the front.
+            # Stopped early by its worker (study.early_stop): infeasible, never on the front.
             self.write_pareto(study)
             self.progress(f"[trial {number}] {stop_text(outcome)} after {outcome.trial_s or 0:.1f}s")
         elif told.how == "no_measurement":

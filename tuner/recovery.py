@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import StudyPaths, atomic_write_json
 from tuner.adapters.launcher import TAG_VAR
-from tuner.core.outcome import TrialOutcome
+from tuner.study.outcome import TrialOutcome
 from tuner.errors import ArtifactWriteError
 
 __all__ = ["stop_leftover_servers", "kill_servers_now", "read_outcome", "write_driver_outcome"]

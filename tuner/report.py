@@ -18,13 +18,13 @@ from typing import Any
 import optuna
 
 from tuner.adapters.artifacts import atomic_write_text
-from tuner.core.durations import format_duration
-from tuner.core.confirmation_text import summary_text
+from tuner.study.durations import format_duration
+from tuner.study.confirmation_text import summary_text
 from tuner.export import ExportError, choose_record, render_export
 from tuner.plots import best_so_far_png, importance_png, pareto_png
-from tuner.records import KIND_RUN, TrialRecord, front_records, read_records
+from tuner.study.records import KIND_RUN, TrialRecord, front_records, read_records
 from tuner.status import read_checks
-from tuner.study_store import StudyHandle
+from tuner.study.store import StudyHandle
 
 __all__ = ["write_report", "knob_importances"]
 

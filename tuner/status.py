@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.adapters.artifacts import StudyPaths
-from tuner.core.durations import format_duration
-from tuner.core.confirmation_text import summary_text
-from tuner.records import KIND_RUN, StoredStudy, TrialRecord, front_records, read_records_direct, read_sqlite_study
+from tuner.study.durations import format_duration
+from tuner.study.confirmation_text import summary_text
+from tuner.study.records import KIND_RUN, StoredStudy, TrialRecord, front_records, read_records_direct, read_sqlite_study
 
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.study_store import StudyHandle
+    from tuner.study.store import StudyHandle
 
 # `tuner status` on a study in its default SQLite file imports nothing heavier than this
 # module (no Optuna, SQLAlchemy, pydantic): see status_from_folder.

@@ -34,10 +34,10 @@ from tuner.adapters.probe_client import load_probe_items, run_probe
 from tuner.adapters.reference_client import (ReferenceRecordError, check_reference, load_reference_sources,
                                              record_reference, run_correctness)
 from tuner.vllm.compile_cache import parse_compile_log
-from tuner.core.early_stop import SweepGuard
+from tuner.study.early_stop import SweepGuard
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.core.load_spec import LoadSpec, rate_level_name
-from tuner.core.outcome import TrialOutcome, TrialRequest
+from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.core.probe_spec import ProbeSpec
 from tuner.core.reference import Reference, validate_reference
 from tuner.vllm.verify import verify
@@ -101,7 +101,7 @@ class TrialWorker:
             async with asyncio.timeout(request.deadline_s):
                 phase = "prepare"
                 await self._prepare(request, trial_dir, outcome)
-                # Early stop (core.early_stop): a trial that can no longer reach the front
+                # Early stop (study.early_stop): a trial that can no longer reach the front
                 # skips what is left; the orchestrator tells it as stopped, never on the front.
                 guard = SweepGuard(request.early_stop)
                 phase = "start"
@@ -231,7 +231,7 @@ class TrialWorker:
         if guard is None or not guard.enabled:
             return await self._server.wait_ready(request.startup_timeout_s)
         # Early stop while starting: a downgrade the log already shows for good (see
-        # core.early_stop.startup_mismatches) ends the start minutes before "ready".
+        # study.early_stop.startup_mismatches) ends the start minutes before "ready".
         began = time.monotonic()
         ready = asyncio.ensure_future(self._server.wait_ready(request.startup_timeout_s))
         try:

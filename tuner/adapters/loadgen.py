@@ -100,7 +100,7 @@ TOKEN_AGREEMENT_TOLERANCE = 0.01
 # Auxiliary calls (/tokenize, /metrics) are small; a server that needs longer is unwell.
 _AUX_TIMEOUT_S = 30.0
 _PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
-# Early stop inside a level (tuner.core.early_stop rule 4): how often the window so far is
+# Early stop inside a level (tuner.study.early_stop rule 4): how often the window so far is
 # judged (a scan of every token timestamp; once a second keeps it off the hot path) and in
 # how many sub-windows its steadiness is checked.
 INSIDE_CHECK_EVERY_S = 1.0
@@ -318,7 +318,7 @@ async def _one_request(
 
 class _Window:
     """The level's steady-state window so far, for early stop inside a level (rule 4 of
-    tuner.core.early_stop): opened when the first C requests (plan positions < C) have all
+    tuner.study.early_stop): opened when the first C requests (plan positions < C) have all
     finished, as tuner.core.metrics opens it; token timestamps of finished requests are
     collected once, in-flight ones are read at each judgement."""
 
@@ -429,7 +429,7 @@ async def _run_streams(
     judged_complete = False
 
     def judge() -> bool:
-        """Rule 4 of tuner.core.early_stop after a request finished: throttled to every
+        """Rule 4 of tuner.study.early_stop after a request finished: throttled to every
         INSIDE_CHECK_EVERY_S, except the first judgement once the window is complete."""
         nonlocal last_check, halted, stop, judged_complete
         assert window is not None and checkpoint is not None and live is not None
@@ -938,12 +938,12 @@ async def run_sweep(
         levels: the order to measure ``load_spec.concurrency`` in (default: as configured).
         after_level: called after each measured level with the flat metrics of every level
             measured so far (in measuring order) and the levels still to run; True stops
-            the sweep there (tuner.core.early_stop.SweepGuard.after_level). The levels left
+            the sweep there (tuner.study.early_stop.SweepGuard.after_level). The levels left
             out are listed in ``stopped_levels``.
         inside_level: called during a level's measured run (``repeats: 1``, one client
             process, levels left after it) with the level, its steady-state window so far
             and the levels after it; True ends the level there and stops the sweep
-            (tuner.core.early_stop.SweepGuard.inside_level). The halted level is not
+            (tuner.study.early_stop.SweepGuard.inside_level). The halted level is not
             measured: it is listed first in ``stopped_levels``.
     """
     t_start = time.monotonic()

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from tuner.sim.events import Failure, Notice
 from tuner.sim.profile import Profile
 
-if TYPE_CHECKING:
-    from tuner.sim.effective import Failure, Notice
 
 NCCL_PROTOS = {"simple": "Simple", "ll": "LL", "ll128": "LL128"}
 NCCL_ALGOS = {"ring": "Ring", "tree": "Tree", "collnetdirect": "CollnetDirect",
@@ -48,7 +46,6 @@ def _parse_nccl_list(raw: str, names: Mapping[str, str]) -> set[str]:
 
 def resolve_nccl(env: Mapping[str, str], profile: Profile, uses_nccl: bool
                   ) -> tuple[NcclInfo, str | None, Failure | None]:
-    from tuner.sim.effective import Failure
 
     nccl = profile.nccl
     hw = profile.hardware
@@ -107,7 +104,6 @@ def resolve_nccl(env: Mapping[str, str], profile: Profile, uses_nccl: bool
 
 def allreduce_backends(tp: int, disable_car: bool, env: Mapping[str, str], profile: Profile,
                notices: list[Notice]) -> tuple[str, ...]:
-    from tuner.sim.effective import Notice
 
     hw = profile.hardware
     if tp == 1 or hw.platform != "cuda":

@@ -16,6 +16,7 @@ from typing import Any
 
 from tuner.sim.args import SimArgs
 from tuner.sim.comm import NcclInfo, allreduce_backends, resolve_nccl
+from tuner.sim.events import Failure, Notice
 from tuner.sim.faults import Fault, applies
 from tuner.sim.perf_model import MODEL_DRAFTERS, PerfConfig
 from tuner.sim.profile import Profile
@@ -36,26 +37,6 @@ SPEC_KEYS = frozenset({"method", "model", "num_speculative_tokens", "prompt_look
                        "suffix_decoding_min_token_prob", "synthetic_acceptance_rate"})
 DTYPE_NAMES = {"half": "float16", "float16": "float16", "bfloat16": "bfloat16",
                "float": "float32", "float32": "float32"}
-
-
-@dataclass(frozen=True)
-class Notice:
-    phase: str     # "api" (API-server config time), "comm" (engine comm init), "attn", "capture"
-    level: str     # INFO / WARNING
-    source: str    # "file.py:line" shown in the log prefix
-    text: str
-
-
-@dataclass(frozen=True)
-class Failure:
-    """A startup failure, rendered by logs.py as the traceback vLLM prints."""
-
-    phase: str          # "api" (before EngineCore exists) or "engine"
-    exc_type: str       # e.g. "NotImplementedError"
-    message: str
-    frames: tuple[str, ...] = ()
-    nccl_line: str | None = None
-    stage: str = "init"   # engine failures: init, comm, load, attn or kv (when it is printed)
 
 
 class ConfigError(Exception):

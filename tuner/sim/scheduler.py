@@ -10,10 +10,8 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from tuner.sim.perf_model import PerfConfig, StepShape
+from tuner.sim.perf_config import PerfConfig, StepShape
 
 
 # ------------------------------------------------------------------------------------------
@@ -57,7 +55,6 @@ class StepPlan:
     preempted: list[SeqState] = field(default_factory=list)
 
     def shape(self) -> StepShape:
-        from tuner.sim.perf_model import StepShape
 
         decode = [e for e in self.entries if not e.prefill]
         prefill = [e for e in self.entries if e.prefill]

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.core.spec import ServerSpec
+from tuner.study.spec import ServerSpec
 
 __all__ = ["RenderedCommand", "render_command", "server_arguments", "asked_settings", "shell_line",
            "PYTHON_PLACEHOLDER"]

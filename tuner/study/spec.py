@@ -1,8 +1,9 @@
 """The study file: strict pydantic models of everything a study declares.
 
-A study file is YAML; ``parse_study`` turns its text into a frozen ``StudySpec`` or raises
-``SpecError`` whose lines each name the file, the field path, the bad value and what is
-allowed. Unknown keys are errors everywhere, so a typo never silently becomes a default.
+A study file is YAML; ``tuner.study.study_file.parse_study`` turns its text into a frozen
+``StudySpec`` or raises ``SpecError`` whose lines each name the file, the field path, the bad
+value and what is allowed. Unknown keys are errors everywhere, so a typo never silently
+becomes a default.
 """
 
 from __future__ import annotations
@@ -10,22 +11,19 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from tuner.core.durations import parse_duration
+from tuner.study.durations import parse_duration
 from tuner.core.load_spec import LoadSpec
 from tuner.core.probe_spec import ProbeSpec
 from tuner.vllm.catalog import MULTICAST_ALGOS, check_target_name, check_value
-from tuner.errors import SpecError
 
 __all__ = [
     "StudySpec",
@@ -42,7 +40,6 @@ __all__ = [
     "BudgetSpec",
     "SamplerSpec",
     "VerifySpec",
-    "parse_study",
     "SCHEMA_VERSION",
 ]
 
@@ -310,7 +307,7 @@ class ExecutionSpec(_Strict):
     )
     early_stop: bool = Field(
         True, description="stop a trial once what it measured proves it cannot reach the front "
-        "(tuner/core/early_stop.py); false measures every trial in full"
+        "(tuner/study/early_stop.py); false measures every trial in full"
     )
     compile_cache_dir: str | None = Field(
         None, description="vLLM's cache root (VLLM_CACHE_ROOT) for every server this study "
@@ -501,113 +498,3 @@ def _check_acyclic(params: dict[str, Any]) -> None:
 
     for name in params:
         visit(name, [])
-
-
-def _format_loc(loc: tuple[Any, ...], data: Any) -> str:
-    """Render a pydantic location as ``parameters[2] (cudagraph_mode).values``."""
-
-    parts: list[str] = []
-    node = data
-    for item in loc:
-        if isinstance(item, int):
-            label = f"[{item}]"
-            if isinstance(node, list) and 0 <= item < len(node):
-                node = node[item]
-                if isinstance(node, dict) and "name" in node:
-                    label += f" ({node['name']})"
-            else:
-                node = None
-            parts.append(label)
-        else:
-            if item in ("categorical", "int", "float", "bool") and isinstance(node, dict):
-                continue  # the discriminator tag adds nothing for the reader
-            parts.append(("." if parts else "") + str(item))
-            node = node.get(item) if isinstance(node, dict) else None
-    return "".join(parts) or "(top level)"
-
-
-def _lookup(data: Any, loc: tuple[Any, ...]) -> tuple[bool, Any]:
-    node = data
-    for item in loc:
-        if isinstance(node, dict) and item in node:
-            node = node[item]
-        elif isinstance(node, list) and isinstance(item, int) and 0 <= item < len(node):
-            node = node[item]
-        elif item in ("categorical", "int", "float", "bool"):
-            continue
-        else:
-            return False, None
-    return True, node
-
-
-def _allowed_keys(loc: tuple[Any, ...], data: Any) -> list[str]:
-    """Field names of the model at ``loc``, for 'unknown key' messages."""
-
-    import typing
-
-    model: Any = StudySpec
-    node = data
-    for item in loc:
-        if isinstance(item, int):
-            node = node[item] if isinstance(node, list) and item < len(node) else None
-            continue
-        if item in ("categorical", "int", "float", "bool"):
-            model = {"categorical": CategoricalParam, "int": IntParam,
-                     "float": FloatParam, "bool": BoolParam}[item]
-            continue
-        field = getattr(model, "model_fields", {}).get(item)
-        if field is None:
-            return []
-        node = node.get(item) if isinstance(node, dict) else None
-        model = None
-        stack = [field.annotation]
-        while stack:
-            ann = stack.pop()
-            if isinstance(ann, type) and issubclass(ann, BaseModel):
-                model = ann
-                break
-            stack.extend(typing.get_args(ann))
-        if model is None:
-            return []
-    return sorted(getattr(model, "model_fields", {}))
-
-
-def parse_study(text: str, source: str = "<study>") -> StudySpec:
-    """Parse YAML text into a StudySpec, or raise SpecError naming source, field and value."""
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{source}: not valid YAML: {exc}") from exc
-    if not isinstance(data, dict):
-        raise SpecError(f"{source}: the study file must be a mapping of sections, got {type(data).__name__}")
-    try:
-        spec = StudySpec.model_validate(data)
-    except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = tuple(err["loc"])
-            where = _format_loc(loc, data)
-            message = err["msg"].removeprefix("Value error, ")
-            found, value = _lookup(data, loc)
-            got = ""
-            if found and err["type"] not in ("missing",) and not isinstance(value, (dict, list)):
-                got = f" (got {value!r})"
-            if err["type"] == "extra_forbidden":
-                where = _format_loc(loc[:-1], data)
-                allowed = _allowed_keys(loc[:-1], data)
-                message = f"unknown key {loc[-1]!r}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
-                got = ""
-            prefix = f"{source}: {where}: " if loc else f"{source}: "
-            lines.append(f"{prefix}{message}{got}")
-        raise SpecError("\n".join(lines)) from exc
-    # The points that run first must be complete and allowed; that needs the condition and
-    # forbidden logic of the space module, which builds on this one (hence the late import).
-    from tuner.core import space
-
-    try:
-        space.baseline_values(spec)
-        space.starting_point_values(spec)
-    except ValueError as exc:
-        raise SpecError(f"{source}: {exc}") from exc
-    return spec

@@ -397,7 +397,7 @@ class SweepGuard:
             else:
                 value = measured[level].get(str(lim["metric"]))
             if value is None or not math.isfinite(value):
-                out[str(lim["label"])] = 1.0      # as tuner.scoring: no value misses the limit
+                out[str(lim["label"])] = 1.0      # as tuner.study.scoring: no value misses the limit
             elif lim.get("max") is not None:
                 out[str(lim["label"])] = float(value) - float(lim["max"])
             else:

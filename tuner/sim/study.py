@@ -7,14 +7,14 @@ points told infeasible with the worst values seen, duplicates told the earlier r
 if it failed, infeasible, failed trials told FAIL, constraints set with
 ``Trial.set_constraint``, an unseen random point enqueued after
 ``MAX_REJECTED_IN_A_ROW`` rejections, grid points enqueued in shuffled order), while each
-trial's outcome is looked up in a ``tuner.search_truth.GroundTruth`` table with optional
+trial's outcome is looked up in a ``tuner.sim.truth.GroundTruth`` table with optional
 measurement noise.
 
 Time is simulated: a trial takes startup + probe + its load levels + stop seconds (from the
 ground truth's time model), ``workers`` trials run at once and the one that finishes first
 is told first - so constant-liar TPE sees the same pending trials as on a real cluster.
 
-An optional early-stop policy (``tuner.core.early_stop``) is consulted while the server
+An optional early-stop policy (``tuner.study.early_stop``) is consulted while the server
 starts, after verification, after the probe, inside a level (rule 4, see ``_Driver._inside``
 for its time and noise model) and after every load level, with the study's state at that
 moment; a stopped trial is shorter and is told as the orchestrator tells it (infeasible, or
@@ -39,9 +39,9 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tuner.core import early_stop, sampling, space
-from tuner.core.spec import StudySpec
-from tuner.search_truth import GroundTruth, Measured, PointTruth, level_of, measure
+from tuner.study import early_stop, samplers, space
+from tuner.study.spec import StudySpec
+from tuner.sim.truth import GroundTruth, Measured, PointTruth, level_of, measure
 
 __all__ = ["TrialLog", "StudyRun", "EarlyStopPolicy", "run_study", "MAX_REJECTED_IN_A_ROW"]
 
@@ -260,7 +260,7 @@ class _Driver:
 
     def _enqueue_grid_point(self) -> None:
         if self._grid is None:
-            from tuner.search_truth import enumerate_points
+            from tuner.sim.truth import enumerate_points
 
             self._grid = enumerate_points(self.spec)
             random.Random(self.seed).shuffle(self._grid)
@@ -282,7 +282,7 @@ class _Driver:
         values: dict[str, Any] = {}
         for param in space.ordered_parameters(self.spec):
             if space.is_active(param, values):
-                values[param.name] = sampling.suggest(trial, param)
+                values[param.name] = samplers.suggest(trial, param)
         trial.set_user_attr("values", values)
         if space.forbidden_reason(self.spec, values) is not None:
             trial.set_user_attr("kind", KIND_FORBIDDEN)

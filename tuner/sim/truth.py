@@ -3,7 +3,7 @@
 Every allowed point of the (discrete) space is taken through the same steps a real trial
 takes, with each I/O step replaced by the simulator's pure model of it:
 
-1. **Render**: ``tuner.orchestrator.trial_command`` (the tuner's one renderer) gives argv +
+1. **Render**: ``tuner.study.command.trial_command`` (the tuner's one renderer) gives argv +
    env; ``asked_settings`` gives what the verifier checks, exactly as the orchestrator
    builds a ``TrialRequest``.
 2. **Start**: ``tuner.sim.args.parse_argv`` + ``tuner.sim.effective.resolve`` give the
@@ -21,7 +21,7 @@ takes, with each I/O step replaced by the simulator's pure model of it:
    probe fails exactly for those -> infeasible.
 5. **Load**: for every level of ``load.concurrency``, ``simulate_closed_loop`` with a
    ``Workload`` calibrated from the study's own requests (below) gives throughput, TPOT and
-   TTFT; objectives and limits are read from these like ``tuner.scoring.metric_value``.
+   TTFT; objectives and limits are read from these like ``tuner.study.scoring.metric_value``.
 
 Workload calibration (why: ``simulate_closed_loop`` takes one prompt length, one output
 length and n-gram hit/acceptance rates, while the load generator sends a mix of classes):
@@ -46,7 +46,7 @@ its warm-up (``warmup_for(c)`` requests, at the level's per-request cost) plus t
 run; a fixed stop cost is added. A not-applied point is known at verification, a probe
 failure after the probe. ``startup_s`` is a torch.compile cache miss; ``compile_key``,
 ``compile_s``, ``compile_hit_s`` and ``compile_at_s`` let a simulated study
-(``tuner.study_sim``, ``compile_cache=True``) shorten a start whose key an earlier trial
+(``tuner.sim.study``, ``compile_cache=True``) shorten a start whose key an earlier trial
 compiled (``hit_saving_s``: Sim.startup's hit loads in ``StartupSpec.compile_hit_parts``).
 
 Noise (``measure``): multiplicative lognormal per trial, level and metric, seeded, so a
@@ -73,13 +73,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tuner.core import space
-from tuner.core.outcome import TrialOutcome
+from tuner.study import space
+from tuner.study.command import trial_command
+from tuner.study.outcome import TrialOutcome
 from tuner.core.load_spec import LoadSpec
-from tuner.core.pareto import Point, pareto_front
+from tuner.study.pareto import Point, pareto_front
 from tuner.vllm.render import asked_settings
-from tuner.core.sampling import grid_points
-from tuner.core.spec import StudySpec
+from tuner.study.sampling import grid_points
+from tuner.study.spec import StudySpec
 from tuner.core.workload import draft_requests, fit_draft, level_stream
 from tuner.sim.args import ArgvError, parse_argv
 from tuner.sim.cache import compile_hash
@@ -87,8 +88,8 @@ from tuner.sim.effective import ConfigError, Effective, resolve
 from tuner.sim.model import TOKENIZER, NgramIndex, chat_prompt, count_accepted, plan_output
 from tuner.sim.perf_model import NGRAM_METHODS, LevelEstimate, PerfConfig, Workload, simulate_closed_loop
 from tuner.sim.profile import Profile
-from tuner.scoring import constraints as scoring_constraints
-from tuner.scoring import level_for, metric_value
+from tuner.study.scoring import constraints as scoring_constraints
+from tuner.study.scoring import level_for, metric_value
 
 __all__ = [
     "LevelTruth", "PointTruth", "GroundTruth", "TimeModel", "Measured", "enumerate_points",
@@ -199,9 +200,7 @@ def enumerate_points(spec: StudySpec) -> list[dict[str, Any]]:
 
 
 def default_render(spec: StudySpec, values: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
-    """The orchestrator's own renderer (imported late: it pulls in the Ray executor)."""
-
-    from tuner.orchestrator import trial_command
+    """The trials' own renderer."""
 
     return trial_command(spec, values, python="python")
 
@@ -595,7 +594,7 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
 _STAGES = ("init", "comm", "attn", "load", "kv")
 
 # Where in Sim.startup's log (= vLLM's order) a not-applied target can be stopped on while
-# the server starts: exactly the verdicts tuner.core.early_stop.startup_mismatches accepts
+# the server starts: exactly the verdicts tuner.study.early_stop.startup_mismatches accepts
 # from a partial log - the custom all-reduce outcome at communicator init ("comm") and the
 # attention backend's CUDA-graph downgrade right after ("attn"), both before the weights
 # load. Every other verdict waits for the full log (end of startup), as in the worker.
@@ -659,13 +658,13 @@ def evaluate_point(spec: StudySpec, profile: Profile, values: dict[str, Any]) ->
 
 
 def level_of(spec: StudySpec, concurrency: int | str) -> int:
-    """The load level ``concurrency`` names (tuner.scoring's rule)."""
+    """The load level ``concurrency`` names (tuner.study.scoring's rule)."""
 
     return level_for(spec, concurrency)
 
 
 def _outcome(truth: PointTruth, levels: Mapping[int, Mapping[str, float]]) -> TrialOutcome:
-    """The outcome a worker would report for this point: what tuner.scoring reads."""
+    """The outcome a worker would report for this point: what tuner.study.scoring reads."""
 
     return TrialOutcome(number=0, status="completed", applied=truth.applied,
                         mismatches=[{"target": t} for t in truth.mismatches],
@@ -696,7 +695,7 @@ class Measured:
 def measure(spec: StudySpec, truth: PointTruth, *, noise: float = 0.0,
             rng: random.Random | None = None) -> Measured:
     """The outcome a trial reports: level metrics with multiplicative lognormal noise
-    (sigma ``noise``), objectives and constraints as tuner.scoring computes them."""
+    (sigma ``noise``), objectives and constraints as tuner.study.scoring computes them."""
 
     if truth.failed:
         return Measured(None, {}, {})
@@ -707,7 +706,7 @@ def measure(spec: StudySpec, truth: PointTruth, *, noise: float = 0.0,
             levels[c] = {k: v * math.exp(rng.gauss(0.0, noise)) for k, v in lv.metrics.items()}
         else:
             levels[c] = dict(lv.metrics)
-    # Objectives and constraints exactly as the orchestrator computes them (tuner.scoring).
+    # Objectives and constraints exactly as the orchestrator computes them (tuner.study.scoring).
     outcome = _outcome(truth, levels)
     objectives = []
     for o in spec.objectives:

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.core.confirmation_text import blocks_export, confirmation_brief, pct as _pct, summary_text
-from tuner.core.pareto import Point, knee_point, pareto_front
+from tuner.study.confirmation_text import blocks_export, confirmation_brief, pct as _pct, summary_text
+from tuner.study.pareto import Point, knee_point, pareto_front
 
 __all__ = ["RunResult", "ObjectiveCheck", "Confirmation", "choose_candidates", "judge", "Verdict",
            "reserve_seconds",

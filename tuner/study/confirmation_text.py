@@ -1,6 +1,6 @@
 """Confirmation verdicts as text and summaries, from their plain JSON form.
 
-Kept apart from ``core.confirmation`` (pydantic models) so that ``tuner status``, which
+Kept apart from ``study.confirmation`` (pydantic models) so that ``tuner status``, which
 answers without importing pydantic or Optuna, can show them.
 """
 

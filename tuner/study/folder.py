@@ -3,7 +3,7 @@
 A study folder keeps, per trial, what the worker measured (``outcome.json``) and what it
 was asked to run (``command.json``), next to the resolved ``spec.yaml``. That is enough to
 rebuild what the orchestrator told Optuna — the objective values, the constraints and the
-outcome attributes come from the same functions (``tuner.scoring``) — so ``tuner report``,
+outcome attributes come from the same functions (``tuner.study.scoring``) — so ``tuner report``,
 ``export`` and ``status`` work on a folder copied without its ``optuna.db``, e.g.
 ``results/examples/smollm2-cpu``. The rebuilt study lives in memory: nothing is written
 into the folder.
@@ -26,14 +26,15 @@ import optuna
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.adapters.artifacts import StudyPaths
-from tuner.core import space
-from tuner.core.outcome import TrialOutcome
+from tuner.study import samplers, space
+from tuner.study.outcome import TrialOutcome
 from tuner.vllm.render import RenderedCommand, shell_line
-from tuner.core.spec import StudySpec, parse_study
+from tuner.study.spec import StudySpec
+from tuner.study.study_file import parse_study
 from tuner.errors import SpecError, StudyError
-from tuner.records import KIND_RUN
-from tuner.scoring import outcome_attrs, told_for
-from tuner.study_store import StudyHandle, open_existing
+from tuner.study.records import KIND_RUN
+from tuner.study.scoring import outcome_attrs, told_for
+from tuner.study.store import StudyHandle, open_existing
 
 __all__ = ["FolderStudyHandle", "open_for_reading", "study_from_trial_files", "KIND_NOT_IN_FOLDER"]
 
@@ -117,7 +118,7 @@ def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
     for param in space.ordered_parameters(spec):
         if param.name in values:
             params[param.name] = values[param.name]
-            distributions[param.name] = space.distribution(param)
+            distributions[param.name] = samplers.distribution(param)
     attrs: dict[str, Any] = {
         "kind": KIND_RUN,
         "values": values,

@@ -1,8 +1,8 @@
 """The search space: conditions, forbidden combinations, baseline, size and its tree.
 
-Pure functions over a ``StudySpec``; the optimizer adapter turns ``distribution()`` into
-Optuna suggestions in ``ordered_parameters()`` order, so a parameter is only suggested
-once every parameter its condition names has a value.
+Pure functions over a ``StudySpec`` (no Optuna); ``tuner.study.samplers`` turns a parameter
+into an Optuna distribution and suggests parameters in ``ordered_parameters()`` order, so a
+parameter is only suggested once every parameter its condition names has a value.
 """
 
 from __future__ import annotations
@@ -13,14 +13,7 @@ import random
 from collections.abc import Mapping
 from typing import Any
 
-from optuna.distributions import (
-    BaseDistribution,
-    CategoricalDistribution,
-    FloatDistribution,
-    IntDistribution,
-)
-
-from tuner.core.spec import (
+from tuner.study.spec import (
     BoolParam,
     CategoricalParam,
     FloatParam,
@@ -31,7 +24,6 @@ from tuner.core.spec import (
 __all__ = [
     "ordered_parameters",
     "is_active",
-    "distribution",
     "forbidden_reason",
     "baseline_values",
     "random_values",
@@ -75,16 +67,6 @@ def is_active(param: AnyParam, values: Mapping[str, Any]) -> bool:
     """A parameter is active when each parent is active (has a value) and matches."""
 
     return all(name in values and _matches(values[name], exp) for name, exp in param.when.items())
-
-
-def distribution(param: AnyParam) -> BaseDistribution:
-    if isinstance(param, CategoricalParam):
-        return CategoricalDistribution(param.values)
-    if isinstance(param, BoolParam):
-        return CategoricalDistribution([False, True])
-    if isinstance(param, IntParam):
-        return IntDistribution(param.low, param.high, step=param.step, log=param.log)
-    return FloatDistribution(param.low, param.high, step=param.step, log=param.log)
 
 
 def forbidden_reason(spec: StudySpec, values: Mapping[str, Any]) -> str | None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.core.pareto import Point, pareto_front
+from tuner.study.pareto import Point, pareto_front
 
 if TYPE_CHECKING:
     import optuna
@@ -31,7 +31,7 @@ __all__ = ["TrialRecord", "StoredStudy", "read_records", "read_records_direct", 
 KIND_RUN = "run"
 KIND_DUPLICATE = "duplicate"
 KIND_FORBIDDEN = "forbidden"
-# The constraint a trial stopped early carries (tuner.scoring.stopped_told).
+# The constraint a trial stopped early carries (tuner.study.scoring.stopped_told).
 EARLY_STOPPED = "early_stopped"
 
 
@@ -266,7 +266,7 @@ def read_sqlite_study(db_path: Path, study_name: str) -> StoredStudy | None:
 
     try:
         # mode=rw: never create a database that is not there. The busy timeout is the
-        # storage's own (study_store.RetryPolicy), for reading while a study writes.
+        # storage's own (tuner.study.store.RetryPolicy), for reading while a study writes.
         conn = sqlite3.connect(f"{Path(db_path).resolve().as_uri()}?mode=rw", uri=True, timeout=10.0)
     except sqlite3.Error:
         return None

@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.core import early_stop
-from tuner.core.outcome import TrialOutcome
-from tuner.core.pareto import Point, pareto_front
-from tuner.core.spec import ObjectiveSpec, StudySpec
-from tuner.records import EARLY_STOPPED, KIND_RUN, TrialRecord, record_points
+from tuner.study import early_stop
+from tuner.study.outcome import TrialOutcome
+from tuner.study.pareto import Point, pareto_front
+from tuner.study.spec import ObjectiveSpec, StudySpec
+from tuner.study.records import EARLY_STOPPED, KIND_RUN, TrialRecord, record_points
 
 __all__ = ["Told", "told_for", "early_stop_plan", "stopped_told", "EARLY_STOPPED", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs", "pareto_payload",
            "result_text", "values_text"]
@@ -83,7 +83,7 @@ HISTORY_LIMIT = 300
 
 
 def early_stop_plan(spec: StudySpec, trials: Any) -> dict[str, Any]:
-    """The ``TrialRequest.early_stop`` of a trial starting now (core.early_stop.sweep_plan).
+    """The ``TrialRequest.early_stop`` of a trial starting now (study.early_stop.sweep_plan).
 
     ``trials``: the study's FrozenTrials. Front: objective values of the feasible measured
     trials' front; history: the objective metrics, per level, of trials that measured every

@@ -36,7 +36,7 @@ class TrialRequest(BaseModel):
     ignore_eos: bool
     metrics_needed: list[int] = Field(default_factory=list, description="load levels to run")
     early_stop: dict[str, Any] | None = Field(
-        default=None, description="core.early_stop.sweep_plan: when the worker may stop the "
+        default=None, description="study.early_stop.sweep_plan: when the worker may stop the "
         "trial (objectives, limits, the front when it started); None: never")
     kind: Literal["trial", "reference"] = Field(
         default="trial",
@@ -74,7 +74,7 @@ class TrialOutcome(BaseModel):
     probe_reason: str | None = None
     stop: dict[str, Any] = Field(default_factory=dict)
     early_stop: dict[str, Any] | None = Field(
-        default=None, description="core.early_stop.SweepGuard.record: why and after which "
+        default=None, description="study.early_stop.SweepGuard.record: why and after which "
         "step the trial stopped before its full sweep; None: it ran everything")
     compile: dict[str, Any] | None = Field(
         default=None, description="vllm.compile_cache.CompileRecord from the server log "

@@ -38,7 +38,8 @@ from optuna.storages import RDBStorage
 
 from tuner import __version__
 from tuner.adapters.artifacts import StudyPaths, atomic_write_json, atomic_write_text, redact_url
-from tuner.core.spec import StudySpec, parse_study
+from tuner.study.spec import StudySpec
+from tuner.study.study_file import parse_study
 from tuner.errors import SpecError, StorageUnavailable, StudyError
 
 __all__ = ["StudyHandle", "create_or_open", "open_existing", "StudyLock", "make_storage", "spec_digest",

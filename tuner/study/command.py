@@ -1,0 +1,85 @@
+"""A study point's server command: the study's renderer applied to a point's values.
+
+Pure: the trials, the reference job, confirmation re-runs, ``tuner export`` and the
+simulator's ground truth all render through ``trial_command``, so the command a study
+measured is the one it exports. Pinning a relative interpreter to the current folder (a
+trial runs elsewhere) is the caller's, at dispatch time (``tuner.orchestrator``).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.vllm.render import asked_settings, render_command
+from tuner.errors import SpecError
+from tuner.study import space
+from tuner.study.scoring import values_text
+from tuner.study.spec import ServerSpec, StudySpec
+
+__all__ = ["trial_command", "reference_configuration", "ReferenceConfiguration"]
+
+# Config arguments the conservative reference drops: each is a path (graphs, the compiler,
+# a drafter) a trial's bug could live in, and the reference must not share it.
+_NOT_IN_REFERENCE = ("compilation_config", "speculative_config")
+
+
+def trial_command(spec: StudySpec, values: dict[str, Any], *, port: int | None = None,
+                  python: str | None = None) -> tuple[list[str], dict[str, str]]:
+    """argv and env of the server for ``values`` (``python`` None: this interpreter)."""
+
+    return _command(spec, spec.server, space.settings_for(spec, values), port=port, python=python)
+
+
+def _command(spec: StudySpec, server: ServerSpec, settings: dict[str, Any], *, port: int | None,
+             python: str | None) -> tuple[list[str], dict[str, str]]:
+    rendered = render_command(server, settings, python=python or sys.executable, port=port)
+    env = dict(rendered.env)
+    if spec.verify.nccl_debug == "on" or (
+        spec.verify.nccl_debug == "auto"
+        and any(p.target.startswith("env:NCCL_") for p in spec.parameters)
+    ):
+        # Needed to read back the protocol/algorithm NCCL actually chose.
+        env.setdefault("NCCL_DEBUG", "INFO")
+        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,ENV")
+    return list(rendered.argv), env
+
+
+@dataclass(frozen=True)
+class ReferenceConfiguration:
+    values: dict[str, Any]
+    argv: list[str]
+    env: dict[str, str]
+    asked: dict[str, Any]
+    label: str
+
+
+def reference_configuration(spec: StudySpec, *, port: int | None = None,
+                            python: str | None = None) -> ReferenceConfiguration:
+    """The configuration the study's reference is recorded from: the baseline's values
+    with ``probe.reference.values`` on top, then (``conservative``) enforce_eager on and
+    no compilation or speculative config, fixed flags included.
+
+    Raises:
+        SpecError: ``probe.reference.values`` names a parameter the study does not have.
+    """
+
+    ref = spec.probe.reference
+    names = {p.name for p in spec.parameters}
+    unknown = sorted(set(ref.values) - names)
+    if unknown:
+        raise SpecError(f"probe.reference.values: unknown parameter(s) {unknown}; "
+                        f"the study's parameters are {sorted(names)}")
+    values = {**space.baseline_values(spec), **ref.values}
+    settings = space.settings_for(spec, values)
+    server = spec.server
+    label = "baseline" + (f" with {values_text(ref.values)}" if ref.values else "")
+    if ref.conservative:
+        settings = {t: v for t, v in settings.items() if t.split(".")[0] not in _NOT_IN_REFERENCE}
+        settings["enforce_eager"] = True
+        flags = {k: v for k, v in server.flags.items() if k.split(".")[0] not in _NOT_IN_REFERENCE}
+        server = server.model_copy(update={"flags": flags})
+        label += ", eager, no compilation config, no speculation"
+    argv, env = _command(spec, server, settings, port=port, python=python)
+    return ReferenceConfiguration(values, argv, env, asked_settings(server, settings), label)
