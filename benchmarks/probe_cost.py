@@ -52,14 +52,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from vllm_server import SERVED, VllmServer, available  # noqa: E402
 
 from tuner.adapters.loadgen import run_sweep  # noqa: E402
-from tuner.adapters.probe_client import load_probe_items, run_probe  # noqa: E402
-from tuner.adapters.reference_client import (  # noqa: E402
-    load_reference_sources,
-    record_reference,
-    run_correctness,
-)
-from tuner.core.probe_spec import ProbeSpec  # noqa: E402
-from tuner.core.reference import single_stream_plan, with_reference_accuracy  # noqa: E402
+from tuner.probe.client import load_probe_items, run_probe  # noqa: E402
+from tuner.probe.correctness import run_correctness  # noqa: E402
+from tuner.probe.recording import load_reference_sources, record_reference  # noqa: E402
+from tuner.probe.spec import ProbeSpec  # noqa: E402
+from tuner.probe.selection import single_stream_plan  # noqa: E402
+from tuner.probe.verdict import with_reference_accuracy  # noqa: E402
 from tuner.study.spec import StudySpec  # noqa: E402
 from tuner.study.study_file import parse_study  # noqa: E402
 

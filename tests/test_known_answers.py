@@ -9,19 +9,11 @@ import re
 import pytest
 from pydantic import ValidationError
 
-from tuner.core.known_answers import (
-    ProbeAnswer,
-    ProbeItem,
-    ProbeResult,
-    PromptsFileError,
-    accuracy_tolerance,
-    build_items,
-    check_answer,
-    number_to_words,
-    parse_prompts_jsonl,
-    score,
-)
-from tuner.core.probe_spec import ProbeSpec
+from tuner.probe.checks import check_answer
+from tuner.probe.items import ProbeItem, build_items, number_to_words
+from tuner.probe.known_score import ProbeAnswer, ProbeResult, accuracy_tolerance, score
+from tuner.probe.prompts_file import PromptsFileError, parse_prompts_jsonl
+from tuner.probe.spec import ProbeSpec
 
 # ------------------------------------------------------------------ answer checkers
 

@@ -20,9 +20,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
-from tuner.adapters.probe_client import apply_stop, load_probe_items, run_probe
-from tuner.core.known_answers import PromptsFileError, build_items
-from tuner.core.probe_spec import ProbeSpec
+from tuner.probe.client import load_probe_items, run_probe
+from tuner.probe.items import build_items
+from tuner.probe.prompts_file import PromptsFileError
+from tuner.probe.spec import ProbeSpec
+from tuner.probe.wire import apply_stop
 
 MODEL = "tiny-test-model"
 

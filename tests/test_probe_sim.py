@@ -19,23 +19,18 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tuner.adapters.reference_client import (
+from tuner.probe.client import load_probe_items, run_probe
+from tuner.probe.correctness import run_correctness
+from tuner.probe.record import Reference
+from tuner.probe.recording import (
     ReferenceRecordError,
     check_reference,
     load_reference_sources,
     record_reference,
-    run_correctness,
 )
-from tuner.core.probe_spec import ProbeSpec
-from tuner.adapters.probe_client import load_probe_items, run_probe
-from tuner.core.reference import (
-    CorrectnessResult,
-    Reference,
-    forced_prompt_ids,
-    single_stream_plan,
-    validate_reference,
-    with_reference_accuracy,
-)
+from tuner.probe.selection import forced_prompt_ids, single_stream_plan
+from tuner.probe.spec import ProbeSpec
+from tuner.probe.verdict import CorrectnessResult, validate_reference, with_reference_accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "smollm2"

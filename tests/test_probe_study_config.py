@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuner.core.known_answers import PromptsFileError
-from tuner.core.reference import ReferencePromptsError
+from tuner.probe.prompts_file import PromptsFileError, ReferencePromptsError
 from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
 from tuner.orchestrator import resolve_probe_files

@@ -36,8 +36,8 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, free_port_block, processes_with_env, run_tuner
+from tuner.probe.spec import ProbeSpec
 from tuner.vllm.effective_config import parse_effective_config
-from tuner.core.probe_spec import ProbeSpec
 from tuner.vllm.verify import verify
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
@@ -339,7 +339,7 @@ def test_probe_fails_a_real_server_that_answers_fluently_but_wrong(tmp_path: Pat
     same model with a wrong RoPE base (a stand-in for the field notes' weight-layout bug:
     the server runs, is fast, and talks nonsense) fails."""
 
-    from tuner.adapters.probe_client import run_probe
+    from tuner.probe.client import run_probe
 
     study = yaml.safe_load((ROOT / "search_spaces" / "smollm2-cpu.yaml").read_text())
     spec = ProbeSpec.model_validate(study["probe"])

@@ -9,33 +9,33 @@ import math
 import pytest
 from pydantic import ValidationError
 
-from tuner.core.known_answers import ProbeAnswer, build_items, score
-from tuner.core.probe_spec import OPEN_PROMPTS, ProbeSpec, ReferenceSpec
-from tuner.core.reference import (
+from tuner.probe.compare import compare_forced, compare_generation
+from tuner.probe.items import build_items
+from tuner.probe.known_score import ProbeAnswer, score
+from tuner.probe.prompts_file import ReferencePromptsError, parse_reference_prompts_jsonl
+from tuner.probe.record import (
     ForcedStep,
     Generation,
     Reference,
-    ReferenceAnswer,
     ReferencePrompt,
-    ReferencePromptsError,
     ReferenceSource,
-    combine,
-    compare_forced,
-    compare_generation,
+    truncate_generation,
+)
+from tuner.probe.reference_score import ReferenceAnswer, score_reference
+from tuner.probe.selection import (
     forced_prompt_ids,
+    reference_sources,
+    shared_prompts,
+    single_stream_plan,
+)
+from tuner.probe.spec import OPEN_PROMPTS, ProbeSpec, ReferenceSpec
+from tuner.probe.verdict import combine, validate_reference, with_reference_accuracy
+from tuner.probe.wire import (
     forced_request,
     generation_request,
     parse_forced,
     parse_generation,
-    parse_reference_prompts_jsonl,
-    reference_sources,
-    score_reference,
-    shared_prompts,
-    single_stream_plan,
     tokenize_request,
-    truncate_generation,
-    validate_reference,
-    with_reference_accuracy,
 )
 
 # ----------------------------------------------------------------------- helpers
@@ -489,7 +489,7 @@ def test_validate_reference():
     unstable = score_reference(ref, answers(ref, override={("p0", 1): gen([9, 9])}), ref_spec())
     msg = validate_reference(good, reference=ref, self_check=unstable)
     assert msg is not None and "does not agree with itself" in msg
-    from tuner.core.known_answers import ProbeResult
+    from tuner.probe.known_score import ProbeResult
     assert "disabled" in validate_reference(ProbeResult.disabled())
 
 

@@ -18,16 +18,13 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tuner.adapters.probe_client import run_probe
-from tuner.adapters.reference_client import check_reference, record_reference, run_correctness
-from tuner.core.probe_spec import ProbeSpec
-from tuner.core.reference import (
-    CorrectnessResult,
-    Reference,
-    ReferenceResult,
-    validate_reference,
-    with_reference_accuracy,
-)
+from tuner.probe.client import run_probe
+from tuner.probe.correctness import run_correctness
+from tuner.probe.record import Reference
+from tuner.probe.recording import check_reference, record_reference
+from tuner.probe.reference_score import ReferenceResult
+from tuner.probe.spec import ProbeSpec
+from tuner.probe.verdict import CorrectnessResult, validate_reference, with_reference_accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"

@@ -120,7 +120,7 @@ async def ameasure(
 
     probe_summary: dict[str, Any] | None = None
     if probe:
-        from tuner.adapters.probe_client import run_probe
+        from tuner.probe.client import run_probe
 
         result = await run_probe(url, model, spec.probe, deadline_s=deadline_s, headers=headers)
         atomic_write_json(out_dir / "probe.json", result.model_dump(mode="json"))

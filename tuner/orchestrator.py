@@ -35,15 +35,16 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 
 from tuner import recovery
 from tuner.adapters.artifacts import atomic_write_json, is_secret_name
+from tuner.probe.client import load_probe_items
+from tuner.probe.recording import load_reference_sources
+from tuner.probe.spec import ProbeSpec
+from tuner.probe.record import Reference
+from tuner.probe.verdict import with_reference_accuracy
 from tuner.study import space
-from tuner.adapters.probe_client import load_probe_items
-from tuner.adapters.reference_client import load_reference_sources
 from tuner.vllm.compile_cache import cache_env
 from tuner.study.confirmation import choose_candidates, confirmation_brief, reserve_seconds
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
-from tuner.core.probe_spec import ProbeSpec
-from tuner.core.reference import Reference, with_reference_accuracy
 from tuner.vllm.render import RenderedCommand, asked_settings, shell_line
 from tuner.study.command import ReferenceConfiguration, reference_configuration, trial_command
 from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError

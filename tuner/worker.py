@@ -30,16 +30,17 @@ from tuner.adapters.artifacts import atomic_write_json, redact_env
 from tuner.adapters import proctree
 from tuner.adapters.launcher import TAG_VAR, ServerProcess
 from tuner.adapters.loadgen import run_sweep, write_records_jsonl
-from tuner.adapters.probe_client import load_probe_items, run_probe
-from tuner.adapters.reference_client import (ReferenceRecordError, check_reference, load_reference_sources,
-                                             record_reference, run_correctness)
+from tuner.probe.client import load_probe_items, run_probe
+from tuner.probe.correctness import run_correctness
+from tuner.probe.recording import ReferenceRecordError, check_reference, load_reference_sources, record_reference
 from tuner.vllm.compile_cache import parse_compile_log
 from tuner.study.early_stop import SweepGuard
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.core.load_spec import LoadSpec, rate_level_name
+from tuner.probe.spec import ProbeSpec
+from tuner.probe.record import Reference
+from tuner.probe.verdict import validate_reference
 from tuner.study.outcome import TrialOutcome, TrialRequest
-from tuner.core.probe_spec import ProbeSpec
-from tuner.core.reference import Reference, validate_reference
 from tuner.vllm.verify import verify
 from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCancelled, TrialError, TrialTimeout
 

@@ -102,7 +102,7 @@ __all__ = [
 EVAL_VERSION = 2     # 2: compile-cache fields (compile_key, compile_s, compile_hit_s, compile_at_s)
 REF_MARGIN = 0.5
 STRICT_REF_MARGIN = 0.1
-# Probe requests are short known-answer questions (tuner.core.known_answers): a few dozen
+# Probe requests are short known-answer questions (tuner.probe.items): a few dozen
 # prompt tokens, answers well under the probe's max_tokens.
 PROBE_PROMPT_TOKENS = 48
 PROBE_OUTPUT_TOKENS = 12

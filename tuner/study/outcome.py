@@ -42,7 +42,7 @@ class TrialRequest(BaseModel):
         default="trial",
         description="'reference': the study's once-per-study reference recording (no load)")
     reference: dict[str, Any] | None = Field(
-        default=None, description="the study's recorded reference (core.reference.Reference) "
+        default=None, description="the study's recorded reference (probe.record.Reference) "
         "every trial's probe is compared with; None: known answers only")
 
 

@@ -22,7 +22,7 @@ from pydantic import (
 
 from tuner.study.durations import parse_duration
 from tuner.core.load_spec import LoadSpec
-from tuner.core.probe_spec import ProbeSpec
+from tuner.probe.spec import ProbeSpec
 from tuner.vllm.catalog import MULTICAST_ALGOS, check_target_name, check_value
 
 __all__ = [

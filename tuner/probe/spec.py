@@ -7,7 +7,7 @@ problem). Every trial runs it after startup; a trial that fails it is infeasible
 whatever its throughput.
 
 Pure data: no I/O here. ``prompts_file`` is only a path; reading and validating the file
-is done by :func:`tuner.adapters.probe_client.load_probe_items`, which the orchestrator
+is done by :func:`tuner.probe.client.load_probe_items`, which the orchestrator
 calls once before any server starts.
 """
 
@@ -66,7 +66,7 @@ class ReferenceSpec(BaseModel):
       not held to it because batch composition legitimately changes low-order bits;
     * the exact rule is held at the lowest level that runs the whole prompt set: with
       ``ProbeSpec.single_stream: subset`` (the default) concurrency 1 runs only a few
-      chosen prompts (:func:`tuner.core.reference.single_stream_plan`), each of which must
+      chosen prompts (:func:`tuner.probe.selection.single_stream_plan`), each of which must
       be close, and the exact rule moves to the higher level, where the whole set runs
       batched as vLLM's own spec-decode tests run it;
     * teacher-forced (highest level only, batched with that level's decodes, where
@@ -114,8 +114,8 @@ class ReferenceSpec(BaseModel):
     prompts_file: str | None = Field(
         default=None,
         description=(
-            "Optional JSONL of extra reference prompts: {\"prompt\": text} (raw completion) "
-            "or {\"messages\": [...]} (chat), optional \"id\"; no expected answer needed."
+            'Optional JSONL of extra reference prompts: {"prompt": text} (raw completion) '
+            'or {"messages": [...]} (chat), optional "id"; no expected answer needed.'
         ),
     )
     # 16 tokens leave room for a late divergence (a graph replayed wrong after 8 tokens)
@@ -211,11 +211,11 @@ class ProbeSpec(BaseModel):
 
     * without ``reference_accuracy``: accuracy >= ``min_accuracy``. This is also the bar
       the reference configuration itself must clear before it is trusted
-      (:func:`tuner.core.reference.validate_reference`); lower it for a weak model;
+      (:func:`tuner.probe.verdict.validate_reference`); lower it for a weak model;
     * with ``reference_accuracy`` (the score of the study's reference configuration under
       the same probe spec): accuracy >= reference - tolerance(n), where the tolerance is
       the one-sided ``confidence`` bound of a two-proportion comparison (see
-      :func:`tuner.core.known_answers.accuracy_tolerance`). The absolute floor is then not
+      :func:`tuner.probe.known_score.accuracy_tolerance`). The absolute floor is then not
       applied, because a weak model's own correct server may score below it;
     * answers at each higher concurrency level must be identical to those at the lowest
       level for at least ``min_consistency`` of the items (greedy decoding: a batch-
@@ -269,7 +269,7 @@ class ProbeSpec(BaseModel):
             "with the reference layer on. 'subset': a few deliberately chosen requests - the "
             "longest and the shortest reference prompt, a chat-template and a raw-text "
             "prompt, the longest reference continuation, and a known-answer item through "
-            "each API (tuner.core.reference.single_stream_plan) - because every request runs "
+            "each API (tuner.probe.selection.single_stream_plan) - because every request runs "
             "alone there and the whole set costs a fifth of a CPU trial; the whole set still "
             "runs batched at the higher level. 'full': everything at every level."
         ),

@@ -1,5 +1,5 @@
 """Known-answer correctness probe, I/O part: send the items to a running server, collect
-the answers, and hand them to the pure scorer in ``tuner.core.known_answers``.
+the answers, and hand them to the pure scorer in ``tuner.probe.known_score``.
 
 Server misbehaviour (HTTP errors, timeouts, malformed JSON, refused connections) is
 recorded per request and counted as a wrong answer: a broken server is exactly what the
@@ -12,34 +12,16 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from time import perf_counter
-from typing import Any
 
 import httpx
 
-from tuner.core.known_answers import (
-    ProbeAnswer,
-    ProbeItem,
-    ProbeResult,
-    PromptsFileError,
-    build_items,
-    parse_prompts_jsonl,
-    score,
-)
-from tuner.core.probe_spec import ProbeSpec
+from tuner.probe.items import ProbeItem, build_items
+from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
+from tuner.probe.prompts_file import PromptsFileError, parse_prompts_jsonl
+from tuner.probe.spec import ProbeSpec
+from tuner.probe.wire import parse_response, request_for
 
-__all__ = [
-    "apply_stop",
-    "ask_item",
-    "load_probe_items",
-    "parse_response",
-    "request_for",
-    "run_probe",
-]
-
-# The raw-completion framing ("Question: ...\nAnswer:") invites the model to go on with a
-# next question; stopping there saves decode time on a slow CPU server without touching
-# the answer line itself.
-_COMPLETION_STOP = ["\nQuestion:"]
+__all__ = ["answer_of", "ask_item", "load_probe_items", "run_probe"]
 
 
 def load_probe_items(spec: ProbeSpec, *, base_dir: Path | None = None) -> list[ProbeItem]:
@@ -62,75 +44,6 @@ def load_probe_items(spec: ProbeSpec, *, base_dir: Path | None = None) -> list[P
     except (OSError, UnicodeDecodeError) as exc:
         raise PromptsFileError(str(path), [(0, "-", f"cannot read: {exc}")]) from exc
     return parse_prompts_jsonl(text, spec.apis, source=str(path))
-
-
-def request_for(item: ProbeItem, model: str, max_tokens: int) -> tuple[str, dict[str, Any]]:
-    """Path and JSON body for one item.
-
-    ``temperature: 0`` is sent explicitly: vLLM's default ``--generation-config auto``
-    fills any omitted sampling field from the model's generation_config.json, which
-    would make the probe non-greedy and its answers unrepeatable (vllm-knobs.md §6).
-    """
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "seed": 0,
-        "stream": False,
-    }
-    if item.api == "chat":
-        body["messages"] = [{"role": "user", "content": item.prompt}]
-        return "/v1/chat/completions", body
-    body["prompt"] = item.prompt
-    body["stop"] = _COMPLETION_STOP
-    return "/v1/completions", body
-
-
-def apply_stop(item: ProbeItem, text: str, finish: str | None) -> tuple[str, str | None]:
-    """(text, finish_reason) as the server would have returned them had ``item``'s own
-    request (with its stop strings) been sent, for an answer generated without them.
-
-    The shared known-answer/reference request cannot carry the completion stop strings,
-    because the reference was recorded without them; cutting the text here gives the
-    known-answer check exactly the text the item's own request would have produced.
-    """
-    if item.api != "completions":
-        return text, finish
-    cuts = [i for i in (text.find(stop) for stop in _COMPLETION_STOP) if i >= 0]
-    if not cuts:
-        return text, finish
-    return text[: min(cuts)], "stop"
-
-
-def parse_response(
-    item: ProbeItem, payload: Any
-) -> tuple[str, str | None, int | None, int | None]:
-    """(text, finish_reason, prompt_tokens, completion_tokens) from an OpenAI-style body.
-
-    Raises:
-        ValueError: the body does not have the OpenAI shape.
-    """
-    try:
-        choice = payload["choices"][0]
-        if item.api == "chat":
-            # content may be null (e.g. a refusal or tool call): that is an empty answer.
-            text = choice["message"].get("content") or ""
-        else:
-            text = choice["text"]
-        if not isinstance(text, str):
-            raise TypeError(f"text is {type(text).__name__}")
-        finish = choice.get("finish_reason")
-        usage = payload.get("usage") or {}
-        prompt_tokens = usage.get("prompt_tokens")
-        completion_tokens = usage.get("completion_tokens")
-    except (KeyError, IndexError, TypeError, AttributeError) as exc:
-        raise ValueError(f"malformed response ({type(exc).__name__}: {exc})") from exc
-    return (
-        text,
-        finish if isinstance(finish, str) else None,
-        prompt_tokens if isinstance(prompt_tokens, int) else None,
-        completion_tokens if isinstance(completion_tokens, int) else None,
-    )
 
 
 async def ask_item(
@@ -173,8 +86,12 @@ async def ask_item(
     return answer_of(item, level, parsed, latency)
 
 
-def answer_of(item: ProbeItem, level: int, parsed: tuple[str, str | None, int | None, int | None],
-              latency: float) -> ProbeAnswer:
+def answer_of(
+    item: ProbeItem,
+    level: int,
+    parsed: tuple[str, str | None, int | None, int | None],
+    latency: float,
+) -> ProbeAnswer:
     """The answer record of one item from its parsed reply (text, finish reason, prompt
     and completion tokens); the reference layer builds its shared requests' answers here too."""
 

@@ -1,0 +1,204 @@
+"""Recording the study's reference (I/O): the reference prompt set from the study files, the
+reference server's greedy continuations and teacher-forced steps, and the reference's
+self-check against its own record.
+
+Misbehaviour of the *reference* server while recording raises
+:class:`ReferenceRecordError`, because nothing can be judged against a reference that could
+not be recorded.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from pathlib import Path
+from time import perf_counter
+from typing import Any
+
+from tuner.errors import StudyError
+from tuner.probe.client import load_probe_items
+from tuner.probe.correctness import run_levels
+from tuner.probe.http import make_client, post_json, request_timeout
+from tuner.probe.items import ProbeItem
+from tuner.probe.known_score import ProbeResult
+from tuner.probe.prompts_file import ReferencePromptsError, parse_reference_prompts_jsonl
+from tuner.probe.record import ForcedStep, Reference, ReferencePrompt, ReferenceSource
+from tuner.probe.reference_score import ReferenceResult, score_reference
+from tuner.probe.selection import reference_sources
+from tuner.probe.spec import ProbeSpec
+from tuner.probe.wire import (
+    forced_request,
+    generation_request,
+    parse_forced,
+    parse_generation,
+    tokenize_request,
+)
+
+__all__ = ["ReferenceRecordError", "check_reference", "load_reference_sources", "record_reference"]
+
+
+class ReferenceRecordError(StudyError):
+    """The reference server could not be tokenized against or recorded; stops the study."""
+
+
+def load_reference_sources(
+    spec: ProbeSpec,
+    *,
+    items: Sequence[ProbeItem] | None = None,
+    base_dir: Path | None = None,
+) -> list[ReferenceSource]:
+    """The reference prompt set of ``spec`` (known-answer questions, open prompts, and the
+    optional ``reference.prompts_file`` resolved against ``base_dir``).
+
+    Call it when the study is loaded, like ``load_probe_items``, so a bad file stops the
+    study before any server starts.
+
+    Raises:
+        ReferencePromptsError: the prompts file cannot be read or has invalid lines.
+        PromptsFileError: ``items`` is None and the known-answer prompts file is bad.
+    """
+    if items is None:
+        items = load_probe_items(spec, base_dir=base_dir)
+    custom: list[ReferenceSource] = []
+    if spec.reference.prompts_file is not None:
+        path = Path(spec.reference.prompts_file)
+        if base_dir is not None and not path.is_absolute():
+            path = base_dir / path
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ReferencePromptsError(str(path), [(0, f"cannot read: {exc}")]) from exc
+        custom = parse_reference_prompts_jsonl(text, source=str(path))
+    return reference_sources(spec, items, custom)
+
+
+async def record_reference(
+    base_url: str,
+    model: str,
+    spec: ProbeSpec,
+    *,
+    sources: Sequence[ReferenceSource] | None = None,
+    label: str = "",
+    known_answers: ProbeResult | None = None,
+    deadline_s: float | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> Reference:
+    """Record the reference from a running server of the study's reference configuration.
+
+    Every prompt is tokenized once through the server's ``/tokenize`` (so the trials send
+    the very same ids), continued greedily with top-k logprobs one request at a time
+    (concurrency 1: the most conservative batch), then teacher-forced when short enough.
+
+    Args:
+        sources: the prompt set (:func:`load_reference_sources`); default: built from spec.
+        label: which configuration this is, stored for humans ("eager, no speculation").
+        known_answers: the reference server's known-answer result, stored as
+            ``known_answers_accuracy``.
+        deadline_s: time budget for the whole recording.
+
+    Raises:
+        ReferenceRecordError: any request failed or returned an unusable body.
+    """
+    ref = spec.reference
+    if sources is None:
+        sources = load_reference_sources(spec)
+    start = perf_counter()
+    deadline = None if deadline_s is None else start + deadline_s
+    prompts: list[ReferencePrompt] = []
+
+    async def call(path: str, body: dict[str, Any], what: str) -> Any:
+        timeout = request_timeout(spec, deadline)
+        if timeout is None:
+            raise ReferenceRecordError(f"recording the reference ran out of time at {what}")
+        try:
+            return await post_json(client, path, body, timeout)
+        except ValueError as exc:
+            raise ReferenceRecordError(f"recording the reference failed at {what}: {exc}") from exc
+
+    async with make_client(base_url, headers, spec, 1) as client:
+        for source in sources:
+            prompts.append(await _record_one(call, source, model, spec))
+    return Reference(
+        model=model,
+        label=label,
+        max_tokens=ref.max_tokens,
+        top_k=ref.top_k,
+        teacher_forced=ref.teacher_forced,
+        forced_max_prompt_tokens=ref.forced_max_prompt_tokens,
+        prompts=prompts,
+        known_answers_accuracy=None if known_answers is None else known_answers.accuracy,
+        recorded_unix=time.time(),
+        record_seconds=perf_counter() - start,
+    )
+
+
+async def _record_one(
+    call: Callable[[str, dict[str, Any], str], Awaitable[Any]],
+    source: ReferenceSource,
+    model: str,
+    spec: ProbeSpec,
+) -> ReferencePrompt:
+    """One prompt of the reference: tokenized, continued greedily, then teacher-forced when
+    short enough. ``call`` posts a body and raises ReferenceRecordError on failure."""
+    ref = spec.reference
+    tok = await call("/tokenize", tokenize_request(source, model), f"{source.id} /tokenize")
+    ids = tok.get("tokens") if isinstance(tok, dict) else None
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
+        raise ReferenceRecordError(f"/tokenize returned no token ids for {source.id}")
+    body = await call(
+        "/v1/completions", generation_request(model, ids, ref), f"{source.id} generate"
+    )
+    try:
+        generation = parse_generation(body)
+    except ValueError as exc:
+        raise ReferenceRecordError(f"reference answer for {source.id}: {exc}") from exc
+    forced: list[ForcedStep] | None = None
+    if ref.teacher_forced and len(ids) <= ref.forced_max_prompt_tokens:
+        fbody = await call(
+            "/v1/completions",
+            forced_request(model, ids, generation.tokens, ref),
+            f"{source.id} teacher-forced",
+        )
+        try:
+            forced = parse_forced(fbody, len(ids), generation.tokens, ref.top_k)
+        except ValueError as exc:
+            raise ReferenceRecordError(f"reference prompt logprobs for {source.id}: {exc}") from exc
+    return ReferencePrompt(
+        id=source.id,
+        source=source.source,
+        form="chat" if source.messages is not None else "text",
+        fingerprint=source.fingerprint(),
+        preview=source.preview(),
+        prompt_ids=ids,
+        generation=generation,
+        forced=forced,
+    )
+
+
+async def check_reference(
+    base_url: str,
+    model: str,
+    spec: ProbeSpec,
+    reference: Reference,
+    *,
+    deadline_s: float | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> ReferenceResult:
+    """Send the reference's requests to ``base_url`` and score them against ``reference``.
+
+    The same requests, levels and order as the reference layer of :func:`run_correctness`
+    (without known answers), except that every level sends the whole prompt set (no
+    single-stream subset: this is the reference's self-check, run once per study): the
+    greedy requests once per level of ``spec.reference.concurrency``, the teacher-forced
+    ones (:func:`forced_prompt_ids`) with the highest level, at most ``level`` in flight.
+
+    Raises:
+        asyncio.CancelledError: when cancelled; in-flight requests are cancelled too.
+    """
+    ref = spec.reference
+    deadline = None if deadline_s is None else perf_counter() + deadline_s
+    async with make_client(base_url, headers, spec, max(ref.concurrency)) as client:
+        _, answers, _ = await run_levels(
+            client, model, spec, reference, [], {}, deadline, plan=None
+        )
+    return score_reference(reference, answers, ref)
