@@ -4,7 +4,7 @@
 
 Needs `scripts/setup_vllm_cpu.sh` to have run. Each scenario starts the real server the
 way the tuner does (`.venv-vllm/bin/python -m vllm.entrypoints.openai.api_server`, flags
-rendered like `tuner/vllm/render.py` renders them, own process group, log to a file),
+rendered like `tuner/vllm/knobs.py` renders them, own process group, log to a file),
 waits until it is ready or has exited, sends a few greedy requests, stops it with SIGTERM
 and writes the log to tests/fixtures/vllm_logs/cpu-0.32.0/<scenario>.log with only the
 HTTP access lines removed (they are per-request noise and would make the files large).

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tuner.vllm.compile_cache import (CompileRecord, cache_env, compile_key, compile_settings,
-                                      parse_compile_log, relevance, validate_cache_dir)
+from tuner.vllm.compile_cache import (CompileRecord, check_cache_dir, compile_key, compile_settings,
+                                      expand_cache_dir, parse_compile_log, relevance)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_logs"
 
@@ -182,28 +182,50 @@ def test_every_verdict_has_a_reason() -> None:
 # ------------------------------------------------------------------------ execution.compile_cache_dir
 
 
-def test_cache_dir_validation(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_cache_dir_in_the_spec_is_checked_but_not_expanded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Spec validation is pure: it reads no environment, so the spec keeps what the file says."""
     from pydantic import ValidationError
 
     from tuner.study.spec import ExecutionSpec
 
-    monkeypatch.setenv("HOME", str(tmp_path))
-    monkeypatch.setenv("TUNER_TEST_CACHE", str(tmp_path / "c"))
+    monkeypatch.setenv("HOME", "/should/not/be/read")
     assert ExecutionSpec().compile_cache_dir is None
-    assert ExecutionSpec(compile_cache_dir="~/vc").compile_cache_dir == str(tmp_path / "vc")
-    assert ExecutionSpec(compile_cache_dir="$TUNER_TEST_CACHE/x").compile_cache_dir == str(tmp_path / "c" / "x")
-    assert ExecutionSpec(compile_cache_dir="/data/vllm/").compile_cache_dir == "/data/vllm"
-    for bad in ("cache/vllm", "./vllm", "", "  ", "$TUNER_UNSET_VAR_XYZ/vllm"):
+    assert ExecutionSpec(compile_cache_dir="~/vc").compile_cache_dir == "~/vc"
+    assert ExecutionSpec(compile_cache_dir=" $CACHE/x ").compile_cache_dir == "$CACHE/x"
+    assert ExecutionSpec(compile_cache_dir="/data/vllm").compile_cache_dir == "/data/vllm"
+    for bad in ("cache/vllm", "./vllm", "", "  "):
         with pytest.raises(ValidationError, match="compile_cache_dir"):
             ExecutionSpec(compile_cache_dir=bad)
     with pytest.raises(ValueError, match="relative"):
-        validate_cache_dir("rel")
+        check_cache_dir("rel")
 
 
-def test_cache_env_defers_to_the_studys_own_variable() -> None:
-    assert cache_env(None) == {}
-    assert cache_env("/data/vllm") == {"VLLM_CACHE_ROOT": "/data/vllm"}
-    assert cache_env("/data/vllm", {"VLLM_CACHE_ROOT": "/mine"}) == {}
+def test_cache_dir_expansion_reads_only_what_it_is_given() -> None:
+    env = {"CACHE": "/fast/c", "REL": "here"}
+    assert expand_cache_dir("~/vc", env, "/home/u") == "/home/u/vc"
+    assert expand_cache_dir("~", env, "/home/u") == "/home/u"
+    assert expand_cache_dir("$CACHE/x", env, "/home/u") == "/fast/c/x"
+    assert expand_cache_dir("${CACHE}/x/", env, "/home/u") == "/fast/c/x"
+    assert expand_cache_dir("/data/vllm/", {}, "/home/u") == "/data/vllm"
+    with pytest.raises(ValueError, match="unset variable"):
+        expand_cache_dir("$NOT_SET/vllm", env, "/home/u")
+    with pytest.raises(ValueError, match="relative"):
+        expand_cache_dir("$REL/vllm", env, "/home/u")
+
+
+def test_the_cli_expands_the_cache_dir_where_the_study_runs(monkeypatch: pytest.MonkeyPatch,
+                                                             tmp_path: Path) -> None:
+    from tuner.cli import on_this_host
+    from tuner.study.study_file import parse_study
+    from tuner.errors import SpecError
+
+    spec = parse_study("name: s\nserver: {model: m}\nexecution: {compile_cache_dir: $TUNER_C/x}\n")
+    monkeypatch.setenv("TUNER_C", str(tmp_path))
+    assert on_this_host(spec).execution.compile_cache_dir == str(tmp_path / "x")
+    assert spec.execution.compile_cache_dir == "$TUNER_C/x"
+    monkeypatch.delenv("TUNER_C")
+    with pytest.raises(SpecError, match="compile_cache_dir.*unset variable"):
+        on_this_host(spec)
 
 
 def test_compiled_engine_without_cache_lines_is_unknown_not_none() -> None:

@@ -95,9 +95,7 @@ def test_dry_log_never_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 def _request(tmp_path: Path, number: int) -> Any:
     from tuner.cli import load_spec_file
-    from tuner.study import space
     from tuner.study.outcome import TrialRequest
-    from tuner.vllm.render import asked_settings
     from tuner.study.command import trial_command
 
     study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": 0.02, **_env(tmp_path)},
@@ -105,10 +103,10 @@ def _request(tmp_path: Path, number: int) -> Any:
     spec = load_spec_file(str(study))
     values = {"enforce_eager": False, "cudagraph_mode": "FULL_AND_PIECEWISE", "nccl_proto": None,
               "spec_method": None}
-    argv, env = trial_command(spec, values, port=spec.server.port)
+    command = trial_command(spec, values, port=spec.server.port)
     return TrialRequest(
         study=study.stem, number=number, values=values,
-        asked=asked_settings(spec.server, space.settings_for(spec, values)), argv=argv, env=env,
+        asked=command.asked, argv=command.argv, env=command.launch_env,
         host=spec.server.host, port=spec.server.port, served_model_name=spec.server.served_model_name,
         trial_dir=str(tmp_path / f"trial-{number}"), startup_timeout_s=120, stop_timeout_s=10, deadline_s=300,
         load=spec.load.model_dump(mode="json"), probe=spec.probe.model_dump(mode="json"), ignore_eos=True)

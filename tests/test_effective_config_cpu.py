@@ -153,7 +153,7 @@ def test_verify_on_cpu_logs(name: str, target: str, asked: Any, status: str, got
 
 
 def test_a_whole_piecewise_trial_is_not_applied_because_of_the_cudagraph_mode_alone() -> None:
-    # What the tuner asks for such a trial (fixed flags + parameters), as render.asked_settings
+    # What the tuner asks for such a trial (fixed flags + parameters), as the renderer's asked
     # flattens it: everything else was applied, so the one mismatch is the one to report.
     asked = {"dtype": "float32", "max_model_len": 2048, "enforce_eager": False,
              "compilation_config.cudagraph_mode": "PIECEWISE", "speculative_config.method": None,

@@ -144,3 +144,29 @@ def test_best_throughput_under_a_latency_limit_and_two_filters() -> None:
         _pick("best-throughput", "tpot_ms.mean@c1<=20", "output_tok_s@cmax>=191")
     with pytest.raises(ValueError, match="unknown pick"):
         _pick("fastest")
+
+
+NCCL_STUDY = parse_study(textwrap.dedent("""
+    name: nccl
+    server:
+      command: [vllm, serve]
+      model: /m
+      gpus_per_trial: 0
+      env: {NCCL_DEBUG: WARN}
+    parameters:
+      - {name: proto, env: NCCL_PROTO, kind: categorical, values: [null, LL]}
+    execution: {compile_cache_dir: /tmp/tuner-cache}
+"""), "nccl.yaml")
+
+
+def test_export_keeps_every_variable_the_study_sets_itself() -> None:
+    """NCCL_DEBUG here is part of the study's configuration (server.env), not something the
+    tuner added to read NCCL's choices back: the export must carry it. It also carries
+    neither the NCCL_DEBUG_SUBSYS the tuner adds to measure nor the compile cache root."""
+    record = rec(1, 150, 25, proto="LL")
+    for fmt in ("json", "env", "shell", "systemd", "yaml"):
+        text = render_export(NCCL_STUDY, "nccl", record, fmt)
+        assert "NCCL_DEBUG" in text and "WARN" in text, fmt
+        assert "NCCL_DEBUG_SUBSYS" not in text and "VLLM_CACHE_ROOT" not in text, fmt
+    env = json.loads(render_export(NCCL_STUDY, "nccl", record, "json"))["env"]
+    assert env == {"NCCL_DEBUG": "WARN", "NCCL_PROTO": "LL"}

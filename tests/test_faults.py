@@ -434,9 +434,7 @@ def test_driver_deadline_cancels_into_the_actor_and_stops_the_server(tmp_path: P
     import ray
 
     from tuner.cli import load_spec_file
-    from tuner.study import space
     from tuner.study.outcome import TrialRequest
-    from tuner.vllm.render import asked_settings
     from tuner.executor import RayExecutor
     from tuner.study.command import trial_command
 
@@ -445,11 +443,11 @@ def test_driver_deadline_cancels_into_the_actor_and_stops_the_server(tmp_path: P
     orphan_check.append(marker)
     spec = load_spec_file(str(study))
     values = {"case": 256}
-    argv, env = trial_command(spec, values, port=spec.server.port)
+    command = trial_command(spec, values, port=spec.server.port)
     trial_dir = tmp_path / "trial"
     request = TrialRequest(
         study=study.stem, number=0, values=values,
-        asked=asked_settings(spec.server, space.settings_for(spec, values)), argv=argv, env=env,
+        asked=command.asked, argv=command.argv, env=command.launch_env,
         host=spec.server.host, port=spec.server.port, served_model_name=spec.server.served_model_name,
         trial_dir=str(trial_dir), startup_timeout_s=600, stop_timeout_s=STOP_TIMEOUT_S, deadline_s=600,
         load=spec.load.model_dump(mode="json"), probe=spec.probe.model_dump(mode="json"), ignore_eos=True,

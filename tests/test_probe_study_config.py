@@ -39,8 +39,8 @@ def _config_arg(argv: list[str], flag: str) -> str | None:
 
 def test_reference_is_the_baseline_made_conservative() -> None:
     spec = study()
-    baseline_argv, _ = trial_command(spec, {"enforce_eager": False, "cudagraph_mode": "FULL",
-                                            "nccl_proto": "LL", "spec_method": "ngram", "spec_k": 3})
+    baseline_argv = trial_command(spec, {"enforce_eager": False, "cudagraph_mode": "FULL",
+                                            "nccl_proto": "LL", "spec_method": "ngram", "spec_k": 3}).argv
     assert _config_arg(baseline_argv, "--speculative-config") is not None
     assert json.loads(_config_arg(baseline_argv, "--compilation-config")) == {
         "mode": 3, "cudagraph_mode": "FULL"}

@@ -10,10 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.conftest import write_study
-from tuner.study import space
 from tuner.study.early_stop import SweepGuard
 from tuner.study.outcome import TrialOutcome, TrialRequest
-from tuner.vllm.render import asked_settings
 from tuner.study.records import TrialRecord
 from tuner.study.scoring import early_stop_plan, stopped_told
 
@@ -26,13 +24,13 @@ def _request(tmp_path: Path, values: dict[str, Any], plan_front: list[list[float
     study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": startup_scale},
                            updates={"server.startup_timeout": "120s", "budget.trial_timeout": "5m"})
     spec = load_spec_file(str(study))
-    argv, env = trial_command(spec, values, port=spec.server.port)
+    command = trial_command(spec, values, port=spec.server.port)
     plan = early_stop_plan(spec, [])
     if plan_front is not None:
         plan["front"] = plan_front
     request = TrialRequest(
         study=study.stem, number=0, values=values,
-        asked=asked_settings(spec.server, space.settings_for(spec, values)), argv=argv, env=env,
+        asked=command.asked, argv=command.argv, env=command.launch_env,
         host=spec.server.host, port=spec.server.port, served_model_name=spec.server.served_model_name,
         trial_dir=str(tmp_path / "trial"), startup_timeout_s=120, stop_timeout_s=10, deadline_s=300,
         load=spec.load.model_dump(mode="json"), probe=spec.probe.model_dump(mode="json"), ignore_eos=True,

@@ -10,7 +10,6 @@ import pytest
 from tuner.sim import truth as st
 from tuner.study import space
 from tuner.vllm.effective_config import parse_effective_config
-from tuner.vllm.render import asked_settings
 from tuner.study.study_file import parse_study
 from tuner.vllm.verify import verify
 from tuner.sim.dry_log import startup_log
@@ -144,11 +143,10 @@ def test_not_applied_shows_in_the_log_before_the_weights_are_loaded(large) -> No
     base = space.baseline_values(large)
     custom = {k: v for k, v in base.items() if k not in ("nccl_proto", "nccl_algo")}
     for values in ({**base, "cudagraph_mode": "FULL"}, {**custom, "disable_custom_all_reduce": False}):
-        argv, env = st.default_render(large, values)
-        argv = argv[len(large.server.command):]
-        text = startup_log(argv, env, GLM)
+        command = st.default_render(large, values)
+        text = startup_log(command.argv[len(large.server.command):], command.launch_env, GLM)
         early = text[:text.index("Loading weights took")]
-        asked = asked_settings(large.server, space.settings_for(large, values))
+        asked = command.asked
         assert verify(asked, parse_effective_config(early)).mismatches(), values
         seen = ev.verdict_s(values)
         assert seen is not None and seen < ev.evaluate(values).startup_s / 10
@@ -157,12 +155,12 @@ def test_not_applied_shows_in_the_log_before_the_weights_are_loaded(large) -> No
 
 @pytest.mark.parametrize("name", ["glm5-8xpcie.yaml", "glm5-8xpcie-large.yaml"])
 def test_startup_stop_sees_what_the_time_model_assumes(name) -> None:
-    """Early stop while starting (study.early_stop.startup_mismatches) must find, in the
+    """Early stop while starting (vllm.verify.startup_mismatches) must find, in the
     simulator's log cut where the weights start loading, exactly the not-applied targets
     the benchmark's time model (Evaluator.verdict_s) stops early on - and nothing that the
     full log would not confirm."""
 
-    from tuner.study.early_stop import startup_mismatches
+    from tuner.vllm.verify import startup_mismatches
 
     spec = spec_of(name)
     ev = st.Evaluator(spec, GLM)
@@ -191,14 +189,13 @@ def test_startup_stop_defers_to_full_verification_once_capture_lines_appear(glm5
     """A capture still running shows one kind of graph so far; a cudagraph_mode verdict is
     only taken early before the first capture line (afterwards "ready" is seconds away)."""
 
-    from tuner.study.early_stop import startup_mismatches
+    from tuner.vllm.verify import startup_mismatches
 
     values = next(v for v in st.enumerate_points(glm5)
                   if v.get("cudagraph_mode") == "FULL" and v.get("disable_custom_all_reduce") is True)
-    argv, env = st.default_render(glm5, values)
-    argv = argv[len(glm5.server.command):]
-    asked = asked_settings(glm5.server, space.settings_for(glm5, values))
-    lines = startup_log(argv, env, GLM).splitlines()
+    command = st.default_render(glm5, values)
+    asked = command.asked
+    lines = startup_log(command.argv[len(glm5.server.command):], command.launch_env, GLM).splitlines()
     cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
     assert startup_mismatches(asked, "\n".join(lines[:cut])) == ["compilation_config.cudagraph_mode"]
     capture = next(i for i, line in enumerate(lines) if "Capturing CUDA graphs" in line)

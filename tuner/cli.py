@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import random
 import signal
 import sys
@@ -47,7 +48,7 @@ def load_spec_file(path: str) -> StudySpec:
         text = file.read_text(encoding="utf-8")
     except OSError as exc:
         raise SpecError(f"{path}: cannot read the study file: {exc.strerror}") from exc
-    spec = parse_study(text, str(file))
+    spec = on_this_host(parse_study(text, str(file)))
     # Prompts files (known answers, reference) are relative to the study file, and read and
     # checked now: a bad file must stop the study before any server starts.
     from tuner.orchestrator import resolve_probe_files
@@ -55,15 +56,36 @@ def load_spec_file(path: str) -> StudySpec:
     return spec.model_copy(update={"probe": resolve_probe_files(spec.probe, file.parent.resolve())})
 
 
+def on_this_host(spec: StudySpec) -> StudySpec:
+    """``spec`` with its paths as this machine names them: ``execution.compile_cache_dir``
+    with ``~`` and ``$VARS`` expanded from this process's environment. The study file and
+    the spec model keep what the user wrote; only here, where the study is run, is the
+    environment read."""
+
+    from tuner.vllm.compile_cache import expand_cache_dir
+
+    raw = spec.execution.compile_cache_dir
+    if raw is None:
+        return spec
+    try:
+        path = expand_cache_dir(raw, os.environ, str(Path.home()))
+    except ValueError as exc:
+        raise SpecError(f"execution.compile_cache_dir: {exc}") from exc
+    execution = spec.execution.model_copy(update={"compile_cache_dir": path})
+    return spec.model_copy(update={"execution": execution})
+
+
 # -- validate ---------------------------------------------------------------------
 
 
 def _command_text(spec: StudySpec, values: dict[str, Any]) -> str:
-    from tuner.vllm.render import RenderedCommand, shell_line
+    from tuner.vllm.knobs import RenderedCommand, shell_line
     from tuner.study.command import trial_command
 
-    argv, env = trial_command(spec, values, python="python")
-    return shell_line(RenderedCommand(argv, env), redact=tuple(spec.server.secret_env))
+    # What a trial starts: the measurement env (NCCL_DEBUG to read NCCL's choices back) too.
+    command = trial_command(spec, values, python="python")
+    return shell_line(RenderedCommand(command.argv, command.launch_env),
+                      redact=tuple(spec.server.secret_env))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -193,6 +215,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     from tuner.study.store import open_existing
 
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    handle.spec = on_this_host(handle.spec)
     cfg = handle.spec.confirm
     repeats = args.repeats or cfg.repeats
     tolerance = args.tolerance if args.tolerance is not None else cfg.tolerance
@@ -233,6 +256,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from tuner.study.store import open_existing
 
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    handle.spec = on_this_host(handle.spec)
     timeout_s = parse_duration(args.timeout) if args.timeout else None
     return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)
 

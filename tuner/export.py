@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import shlex
 import time
+from dataclasses import replace
 from typing import Any
 
 from tuner import __version__
@@ -17,9 +18,8 @@ from tuner.adapters.artifacts import is_secret_name
 from tuner.study.pareto import Filter, pick_point
 import yaml
 
-from tuner.study import space
 from tuner.study.confirmation import blocks_export
-from tuner.vllm.render import PYTHON_PLACEHOLDER, RenderedCommand, server_arguments, shell_line
+from tuner.vllm.knobs import PYTHON_PLACEHOLDER, RenderedCommand, shell_line
 from tuner.study.spec import StudySpec
 from tuner.study.command import trial_command
 from tuner.study.records import TrialRecord, record_points
@@ -27,11 +27,6 @@ from tuner.study.records import TrialRecord, record_points
 __all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]
 
 FORMATS = ("shell", "env", "json", "systemd", "yaml")
-
-# Variables the tuner adds only to read the applied configuration back; they are not
-# part of the configuration being recommended.
-_VERIFY_ONLY_ENV = ("NCCL_DEBUG", "NCCL_DEBUG_SUBSYS")
-
 
 class ExportError(Exception):
     """The requested point cannot be exported (message says why and what to do)."""
@@ -93,11 +88,13 @@ def _why(record: TrialRecord) -> str:
 
 def _command(spec: StudySpec, record: TrialRecord) -> RenderedCommand:
     # 'python' rather than this machine's interpreter path: the export is for another box.
-    argv, env = trial_command(spec, record.params, python="python")
-    env = {k: v for k, v in env.items() if k not in _VERIFY_ONLY_ENV}
+    # The configuration's own environment, all of it: what the tuner adds only to measure
+    # (NCCL_DEBUG, VLLM_CACHE_ROOT) is the render's measurement_env, never part of this.
+    command = trial_command(spec, record.params, python="python")
+    env = dict(command.env)
     for name in spec.server.secret_env:
         env.setdefault(name, "")
-    return RenderedCommand(argv, env)
+    return replace(command, env=env)
 
 
 def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: str) -> str:
@@ -136,8 +133,7 @@ def _config_yaml(spec: StudySpec, study: str, record: TrialRecord, command: Rend
                  secrets: tuple[str, ...]) -> str:
     """A vLLM ``--config`` file: engine arguments only (vLLM reads no environment from it)."""
 
-    args, _ = server_arguments(spec.server, space.settings_for(spec, record.params))
-    mapping = {key.replace("_", "-"): value for key, value in args.items()}
+    mapping = {key.replace("_", "-"): value for key, value in command.args.items()}
     prefix = ["python" if w == PYTHON_PLACEHOLDER else w for w in spec.server.command]
     env_words = [f'{n}="${{{n}}}"' if n in secrets else f"{n}={shlex.quote(v)}" for n, v in command.env.items()]
     lines = [

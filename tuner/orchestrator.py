@@ -41,11 +41,10 @@ from tuner.probe.spec import ProbeSpec
 from tuner.probe.record import Reference
 from tuner.probe.verdict import with_reference_accuracy
 from tuner.study import space
-from tuner.vllm.compile_cache import cache_env
 from tuner.study.confirmation import choose_candidates, confirmation_brief, reserve_seconds
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
-from tuner.vllm.render import RenderedCommand, asked_settings, shell_line
+from tuner.vllm.knobs import RenderedCommand, shell_line
 from tuner.study.command import ReferenceConfiguration, reference_configuration, trial_command
 from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError
 from tuner.executor import Finished, NoWorkersLeft, RayExecutor
@@ -476,18 +475,18 @@ class Orchestrator:
         confirmation re-run of one), with the study's probe and reference."""
 
         port = self.spec.server.port + group
-        argv, env = trial_command(self.spec, values, port=port)
-        argv = pinned(argv)
-        # The study's shared torch.compile cache (execution.compile_cache_dir): a server
-        # setting, not part of the configuration, so it stays out of render and export.
-        env.update(cache_env(self.spec.execution.compile_cache_dir, self.spec.server.env))
-        asked = asked_settings(self.spec.server, space.settings_for(self.spec, values))
+        # The study's shared torch.compile cache (execution.compile_cache_dir, expanded by
+        # the CLI) is measurement environment: the server gets it, an export does not.
+        command = trial_command(self.spec, values, port=port,
+                                compile_cache_dir=self.spec.execution.compile_cache_dir)
+        command = dataclasses.replace(command, argv=pinned(command.argv))
         ignore_eos = self.spec.load.workload.ignore_eos
         if ignore_eos == "auto":
-            ignore_eos = asked.get("speculative_config.method") is None
+            ignore_eos = command.asked.get("speculative_config.method") is None
         return TrialRequest(
-            study=self.handle.name, number=number, values=values, asked=asked, argv=argv,
-            env=env, secret_env=list(self.spec.server.secret_env), host=self.spec.server.host,
+            study=self.handle.name, number=number, values=values, asked=command.asked,
+            argv=command.argv, env=command.launch_env, secret_env=list(self.spec.server.secret_env),
+            host=self.spec.server.host,
             port=port, served_model_name=self.spec.server.served_model_name or self.spec.server.model,
             trial_dir=str(trial_dir.resolve()),
             startup_timeout_s=self.spec.server.startup_timeout,
@@ -607,7 +606,8 @@ class Orchestrator:
                 self.executor.poll(0.5, stop_grace_s=stop_grace)
             group = self.executor.idle_groups()[0]
             port = self.spec.server.port + group
-            config = reference_configuration(self.spec, port=port)
+            config = reference_configuration(
+                self.spec, port=port, compile_cache_dir=self.spec.execution.compile_cache_dir)
             config = dataclasses.replace(config, argv=pinned(config.argv))
             served = self.spec.server.served_model_name or self.spec.server.model
             # The reference server is judged by the absolute bar (min_accuracy): a

@@ -232,7 +232,7 @@ class TrialWorker:
         if guard is None or not guard.enabled:
             return await self._server.wait_ready(request.startup_timeout_s)
         # Early stop while starting: a downgrade the log already shows for good (see
-        # study.early_stop.startup_mismatches) ends the start minutes before "ready".
+        # vllm.verify.startup_mismatches) ends the start minutes before "ready".
         began = time.monotonic()
         ready = asyncio.ensure_future(self._server.wait_ready(request.startup_timeout_s))
         try:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.vllm.compile_cache import CACHE_ENV, IGNORED_VLLM_ENV
+from tuner.vllm.knobs import CACHE_ROOT_ENV, IGNORED_VLLM_ENV
 from tuner.sim.effective import Effective
 from tuner.sim.logs import VERSION
 
@@ -37,8 +37,8 @@ RANK_DIR = "rank_0_0"
 def default_root(env: Mapping[str, str]) -> Path:
     """VLLM_CACHE_ROOT, else the simulator's own directory under the XDG cache dir."""
 
-    if env.get(CACHE_ENV):
-        return Path(os.path.expanduser(env[CACHE_ENV]))
+    if env.get(CACHE_ROOT_ENV):
+        return Path(os.path.expanduser(env[CACHE_ROOT_ENV]))
     xdg = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(xdg) / "tuner-sim" / "vllm"
 

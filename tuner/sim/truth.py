@@ -3,9 +3,9 @@
 Every allowed point of the (discrete) space is taken through the same steps a real trial
 takes, with each I/O step replaced by the simulator's pure model of it:
 
-1. **Render**: ``tuner.study.command.trial_command`` (the tuner's one renderer) gives argv +
-   env; ``asked_settings`` gives what the verifier checks, exactly as the orchestrator
-   builds a ``TrialRequest``.
+1. **Render**: ``tuner.study.command.trial_command`` (the tuner's one renderer) gives argv,
+   env and the asked settings the verifier checks, exactly as the orchestrator builds a
+   ``TrialRequest``.
 2. **Start**: ``tuner.sim.args.parse_argv`` + ``tuner.sim.effective.resolve`` give the
    configuration the simulated vLLM would run. An argv/config error (``ConfigError``) or an
    engine failure (``Effective.failure``) makes the trial *failed* (told FAIL).
@@ -78,7 +78,7 @@ from tuner.study.command import trial_command
 from tuner.study.outcome import TrialOutcome
 from tuner.core.load_spec import LoadSpec
 from tuner.study.pareto import Point, pareto_front
-from tuner.vllm.render import asked_settings
+from tuner.vllm.knobs import RenderedCommand
 from tuner.study.sampling import grid_points
 from tuner.study.spec import StudySpec
 from tuner.core.workload import draft_requests, fit_draft, level_stream
@@ -199,7 +199,7 @@ def enumerate_points(spec: StudySpec) -> list[dict[str, Any]]:
         raise ValueError("ground truth needs a discrete space: give every float parameter a step") from exc
 
 
-def default_render(spec: StudySpec, values: dict[str, Any]) -> tuple[list[str], dict[str, str]]:
+def default_render(spec: StudySpec, values: dict[str, Any]) -> RenderedCommand:
     """The trials' own renderer."""
 
     return trial_command(spec, values, python="python")
@@ -220,9 +220,8 @@ def sim_start(spec: StudySpec, values: dict[str, Any], profile: Profile) -> SimS
     """The simulator's start of ``values``, or None when that server would not start (a
     configuration error or a startup failure: nothing to verify)."""
 
-    argv, env = default_render(spec, values)
-    argv = argv[len(spec.server.command):]
-    asked = asked_settings(spec.server, space.settings_for(spec, values))
+    command = default_render(spec, values)
+    argv, env, asked = command.argv[len(spec.server.command):], command.launch_env, command.asked
     try:
         eff = resolve(parse_argv(argv), env, profile)
     except (ConfigError, ArgvError):
@@ -447,7 +446,7 @@ class Evaluator:
 
     spec: StudySpec
     profile: Profile
-    render: Callable[[StudySpec, dict[str, Any]], tuple[list[str], dict[str, str]]] = default_render
+    render: Callable[[StudySpec, dict[str, Any]], RenderedCommand] = default_render
     time_model: TimeModel = field(default_factory=TimeModel)
     _requests: dict[tuple[int, bool], list[_Request]] = field(default_factory=dict)
     _workloads: dict[tuple[Any, ...], Workload] = field(default_factory=dict)
@@ -483,10 +482,8 @@ class Evaluator:
     def evaluate(self, values: dict[str, Any]) -> PointTruth:
         spec = self.spec
         tm = self.time_model
-        settings = space.settings_for(spec, values)
-        asked = asked_settings(spec.server, settings)
-        argv, env = self.render(spec, values)
-        argv = argv[len(spec.server.command):]
+        command = self.render(spec, values)
+        argv, env, asked = command.argv[len(spec.server.command):], command.launch_env, command.asked
         try:
             eff = resolve(parse_argv(argv), env, self.profile)
         except ArgvError as exc:
@@ -522,10 +519,11 @@ class Evaluator:
         knob is applied or the start fails). See ``_STAGE_OF`` for where each verdict comes from."""
 
         spec = self.spec
-        asked = asked_settings(spec.server, space.settings_for(spec, values))
-        argv, env = self.render(spec, values)
+        command = self.render(spec, values)
+        asked = command.asked
         try:
-            eff = resolve(parse_argv(argv[len(spec.server.command):]), env, self.profile)
+            eff = resolve(parse_argv(command.argv[len(spec.server.command):]), command.launch_env,
+                          self.profile)
         except (ArgvError, ConfigError):
             return None
         if eff.failure is not None:
@@ -594,7 +592,7 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
 _STAGES = ("init", "comm", "attn", "load", "kv")
 
 # Where in Sim.startup's log (= vLLM's order) a not-applied target can be stopped on while
-# the server starts: exactly the verdicts tuner.study.early_stop.startup_mismatches accepts
+# the server starts: exactly the verdicts tuner.vllm.verify.startup_mismatches accepts
 # from a partial log - the custom all-reduce outcome at communicator init ("comm") and the
 # attention backend's CUDA-graph downgrade right after ("attn"), both before the weights
 # load. Every other verdict waits for the full log (end of startup), as in the worker.

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.vllm.render import asked_settings, render_command
+from tuner.vllm.knobs import RenderedCommand, render_command
 from tuner.errors import SpecError
 from tuner.study import space
 from tuner.study.scoring import values_text
@@ -26,24 +26,22 @@ _NOT_IN_REFERENCE = ("compilation_config", "speculative_config")
 
 
 def trial_command(spec: StudySpec, values: dict[str, Any], *, port: int | None = None,
-                  python: str | None = None) -> tuple[list[str], dict[str, str]]:
-    """argv and env of the server for ``values`` (``python`` None: this interpreter)."""
+                  python: str | None = None, compile_cache_dir: str | None = None) -> RenderedCommand:
+    """The server for ``values`` (``python`` None: this interpreter): argv, the
+    configuration's env, the measurement-only env and the asked settings, from the one
+    renderer (``tuner.vllm.knobs.render_command``). ``compile_cache_dir``: the study's
+    expanded ``execution.compile_cache_dir`` for a server that runs; an export leaves it out."""
 
-    return _command(spec, spec.server, space.settings_for(spec, values), port=port, python=python)
+    return _command(spec, spec.server, space.settings_for(spec, values), port=port, python=python,
+                    compile_cache_dir=compile_cache_dir)
 
 
 def _command(spec: StudySpec, server: ServerSpec, settings: dict[str, Any], *, port: int | None,
-             python: str | None) -> tuple[list[str], dict[str, str]]:
-    rendered = render_command(server, settings, python=python or sys.executable, port=port)
-    env = dict(rendered.env)
-    if spec.verify.nccl_debug == "on" or (
-        spec.verify.nccl_debug == "auto"
-        and any(p.target.startswith("env:NCCL_") for p in spec.parameters)
-    ):
-        # Needed to read back the protocol/algorithm NCCL actually chose.
-        env.setdefault("NCCL_DEBUG", "INFO")
-        env.setdefault("NCCL_DEBUG_SUBSYS", "INIT,ENV")
-    return list(rendered.argv), env
+             python: str | None, compile_cache_dir: str | None) -> RenderedCommand:
+    return render_command(server, settings, python=python or sys.executable, port=port,
+                          nccl_debug=spec.verify.nccl_debug,
+                          searched=[p.target for p in spec.parameters],
+                          compile_cache_dir=compile_cache_dir)
 
 
 @dataclass(frozen=True)
@@ -55,8 +53,8 @@ class ReferenceConfiguration:
     label: str
 
 
-def reference_configuration(spec: StudySpec, *, port: int | None = None,
-                            python: str | None = None) -> ReferenceConfiguration:
+def reference_configuration(spec: StudySpec, *, port: int | None = None, python: str | None = None,
+                            compile_cache_dir: str | None = None) -> ReferenceConfiguration:
     """The configuration the study's reference is recorded from: the baseline's values
     with ``probe.reference.values`` on top, then (``conservative``) enforce_eager on and
     no compilation or speculative config, fixed flags included.
@@ -81,5 +79,8 @@ def reference_configuration(spec: StudySpec, *, port: int | None = None,
         flags = {k: v for k, v in server.flags.items() if k.split(".")[0] not in _NOT_IN_REFERENCE}
         server = server.model_copy(update={"flags": flags})
         label += ", eager, no compilation config, no speculation"
-    argv, env = _command(spec, server, settings, port=port, python=python)
-    return ReferenceConfiguration(values, argv, env, asked_settings(server, settings), label)
+    # The reference is a server of the study like any other: it gets the same measurement
+    # environment, the study's compile cache included.
+    command = _command(spec, server, settings, port=port, python=python,
+                       compile_cache_dir=compile_cache_dir)
+    return ReferenceConfiguration(values, command.argv, command.launch_env, command.asked, label)

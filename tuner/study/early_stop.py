@@ -11,7 +11,7 @@ Four rules, each safe on its own:
    whatever else it measures, and samplers rank infeasible trials by constraint violation
    only (TPE's split, NSGA-II's constrained domination), so unmeasured values teach them
    nothing. Two downgrades are stopped on *while the server starts*
-   (``startup_mismatches``): the custom all-reduce outcome at communicator init and the
+   (``tuner.vllm.verify.startup_mismatches``): the custom all-reduce outcome at communicator init and the
    attention backend's CUDA-graph downgrade, both printed once, before the weights load, and
    never taken back; every other verdict waits for the full log.
 
@@ -105,11 +105,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.vllm.effective_config import parse_effective_config
-from tuner.vllm.verify import verify
+from tuner.vllm.verify import startup_mismatches
 
 __all__ = ["Target", "Decision", "optimistic_values", "dominated", "infeasible_reason", "decide",
-           "level_order", "sweep_plan", "SweepGuard", "startup_mismatches", "inside_bound",
+           "level_order", "sweep_plan", "SweepGuard", "inside_bound",
            "INSIDE_MARGIN", "AGGREGATE_METRICS", "DEFAULT_MARGIN", "DEFAULT_MIN_HISTORY"]
 
 AGGREGATE_METRICS = frozenset({"output_tok_s", "total_tok_s", "request_per_s"})
@@ -374,7 +373,7 @@ class SweepGuard:
 
     def stop_while_starting(self, asked: Mapping[str, Any], log_text: str) -> bool:
         """While the server starts: rule 1 for knobs whose downgrade the log already shows
-        for good (``startup_mismatches``). True = stop the start; the trial is not applied."""
+        for good (``tuner.vllm.verify.startup_mismatches``). True = stop the start; the trial is not applied."""
 
         if not self.enabled or self.stopped or not self.require_applied:
             return self.stopped
@@ -479,28 +478,3 @@ class SweepGuard:
                                                                "first_wave_s", "completed", "planned")},
                        "skipped_levels": [level, *remaining]}
         return True
-
-
-def startup_mismatches(asked: Mapping[str, Any], log_text: str) -> list[str]:
-    """Asked targets that a *partial* startup log already proves not applied, for good.
-
-    Only verdicts resting on a line vLLM prints once and never takes back: the attention
-    backend's CUDA-graph downgrade warning (``cudagraph_mode``, printed at attention init,
-    before the weights load) and the custom all-reduce outcome at communicator init
-    (disabled-because warning, or CUSTOM among the backends). Verdicts that rest on a line
-    still missing (graph capture, printed at the end) wait for the full log - a partial log
-    proves nothing about them. The field-notes box shows both kinds of downgrade minutes
-    before the server is ready (benchmarks: a quarter of glm5-8xpcie's points).
-    """
-
-    eff = parse_effective_config(log_text)
-    # Before any capture line: a cudagraph_mode mismatch is then the mode itself (downgraded),
-    # never a capture still in progress that shows one kind of graph so far.
-    capturing = eff.graphs_captured is not None or bool(eff.graph_capture_skipped)
-    sure = []
-    for check in verify(asked, eff).mismatches():
-        if check.target == "compilation_config.cudagraph_mode" and eff.cudagraph_downgrades and not capturing:
-            sure.append(check.target)
-        elif check.target == "disable_custom_all_reduce" and eff.custom_all_reduce_active is not None:
-            sure.append(check.target)
-    return sure

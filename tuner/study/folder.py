@@ -28,7 +28,7 @@ from optuna.trial import FrozenTrial, TrialState
 from tuner.adapters.artifacts import StudyPaths
 from tuner.study import samplers, space
 from tuner.study.outcome import TrialOutcome
-from tuner.vllm.render import RenderedCommand, shell_line
+from tuner.vllm.knobs import RenderedCommand, shell_line
 from tuner.study.spec import StudySpec
 from tuner.study.study_file import parse_study
 from tuner.errors import SpecError, StudyError

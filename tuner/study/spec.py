@@ -23,7 +23,8 @@ from pydantic import (
 from tuner.study.durations import parse_duration
 from tuner.core.load_spec import LoadSpec
 from tuner.probe.spec import ProbeSpec
-from tuner.vllm.catalog import MULTICAST_ALGOS, check_target_name, check_value
+from tuner.vllm.compile_cache import check_cache_dir
+from tuner.vllm.knobs import MULTICAST_ALGOS, check_target_name, check_value
 
 __all__ = [
     "StudySpec",
@@ -311,17 +312,15 @@ class ExecutionSpec(_Strict):
     )
     compile_cache_dir: str | None = Field(
         None, description="vLLM's cache root (VLLM_CACHE_ROOT) for every server this study "
-        "starts, so trials share torch.compile artifacts there; absolute ('~' and $VARS "
-        "expanded). Unset: vLLM's default (~/.cache/vllm, shared by every study on the node). "
-        "A VLLM_CACHE_ROOT in server.env wins. Not carried into exports"
+        "starts, so trials share torch.compile artifacts there; absolute ('~' and $VARS are "
+        "expanded where the study runs). Unset: vLLM's default (~/.cache/vllm, shared by every "
+        "study on the node). A VLLM_CACHE_ROOT in server.env wins. Not carried into exports"
     )
 
     @field_validator("compile_cache_dir")
     @classmethod
     def _check_compile_cache_dir(cls, value: str | None) -> str | None:
-        from tuner.vllm.compile_cache import validate_cache_dir
-
-        return validate_cache_dir(value)
+        return check_cache_dir(value)
 
 
 class ConfirmSpec(_Strict):

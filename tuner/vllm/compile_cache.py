@@ -36,27 +36,26 @@ key (``AotCompileCache._compute_hash_key``, ``VllmBackend``'s cache dir) hashes
 compute_hash()`` (model, cache, parallel, scheduler, device, load, attention, lora,
 speculative, structured outputs, observability, compilation, kernel, kv-transfer and
 additional config, each with its own factors), the traced source files and the forward's
-identity (vLLM version). Which knob goes where is in :data:`RELEVANT` / :data:`IRRELEVANT`;
-a target in neither is counted as relevant (a false "same key" would promise a hit that
-does not happen; a false "different key" only misses a saving).
+identity (vLLM version). Which knob goes where is the knob table's ``compile_key`` column
+(``tuner.vllm.knobs``); a target it does not know is counted as relevant (a false "same
+key" would promise a hit that does not happen; a false "different key" only misses a
+saving).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
+import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Literal
 
-__all__ = ["CompileRecord", "parse_compile_log", "compile_key", "compile_settings", "relevance",
-           "RELEVANT", "IRRELEVANT", "IGNORED_VLLM_ENV", "validate_cache_dir", "cache_env",
-           "CACHE_ENV"]
+from tuner.vllm.knobs import ANY, knob
 
-CACHE_ENV = "VLLM_CACHE_ROOT"
+__all__ = ["CompileRecord", "parse_compile_log", "compile_key", "compile_settings", "relevance",
+           "check_cache_dir", "expand_cache_dir"]
 
 Cache = Literal["hit", "miss", "partial", "none"]
 
@@ -212,131 +211,34 @@ def parse_compile_log(text: str) -> CompileRecord:
 
 # ------------------------------------------------------------------------------ the key
 
-# Knob targets (as in a study's flat "asked" settings) whose value enters vLLM's compile
-# cache key, with where. Prefix entries end with ".".
-RELEVANT: dict[str, str] = {
-    "model": "ModelConfig.compute_hash (every field but an ignore list)",
-    "revision": "ModelConfig.compute_hash",
-    "quantization": "ModelConfig.compute_hash",
-    "dtype": "ModelConfig.compute_hash",
-    "max_model_len": "ModelConfig.compute_hash (not in its ignore list)",
-    "hf_overrides": "changes the model's config, hence the graph",
-    "tensor_parallel_size": "ParallelConfig.compute_hash",
-    "pipeline_parallel_size": "ParallelConfig.compute_hash",
-    "data_parallel_size": "ParallelConfig.compute_hash",
-    "enable_expert_parallel": "ParallelConfig.compute_hash",
-    "kv_cache_dtype": "CacheConfig.compute_hash (not ignored: the attention ops change)",
-    "block_size": "CacheConfig.compute_hash",
-    "calculate_kv_scales": "CacheConfig.compute_hash",
-    "kv_cache_memory_bytes": "CacheConfig field not in its ignore list (counted, to be safe)",
-    "enforce_eager": "sets CompilationConfig.mode NONE: no compile at all (no key)",
-    "optimization_level": "-O sets the compilation mode and cudagraph defaults (CompilationConfig)",
-    "compilation_config.": "CompilationConfig.compute_hash hashes every field except cache/dump "
-                           "paths, traced files and timings: mode, cudagraph_mode, capture sizes, "
-                           "compile sizes/ranges, pass config ...",
-    "cudagraph_capture_sizes": "CompilationConfig.cudagraph_capture_sizes",
-    "max_cudagraph_capture_size": "CompilationConfig.max_cudagraph_capture_size",
-    "max_num_batched_tokens": "upper end of the compile ranges (compile_ranges_split_points, "
-                              "'compile range (1, N)'), a CompilationConfig field",
-    "max_num_seqs": "default capture sizes are derived from it (max_cudagraph_capture_size), "
-                    "which CompilationConfig hashes",
-    "speculative_config.": "SpeculativeConfig.compute_hash, and k rounds the capture sizes; a "
-                           "drafter compiles its own graphs",
-    "attention_backend": "AttentionConfig.compute_hash",
-    "attention_config.": "AttentionConfig.compute_hash",
-    "kernel_config.": "KernelConfig.compute_hash",
-    "additional_config": "hashed as JSON",
-    "lora_config.": "LoRAConfig.compute_hash",
-    "enable_lora": "LoRAConfig",
-}
-
-IRRELEVANT: dict[str, str] = {
-    "gpu_memory_utilization": "CacheConfig ignore list",
-    "enable_prefix_caching": "CacheConfig ignore list",
-    "prefix_caching_hash_algo": "CacheConfig ignore list",
-    "num_gpu_blocks_override": "CacheConfig ignore list",
-    "kv_sharing_fast_prefill": "CacheConfig ignore list",
-    "swap_space": "CacheConfig ignore list",
-    "cpu_offload_gb": "CacheConfig ignore list (no torch.compile for offload)",
-    "seed": "ModelConfig ignore list",
-    "served_model_name": "ModelConfig ignore list",
-    "tokenizer": "ModelConfig ignore list",
-    "tokenizer_mode": "ModelConfig ignore list",
-    "skip_tokenizer_init": "ModelConfig ignore list",
-    "disable_cascade_attn": "ModelConfig ignore list",
-    "logprobs_mode": "ModelConfig ignore list",
-    "async_scheduling": "SchedulerConfig.compute_hash has no factors",
-    "enable_chunked_prefill": "SchedulerConfig.compute_hash has no factors",
-    "long_prefill_token_threshold": "SchedulerConfig.compute_hash has no factors",
-    "max_num_partial_prefills": "SchedulerConfig.compute_hash has no factors",
-    "max_long_partial_prefills": "SchedulerConfig.compute_hash has no factors",
-    "scheduling_policy": "SchedulerConfig.compute_hash has no factors",
-    "stream_interval": "SchedulerConfig.compute_hash has no factors",
-    "disable_hybrid_kv_cache_manager": "SchedulerConfig.compute_hash has no factors",
-    "disable_custom_all_reduce": "ParallelConfig.compute_hash ignore list ('runtime topology, "
-                                 "networking, or launch details'); the all-reduce is chosen at run time",
-    "distributed_executor_backend": "ParallelConfig.compute_hash ignore list",
-    "disable_log_stats": "outside the graph",
-    "disable_log_requests": "outside the graph",
-    "enable_log_requests": "outside the graph",
-    "host": "outside VllmConfig",
-    "port": "outside VllmConfig",
-    "uvicorn_log_level": "outside VllmConfig",
-}
-
-# vLLM env vars envs.compile_factors() leaves out (vllm/envs.py, 0.2x-0.3x; subset that a
-# study may set). Every other VLLM_* variable is hashed. Variables that are not vLLM's
-# (NCCL_*, TORCH_*, CUDA_*) are not hashed at all - except the RAY_EXPERIMENTAL_NOSET_*.
-IGNORED_VLLM_ENV = frozenset({
-    "VLLM_RPC_BASE_PATH", "VLLM_USE_MODELSCOPE", "VLLM_RINGBUFFER_WARNING_INTERVAL",
-    "VLLM_DEBUG_DUMP_PATH", "VLLM_PORT", "VLLM_CACHE_ROOT", "VLLM_SERVER_DEV_MODE",
-    "VLLM_DP_MASTER_IP", "VLLM_DP_MASTER_PORT", "VLLM_NIXL_SIDE_CHANNEL_HOST",
-    "VLLM_RANDOMIZE_DP_DUMMY_INPUTS", "VLLM_CI_USE_S3", "VLLM_MODEL_REDIRECT_PATH", "VLLM_HOST_IP",
-    "VLLM_FORCE_AOT_LOAD", "VLLM_USAGE_STATS_SERVER", "VLLM_NO_USAGE_STATS", "VLLM_DO_NOT_TRACK",
-    "VLLM_LOGGING_LEVEL", "VLLM_LOGGING_PREFIX", "VLLM_LOGGING_STREAM", "VLLM_LOGGING_CONFIG_PATH",
-    "VLLM_LOGGING_COLOR", "VLLM_LOG_STATS_INTERVAL", "VLLM_DEBUG_LOG_API_SERVER_RESPONSE",
-    "VLLM_TUNED_CONFIG_FOLDER", "VLLM_ENGINE_ITERATION_TIMEOUT_S", "VLLM_HTTP_TIMEOUT_KEEP_ALIVE",
-    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "VLLM_KEEP_ALIVE_ON_ENGINE_DEATH", "VLLM_IMAGE_FETCH_TIMEOUT",
-    "VLLM_VIDEO_FETCH_TIMEOUT", "VLLM_AUDIO_FETCH_TIMEOUT", "VLLM_MEDIA_CACHE",
-    "VLLM_WORKER_MULTIPROC_METHOD", "VLLM_ENABLE_V1_MULTIPROCESSING", "VLLM_V1_OUTPUT_PROC_CHUNK_SIZE",
-    "VLLM_CPU_KVCACHE_SPACE", "VLLM_CPU_MOE_PREPACK", "VLLM_ASSETS_CACHE", "VLLM_ASSETS_CACHE_MODEL_CLEAN",
-    "VLLM_SKIP_MODEL_NAME_VALIDATION", "VLLM_ENABLE_CUDA_COMPATIBILITY", "VLLM_CUDA_COMPATIBILITY_PATH",
-})
-
-
 def relevance(target: str) -> tuple[bool, str]:
-    """(does this knob target enter vLLM's compile cache key, why)."""
+    """(does this knob target enter vLLM's compile cache key, why): the knob table's word."""
 
-    if target.startswith("env:"):
-        name = target[4:]
-        if name.startswith("RAY_EXPERIMENTAL_NOSET_"):
-            return True, "envs.compile_factors hashes the RAY_EXPERIMENTAL_NOSET_* variables"
-        if not name.startswith("VLLM_"):
-            return False, "not a vLLM variable: envs.compile_factors hashes vLLM's own only"
-        if name in IGNORED_VLLM_ENV:
-            return False, "in envs.compile_factors' ignore list"
-        return True, "a vLLM variable envs.compile_factors hashes"
-    for table, verdict in ((IRRELEVANT, False), (RELEVANT, True)):
-        for key, why in table.items():
-            if target == key or (key.endswith(".") and target.startswith(key)):
-                if target in ("compilation_config.cache_dir", "compilation_config.debug_dump_path",
-                              "compilation_config.local_cache_dir"):
-                    return False, "CompilationConfig ignore list (paths)"
-                return verdict, why
-    return True, "not known to be outside vLLM's key: counted as relevant"
+    k = knob(target)
+    return k.compile_key, k.why
 
 
 def _eager(asked: Mapping[str, Any]) -> bool:
-    if asked.get("enforce_eager") in (True, "true", "True", 1):
+    if knob("enforce_eager").values.canonical(asked.get("enforce_eager")) is True:
         return True
-    mode = asked.get("compilation_config.mode", asked.get("compilation_config.level"))
-    return mode in (0, "0", "NONE", "none")
+    mode = knob("compilation_config.mode")
+    return any(mode.values.canonical(asked[t]) == "NONE"
+               for t in (mode.target, *mode.aliases) if t in asked)
 
 
 def compile_settings(asked: Mapping[str, Any]) -> dict[str, Any]:
-    """The compile-relevant part of a trial's asked settings (flat target -> value)."""
+    """The compile-relevant part of a trial's asked settings (flat target -> value), each
+    value in its knob's canonical spelling: vLLM hashes the resolved configuration, where
+    cudagraph mode ``2`` and ``"full"`` are both FULL."""
 
-    return {k: v for k, v in sorted(asked.items()) if v is not None and relevance(k)[0]}
+    out: dict[str, Any] = {}
+    for target, value in sorted(asked.items()):
+        k = knob(target)
+        if value is None or not k.compile_key:
+            continue
+        canonical = None if k.values is ANY else k.values.canonical(value)
+        out[target] = value if canonical is None else canonical
+    return out
 
 
 def compile_key(asked: Mapping[str, Any]) -> str | None:
@@ -352,8 +254,9 @@ def compile_key(asked: Mapping[str, Any]) -> str | None:
 # ------------------------------------------------------------------------------ cache dir
 
 
-def validate_cache_dir(value: str | None) -> str | None:
-    """``execution.compile_cache_dir``: ``~`` and ``$VARS`` expanded; must then be absolute.
+def check_cache_dir(value: str | None) -> str | None:
+    """``execution.compile_cache_dir`` as the study file gives it: absolute, or starting with
+    ``~`` or a ``$VARIABLE`` that :func:`expand_cache_dir` resolves where the study runs.
 
     A relative path is refused: every server starts in its own working directory (and a
     multi-node study on other hosts), so a relative path would name a different directory
@@ -364,21 +267,34 @@ def validate_cache_dir(value: str | None) -> str | None:
     text = str(value).strip()
     if not text:
         raise ValueError("compile_cache_dir is empty; leave it out to use vLLM's default")
-    expanded = os.path.expandvars(os.path.expanduser(text))
+    if not text.startswith(("/", "~", "$")):
+        raise ValueError(_relative(value))
+    return text
+
+
+def expand_cache_dir(value: str, environ: Mapping[str, str], home: str) -> str:
+    """``value`` with ``~`` and ``$VARS`` expanded from ``environ`` and ``home`` (the
+    caller's, at the edge where the study is run); must then be absolute."""
+
+    text = value.strip()
+    if text == "~" or text.startswith("~/"):
+        text = home + text[1:]
+
+    def var(m: re.Match[str]) -> str:
+        name = m.group(1) or m.group(2)
+        return environ.get(name, m.group(0))
+
+    expanded = _VAR_RE.sub(var, text)
     if "$" in expanded:
         raise ValueError(f"compile_cache_dir {value!r}: unset variable in {expanded!r}")
-    if not os.path.isabs(expanded):
-        raise ValueError(f"compile_cache_dir {value!r} is relative; give an absolute path (or "
-                         "~/...): each server runs in its own directory, so a relative one "
-                         "would not be shared between trials")
-    return str(Path(expanded))
+    if not posixpath.isabs(expanded):
+        raise ValueError(_relative(value))
+    return posixpath.normpath(expanded)
 
 
-def cache_env(compile_cache_dir: str | None, study_env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """What to add to a trial server's environment for ``execution.compile_cache_dir``:
-    ``{VLLM_CACHE_ROOT: dir}``, or nothing when it is unset or the study sets
-    VLLM_CACHE_ROOT itself (an explicit server env knob wins and is what export carries)."""
+_VAR_RE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
 
-    if not compile_cache_dir or (study_env and CACHE_ENV in study_env):
-        return {}
-    return {CACHE_ENV: compile_cache_dir}
+
+def _relative(value: str) -> str:
+    return (f"compile_cache_dir {value!r} is relative; give an absolute path (or ~/...): each "
+            "server runs in its own directory, so a relative one would not be shared between trials")

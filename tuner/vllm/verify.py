@@ -7,28 +7,36 @@
   leftover setting) — the trial measured a different configuration than it claims;
 * ``unverifiable``: the log cannot tell (the note says what would make it tell).
 
-Targets (see ``catalog``): top-level engine args (``enforce_eager``), dotted fields of
-JSON config args (``compilation_config.cudagraph_mode``) and ``env:NAME``. How each target
-is read back is one row of ``_CHECKERS``/``_PREFIX_CHECKERS``; any other target falls back
-to vLLM's own record of parsed arguments, the ``non-default args:`` line.
+How a target is read back is its knob's ``rule`` (``tuner.vllm.knobs``), one of
+:data:`RULES`: a knob with a ``log`` field is compared with that field of the
+:class:`EffectiveConfig`, a few need their own rule (graph capture, downgrades, the
+all-reduce, NCCL's environment report), and any other argument falls back to vLLM's own
+record of parsed arguments, the ``non-default args:`` line. Values are compared in their
+knob's canonical form, so ``2`` and ``"full"`` both match a FULL cudagraph mode.
 
 Only asked targets are checked: a knob the trial did not name is never a failure. To make
 sure a setting is *off* (e.g. no leftover speculation, field-notes trap 2), ask for it
-explicitly: ``speculative_config.method: null`` (or ``"none"``) means "speculation must be
-off" and is verified like any other value.
+explicitly: ``speculative_config.method: "none"`` means "speculation must be off" and is
+verified like any other value.
+
+:func:`startup_mismatches` is the same check on a *partial* startup log, keeping only the
+mismatches their knob's ``final`` says cannot change any more (early stop while starting).
+
+:class:`VerificationResult` is the typed verdict a trial stores: its ``applied`` is the
+one answer to "did the server run what was asked".
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from tuner.vllm.effective_config import EffectiveConfig, excerpt_around_key
+from tuner.vllm.effective_config import EffectiveConfig, excerpt_around_key, parse_effective_config
+from tuner.vllm.knobs import ANY, Knob, knob
 
-__all__ = ["KnobCheck", "Status", "VerificationResult", "verify"]
+__all__ = ["KnobCheck", "Status", "VerificationResult", "verify", "startup_mismatches", "RULES"]
 
 Status = Literal["applied", "not_applied", "unverifiable"]
 
@@ -70,117 +78,48 @@ class VerificationResult(BaseModel):
 def verify(asked: Mapping[str, Any], effective: EffectiveConfig) -> VerificationResult:
     """Check every asked target against the effective configuration. Never raises on
     unknown targets or odd values: those come back as ``unverifiable``."""
-    checks = [_checker_for(str(target))(str(target), value, effective)
-              for target, value in asked.items()]
+    checks = [check_one(knob(str(target)), value, effective) for target, value in asked.items()]
     return VerificationResult(checks=checks, applied=all(c.status != "not_applied" for c in checks))
 
 
-# ---------------------------------------------------------------------------------------
-# Value normalisation
+def check_one(k: Knob, asked: Any, effective: EffectiveConfig) -> KnobCheck:
+    return RULES[k.rule](k, asked, effective)
 
-_CUDAGRAPH_INTS = {0: "NONE", 1: "PIECEWISE", 2: "FULL"}
-_COMPILATION_INTS = {0: "NONE", 1: "STOCK_TORCH_COMPILE", 2: "DYNAMO_TRACE_ONCE", 3: "VLLM_COMPILE"}
-_DTYPE_ALIASES = {"half": "float16", "fp16": "float16", "float": "float32", "fp32": "float32",
-                  "bf16": "bfloat16"}
-_TRUE = {"true", "1", "yes", "on"}
-_FALSE = {"false", "0", "no", "off"}
+
+def startup_mismatches(asked: Mapping[str, Any], log_text: str) -> list[str]:
+    """Asked targets that a *partial* startup log already proves not applied, for good.
+
+    Only knobs whose ``final`` holds: verdicts resting on a line vLLM prints once and never
+    takes back (the attention backend's CUDA-graph downgrade, printed at attention init
+    before the weights load; the custom all-reduce outcome at communicator init). Verdicts
+    resting on a line still missing (graph capture, printed at the end) wait for the full
+    log. The field-notes box shows both downgrades minutes before the server is ready.
+    """
+
+    eff = parse_effective_config(log_text)
+    sure = []
+    for check in verify(asked, eff).mismatches():
+        final = knob(check.target).final
+        if final is not None and final(eff):
+            sure.append(check.target)
+    return sure
+
+
+# ---------------------------------------------------------------------------------------
+# Rules: (knob, asked value, effective config) -> check
+
+Rule = Callable[[Knob, Any, EffectiveConfig], KnobCheck]
 _OFF = {"", "none", "null", "off", "false"}
-_INT_RE = re.compile(r"[+-]?[0-9]+")
 
 
-def _norm_bool(value: Any) -> bool | None:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int) and value in (0, 1):
-        return bool(value)
-    if isinstance(value, str) and value.strip().lower() in _TRUE | _FALSE:
-        return value.strip().lower() in _TRUE
-    return None
-
-
-def _norm_int(value: Any) -> int | None:
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str) and _INT_RE.fullmatch(value.strip()):
-        return int(value)
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    return None
-
-
-def _enum_normaliser(ints: dict[int, str]) -> Callable[[Any], str | None]:
-    def norm(value: Any) -> str | None:
-        number = _norm_int(value)
-        if number is not None:
-            return ints.get(number)
-        return value.strip().upper() if isinstance(value, str) and value.strip() else None
-
-    return norm
-
-
-_norm_cudagraph = _enum_normaliser(_CUDAGRAPH_INTS)
-_norm_compilation = _enum_normaliser(_COMPILATION_INTS)
-
-
-def _norm_dtype(value: Any) -> str | None:
-    if not isinstance(value, str):
-        return None
-    text = value.strip().lower().removeprefix("torch.")
-    return _DTYPE_ALIASES.get(text, text)
-
-
-def _norm_int_list(value: Any) -> list[int] | None:
-    if not isinstance(value, list | tuple):
-        return None
-    numbers = [_norm_int(v) for v in value]
-    return None if any(n is None for n in numbers) else sorted(n for n in numbers if n is not None)
-
-
-def _norm_generic(value: Any) -> Any:
-    """Loose equality for the non-default-args fallback: YAML gives "4", vLLM 4."""
-    if isinstance(value, bool) or value is None:
-        return value
-    if isinstance(value, str):
-        if (b := _norm_bool(value)) is not None and value.strip().lower() in ("true", "false"):
-            return b
-        if (n := _norm_int(value)) is not None:
-            return n
-        try:
-            return float(value)
-        except ValueError:
-            return value.strip().lower()
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, list | tuple):
-        return [_norm_generic(v) for v in value]
-    if isinstance(value, dict):
-        return {k: _norm_generic(v) for k, v in value.items()}
-    return value
-
-
-def _is_off(value: Any) -> bool:
-    if isinstance(value, str):
-        return value.strip().lower() in _OFF
-    return value is None or value is False
-
-
-# ---------------------------------------------------------------------------------------
-# Check builders
-
-Checker = Callable[[str, Any, EffectiveConfig], KnobCheck]
-
-
-def _check(target: str, asked: Any, status: Status, got: Any = None, evidence: str | None = None,
+def _check(k: Knob, asked: Any, status: Status, got: Any = None, evidence: str | None = None,
            note: str | None = None) -> KnobCheck:
-    return KnobCheck(target=target, asked=asked, got=got, status=status, evidence=evidence,
+    return KnobCheck(target=k.target, asked=asked, got=got, status=status, evidence=evidence,
                      note=note)
 
 
-def _uninterpretable(target: str, asked: Any, got: Any = None,
-                     evidence: str | None = None) -> KnobCheck:
-    return _check(target, asked, "unverifiable", got, evidence,
+def _uninterpretable(k: Knob, asked: Any, got: Any = None, evidence: str | None = None) -> KnobCheck:
+    return _check(k, asked, "unverifiable", got, evidence,
                   note=f"cannot interpret the asked value {asked!r}")
 
 
@@ -189,44 +128,40 @@ def _seen(eff: EffectiveConfig, field: str) -> bool:
     return getattr(eff, field) is not None or field in eff.evidence
 
 
-def _from_non_default_args(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
-    """Fallback: compare with vLLM's record of the arguments it parsed."""
+def _from_args(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    """Compare with vLLM's record of the arguments it parsed (``non-default args:``)."""
     if eff.non_default_args is None:
-        return _check(target, asked, "unverifiable", note="no `non-default args:` line in the log")
+        return _check(k, asked, "unverifiable", note="no `non-default args:` line in the log")
     node: Any = eff.non_default_args
-    for key in target.split("."):
+    for key in k.target.split("."):
         if not isinstance(node, dict) or node.get(key) is None:
-            return _check(target, asked, "unverifiable",
-                          note="not among vLLM's non-default args: vLLM used its default, "
-                               "which the log does not print")
+            return _check(k, asked, "unverifiable", note="not among vLLM's non-default args: "
+                          "vLLM used its default, which the log does not print")
         node = node[key]
     line = eff.non_default_args_line or ""
-    evidence = excerpt_around_key(line, target) or eff.evidence.get("non_default_args")
-    status: Status = "applied" if _norm_generic(node) == _norm_generic(asked) else "not_applied"
-    return _check(target, asked, status, node, evidence, note="from the non-default args line")
+    evidence = excerpt_around_key(line, k.target) or eff.evidence.get("non_default_args")
+    status: Status = "applied" if ANY.canonical(node) == ANY.canonical(asked) else "not_applied"
+    return _check(k, asked, status, node, evidence, note="from the non-default args line")
 
 
-def _field_rule(field: str, norm: Callable[[Any], Any]) -> Checker:
-    """A target read straight off one EffectiveConfig field."""
-
-    def check(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
-        if not _seen(eff, field):
-            return _from_non_default_args(target, asked, eff)
-        want, got = norm(asked), getattr(eff, field)
-        if want is None:
-            return _uninterpretable(target, asked, got, eff.evidence.get(field))
-        status: Status = "applied" if got is not None and norm(got) == want else "not_applied"
-        return _check(target, asked, status, got, eff.evidence.get(field))
-
-    return check
+def _from_field(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    """Compare with the EffectiveConfig field the knob's ``log`` names."""
+    field = k.log or ""
+    if not _seen(eff, field):
+        return _from_args(k, asked, eff)
+    want, got = k.values.canonical(asked), getattr(eff, field)
+    if want is None:
+        return _uninterpretable(k, asked, got, eff.evidence.get(field))
+    status: Status = "applied" if got is not None and k.values.canonical(got) == want else "not_applied"
+    return _check(k, asked, status, got, eff.evidence.get(field))
 
 
-def _check_dtype(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
-    if _norm_dtype(asked) == "auto":
+def _dtype(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    if k.values.canonical(asked) == "auto":
         # auto resolves from the model's config.json, which the log does not show.
-        return _check(target, asked, "unverifiable", eff.dtype, eff.evidence.get("dtype"),
+        return _check(k, asked, "unverifiable", eff.dtype, eff.evidence.get("dtype"),
                       note="dtype=auto follows the model's config; the log shows only the result")
-    return _field_rule("dtype", _norm_dtype)(target, asked, eff)
+    return _from_field(k, asked, eff)
 
 
 _GRAPH_KINDS = {"NONE": set(), "PIECEWISE": {"PIECEWISE"}, "FULL": {"FULL"},
@@ -248,14 +183,14 @@ def _capture_problem(mode: str, eff: EffectiveConfig) -> tuple[str, str | None] 
     return None
 
 
-def _check_cudagraph_mode(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
-    want = _norm_cudagraph(asked)
+def _cudagraph_mode(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    want = k.values.canonical(asked)
     got = eff.cudagraph_mode
     evidence = eff.evidence.get("cudagraph_mode")
     if want is None:
-        return _uninterpretable(target, asked, got, evidence)
+        return _uninterpretable(k, asked, got, evidence)
     if got is None:
-        return _check(target, asked, "unverifiable", note="no engine config line in the log")
+        return _check(k, asked, "unverifiable", note="no engine config line in the log")
     if got != want:
         if eff.cudagraph_downgrades:
             note = "vLLM downgraded it: " + ", ".join(
@@ -264,31 +199,31 @@ def _check_cudagraph_mode(target: str, asked: Any, eff: EffectiveConfig) -> Knob
             note = "the CPU build forces cudagraph_mode NONE without logging it"
         else:
             note = f"the engine ran {got}"
-        return _check(target, asked, "not_applied", got, evidence, note)
+        return _check(k, asked, "not_applied", got, evidence, note)
     if eff.platform != "cpu" and (problem := _capture_problem(got, eff)):
-        return _check(target, asked, "not_applied", got, problem[1], problem[0])
-    return _check(target, asked, "applied", got, evidence)
+        return _check(k, asked, "not_applied", got, problem[1], problem[0])
+    return _check(k, asked, "applied", got, evidence)
 
 
-def _check_compilation_mode(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
-    want = _norm_compilation(asked)
+def _compilation_mode(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    want = k.values.canonical(asked)
     got = eff.compilation_mode
     evidence = eff.evidence.get("compilation_mode")
     if got is None:
-        return _from_non_default_args(target, asked, eff)
+        return _from_args(k, asked, eff)
     if want is None:
-        return _uninterpretable(target, asked, got, evidence)
+        return _uninterpretable(k, asked, got, evidence)
     if got == want:
-        return _check(target, asked, "applied", got, evidence)
+        return _check(k, asked, "applied", got, evidence)
     if want == "VLLM_COMPILE" and got == "DYNAMO_TRACE_ONCE" and eff.platform == "cpu":
-        return _check(target, asked, "applied", got, evidence,
+        return _check(k, asked, "applied", got, evidence,
                       note="the CPU platform substitutes DYNAMO_TRACE_ONCE for VLLM_COMPILE")
-    return _check(target, asked, "not_applied", got, evidence)
+    return _check(k, asked, "not_applied", got, evidence)
 
 
-def _check_enforce_eager(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
-    base = _field_rule("enforce_eager", _norm_bool)(target, asked, eff)
-    if base.status != "applied" or _norm_bool(asked) is not True:
+def _enforce_eager(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    base = _from_field(k, asked, eff)
+    if base.status != "applied" or k.values.canonical(asked) is not True:
         return base
     # Eager means no graphs at all; a config claiming otherwise is not eager.
     if eff.cudagraph_mode not in (None, "NONE"):
@@ -302,55 +237,54 @@ def _check_enforce_eager(target: str, asked: Any, eff: EffectiveConfig) -> KnobC
     return base
 
 
-def _check_custom_all_reduce(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
-    want_disabled = _norm_bool(asked)
+def _custom_all_reduce(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    want_disabled = k.values.canonical(asked)
     if want_disabled is None:
-        return _uninterpretable(target, asked)
+        return _uninterpretable(k, asked)
     active = eff.custom_all_reduce_active
     active_ev = eff.evidence.get("custom_all_reduce_active")
     config, config_ev = eff.disable_custom_all_reduce, eff.evidence.get("disable_custom_all_reduce")
     if not want_disabled:  # custom all-reduce wanted
         if active is False:
-            return _check(target, asked, "not_applied", True, active_ev,
+            return _check(k, asked, "not_applied", True, active_ev,
                           note=f"custom all-reduce is off: {eff.custom_all_reduce_reason}")
         if active:
-            return _check(target, asked, "applied", False, active_ev)
+            return _check(k, asked, "applied", False, active_ev)
         if config is None:
-            return _from_non_default_args(target, asked, eff)
+            return _from_args(k, asked, eff)
         note = None
         if eff.tensor_parallel_size == 1:
             note = "tensor_parallel_size=1: there is no all-reduce, so it is never built"
-        return _check(target, asked, "applied" if config is False else "not_applied",
+        return _check(k, asked, "applied" if config is False else "not_applied",
                       config, config_ev, note)
     if config is True or active is False:
-        return _check(target, asked, "applied", True, config_ev if config else active_ev)
+        return _check(k, asked, "applied", True, config_ev if config else active_ev)
     if active:
-        return _check(target, asked, "not_applied", False, active_ev,
+        return _check(k, asked, "not_applied", False, active_ev,
                       note="CUSTOM is still among the all-reduce backends")
     if config is False:
-        return _check(target, asked, "not_applied", False, config_ev)
-    return _from_non_default_args(target, asked, eff)
+        return _check(k, asked, "not_applied", False, config_ev)
+    return _from_args(k, asked, eff)
 
 
-def _check_speculative_method(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+def _speculative_method(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
     got = eff.speculative_method
     evidence = eff.evidence.get("speculative_method")
     if not _seen(eff, "speculative_method"):
-        return _check(target, asked, "unverifiable", note="no engine config line in the log")
-    if _is_off(asked):
+        return _check(k, asked, "unverifiable", note="no engine config line in the log")
+    if asked is None or asked is False or (isinstance(asked, str) and asked.strip().lower() in _OFF):
         if got is None:
-            return _check(target, asked, "applied", None, evidence)
-        return _check(target, asked, "not_applied", got, evidence,
+            return _check(k, asked, "applied", None, evidence)
+        return _check(k, asked, "not_applied", got, evidence,
                       note="speculative decoding is on although none was asked (leftover setting?)")
     if not isinstance(asked, str):
-        return _uninterpretable(target, asked, got, evidence)
+        return _uninterpretable(k, asked, got, evidence)
     want = asked.strip().lower()
     if got is not None and got.lower() == want:
-        return _check(target, asked, "applied", got, evidence)
+        return _check(k, asked, "applied", got, evidence)
     if got == "mtp" and want.endswith("_mtp"):
-        return _check(target, asked, "applied", got, evidence,
-                      note="vLLM rewrites the *_mtp aliases to mtp")
-    return _check(target, asked, "not_applied", got, evidence)
+        return _check(k, asked, "applied", got, evidence, note="vLLM rewrites the *_mtp aliases to mtp")
+    return _check(k, asked, "not_applied", got, evidence)
 
 
 # NCCL prints "NCCL_X set by environment to V" (NCCL_DEBUG=INFO, ENV subsystem) for these,
@@ -361,95 +295,61 @@ _NCCL_ALWAYS_LOGGED = frozenset({
 })
 
 
-def _nccl_value(value: Any) -> str:
-    return str(value).replace(" ", "").upper()
-
-
-def _check_nccl_env(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
-    name = target.removeprefix("env:")
+def _nccl_env(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    name = k.target.removeprefix("env:")
     if eff.platform == "cpu" or eff.distributed_backend == "gloo" or eff.kv_cache_device == "CPU":
-        return _check(target, asked, "unverifiable", note="NCCL not used on this platform")
+        return _check(k, asked, "unverifiable", note="NCCL not used on this platform")
     env = eff.nccl_env or {}
     if name in env:
-        same = _nccl_value(env[name]) == _nccl_value(asked)
+        same = str(env[name]).replace(" ", "").upper() == str(asked).replace(" ", "").upper()
         status: Status = "applied" if same else "not_applied"
-        return _check(target, asked, status, env[name], eff.evidence.get(f"nccl_env.{name}"))
+        return _check(k, asked, status, env[name], eff.evidence.get(f"nccl_env.{name}"))
     if env and name in _NCCL_ALWAYS_LOGGED:
-        return _check(target, asked, "not_applied", None, eff.evidence.get("nccl_env"),
+        return _check(k, asked, "not_applied", None, eff.evidence.get("nccl_env"),
                       note=f"NCCL reported its environment without {name}: "
                            "the variable did not reach the worker processes")
     if env:
-        return _check(target, asked, "unverifiable",
-                      note=f"NCCL does not always report {name}")
+        return _check(k, asked, "unverifiable", note=f"NCCL does not always report {name}")
     if eff.nccl_debug_seen:
-        return _check(target, asked, "unverifiable",
+        return _check(k, asked, "unverifiable",
                       note="NCCL debug output has no ENV lines; add ENV to NCCL_DEBUG_SUBSYS")
     if eff.world_size == 1:
-        return _check(target, asked, "unverifiable",
-                      note="world size 1: NCCL carries no collectives here")
-    return _check(target, asked, "unverifiable", note="enable NCCL_DEBUG=INFO to verify")
+        return _check(k, asked, "unverifiable", note="world size 1: NCCL carries no collectives here")
+    return _check(k, asked, "unverifiable", note="enable NCCL_DEBUG=INFO to verify")
 
 
-def _allreduce_env_rule(backend: str) -> Checker:
-    """vLLM env switches for one all-reduce backend, read off the TP group's backends line."""
-
-    def check(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
-        want = _norm_bool(asked)
-        backends = eff.allreduce_backends
-        if want is None:
-            return _uninterpretable(target, asked)
-        if backends is None:
-            return _check(target, asked, "unverifiable", note="no all-reduce backends line "
-                          "(tensor_parallel_size=1, CPU, or older vLLM)")
-        evidence = eff.evidence.get("allreduce_backends")
-        if (backend in backends) == want:
-            return _check(target, asked, "applied", backends, evidence)
-        note = (f"{backend} is still used" if not want
-                else f"{backend} is not used for the TP group (unsupported on this hardware?)")
-        return _check(target, asked, "not_applied", backends, evidence, note)
-
-    return check
+def _allreduce_backend(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    """A vLLM switch for one all-reduce backend (``k.arg``), read off the TP group's
+    backends line."""
+    want = k.values.canonical(asked)
+    backends = eff.allreduce_backends
+    if want is None:
+        return _uninterpretable(k, asked)
+    if backends is None:
+        return _check(k, asked, "unverifiable", note="no all-reduce backends line "
+                      "(tensor_parallel_size=1, CPU, or older vLLM)")
+    evidence = eff.evidence.get("allreduce_backends")
+    if (k.arg in backends) == want:
+        return _check(k, asked, "applied", backends, evidence)
+    note = (f"{k.arg} is still used" if not want
+            else f"{k.arg} is not used for the TP group (unsupported on this hardware?)")
+    return _check(k, asked, "not_applied", backends, evidence, note)
 
 
-def _check_unlogged_env(target: str, asked: Any, eff: EffectiveConfig) -> KnobCheck:
-    return _check(target, asked, "unverifiable", note="vLLM does not log this variable's value")
+def _unlogged_env(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    return _check(k, asked, "unverifiable", note="vLLM does not log this variable's value")
 
 
-# One row per knob: adding a knob is adding a line.
-_CHECKERS: dict[str, Checker] = {
-    "enforce_eager": _check_enforce_eager,
-    "disable_custom_all_reduce": _check_custom_all_reduce,
-    "dtype": _check_dtype,
-    "tensor_parallel_size": _field_rule("tensor_parallel_size", _norm_int),
-    "pipeline_parallel_size": _field_rule("pipeline_parallel_size", _norm_int),
-    "compilation_config.cudagraph_mode": _check_cudagraph_mode,
-    "compilation_config.mode": _check_compilation_mode,
-    "compilation_config.cudagraph_capture_sizes":
-        _field_rule("cudagraph_capture_sizes", _norm_int_list),
-    "cudagraph_capture_sizes": _field_rule("cudagraph_capture_sizes", _norm_int_list),
-    "compilation_config.max_cudagraph_capture_size":
-        _field_rule("max_cudagraph_capture_size", _norm_int),
-    "max_cudagraph_capture_size": _field_rule("max_cudagraph_capture_size", _norm_int),
-    "speculative_config.method": _check_speculative_method,
-    "speculative_config.num_speculative_tokens": _field_rule("num_speculative_tokens", _norm_int),
-    "speculative_config.prompt_lookup_min": _field_rule("prompt_lookup_min", _norm_int),
-    "speculative_config.prompt_lookup_max": _field_rule("prompt_lookup_max", _norm_int),
-    "async_scheduling": _field_rule("async_scheduling", _norm_bool),
-    "env:VLLM_ALLREDUCE_USE_FLASHINFER": _allreduce_env_rule("FLASHINFER"),
-    "env:VLLM_ALLREDUCE_USE_FLASHINFER_PCIE_IPC": _allreduce_env_rule("FLASHINFER_PCIE_IPC"),
-    "env:VLLM_ALLREDUCE_USE_SYMM_MEM": _allreduce_env_rule("SYMM_MEM"),
-    "env:VLLM_USE_NCCL_SYMM_MEM": _allreduce_env_rule("NCCL_SYMM_MEM"),
+RULES: Mapping[str, Rule] = {
+    "args": _from_args,
+    "field": _from_field,
+    "dtype": _dtype,
+    "cudagraph_mode": _cudagraph_mode,
+    "compilation_mode": _compilation_mode,
+    "enforce_eager": _enforce_eager,
+    "custom_all_reduce": _custom_all_reduce,
+    "speculative_method": _speculative_method,
+    "nccl_env": _nccl_env,
+    "allreduce_backend": _allreduce_backend,
+    "unlogged_env": _unlogged_env,
 }
-_PREFIX_CHECKERS: tuple[tuple[str, Checker], ...] = (
-    ("env:NCCL_", _check_nccl_env),
-    ("env:", _check_unlogged_env),
-)
-
-
-def _checker_for(target: str) -> Checker:
-    if target in _CHECKERS:
-        return _CHECKERS[target]
-    for prefix, checker in _PREFIX_CHECKERS:
-        if target.startswith(prefix):
-            return checker
-    return _from_non_default_args
