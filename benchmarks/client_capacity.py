@@ -3,7 +3,7 @@
 Side by side, in one run, against the same instant server (benchmarks/instant_server.py,
 pinned to its own core, one token per SSE chunk):
 
-* ``tuner``        the tuner's generator, ``tuner.adapters.loadgen.run_level``;
+* ``tuner``        the tuner's generator, ``tuner.load.closed_loop.run_level``;
 * ``aiohttp-vllm`` an aiohttp client that reads streams exactly as vLLM's own benchmark
   does (``vllm/benchmarks/lib/endpoint_request_func.py``, vLLM 0.32: ``iter_any()`` +
   ``StreamedResponseHandler`` + ``json.loads`` per message, ``perf_counter`` per message,
@@ -65,8 +65,8 @@ def _prompt(i: int) -> str:
 
 
 async def client_tuner(url: str, c: int, n: int, max_tokens: int, processes: int) -> list[list[Any]]:
-    from tuner.adapters.loadgen import run_level
-    from tuner.core.workload import RequestPlan
+    from tuner.load.closed_loop import run_level
+    from tuner.load.workload import RequestPlan
 
     plan = [
         RequestPlan(index=i, class_name="bench", kind="open_ended", prompt=_prompt(i),
@@ -234,8 +234,8 @@ def child_main(args: argparse.Namespace) -> int:
     func = _CLIENT_FUNCS[args.child]
     # Import outside the measured span: only the run's own CPU time counts.
     if args.child == "tuner":
-        import tuner.adapters.loadgen  # noqa: F401
-        import tuner.core.workload  # noqa: F401
+        import tuner.load.closed_loop  # noqa: F401
+        import tuner.load.workload  # noqa: F401
     elif args.child == "aiohttp-vllm":
         import aiohttp  # noqa: F401
     else:

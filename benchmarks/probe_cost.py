@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from vllm_server import SERVED, VllmServer, available  # noqa: E402
 
-from tuner.adapters.loadgen import run_sweep  # noqa: E402
+from tuner.load.sweep import run_sweep  # noqa: E402
 from tuner.probe.client import load_probe_items, run_probe  # noqa: E402
 from tuner.probe.correctness import run_correctness  # noqa: E402
 from tuner.probe.recording import load_reference_sources, record_reference  # noqa: E402

@@ -35,7 +35,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 # Modules whose code decides a point's outcome, by name (their files move between packages).
 SOURCES = ["tuner.sim.perf_model", "tuner.sim.perf_config", "tuner.sim.scheduler", "tuner.sim.events",
            "tuner.sim.effective", "tuner.sim.comm", "tuner.sim.model", "tuner.sim.args",
-           "tuner.sim.tokenizer", "tuner.core.workload", "tuner.vllm.knobs", "tuner.sim.cache",
+           "tuner.sim.tokenizer", "tuner.load.workload", "tuner.vllm.knobs", "tuner.sim.cache",
            "tuner.sim.profile", "tuner.vllm.compile_cache", "tuner.study.space"]
 
 

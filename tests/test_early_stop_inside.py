@@ -9,7 +9,8 @@ import math
 import pytest
 
 from tuner.study.early_stop import INSIDE_MARGIN, SweepGuard, Target, inside_bound, sweep_plan
-from tuner.core.metrics import RequestRecord, compute_level_metrics
+from tuner.load.metrics import compute_level_metrics
+from tuner.load.records import RequestRecord
 
 THR = Target("output_tok_s", 64, "maximize")
 TPOT = Target("tpot_ms.mean", 1, "minimize")
@@ -87,9 +88,9 @@ def _record(i: int, dispatch: float, times: list[float], *, ok: bool = True) -> 
 
 
 def _live(times: list[float], *, usage: bool = True):
-    from tuner.adapters.loadgen import _StreamState
+    from tuner.load.protocol import StreamState
 
-    st = _StreamState(chat=False)
+    st = StreamState(chat=False)
     st.times = list(times)
     st.cumulative = list(range(1, len(times) + 1)) if usage else []
     st.per_chunk_usage = usage
@@ -97,9 +98,9 @@ def _live(times: list[float], *, usage: bool = True):
 
 
 def test_window_opens_after_the_first_wave_and_counts_in_flight_tokens() -> None:
-    from tuner.adapters.loadgen import _Window
+    from tuner.load.live_window import InsideWindow
 
-    w = _Window(concurrency=2, planned=6)
+    w = InsideWindow(concurrency=2, planned=6)
     tick = [0.1 * k for k in range(1, 11)]                      # 10 tokens, one every 0.1 s
     w.add(0, _record(0, 0.0, tick))                             # done at 1.0
     assert w.view(1.5, {}) is None                              # first wave not done
@@ -111,7 +112,7 @@ def test_window_opens_after_the_first_wave_and_counts_in_flight_tokens() -> None
     v = w.view(1.8, live)
     assert v is not None and not v["exact"]
     assert v["window_s"] == pytest.approx(0.6) and v["first_wave_s"] == pytest.approx(1.2)
-    # Tokens in [1.2, 1.8), as tuner.core.metrics counts them (half-open, from the opening):
+    # Tokens in [1.2, 1.8), as tuner.load.window counts them (half-open, from the opening):
     # the first wave's last token at 1.2, 6 from stream 2 (1.2 .. 1.7), 5 from stream 3.
     assert v["output_tok_s"] == pytest.approx(12 / 0.6)
     # An in-flight request without per-chunk usage: its tokens are unknown, no view.
@@ -119,12 +120,12 @@ def test_window_opens_after_the_first_wave_and_counts_in_flight_tokens() -> None
 
 
 def test_complete_window_is_the_levels_own_and_bounds_its_output_rate() -> None:
-    from tuner.adapters.loadgen import _Window
+    from tuner.load.live_window import InsideWindow
 
     tick = [0.1 * k for k in range(1, 11)]
     records = [_record(0, 0.0, tick), _record(1, 0.0, [t + 0.2 for t in tick]),
                _record(2, 1.0, [1.0 + t for t in tick]), _record(3, 1.2, [1.2 + t for t in tick])]
-    w = _Window(concurrency=2, planned=6)
+    w = InsideWindow(concurrency=2, planned=6)
     for i, r in enumerate(records):
         w.add(i, r)
     # Last dispatch at 2.2 (positions 4 and 5 still in flight, 3 and 2 tokens so far).

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tuner.adapters.http_stream import (
+from tuner.load.http_stream import (
     Endpoint,
     HttpConnectError,
     HttpProtocolError,

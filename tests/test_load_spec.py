@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from tuner.core.load_spec import LoadSpec, WorkloadClass, WorkloadSpec
+from tuner.load.load_spec import LoadSpec, WorkloadClass, WorkloadSpec
 
 
 def test_defaults_are_the_documented_ones() -> None:

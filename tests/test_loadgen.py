@@ -27,17 +27,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from tuner.adapters.loadgen import (
-    SweepResult,
-    fetch_token_count,
-    read_records_jsonl,
-    run_level,
-    run_sweep,
-    write_records_jsonl,
-)
-from tuner.core.load_spec import Api, LoadSpec, WorkloadClass, WorkloadSpec
-from tuner.core.metrics import RequestRecord, compute_level_metrics
-from tuner.core.workload import RequestPlan, draft_requests, level_stream
+from tuner.load.closed_loop import run_level
+from tuner.load.record_files import read_records_jsonl, write_records_jsonl
+from tuner.load.results import SweepResult
+from tuner.load.server_calls import fetch_token_count
+from tuner.load.sweep import run_sweep
+from tuner.load.load_spec import Api, LoadSpec, WorkloadClass, WorkloadSpec
+from tuner.load.metrics import compute_level_metrics
+from tuner.load.records import RequestRecord
+from tuner.load.workload import RequestPlan, draft_requests, level_stream
 
 
 @dataclass
@@ -570,9 +568,9 @@ def _ticks(n: int, delay: float = 0.02) -> dict[str, Any]:
 
 def test_checkpoint_sees_the_window_and_its_completion_then_halts(
         served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tuner.adapters.loadgen as loadgen
+    import tuner.load.streams as streams
 
-    monkeypatch.setattr(loadgen, "INSIDE_CHECK_EVERY_S", 0.0)   # judge after every request
+    monkeypatch.setattr(streams, "INSIDE_CHECK_EVERY_S", 0.0)   # judge after every request
     plan = [plan_item(i, _ticks(10), max_tokens=10) for i in range(12)]
     views: list[dict[str, Any]] = []
 
@@ -580,7 +578,7 @@ def test_checkpoint_sees_the_window_and_its_completion_then_halts(
         views.append(view)
         return bool(view["exact"])          # halt once the window is complete
 
-    with pytest.raises(loadgen.LevelHalted) as halted:
+    with pytest.raises(streams.LevelHalted) as halted:
         asyncio.run(run_level(served.base_url, "fake", plan, concurrency=3, api="completions",
                               deadline_s=None, request_timeout_s=10.0, checkpoint=checkpoint))
     records = halted.value.records
@@ -599,9 +597,9 @@ def test_checkpoint_sees_the_window_and_its_completion_then_halts(
 
 
 def test_sweep_halted_inside_a_level_stops_the_sweep(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
-    import tuner.adapters.loadgen as loadgen
+    import tuner.load.streams as streams
 
-    monkeypatch.setattr(loadgen, "INSIDE_CHECK_EVERY_S", 0.0)
+    monkeypatch.setattr(streams, "INSIDE_CHECK_EVERY_S", 0.0)
     spec = SWEEP.model_copy(update={"concurrency": (1, 2, 4), "warmup_requests": 0,
                                     "requests_per_stream": 4})
     calls: list[tuple[int, list[int]]] = []

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from tests.conftest import run_tuner
-from tuner.adapters.loadgen import read_records_jsonl
+from tuner.load.record_files import read_records_jsonl
 from tuner.study.study_file import parse_study
 from tuner.measure import MeasureError, format_summary, measure
 

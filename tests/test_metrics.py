@@ -13,19 +13,15 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tuner.core.metrics import (
+from tuner.load.metrics import (
+    compute_level_metrics,
     EXTRA_FLAT_KEYS,
     FLAT_KEYS,
-    P99_MIN_SAMPLES,
     LevelMetrics,
-    RequestError,
-    RequestRecord,
-    Stat,
-    compute_level_metrics,
-    percentile,
     summarize_repeats,
-    token_timeline,
 )
+from tuner.load.records import RequestError, RequestRecord, token_timeline
+from tuner.load.stats import P99_MIN_SAMPLES, percentile, Stat
 
 
 def rec(

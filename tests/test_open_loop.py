@@ -17,16 +17,13 @@ import pytest
 from pydantic import ValidationError
 
 from tests.test_loadgen import SWEEP, Served, _server, plan_item, served  # noqa: F401
-from tuner.adapters.loadgen import (
-    SweepResult,
-    rate_level_metrics,
-    run_rate_level,
-    run_sweep,
-)
-from tuner.core.load_spec import LoadSpec, rate_level_name
+from tuner.load.open_loop import rate_level_metrics, run_rate_level
+from tuner.load.results import SweepResult
+from tuner.load.sweep import run_sweep
+from tuner.load.load_spec import LoadSpec, rate_level_name
 from tuner.errors import SpecError
 from tuner.study.study_file import parse_study
-from tuner.core.workload import arrival_schedule, draft_requests, rate_stream
+from tuner.load.workload import arrival_schedule, draft_requests, rate_stream
 
 # ---------------------------------------------------------------- the schedule
 
@@ -306,7 +303,8 @@ def test_study_file_error_names_field_value_and_allowed(keys: str, needles: tupl
 
 
 def test_first_wave_override_opens_the_window_after_one_request() -> None:
-    from tuner.core.metrics import RequestRecord, compute_level_metrics
+    from tuner.load.metrics import compute_level_metrics
+    from tuner.load.records import RequestRecord
 
     records = [
         RequestRecord(index=i, class_name="t", concurrency=10, scheduled_s=0.1 * i,

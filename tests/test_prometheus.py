@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from tuner.core.prometheus import (
+from tuner.load.prometheus import (
     SERVER_METRIC_KEYS,
     diff_snapshots,
     parse_prometheus_text,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tuner.core.sse import SSEError, SSEParser
+from tuner.load.sse import SSEError, SSEParser
 
 
 def _chunk(

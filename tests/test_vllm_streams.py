@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
-from tuner.adapters.http_stream import Endpoint, StreamConnection
-from tuner.adapters.loadgen import run_level
-from tuner.core.metrics import compute_level_metrics, token_timeline
-from tuner.core.sse import SSEParser, _fast_chunk
-from tuner.core.workload import RequestPlan
+from tuner.load.http_stream import Endpoint, StreamConnection
+from tuner.load.closed_loop import run_level
+from tuner.load.metrics import compute_level_metrics
+from tuner.load.records import token_timeline
+from tuner.load.sse import SSEParser, _fast_chunk
+from tuner.load.workload import RequestPlan
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_streams"
 STREAMS = sorted(p.stem for p in FIXTURES.glob("*.http") if "error" not in p.stem)

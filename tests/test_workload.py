@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 
-from tuner.core.load_spec import WorkloadClass, WorkloadSpec
-from tuner.core.workload import (
+from tuner.load.load_spec import WorkloadClass, WorkloadSpec
+from tuner.load.workload import (
     TOKENS_PER_WORD,
     PromptDraft,
     TokenFitter,

@@ -27,8 +27,10 @@ from typing import Any
 import httpx
 
 from tuner.adapters.artifacts import atomic_write_json
-from tuner.adapters.loadgen import run_sweep, scrape_metrics, write_records_jsonl
-from tuner.core.load_spec import rate_level_name
+from tuner.load.record_files import write_records_jsonl
+from tuner.load.server_calls import scrape_metrics
+from tuner.load.sweep import run_sweep
+from tuner.load.load_spec import rate_level_name
 from tuner.study.spec import StudySpec
 
 __all__ = ["MeasureError", "ameasure", "discover_model", "format_summary", "measure"]

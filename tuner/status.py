@@ -66,7 +66,7 @@ def read_checks(handle: StudyHandle | StudyPaths, number: int) -> list[dict[str,
         return []
 
 
-# Server-side speculative-decoding counters per level (core/prometheus.py, kept in the
+# Server-side speculative-decoding counters per level (load/prometheus.py, kept in the
 # outcome's server_side): None when the server did not speculate.
 SPEC_KEYS = ("spec_acceptance_rate", "spec_mean_acceptance_length", "spec_drafts")
 _SPEC_NAMES = {"ngram": "n-gram", "mtp": "MTP", "eagle": "EAGLE", "eagle3": "EAGLE-3", "medusa": "Medusa"}

@@ -29,14 +29,15 @@ from tuner.adapters import gpu
 from tuner.adapters.artifacts import atomic_write_json, redact_env
 from tuner.adapters import proctree
 from tuner.adapters.launcher import TAG_VAR, ServerProcess
-from tuner.adapters.loadgen import run_sweep, write_records_jsonl
+from tuner.load.record_files import write_records_jsonl
+from tuner.load.sweep import run_sweep
 from tuner.probe.client import load_probe_items, run_probe
 from tuner.probe.correctness import run_correctness
 from tuner.probe.recording import ReferenceRecordError, check_reference, load_reference_sources, record_reference
 from tuner.vllm.compile_cache import parse_compile_log
 from tuner.study.early_stop import SweepGuard
 from tuner.vllm.effective_config import parse_effective_config
-from tuner.core.load_spec import LoadSpec, rate_level_name
+from tuner.load.load_spec import LoadSpec, rate_level_name
 from tuner.probe.spec import ProbeSpec
 from tuner.probe.record import Reference
 from tuner.probe.verdict import validate_reference

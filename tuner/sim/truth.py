@@ -76,12 +76,12 @@ from typing import Any
 from tuner.study import space
 from tuner.study.command import trial_command
 from tuner.study.outcome import TrialOutcome
-from tuner.core.load_spec import LoadSpec
+from tuner.load.load_spec import LoadSpec
 from tuner.study.pareto import Point, pareto_front
 from tuner.vllm.knobs import RenderedCommand
 from tuner.study.sampling import grid_points
 from tuner.study.spec import StudySpec
-from tuner.core.workload import draft_requests, fit_draft, level_stream
+from tuner.load.workload import draft_requests, fit_draft, level_stream
 from tuner.sim.args import ArgvError, parse_argv
 from tuner.sim.cache import compile_hash
 from tuner.sim.effective import ConfigError, Effective, resolve

@@ -50,7 +50,7 @@ How it runs: the orchestrator puts ``sweep_plan`` (targets, limits, level order,
 front and the learned-ratio history) into each ``TrialRequest`` (none with
 ``execution.early_stop: false``); the worker consults a ``SweepGuard`` while the server
 starts, after verification, after the probe, during each level's measured run and after
-each load level (``loadgen.run_sweep(levels=..., after_level=..., inside_level=...)``) and
+each load level (``tuner.load.sweep.run_sweep(levels=..., after_level=..., inside_level=...)``) and
 writes the guard's ``record`` into the outcome. A trial stopped by rule 1, 3 or 4b is told
 with the ``early_stopped`` constraint violated (its measured objectives, else its bounds,
 else the worst values seen): never on the front, never exported without ``--force``. A
@@ -61,7 +61,7 @@ informational levels (4a: its halted level carries only the output tok/s it was 
 4. **Inside a level** (``inside_bound``, ``SweepGuard.inside_level``), for an objective on the
    level's aggregate output tok/s (the only metric bounded this way; any other objective at
    the level keeps it from stopping). The load generator judges the level's steady-state
-   window (``tuner.core.metrics``: from when the first C requests have all finished, or 15 %
+   window (``tuner.load.window``: from when the first C requests have all finished, or 15 %
    into the issuing span, to the last dispatch) while the level runs, counting the tokens of
    finished and in-flight requests by their own timestamps (in-flight ones only with exact
    per-chunk usage):
@@ -70,7 +70,7 @@ informational levels (4a: its halted level carries only the output tok/s it was 
       arrived; an in-flight request can only take its tokens out by failing. The window's
       rate is the level's output tok/s (an upper bound, should an in-flight request still
       fail; should the drain make the window degenerate, the whole-run fallback is bounded
-      too, see ``loadgen._Window.view``). A trial dominated with it is stopped as
+      too, see ``tuner.load.live_window.InsideWindow.view``). A trial dominated with it is stopped as
       ``dominated_exact`` - told like any completed trial, with that value recorded at the
       level (``record["measured"]``) - unless a limit reads the level (then
       ``dominated_inside``). This skips the drain - the last round of requests, a third of
@@ -80,7 +80,7 @@ informational levels (4a: its halted level carries only the output tok/s it was 
       one-knob neighbours, and TPE then counts them with the infeasible ones.
    b. *Before* (statistical): once the window has lasted ``INSIDE_MIN_SHARE`` (half) of the
       time the first wave took, and is steady itself (``INSIDE_SUBWINDOWS`` sub-windows,
-      max/min within ``tuner.core.metrics.STABILITY_MAX_RATIO``), its rate times
+      max/min within ``tuner.load.window.STABILITY_MAX_RATIO``), its rate times
       ``1 + INSIDE_MARGIN`` (25 %, 2.5 times the drift a steady level is allowed) is the
       optimistic output tok/s. The benchmark models this partial estimate's noise as the
       level's noise scaled by the square root of the window it misses, drawn independently

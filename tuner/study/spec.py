@@ -21,7 +21,7 @@ from pydantic import (
 )
 
 from tuner.study.durations import parse_duration
-from tuner.core.load_spec import LoadSpec
+from tuner.load.load_spec import LoadSpec
 from tuner.probe.spec import ProbeSpec
 from tuner.vllm.compile_cache import check_cache_dir
 from tuner.vllm.knobs import MULTICAST_ALGOS, check_target_name, check_value

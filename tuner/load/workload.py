@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.core.load_spec import WorkloadClass, WorkloadKind, WorkloadSpec
+from tuner.load.load_spec import WorkloadClass, WorkloadKind, WorkloadSpec
 
 __all__ = [
     "TOKENS_PER_WORD",

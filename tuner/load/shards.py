@@ -13,7 +13,7 @@ its own event loop and connections:
   report ready (imports done), and only then is ``t0`` taken and sent to all of them;
 * the deadline is judged by every shard against that same ``t0``.
 
-Shards are ``python -m tuner.adapters.loadgen_shards`` children started with asyncio's
+Shards are ``python -m tuner.load.shards`` children started with asyncio's
 subprocess API (no ``multiprocessing``: it would re-import the parent's ``__main__``,
 which inside a Ray worker is Ray's own), in their own process group, and killed with it if
 the level is cancelled. The protocol runs over the child's stdin/stdout (length-prefixed
@@ -34,11 +34,12 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Any
 
-from tuner.core.load_spec import Api
-from tuner.core.metrics import RequestRecord
-from tuner.core.workload import RequestPlan
+from tuner.load.records import RequestRecord
+from tuner.load.request import LevelContext
+from tuner.load.workload import RequestPlan
 
 __all__ = ["SharedCounter", "run_sharded", "split_concurrency"]
 
@@ -99,20 +100,19 @@ def _frame(obj: Any) -> bytes:
 
 
 async def run_sharded(
-    base_url: str,
-    model: str,
+    lv: LevelContext,
     plan: Sequence[RequestPlan],
     *,
-    concurrency: int,
-    api: Api,
     deadline_s: float | None,
-    request_timeout_s: float,
-    headers: dict[str, str] | None,
-    continuous_usage: bool,
-    t0: float | None,
     processes: int,
+    t0_given: bool,
 ) -> list[RequestRecord]:
-    """:func:`tuner.adapters.loadgen.run_level` over ``processes`` client processes."""
+    """:func:`tuner.load.closed_loop.run_level` over ``processes`` client processes.
+
+    ``t0_given``: ``lv.t0`` is the caller's time base; otherwise it is taken again once
+    every shard is ready, so the shards' start-up is not part of the level.
+    """
+    concurrency = lv.concurrency
     per_shard = split_concurrency(concurrency, processes)
     counter = SharedCounter.create()
     procs: list[asyncio.subprocess.Process] = []
@@ -120,18 +120,15 @@ async def run_sharded(
     try:
         for streams in per_shard:
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "tuner.adapters.loadgen_shards",
+                sys.executable, "-m", "tuner.load.shards",
                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
                 env=env, start_new_session=True,
             )
             procs.append(proc)
             assert proc.stdin is not None
             proc.stdin.write(_frame({
-                "base_url": base_url, "model": model, "plan": list(plan),
-                "concurrency": concurrency, "streams": streams, "api": api,
-                "deadline_s": deadline_s, "request_timeout_s": request_timeout_s,
-                "headers": headers, "continuous_usage": continuous_usage,
-                "counter": counter.path,
+                "level": lv, "plan": list(plan), "streams": streams,
+                "deadline_s": deadline_s, "counter": counter.path,
             }))
             await proc.stdin.drain()
         async with asyncio.timeout(_READY_TIMEOUT_S):
@@ -140,7 +137,7 @@ async def run_sharded(
                 msg = await _read_frame(proc.stdout)
                 if msg != "ready":
                     raise RuntimeError(f"client shard failed to start: {msg}")
-        origin = time.monotonic() if t0 is None else t0
+        origin = lv.t0 if t0_given else time.monotonic()
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write(_frame(origin))
@@ -193,9 +190,8 @@ def _shard_main() -> int:
         proto_out.flush()
 
     try:
-        job = read()
-        from tuner.adapters import loadgen  # the heavy imports happen before "ready"
-        from tuner.adapters.http_stream import Endpoint
+        job = read()  # unpickling it imports the client modules: before "ready"
+        from tuner.load.streams import run_streams
     except Exception:
         send(traceback.format_exc())
         return 1
@@ -207,13 +203,9 @@ def _shard_main() -> int:
     t0 = pickle.loads(proto_in.read(n))
     try:
         counter = SharedCounter(job["counter"])
-        url = loadgen._root(job["base_url"]) + loadgen._PATHS[job["api"]]
-        lv = loadgen._Level(
-            Endpoint.from_url(url), job["headers"], job["model"], job["api"],
-            job["concurrency"], t0, job["request_timeout_s"], job["continuous_usage"],
-        )
+        lv = replace(job["level"], t0=t0)
         records = asyncio.run(
-            loadgen._run_streams(lv, job["plan"], job["streams"], counter, job["deadline_s"])
+            run_streams(lv, job["plan"], job["streams"], counter, job["deadline_s"])
         )
     except Exception:
         send(traceback.format_exc())

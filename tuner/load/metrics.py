@@ -14,9 +14,7 @@ Definitions (measurement.md §1, vLLM ``benchmarks/serve.py::calculate_metrics``
 
 Throughput deliberately departs from vLLM's Σtokens/whole-run duration, which includes
 the synchronized first prefill wave and the drain tail (§4.2): tokens are counted by their
-own timestamps inside a steady-state window [t_warm, t_stop), where t_warm is the later of
-15 % of the issuing span and the completion of the first C requests, and t_stop is the last
-dispatch. When that window is degenerate, the whole-run figure is used and flagged.
+own timestamps inside a steady-state window (:mod:`tuner.load.window`).
 
 Times in records are seconds relative to the level start, from a monotonic clock;
 statistics are reported in milliseconds (units are in the names).
@@ -28,32 +26,23 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.load.records import RequestRecord
+from tuner.load.stats import Stat
+from tuner.load.window import STABILITY_MAX_RATIO, WindowPolicy, window_rates
 
 __all__ = [
     "EXTRA_FLAT_KEYS",
     "FLAT_KEYS",
-    "P99_MIN_SAMPLES",
-    "STABILITY_MAX_RATIO",
     "ClassMetrics",
     "LevelMetrics",
     "RepeatSummary",
-    "RequestError",
-    "RequestRecord",
-    "Stat",
-    "WindowPolicy",
     "compute_level_metrics",
-    "percentile",
     "summarize_repeats",
-    "token_timeline",
 ]
-
-# aiperf's rule of thumb (measurement.md §4, "Sample-size guidance" and recommended default
-# 3): p99 needs >= 1000 samples. Below that p99 is essentially the maximum of a few
-# requests, so it is still reported but flagged; objectives should prefer p90 there.
-P99_MIN_SAMPLES = 1000
 
 _STAT_FIELDS = ("mean", "p50", "p90", "p99")
 _LATENCIES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
@@ -75,192 +64,6 @@ EXTRA_FLAT_KEYS: tuple[str, ...] = (
     "output_tok_s_cv",
 )
 """Keys :meth:`LevelMetrics.flat` adds after :data:`FLAT_KEYS` (added later; NaN = none)."""
-
-# Perf Analyzer's stability rule (measurement.md §4, recommended default 5): throughput in
-# 3-5 sub-windows of the steady-state window must agree within max/min <= 1.10.
-STABILITY_MAX_RATIO = 1.10
-_SUBWINDOW_MIN_S = 5.0
-
-
-class RequestError(BaseModel):
-    """Why a request failed. ``type`` is a fixed vocabulary set by the load generator:
-    http_status, server_error, malformed_stream, incomplete_stream, no_content, timeout,
-    connect_error, connection_error, client_exception."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    type: str
-    message: str
-
-
-class RequestRecord(BaseModel):
-    """Raw timings of one request. JSON-lines friendly (``model_dump_json()`` per line).
-
-    All ``*_s`` times are seconds since the level started (``time.monotonic`` based: one
-    system-wide clock, so records of sharded client processes share the time base).
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    index: int = Field(description="Index in the level's request plan.")
-    class_name: str = Field(description="Workload class of the request.")
-    concurrency: int = Field(ge=1, description="Concurrency level the request ran in.")
-    scheduled_s: float = Field(
-        description=(
-            "When the request was due: the moment a closed-loop slot freed up (semaphore "
-            "acquired), or at an open-loop rate level its scheduled arrival time. "
-            "scheduled→dispatch is client-side event-loop lag (open loop: plus any wait for "
-            "the in-flight cap)."
-        )
-    )
-    dispatch_s: float = Field(description="Taken just before the POST (vLLM's start_time).")
-    chunk_times_s: list[float] = Field(
-        default_factory=list,
-        description="Arrival of every chunk with non-empty choices, in order.",
-    )
-    chunk_tokens: list[int] | None = Field(
-        default=None,
-        description=(
-            "Exact tokens per content chunk, from per-chunk cumulative usage "
-            "(continuous_usage_stats) when the server sent it; None otherwise."
-        ),
-    )
-    chunk_chars: list[int] = Field(
-        default_factory=list,
-        description="Characters of generated text per content chunk (fallback weighting).",
-    )
-    done_s: float = Field(description="When the request finished: stream end, error or timeout.")
-    repeat: int = Field(
-        default=0, ge=0, description="Which repeat of the level (LoadSpec.repeats) it ran in."
-    )
-    prompt_tokens: int | None = Field(default=None, description="usage.prompt_tokens.")
-    output_tokens: int | None = Field(default=None, description="usage.completion_tokens.")
-    ok: bool
-    error: RequestError | None = None
-    finish_reason: str | None = None
-    http_status: int | None = None
-
-    @property
-    def client_queue_s(self) -> float:
-        return self.dispatch_s - self.scheduled_s
-
-    @property
-    def ttft_s(self) -> float | None:
-        return self.chunk_times_s[0] - self.dispatch_s if self.chunk_times_s else None
-
-    @property
-    def end_s(self) -> float | None:
-        """Arrival of the last content chunk."""
-        return self.chunk_times_s[-1] if self.chunk_times_s else None
-
-    @property
-    def e2el_s(self) -> float | None:
-        return self.chunk_times_s[-1] - self.dispatch_s if self.chunk_times_s else None
-
-    @property
-    def tokens_estimated(self) -> bool:
-        """True when the server sent no usage and tokens are estimated from chunks."""
-        return self.output_tokens is None
-
-    def n_output_tokens(self) -> int:
-        """usage.completion_tokens, else the number of chunks that carried text."""
-        if self.output_tokens is not None:
-            return self.output_tokens
-        return sum(1 for c in self.chunk_chars if c > 0) or len(self.chunk_times_s)
-
-
-def token_timeline(record: RequestRecord) -> list[tuple[float, float]]:
-    """(arrival time, tokens) per content chunk, summing to the request's output tokens.
-
-    Exact per-chunk counts are used when they add up to the total. Otherwise the total
-    (from the final usage chunk) is spread in proportion to each chunk's text length: a
-    speculative chunk carrying three tokens carries about three tokens of text, so
-    counting one token per chunk would undercount exactly the configs under test. Chunks
-    without text (the chat role chunk) get none; with no text at all, spread evenly.
-    """
-    times = record.chunk_times_s
-    if not times:
-        return []
-    total = record.n_output_tokens()
-    exact = record.chunk_tokens
-    if exact is not None and len(exact) == len(times) and sum(exact) == total:
-        return [(t, float(k)) for t, k in zip(times, exact, strict=True)]
-    chars = record.chunk_chars
-    weight = sum(chars) if len(chars) == len(times) else 0
-    if weight > 0:
-        return [(t, total * c / weight) for t, c in zip(times, chars, strict=True)]
-    return [(t, total / len(times)) for t in times]
-
-
-def percentile(sorted_values: Sequence[float], q: float) -> float:
-    """``q``-th percentile with linear interpolation (numpy's default), of sorted data."""
-    if not sorted_values:
-        raise ValueError("percentile of an empty sequence")
-    if not 0 <= q <= 100:
-        raise ValueError(f"percentile q must be within [0, 100], got {q}")
-    h = (len(sorted_values) - 1) * q / 100
-    lo = math.floor(h)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (h - lo) * (sorted_values[hi] - sorted_values[lo])
-
-
-class Stat(BaseModel):
-    """Summary of one latency sample. Empty samples have ``n=0`` and None values."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    n: int
-    mean: float | None = None
-    std: float | None = None
-    min: float | None = None
-    p50: float | None = None
-    p90: float | None = None
-    p95: float | None = None
-    p99: float | None = None
-    max: float | None = None
-    low_confidence_p99: bool = Field(
-        default=True, description=f"n < {P99_MIN_SAMPLES}: p99 is close to the sample max."
-    )
-
-    @classmethod
-    def of(cls, values: Iterable[float]) -> Stat:
-        xs = sorted(values)
-        n = len(xs)
-        if n == 0:
-            return cls(n=0)
-        mean = math.fsum(xs) / n
-        var = math.fsum((x - mean) ** 2 for x in xs) / n  # population std, as numpy
-        return cls(
-            n=n,
-            mean=mean,
-            std=math.sqrt(var),
-            min=xs[0],
-            p50=percentile(xs, 50),
-            p90=percentile(xs, 90),
-            p95=percentile(xs, 95),
-            p99=percentile(xs, 99),
-            max=xs[-1],
-            low_confidence_p99=n < P99_MIN_SAMPLES,
-        )
-
-
-class WindowPolicy(BaseModel):
-    """How the steady-state window is chosen and when it is rejected as degenerate."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    warmup_fraction: float = Field(
-        default=0.15, ge=0, lt=1, description="t_warm is at least this far into the issuing span."
-    )
-    min_fraction: float = Field(
-        default=0.10,
-        ge=0,
-        le=1,
-        description="A window shorter than this share of the whole run is degenerate.",
-    )
-    min_token_timestamps: int = Field(
-        default=3, ge=1, description="A window with fewer chunk arrivals is degenerate."
-    )
 
 
 class ClassMetrics(BaseModel):
@@ -414,9 +217,6 @@ def _nan(x: float | None) -> float:
     return math.nan if x is None else float(x)
 
 
-def _rate(amount: float, seconds: float | None) -> float:
-    return amount / seconds if seconds and seconds > 0 else 0.0
-
 
 def _per_user(records: Sequence[RequestRecord]) -> float | None:
     speeds = [
@@ -469,7 +269,7 @@ def compute_level_metrics(
     total_out = sum(r.n_output_tokens() for r in ok)
     total_prompt = sum(r.prompt_tokens or 0 for r in ok)
     wave = concurrency if first_wave is None else max(1, first_wave)
-    rates = _window_rates(records, ok, wave, policy, total_out, total_prompt)
+    rates = window_rates(records, ok, wave, policy, total_out, total_prompt)
 
     by_class: dict[str, ClassMetrics] = {}
     for name in sorted({r.class_name for r in records}):
@@ -503,142 +303,6 @@ def compute_level_metrics(
         **asdict(rates),
     )
 
-
-@dataclass(frozen=True, slots=True)
-class _Rates:
-    output_tok_s: float = 0.0
-    total_tok_s: float = 0.0
-    request_per_s: float = 0.0
-    window_start_s: float | None = None
-    window_end_s: float | None = None
-    window_s: float | None = None
-    window_fallback: bool = True
-    window_fallback_reason: str | None = "no requests were issued"
-    ramp_up_s: float | None = None
-    drain_s: float | None = None
-    run_duration_s: float | None = None
-    run_output_tok_s: float | None = None
-    subwindow_s: float | None = None
-    subwindow_output_tok_s: list[float] = field(default_factory=list)
-    stability_ratio: float | None = None
-    unstable: bool | None = None
-
-
-def _stability(
-    timeline: Sequence[tuple[float, float]], t_warm: float, window_s: float
-) -> dict[str, object]:
-    """Output tok/s in 3-5 equal sub-windows of [t_warm, t_warm + window_s), and max/min.
-
-    As many sub-windows of at least 5 s as fit, but never fewer than 3 (a short window
-    gives short, noisier sub-windows: the ratio then errs towards flagging).
-    """
-    k = min(5, max(3, int(window_s // _SUBWINDOW_MIN_S)))
-    width = window_s / k
-    sums = [0.0] * k
-    for t, tokens in timeline:
-        j = int((t - t_warm) // width)
-        if 0 <= j < k:
-            sums[j] += tokens
-        elif j == k and t < t_warm + window_s:  # float rounding at the right edge
-            sums[k - 1] += tokens
-    rates = [x / width for x in sums]
-    low, high = min(rates), max(rates)
-    ratio = high / low if low > 0 else None
-    return {
-        "subwindow_s": width,
-        "subwindow_output_tok_s": rates,
-        "stability_ratio": ratio,
-        "unstable": ratio is None or ratio > STABILITY_MAX_RATIO,
-    }
-
-
-def _window_rates(
-    records: Sequence[RequestRecord],
-    ok: Sequence[RequestRecord],
-    concurrency: int,
-    policy: WindowPolicy,
-    total_out: int,
-    total_prompt: int,
-) -> _Rates:
-    """Throughput fields of :class:`LevelMetrics` (window, fallback, ramp-up, drain)."""
-    if not records:
-        return _Rates()
-
-    by_dispatch = sorted(records, key=lambda r: (r.dispatch_s, r.index))
-    first = by_dispatch[0].dispatch_s
-    t_stop = by_dispatch[-1].dispatch_s
-    run_end = max(r.done_s for r in records)
-    run_s = run_end - first
-    # The first C requests start together and prefill together; until they have all
-    # finished the batch has not reached its steady mix of prefill and decode.
-    first_wave_done = max(r.done_s for r in by_dispatch[:concurrency])
-    t_warm = max(first + policy.warmup_fraction * (t_stop - first), first_wave_done)
-    window_s = t_stop - t_warm
-
-    # Half-open [t_warm, t_stop): adjacent windows tile without counting a token twice.
-    timeline = [pt for r in ok for pt in token_timeline(r)]
-    in_window = [k for t, k in timeline if t_warm <= t < t_stop]
-
-    reason = None
-    if window_s <= 0:
-        reason = (
-            f"no steady state: the first {concurrency} requests finished at "
-            f"{first_wave_done:.3f}s, after the last dispatch at {t_stop:.3f}s"
-        )
-    elif run_s > 0 and window_s < policy.min_fraction * run_s:
-        reason = (
-            f"window {window_s:.3f}s is under {policy.min_fraction:.0%} of the "
-            f"{run_s:.3f}s run"
-        )
-    elif len(in_window) < policy.min_token_timestamps:
-        reason = (
-            f"only {len(in_window)} chunk arrivals in the window "
-            f"(< {policy.min_token_timestamps})"
-        )
-
-    ramp_up_s = t_warm - first
-    drain_s = run_end - t_stop
-    run_output_tok_s = _rate(total_out, run_s)
-    if reason is not None:
-        return _Rates(
-            output_tok_s=run_output_tok_s,
-            total_tok_s=_rate(total_out + total_prompt, run_s),
-            request_per_s=_rate(len(ok), run_s),
-            window_start_s=first,
-            window_end_s=run_end,
-            window_s=run_s,
-            window_fallback=True,
-            window_fallback_reason=reason,
-            ramp_up_s=ramp_up_s,
-            drain_s=drain_s,
-            run_duration_s=run_s,
-            run_output_tok_s=run_output_tok_s,
-        )
-
-    out_tokens = math.fsum(in_window)
-    # Prompt tokens are processed by the time the first token appears, so that is the
-    # timestamp they are counted at.
-    prompt_tokens = sum(
-        r.prompt_tokens or 0
-        for r in ok
-        if r.chunk_times_s and t_warm <= r.chunk_times_s[0] < t_stop
-    )
-    finished = sum(1 for r in ok if (e := r.end_s) is not None and t_warm <= e < t_stop)
-    return _Rates(
-        **_stability(timeline, t_warm, window_s),  # type: ignore[arg-type]
-        output_tok_s=out_tokens / window_s,
-        total_tok_s=(out_tokens + prompt_tokens) / window_s,
-        request_per_s=finished / window_s,
-        window_start_s=t_warm,
-        window_end_s=t_stop,
-        window_s=window_s,
-        window_fallback=False,
-        window_fallback_reason=None,
-        ramp_up_s=ramp_up_s,
-        drain_s=drain_s,
-        run_duration_s=run_s,
-        run_output_tok_s=run_output_tok_s,
-    )
 
 
 _COUNT_KEYS = ("failed", "completed")

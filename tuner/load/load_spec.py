@@ -5,8 +5,8 @@ default 1): at each level C, C streams each send a request as soon as their prev
 finished. Before each level a warm-up with *different* prompts touches CUDA-graph sizes,
 JIT and connections without warming the prefix or suffix-decoding cache (§4.4).
 
-Pure data: the runner is :mod:`tuner.adapters.loadgen`, prompts come from
-:mod:`tuner.core.workload`.
+Pure data: the runner is :mod:`tuner.load.sweep`, prompts come from
+:mod:`tuner.load.workload`.
 """
 
 from __future__ import annotations

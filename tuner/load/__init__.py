@@ -1,0 +1,34 @@
+"""The load generator: what a trial is measured with.
+
+Pure modules (data and arithmetic; no sockets, processes, clocks, environment or files):
+
+* ``load_spec``   the study file's ``load:`` section (pydantic).
+* ``workload``    deterministic synthetic prompts, token fitting, arrival schedules.
+* ``sse``         incremental Server-Sent Events parser (the client's hot path).
+* ``protocol``    request bodies, URL paths, what a streamed response said (StreamState),
+                  the record it makes.
+* ``records``     one request's raw timings (RequestRecord) and its token timeline.
+* ``stats``       latency sample summaries (percentiles).
+* ``window``      the steady-state window of a level, its sub-windows and stability.
+* ``live_window`` the window of a level still running (early stop inside a level).
+* ``metrics``     records → per-level metrics (vLLM's definitions), repeats.
+* ``prometheus``  ``/metrics`` text → snapshots and server-side deltas.
+* ``results``     what a sweep produced (LevelResult, SweepResult, token agreement).
+
+I/O modules:
+
+* ``http_stream``  minimal asyncio HTTP/1.1 client for streamed POSTs.
+* ``request``      one streamed request over a stream's keep-alive connection.
+* ``streams``      closed-loop streams in one event loop (shared claim counter).
+* ``shards``       the same streams sharded over client processes.
+* ``closed_loop``  one closed-loop level (``run_level``).
+* ``open_loop``    one open-loop rate level (``run_rate_level``).
+* ``server_calls`` ``/tokenize`` (prompt fitting) and ``/metrics`` scrapes, through httpx.
+* ``warmup``       the warm-up before a level.
+* ``sweep``        every level of a study's load section against one server (``run_sweep``).
+* ``record_files`` records as JSON lines.
+
+Dependencies point down that list's order: pure modules import only pure ones;
+``closed_loop`` imports ``shards`` and ``streams``, neither of which imports it.
+Nothing is re-exported here, so a client shard's start imports only what it runs.
+"""

@@ -1,0 +1,86 @@
+"""One closed-loop level: C streams, each sending its next request as soon as its previous
+one finished, in this event loop or sharded over client processes."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tuner.load.load_spec import Api
+from tuner.load.records import RequestRecord
+from tuner.load.request import LevelContext
+from tuner.load.shards import run_sharded
+from tuner.load.streams import run_streams
+from tuner.load.workload import RequestPlan
+
+__all__ = ["run_level"]
+
+logger = logging.getLogger(__name__)
+
+
+async def run_level(
+    base_url: str,
+    model: str,
+    plan: Sequence[RequestPlan],
+    *,
+    concurrency: int,
+    api: Api,
+    deadline_s: float | None,
+    request_timeout_s: float,
+    headers: dict[str, str] | None = None,
+    continuous_usage: bool = True,
+    t0: float | None = None,
+    processes: int = 1,
+    checkpoint: Callable[[dict[str, Any]], bool] | None = None,
+) -> list[RequestRecord]:
+    """Run ``plan`` in a closed loop of ``concurrency`` streams.
+
+    Args:
+        base_url: server root, e.g. ``http://127.0.0.1:8000`` (a trailing ``/v1`` is
+            accepted).
+        model: served model name sent in every request.
+        plan: requests in issue order.
+        concurrency: number of concurrent streams C.
+        api: ``completions`` or ``chat``.
+        deadline_s: no request is issued later than this many seconds after the level
+            starts (None: no limit). In-flight requests still finish, each bounded by
+            ``request_timeout_s``.
+        request_timeout_s: total time allowed per request, stream included.
+        headers: extra HTTP headers (e.g. an API key).
+        continuous_usage: ask for per-chunk usage (exact tokens per chunk on vLLM).
+        t0: ``time.monotonic()`` value the record times are relative to (default: now).
+        processes: client processes to shard the streams over (:mod:`tuner.load.shards`);
+            1 runs every stream in this event loop.
+        checkpoint: early stop inside the level (one client process only; ignored when
+            sharded): called with the steady-state window so far
+            (:meth:`tuner.load.live_window.InsideWindow.view`); True ends the level and
+            raises :class:`tuner.load.streams.LevelHalted` with the finished records.
+
+    Returns:
+        One record per issued request, in issue order.
+    """
+    if concurrency < 1:
+        raise ValueError(f"concurrency must be >= 1, got {concurrency}")
+    if request_timeout_s <= 0:
+        raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
+    if processes < 1:
+        raise ValueError(f"processes must be >= 1, got {processes}")
+    lv = LevelContext.create(
+        base_url, model, api, concurrency=concurrency, t0=t0,
+        request_timeout_s=request_timeout_s, headers=headers, continuous_usage=continuous_usage,
+    )
+    if processes > 1 and concurrency > 1:
+        records = await run_sharded(lv, plan, deadline_s=deadline_s,
+                                    processes=min(processes, concurrency), t0_given=t0 is not None)
+    else:
+        counter = itertools.count()
+        by_pos = await run_streams(lv, plan, concurrency, counter.__next__, deadline_s, checkpoint)
+        records = [by_pos[i] for i in sorted(by_pos)]
+    if len(records) < len(plan):
+        logger.info(
+            "c=%d: deadline %.1fs reached after %d of %d requests",
+            concurrency, deadline_s or 0.0, len(records), len(plan),
+        )
+    return records

@@ -1,0 +1,147 @@
+"""The OpenAI-compatible streaming protocol as data: where requests go, what they carry,
+what a streamed response has said so far and the record it makes.
+
+Pure: the I/O that sends the bytes is :mod:`tuner.load.request`. Every request streams
+with ``stream_options.include_usage`` so token counts come from the server's usage, never
+a client tokenizer (measurement.md §1).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tuner.load.load_spec import Api
+from tuner.load.records import RequestError, RequestRecord
+from tuner.load.sse import SSEError
+from tuner.load.workload import RequestPlan
+
+__all__ = ["API_PATHS", "Live", "StreamState", "encode_body", "make_record", "request_body",
+           "server_root"]
+
+API_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+
+def server_root(base_url: str) -> str:
+    """The server's root URL; accepts both http://host:port and http://host:port/v1, the
+    two forms users copy."""
+    url = base_url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
+def request_body(
+    model: str, item: RequestPlan, api: Api, continuous_usage: bool
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": item.max_tokens,
+        # vLLM no longer forces greedy in its bench; set it so every config decodes alike.
+        "temperature": 0,
+        "ignore_eos": item.ignore_eos,
+        "stream": True,
+        # continuous_usage_stats puts cumulative usage in every chunk: exact tokens per
+        # chunk even when a speculative step emits several. Servers without it still send
+        # the final usage chunk, and the metrics fall back to text-length weighting.
+        "stream_options": {"include_usage": True, "continuous_usage_stats": continuous_usage},
+    }
+    if api == "chat":
+        body["messages"] = [{"role": "user", "content": item.prompt}]
+    else:
+        body["prompt"] = item.prompt
+    return body
+
+
+def encode_body(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+
+
+class StreamState:
+    """What one streamed response has told us so far (the per-event hot path)."""
+
+    __slots__ = (
+        "chat", "times", "chars", "cumulative", "per_chunk_usage", "finish",
+        "prompt_tokens", "output_tokens", "error",
+    )
+
+    def __init__(self, chat: bool) -> None:
+        self.chat = chat
+        self.times: list[float] = []
+        self.chars: list[int] = []
+        self.cumulative: list[int] = []
+        self.per_chunk_usage = True
+        self.finish: str | None = None
+        self.prompt_tokens: int | None = None
+        self.output_tokens: int | None = None
+        self.error: RequestError | None = None
+
+    def on_events(self, events: list[dict[str, Any] | SSEError], now: float) -> None:
+        for ev in events:
+            if isinstance(ev, SSEError):
+                kind = "server_error" if ev.kind == "server_error" else "malformed_stream"
+                self.error = RequestError(type=kind, message=ev.message)
+                return
+            choices = ev.get("choices")
+            usage = ev.get("usage")
+            if choices:
+                # Every chunk with choices counts for TTFT/ITL/E2EL, empty text included
+                # (the chat role chunk, a finish-only chunk), exactly as vLLM's bench.
+                self.times.append(now)
+                c0 = choices[0]
+                if self.chat:
+                    delta = c0.get("delta") or {}
+                    # Reasoning text counts too: "reasoning_content" in older vLLM, "reasoning"
+                    # in newer releases.
+                    text = (delta.get("content") or "") + (
+                        delta.get("reasoning_content") or delta.get("reasoning") or ""
+                    )
+                else:
+                    text = c0.get("text") or ""
+                self.chars.append(len(text))
+                if c0.get("finish_reason"):
+                    self.finish = c0["finish_reason"]
+                if usage and usage.get("completion_tokens") is not None:
+                    self.cumulative.append(usage["completion_tokens"])
+                else:
+                    self.per_chunk_usage = False
+            elif usage:
+                self.prompt_tokens = usage.get("prompt_tokens")
+                self.output_tokens = usage.get("completion_tokens")
+
+
+# In-flight requests by plan position: (dispatch time, stream state, max_tokens). Read by
+# the early-stop judgement inside a level (tuner.load.live_window).
+Live = dict[int, tuple[float, StreamState, int]]
+
+
+def make_record(
+    st: StreamState, item: RequestPlan, *, concurrency: int, scheduled_s: float,
+    dispatch_s: float, done_s: float, error: RequestError | None, status: int | None,
+) -> RequestRecord:
+    """The record of one finished request from what its stream said."""
+    times = st.times
+    if error is None and not times:
+        error = RequestError(type="no_content", message="stream carried no choices")
+    exact = st.per_chunk_usage and bool(times) and len(st.cumulative) == len(times)
+    output_tokens = st.output_tokens
+    if output_tokens is None and exact:
+        output_tokens = st.cumulative[-1]  # usage-only chunk lost; the last cumulative is it
+    chunk_tokens = None
+    if exact:
+        chunk_tokens = [b - a for a, b in zip([0, *st.cumulative], st.cumulative, strict=False)]
+    return RequestRecord(
+        index=item.index,
+        class_name=item.class_name,
+        concurrency=concurrency,
+        scheduled_s=scheduled_s,
+        dispatch_s=dispatch_s,
+        chunk_times_s=times,
+        chunk_tokens=chunk_tokens,
+        chunk_chars=st.chars,
+        done_s=done_s,
+        prompt_tokens=st.prompt_tokens,
+        output_tokens=output_tokens,
+        ok=error is None,
+        error=error,
+        finish_reason=st.finish,
+        http_status=status,
+    )

@@ -1,0 +1,103 @@
+"""The auxiliary (non-streamed) server calls of a sweep, through httpx: ``/tokenize`` to
+fit prompts to exact token counts, ``/metrics`` scraped around each measured level."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+from tuner.load.load_spec import Api
+from tuner.load.prometheus import MetricsSnapshot, parse_prometheus_text
+from tuner.load.protocol import server_root
+from tuner.load.request import AUX_TIMEOUT_S
+from tuner.load.workload import RequestDraft, RequestPlan, TokenFitter
+
+__all__ = ["fetch_token_count", "fit_plan", "scrape_metrics"]
+
+logger = logging.getLogger(__name__)
+
+
+async def fetch_token_count(
+    client: httpx.AsyncClient, base_url: str, model: str, text: str, *, chat: bool = False
+) -> int | None:
+    """Token count of ``text`` by the server's ``/tokenize``; None if unavailable.
+
+    With ``chat`` the text is sent as one user message with the generation prompt, so the
+    chat template's tokens are counted as the chat endpoint will see them.
+    """
+    body: dict[str, Any] = {"model": model}
+    if chat:
+        body["messages"] = [{"role": "user", "content": text}]
+        body["add_generation_prompt"] = True
+    else:
+        body["prompt"] = text
+    try:
+        resp = await client.post(server_root(base_url) + "/tokenize", json=body, timeout=AUX_TIMEOUT_S)
+        if resp.status_code != 200:
+            return None
+        data = resp.json()
+    except (httpx.HTTPError, ValueError) as exc:
+        logger.debug("/tokenize failed: %s", exc)
+        return None
+    if not isinstance(data, dict):
+        return None
+    count = data.get("count")
+    if isinstance(count, int):
+        return count
+    tokens = data.get("tokens")
+    return len(tokens) if isinstance(tokens, list) else None
+
+
+async def fit_plan(
+    client: httpx.AsyncClient,
+    base_url: str,
+    model: str,
+    drafts: Sequence[RequestDraft],
+    *,
+    ignore_eos: bool,
+    api: Api = "completions",
+    parallel: int = 8,
+) -> list[RequestPlan] | None:
+    """Trim every draft to its exact target length with ``/tokenize``.
+
+    Returns None as soon as the endpoint fails, so the caller can fall back to estimates
+    for the whole level rather than mixing exact and estimated prompts.
+    """
+    sem = asyncio.Semaphore(parallel)
+    chat = api == "chat"
+
+    async def fit_one(d: RequestDraft) -> RequestPlan | None:
+        fitter = TokenFitter(d.draft, d.target_prompt_tokens)
+        while (n := fitter.next_probe()) is not None:
+            async with sem:
+                text = d.draft.render(n)
+                count = await fetch_token_count(client, base_url, model, text, chat=chat)
+            if count is None:
+                return None
+            fitter.observe(n, count)
+        return d.to_plan(ignore_eos=ignore_eos, prompt=d.draft.render(fitter.result()))
+
+    plans = await asyncio.gather(*(fit_one(d) for d in drafts))
+    if any(p is None for p in plans):
+        return None
+    return [p for p in plans if p is not None]
+
+
+async def scrape_metrics(client: httpx.AsyncClient, base_url: str) -> MetricsSnapshot | None:
+    """Parsed ``/metrics``, or None when the server has no usable metrics endpoint."""
+    try:
+        resp = await client.get(server_root(base_url) + "/metrics", timeout=AUX_TIMEOUT_S)
+    except httpx.HTTPError as exc:
+        logger.warning("/metrics unreachable: %s", exc)
+        return None
+    if resp.status_code != 200:
+        return None
+    try:
+        return parse_prometheus_text(resp.text)
+    except ValueError as exc:
+        logger.warning("/metrics unparsable: %s", exc)
+        return None

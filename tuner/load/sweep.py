@@ -1,0 +1,382 @@
+"""A sweep: every level of a study's load section against one server.
+
+Per concurrency level: prompt fitting through ``/tokenize`` → warm-up with different
+prompts → ``/metrics`` scrape → measured level (× ``repeats``, fresh prompts each time) →
+scrape, so the server-side deltas cover the measured requests only. Open-loop rate levels
+(``LoadSpec.request_rates``) follow the concurrency levels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+
+from tuner.load.closed_loop import run_level
+from tuner.load.load_spec import LoadSpec, rate_level_name
+from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_repeats
+from tuner.load.open_loop import rate_level_metrics, run_rate_level
+from tuner.load.prometheus import MetricsSnapshot, server_side_metrics
+from tuner.load.records import RequestRecord
+from tuner.load.request import AUX_TIMEOUT_S
+from tuner.load.results import (
+    LevelResult,
+    SweepResult,
+    TokenAgreement,
+    WarmupSummary,
+    agreement_of,
+)
+from tuner.load.server_calls import fetch_token_count, fit_plan, scrape_metrics
+from tuner.load.streams import LevelHalted
+from tuner.load.warmup import warm_up
+from tuner.load.workload import (
+    RequestPlan,
+    arrival_schedule,
+    draft_requests,
+    level_stream,
+    rate_stream,
+)
+
+__all__ = ["run_sweep"]
+
+logger = logging.getLogger(__name__)
+
+
+async def run_sweep(
+    base_url: str,
+    model: str,
+    load_spec: LoadSpec,
+    *,
+    ignore_eos: bool,
+    deadline_s: float | None = None,
+    headers: dict[str, str] | None = None,
+    levels: Sequence[int] | None = None,
+    after_level: Callable[[dict[int, dict[str, float]], list[int]], bool] | None = None,
+    inside_level: Callable[[int, dict[str, Any], list[int]], bool] | None = None,
+) -> SweepResult:
+    """Warm up and measure every concurrency level of ``load_spec``.
+
+    Args:
+        base_url: server root (see :func:`tuner.load.closed_loop.run_level`).
+        model: served model name.
+        load_spec: the study's load section.
+        ignore_eos: resolved value (``WorkloadSpec.resolve_ignore_eos``).
+        deadline_s: budget for the whole sweep in seconds from the call; levels that
+            would start after it are skipped and listed. None: only ``max_level_seconds``.
+        headers: extra HTTP headers for every call.
+        levels: the order to measure ``load_spec.concurrency`` in (default: as configured).
+        after_level: called after each measured level with the flat metrics of every level
+            measured so far (in measuring order) and the levels still to run; True stops
+            the sweep there (tuner.study.early_stop.SweepGuard.after_level). The levels left
+            out are listed in ``stopped_levels``.
+        inside_level: called during a level's measured run (``repeats: 1``, one client
+            process, levels left after it) with the level, its steady-state window so far
+            and the levels after it; True ends the level there and stops the sweep
+            (tuner.study.early_stop.SweepGuard.inside_level). The halted level is not
+            measured: it is listed first in ``stopped_levels``.
+    """
+    t_start = time.monotonic()
+    started_at = datetime.now(UTC).isoformat()
+    notes: list[str] = []
+    order = list(load_spec.concurrency) if levels is None else list(levels)
+    if sorted(order) != sorted(load_spec.concurrency):
+        raise ValueError(f"levels {order} are not a reordering of {load_spec.concurrency}")
+
+    def budget() -> float | None:
+        """Seconds a level may issue for now; None once the sweep budget is spent."""
+        if deadline_s is None:
+            return load_spec.max_level_seconds
+        remaining = deadline_s - (time.monotonic() - t_start)
+        return min(load_spec.max_level_seconds, remaining) if remaining > 0 else None
+
+    async with httpx.AsyncClient(timeout=AUX_TIMEOUT_S, headers=headers) as aux:
+        can_fit = False
+        if load_spec.fit_prompt_tokens:
+            can_fit = await fetch_token_count(aux, base_url, model, "hello") is not None
+            if not can_fit:
+                notes.append("/tokenize unavailable: prompt lengths are ~1.3 tokens/word estimates")
+        sweep = _Sweep(
+            aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes
+        )
+        results, skipped, stopped = await _concurrency_levels(
+            sweep, order, after_level, inside_level)
+        rate_results: list[LevelResult] = []
+        skipped_rates: list[float] = []
+        stopped_rates: list[float] = []
+        for rate in load_spec.request_rates:
+            if stopped:
+                # Early stop ended the sweep: the trial is judged already.
+                stopped_rates.append(rate)
+                continue
+            result = await _sweep_rate_level(sweep, rate)
+            if result is None:
+                skipped_rates.append(rate)
+            else:
+                rate_results.append(result)
+    if skipped:
+        notes.append(f"levels {skipped} skipped: sweep budget of {deadline_s}s exhausted")
+    if skipped_rates:
+        notes.append(
+            f"rate levels {skipped_rates} skipped: sweep budget of {deadline_s}s exhausted")
+    return SweepResult(
+        model=model,
+        base_url=base_url,
+        load=load_spec,
+        ignore_eos=ignore_eos,
+        started_at=started_at,
+        duration_s=time.monotonic() - t_start,
+        levels=results,
+        skipped_levels=skipped,
+        stopped_levels=stopped,
+        warnings=notes,
+        rate_levels=rate_results,
+        skipped_rates=skipped_rates,
+        stopped_rates=stopped_rates,
+    )
+
+
+async def _concurrency_levels(
+    sweep: _Sweep,
+    order: list[int],
+    after_level: Callable[[dict[int, dict[str, float]], list[int]], bool] | None,
+    inside_level: Callable[[int, dict[str, Any], list[int]], bool] | None,
+) -> tuple[list[LevelResult], list[int], list[int]]:
+    """The closed-loop levels in ``order``: (measured, skipped for budget, stopped early)."""
+    spec = sweep.spec
+    results: list[LevelResult] = []
+    skipped: list[int] = []
+    for i, c in enumerate(order):
+        later = [x for x in order[i + 1:] if x not in skipped]
+        check = None
+        # Like after_level, only while levels remain: the last level is measured whole.
+        if (inside_level is not None and later and spec.repeats == 1
+                and spec.client_processes == 1):
+            def check(view: dict[str, Any], c: int = c, later: list[int] = later) -> bool:
+                return inside_level(c, view, later)
+        try:
+            result = await _sweep_level(sweep, c, check)
+        except LevelHalted:
+            return results, skipped, [c, *later]
+        if result is None:
+            skipped.append(c)
+            continue
+        results.append(result)
+        remaining = [x for x in order[i + 1:] if x not in skipped]
+        if after_level is not None and remaining and after_level(
+                {lv.concurrency: lv.metrics.flat() for lv in results}, remaining):
+            return results, skipped, remaining
+    return results, skipped, []
+
+
+@dataclass(frozen=True, slots=True)
+class _Sweep:
+    """What every level of one sweep shares."""
+
+    aux: httpx.AsyncClient  # for /tokenize and /metrics
+    base_url: str
+    model: str
+    spec: LoadSpec
+    ignore_eos: bool
+    can_fit: bool
+    budget: Callable[[], float | None]  # seconds a level may issue now; None = spent
+    headers: dict[str, str] | None
+    notes: list[str]  # appended to
+
+
+async def _plan_for(sw: _Sweep, c: int, repeat: int) -> tuple[list[RequestPlan], bool]:
+    """The measured plan of one repeat of a level, fitted to exact lengths when possible.
+
+    Every repeat draws fresh prompts of the same shape (its own seed stream): re-sending
+    the same prompts would be served from the prefix cache and inflate later repeats
+    (measurement.md §4, vLLM sweep notes).
+    """
+    spec, ignore_eos = sw.spec, sw.ignore_eos
+    purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
+    drafts = draft_requests(
+        spec.workload, spec.requests_for(c), seed=spec.seed, stream=level_stream(purpose, c)
+    )
+    plan = None
+    if sw.can_fit:
+        plan = await fit_plan(
+            sw.aux, sw.base_url, sw.model, drafts, ignore_eos=ignore_eos, api=spec.api
+        )
+        if plan is None:
+            sw.notes.append(f"c={c}: /tokenize failed while fitting; prompt lengths estimated")
+    if plan is None:
+        return [d.to_plan(ignore_eos=ignore_eos) for d in drafts], False
+    return plan, True
+
+
+async def _sweep_level(
+    sw: _Sweep, c: int, checkpoint: Callable[[dict[str, Any]], bool] | None = None
+) -> LevelResult | None:
+    """Fit → warm up → scrape → measure (× repeats) → scrape for one level; None if out
+    of budget before anything was measured. ``checkpoint``: see :func:`run_level` (raises
+    :class:`LevelHalted` through)."""
+    aux, base_url, model, spec = sw.aux, sw.base_url, sw.model, sw.spec
+    ignore_eos, budget, headers = sw.ignore_eos, sw.budget, sw.headers
+    if budget() is None:
+        return None
+    plan, fitted = await _plan_for(sw, c, 0)
+
+    warm_budget = budget()
+    if warm_budget is None:
+        return None
+    warmup = await warm_up(base_url, model, spec, c, ignore_eos, warm_budget, headers)
+    before = None
+    records: list[RequestRecord] = []
+    runs: list[LevelMetrics] = []
+    deadline_hit = False
+    for repeat in range(spec.repeats):
+        if repeat:
+            plan, fitted_r = await _plan_for(sw, c, repeat)
+            fitted = fitted and fitted_r
+        level_budget = budget()
+        if level_budget is None:
+            if not runs:
+                return None
+            sw.notes.append(
+                f"c={c}: {len(runs)} of {spec.repeats} repeats measured before the budget ran out"
+            )
+            break
+        if before is None:
+            before = await scrape_metrics(aux, base_url)
+        run = await run_level(
+            base_url, model, plan,
+            concurrency=c, api=spec.api, deadline_s=level_budget,
+            request_timeout_s=spec.request_timeout_s, headers=headers,
+            processes=spec.client_processes, checkpoint=checkpoint,
+        )
+        deadline_hit = deadline_hit or len(run) < len(plan)
+        runs.append(compute_level_metrics(run, concurrency=c, planned=len(plan)))
+        if repeat:
+            run = [r.model_copy(update={"repeat": repeat}) for r in run]
+        records.extend(run)
+    server, agreement = await _server_view(sw, before, records, f"c={c}")
+    # Instability is reported per level (metrics.unstable, stability_ratio), not as a sweep
+    # warning: short levels are often flagged, and that is information, not degradation.
+    metrics = summarize_repeats(runs)
+    return LevelResult(
+        concurrency=c,
+        prompts_fitted=fitted,
+        deadline_hit=deadline_hit,
+        warmup=warmup,
+        metrics=metrics,
+        server_side=server,
+        token_agreement=agreement,
+        records=records,
+    )
+
+
+async def _server_view(
+    sw: _Sweep, before: MetricsSnapshot | None, records: Sequence[RequestRecord], label: str
+) -> tuple[dict[str, Any] | None, TokenAgreement]:
+    """Scrape after a level: server-side deltas since ``before`` and the token agreement."""
+    aux, base_url = sw.aux, sw.base_url
+    after = await scrape_metrics(aux, base_url)
+    server = server_side_metrics(before, after) if before and after else None
+    agreement = agreement_of(records, server)
+    if agreement.agree is False and before is not None:
+        # vLLM records stats just after handing tokens out; one late scrape rules out a
+        # race before a disagreement is reported.
+        await asyncio.sleep(1.0)
+        late = await scrape_metrics(aux, base_url)
+        if late is not None:
+            server = server_side_metrics(before, late)
+            agreement = agreement_of(records, server)
+    if agreement.agree is False:
+        logger.warning(
+            "%s: client/server token counts disagree: %d vs %s",
+            label, agreement.client_output_tokens, agreement.server_generation_tokens,
+        )
+    return server, agreement
+
+
+async def _rate_plan_for(sw: _Sweep, rate: float, repeat: int) -> tuple[list[RequestPlan], bool]:
+    """The measured plan of one repeat of a rate level (own seed stream, see _plan_for)."""
+    spec, ignore_eos = sw.spec, sw.ignore_eos
+    purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
+    drafts = draft_requests(
+        spec.workload, spec.requests_for_rate(rate), seed=spec.seed,
+        stream=rate_stream(purpose, rate),
+    )
+    plan = None
+    if sw.can_fit:
+        plan = await fit_plan(
+            sw.aux, sw.base_url, sw.model, drafts, ignore_eos=ignore_eos, api=spec.api
+        )
+        if plan is None:
+            sw.notes.append(
+                f"{rate_level_name(rate)}: /tokenize failed while fitting; prompt lengths estimated")
+    if plan is None:
+        return [d.to_plan(ignore_eos=ignore_eos) for d in drafts], False
+    return plan, True
+
+
+async def _sweep_rate_level(sw: _Sweep, rate: float) -> LevelResult | None:
+    """Fit → scrape → measure open loop (× repeats) → scrape for one rate level; None if
+    out of budget before anything was measured. No warm-up of its own: rate levels run
+    after the concurrency levels, on a server those already warmed (CUDA graphs, JIT),
+    and their prompts come from their own seed streams (no prefix-cache warming)."""
+    spec = sw.spec
+    name = rate_level_name(rate)
+    if sw.budget() is None:
+        return None
+    before = None
+    records: list[RequestRecord] = []
+    runs: list[LevelMetrics] = []
+    fitted = True
+    deadline_hit = False
+    for repeat in range(spec.repeats):
+        plan, fitted_r = await _rate_plan_for(sw, rate, repeat)
+        fitted = fitted and fitted_r
+        level_budget = sw.budget()
+        if level_budget is None:
+            if not runs:
+                return None
+            sw.notes.append(
+                f"{name}: {len(runs)} of {spec.repeats} repeats measured before the budget ran out"
+            )
+            break
+        if before is None:
+            before = await scrape_metrics(sw.aux, sw.base_url)
+        purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
+        schedule = arrival_schedule(
+            len(plan), rate, arrival=spec.arrival, burstiness=spec.burstiness,
+            seed=spec.seed, stream=rate_stream(purpose, rate),
+        )
+        run = await run_rate_level(
+            sw.base_url, sw.model, plan, schedule,
+            api=spec.api, deadline_s=level_budget, request_timeout_s=spec.request_timeout_s,
+            max_in_flight=spec.max_in_flight, headers=sw.headers,
+        )
+        if run.cap_waits:
+            sw.notes.append(
+                f"{name}: {run.cap_waits} requests waited for the in-flight cap "
+                f"(max_in_flight={spec.max_in_flight}); the arrival rate was not held"
+            )
+        deadline_hit = deadline_hit or len(run.records) < len(plan)
+        runs.append(rate_level_metrics(run, rate, cap=spec.max_in_flight, planned=len(plan)))
+        recs = run.records
+        if repeat:
+            recs = [r.model_copy(update={"repeat": repeat}) for r in recs]
+        records.extend(recs)
+    server, agreement = await _server_view(sw, before, records, name)
+    return LevelResult(
+        concurrency=spec.max_in_flight,
+        request_rate=rate,
+        prompts_fitted=fitted,
+        deadline_hit=deadline_hit,
+        warmup=WarmupSummary(requests=0, completed=0, failed=0, failure_reasons={},
+                             duration_s=0.0),
+        metrics=summarize_repeats(runs),
+        server_side=server,
+        token_agreement=agreement,
+        records=records,
+    )
