@@ -96,7 +96,7 @@ def test_dry_log_never_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 def _request(tmp_path: Path, number: int) -> Any:
     from tuner.cli import load_spec_file
     from tuner.study.outcome import TrialRequest
-    from tuner.study.command import trial_command
+    from tuner.study.space import trial_command
 
     study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": 0.02, **_env(tmp_path)},
                            updates={"server.startup_timeout": "120s"})

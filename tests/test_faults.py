@@ -436,7 +436,7 @@ def test_driver_deadline_cancels_into_the_actor_and_stops_the_server(tmp_path: P
     from tuner.cli import load_spec_file
     from tuner.study.outcome import TrialRequest
     from tuner.executor import RayExecutor
-    from tuner.study.command import trial_command
+    from tuner.study.space import trial_command
 
     study, marker = fault_study(tmp_path, {256: [{"fault": "hang_at_start"}]},
                                 updates={"server.startup_timeout": "10m", "budget.trial_timeout": "10m"})

@@ -14,7 +14,8 @@ from tuner.probe.prompts_file import PromptsFileError, ReferencePromptsError
 from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
 from tuner.orchestrator import resolve_probe_files
-from tuner.study.command import reference_configuration, trial_command
+from tuner.study.command import reference_configuration
+from tuner.study.space import trial_command
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -19,7 +19,7 @@ from tuner.study.scoring import early_stop_plan, stopped_told
 def _request(tmp_path: Path, values: dict[str, Any], plan_front: list[list[float]] | None,
              startup_scale: float = 0.02) -> tuple[Any, dict[str, Any]]:
     from tuner.cli import load_spec_file
-    from tuner.study.command import trial_command
+    from tuner.study.space import trial_command
 
     study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": startup_scale},
                            updates={"server.startup_timeout": "120s", "budget.trial_timeout": "5m"})

@@ -80,7 +80,7 @@ def on_this_host(spec: StudySpec) -> StudySpec:
 
 def _command_text(spec: StudySpec, values: dict[str, Any]) -> str:
     from tuner.vllm.knobs import RenderedCommand, shell_line
-    from tuner.study.command import trial_command
+    from tuner.study.space import trial_command
 
     # What a trial starts: the measurement env (NCCL_DEBUG to read NCCL's choices back) too.
     command = trial_command(spec, values, python="python")

@@ -19,9 +19,9 @@ from tuner.study.pareto import Filter, pick_point
 import yaml
 
 from tuner.study.confirmation import blocks_export
-from tuner.vllm.knobs import PYTHON_PLACEHOLDER, RenderedCommand, shell_line
+from tuner.vllm.knobs import PYTHON_PLACEHOLDER, RenderedCommand, mismatch_text, shell_line
 from tuner.study.spec import StudySpec
-from tuner.study.command import trial_command
+from tuner.study.space import trial_command
 from tuner.study.records import TrialRecord, record_points
 
 __all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]
@@ -80,7 +80,7 @@ def _why(record: TrialRecord) -> str:
         return str(record.attrs.get("outcome", {}).get("probe_reason") or "correctness probe failed")
     if record.outcome == "not_applied":
         bad = record.attrs.get("outcome", {}).get("mismatches", [])
-        return "; ".join(f"{m.get('target')}: asked {m.get('asked')!r}, got {m.get('got')!r}" for m in bad) or "not applied"
+        return "; ".join(mismatch_text(m) for m in bad) or "not applied"
     if record.outcome == "limit_missed":
         return ", ".join(k for k, v in record.constraints.items() if k.startswith("limit:") and v > 0)
     return record.outcome

@@ -45,7 +45,8 @@ from tuner.study.confirmation import choose_candidates, confirmation_brief, rese
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
 from tuner.vllm.knobs import RenderedCommand, shell_line
-from tuner.study.command import ReferenceConfiguration, reference_configuration, trial_command
+from tuner.study.command import ReferenceConfiguration, reference_configuration
+from tuner.study.space import trial_command
 from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError
 from tuner.executor import Finished, NoWorkersLeft, RayExecutor
 from tuner.confirming import confirm_trials

@@ -25,6 +25,7 @@ from tuner.plots import best_so_far_png, importance_png, pareto_png
 from tuner.study.records import KIND_RUN, TrialRecord, front_records, read_records
 from tuner.status import read_checks
 from tuner.study.store import StudyHandle
+from tuner.vllm.knobs import mismatch_text
 
 __all__ = ["write_report", "knob_importances"]
 
@@ -85,8 +86,7 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
                 f"{html.escape(str(c['target']))}={html.escape(_fmt(c.get('got')))}" for c in verified))
         for m in outcome.get("mismatches", []):
             notes.append(
-                f"not applied: {html.escape(str(m.get('target')))} asked {html.escape(_fmt(m.get('asked')))}, "
-                f"got {html.escape(_fmt(m.get('got')))}"
+                f"not applied: {html.escape(mismatch_text(m))}"
                 + (f"<br><code>{html.escape(str(m.get('evidence'))[:240])}</code>" if m.get("evidence") else "")
             )
         if outcome.get("probe_passed") is False:
@@ -225,7 +225,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
         for r in problems:
             detail = r.attrs.get("failure", {}).get("message") if r.state == "FAIL" else ""
             for m in r.attrs.get("outcome", {}).get("mismatches", []):
-                detail = f"{m.get('target')}: asked {_fmt(m.get('asked'))}, got {_fmt(m.get('got'))}"
+                detail = mismatch_text(m)
             md.append(f"- trial {r.number}: {r.outcome}" + (f" — {detail}" if detail else ""))
     md += ["", f"## Chosen configuration ({pick})", "", "```sh", export_text.rstrip(), "```", ""]
     atomic_write_text(out_dir / "report.md", "\n".join(md))

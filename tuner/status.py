@@ -43,18 +43,6 @@ def study_is_running(handle: StudyHandle | StudyPaths) -> bool:
         os.close(fd)
 
 
-def _mismatch_text(check: dict[str, Any]) -> str:
-    """A stored knob check as one line, the knob named by its label from the knob table."""
-
-    from tuner.vllm.knobs import knob  # only when a mismatch is shown: status starts fast
-
-    target = str(check.get("target"))
-    label = knob(target).label
-    name = target if label == target else f"{target} ({label})"
-    text = f"{name}: asked {check.get('asked')!r}, got {check.get('got')!r}"
-    return text + (f" ({check['note']})" if check.get("note") else "")
-
-
 def read_checks(handle: StudyHandle | StudyPaths, number: int) -> list[dict[str, Any]]:
     """The trial's full asked-vs-got table from its verification.json (empty if absent)."""
 
@@ -321,7 +309,11 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
                     + ("" if c.get("status") == "applied" else f" -> GOT {_fmt(c.get('got'))}")
                     for c in checked))
             for m in row["mismatches"]:
-                lines.append(f"        not applied: {_mismatch_text(m)}")
+                # The knob table's label; imported here, so a status without mismatches
+                # does not pay for loading it.
+                from tuner.vllm.knobs import mismatch_text
+
+                lines.append(f"        not applied: {mismatch_text(m)}")
                 if m.get("evidence"):
                     lines.append(f"          evidence: {m['evidence'][:200]}")
             if row["probe_passed"] is False:

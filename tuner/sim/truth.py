@@ -3,7 +3,7 @@
 Every allowed point of the (discrete) space is taken through the same steps a real trial
 takes, with each I/O step replaced by the simulator's pure model of it:
 
-1. **Render**: ``tuner.study.command.trial_command`` (the tuner's one renderer) gives argv,
+1. **Render**: ``tuner.study.space.trial_command`` (the tuner's one renderer) gives argv,
    env and the asked settings the verifier checks, exactly as the orchestrator builds a
    ``TrialRequest``.
 2. **Start**: ``tuner.sim.args.parse_argv`` + ``tuner.sim.effective.resolve`` give the
@@ -74,7 +74,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from tuner.study import space
-from tuner.study.command import trial_command
+from tuner.study.space import trial_command
 from tuner.study.outcome import TrialOutcome
 from tuner.load.load_spec import LoadSpec
 from tuner.study.pareto import Point, pareto_front

@@ -1,47 +1,26 @@
-"""A study point's server command: the study's renderer applied to a point's values.
+"""The configuration the study's reference is recorded from, and its server command.
 
-Pure: the trials, the reference job, confirmation re-runs, ``tuner export`` and the
-simulator's ground truth all render through ``trial_command``, so the command a study
-measured is the one it exports. Pinning a relative interpreter to the current folder (a
-trial runs elsewhere) is the caller's, at dispatch time (``tuner.orchestrator``).
+Pure. It renders through ``tuner.study.space.server_command``, the same path as the
+trials, confirmation re-runs and ``tuner export`` (``space.trial_command``). Pinning a
+relative interpreter to the current folder (a trial runs elsewhere) is the caller's, at
+dispatch time (``tuner.orchestrator``).
 """
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.vllm.knobs import RenderedCommand, render_command
 from tuner.errors import SpecError
 from tuner.study import space
 from tuner.study.scoring import values_text
-from tuner.study.spec import ServerSpec, StudySpec
+from tuner.study.spec import StudySpec
 
-__all__ = ["trial_command", "reference_configuration", "ReferenceConfiguration"]
+__all__ = ["reference_configuration", "ReferenceConfiguration"]
 
 # Config arguments the conservative reference drops: each is a path (graphs, the compiler,
 # a drafter) a trial's bug could live in, and the reference must not share it.
 _NOT_IN_REFERENCE = ("compilation_config", "speculative_config")
-
-
-def trial_command(spec: StudySpec, values: dict[str, Any], *, port: int | None = None,
-                  python: str | None = None, compile_cache_dir: str | None = None) -> RenderedCommand:
-    """The server for ``values`` (``python`` None: this interpreter): argv, the
-    configuration's env, the measurement-only env and the asked settings, from the one
-    renderer (``tuner.vllm.knobs.render_command``). ``compile_cache_dir``: the study's
-    expanded ``execution.compile_cache_dir`` for a server that runs; an export leaves it out."""
-
-    return _command(spec, spec.server, space.settings_for(spec, values), port=port, python=python,
-                    compile_cache_dir=compile_cache_dir)
-
-
-def _command(spec: StudySpec, server: ServerSpec, settings: dict[str, Any], *, port: int | None,
-             python: str | None, compile_cache_dir: str | None) -> RenderedCommand:
-    return render_command(server, settings, python=python or sys.executable, port=port,
-                          nccl_debug=spec.verify.nccl_debug,
-                          searched=[p.target for p in spec.parameters],
-                          compile_cache_dir=compile_cache_dir)
 
 
 @dataclass(frozen=True)
@@ -81,6 +60,6 @@ def reference_configuration(spec: StudySpec, *, port: int | None = None, python:
         label += ", eager, no compilation config, no speculation"
     # The reference is a server of the study like any other: it gets the same measurement
     # environment, the study's compile cache included.
-    command = _command(spec, server, settings, port=port, python=python,
-                       compile_cache_dir=compile_cache_dir)
+    command = space.server_command(spec, server, settings, port=port, python=python,
+                                   compile_cache_dir=compile_cache_dir)
     return ReferenceConfiguration(values, command.argv, command.launch_env, command.asked, label)

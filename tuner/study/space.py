@@ -1,4 +1,7 @@
-"""The search space: conditions, forbidden combinations, baseline, size and its tree.
+"""The search space: conditions, forbidden combinations, baseline, size and its tree, and
+a point's server command (``trial_command``: its settings by target through the one
+renderer, ``tuner.vllm.knobs.render_command``; trials, confirmation re-runs, ``tuner
+export`` and the simulator's ground truth all call it, so a study exports what it measured).
 
 Pure functions over a ``StudySpec`` (no Optuna); ``tuner.study.samplers`` turns a parameter
 into an Optuna distribution and suggests parameters in ``ordered_parameters()`` order, so a
@@ -10,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import random
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,8 +22,10 @@ from tuner.study.spec import (
     CategoricalParam,
     FloatParam,
     IntParam,
+    ServerSpec,
     StudySpec,
 )
+from tuner.vllm.knobs import RenderedCommand, render_command
 
 __all__ = [
     "ordered_parameters",
@@ -28,6 +34,8 @@ __all__ = [
     "baseline_values",
     "random_values",
     "settings_for",
+    "trial_command",
+    "server_command",
     "params_key",
     "discrete_size",
     "condition_tree",
@@ -166,6 +174,29 @@ def settings_for(spec: StudySpec, values: Mapping[str, Any]) -> dict[str, Any]:
         if param.name in values and is_active(param, values):
             out[param.target] = values[param.name]
     return out
+
+
+def trial_command(spec: StudySpec, values: Mapping[str, Any], *, port: int | None = None,
+                  python: str | None = None, compile_cache_dir: str | None = None) -> RenderedCommand:
+    """The server for ``values`` (``python`` None: this interpreter): argv, the
+    configuration's env, the measurement-only env and the asked settings.
+    ``compile_cache_dir``: the study's expanded ``execution.compile_cache_dir`` for a server
+    that runs; an export leaves it out."""
+
+    return server_command(spec, spec.server, settings_for(spec, values), port=port,
+                          python=python, compile_cache_dir=compile_cache_dir)
+
+
+def server_command(spec: StudySpec, server: ServerSpec, settings: Mapping[str, Any], *,
+                   port: int | None = None, python: str | None = None,
+                   compile_cache_dir: str | None = None) -> RenderedCommand:
+    """``settings`` on ``server`` (the study's, or the reference's conservative copy), with
+    the measurement environment the study's searched knobs need."""
+
+    return render_command(server, settings, python=python or sys.executable, port=port,
+                          nccl_debug=spec.verify.nccl_debug,
+                          searched=[p.target for p in spec.parameters],
+                          compile_cache_dir=compile_cache_dir)
 
 
 def params_key(values: Mapping[str, Any]) -> str:

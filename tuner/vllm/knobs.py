@@ -24,6 +24,10 @@ verifier checks. Trials, the reference, confirmation re-runs and ``tuner export`
 
 Pure. Sources: ../shared/reference/vllm-knobs.md sections 1-4 and 7; vLLM's
 ``VllmConfig.compute_hash`` and ``envs.compile_factors`` for the compile-key column.
+
+Slightly over 600 lines on purpose: the table is as long as vLLM has knobs worth naming,
+and the value checks and the renderer sit next to it so that following one knob from the
+study file to the exported command crosses one vLLM-side module, not three.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 if TYPE_CHECKING:  # only for annotations: `tuner status` reads labels without pydantic
     from tuner.vllm.effective_config import EffectiveConfig
 
-__all__ = ["Knob", "KNOBS", "knob", "check_value", "check_target_name", "MULTICAST_ALGOS",
+__all__ = ["Knob", "KNOBS", "knob", "mismatch_text", "check_value", "check_target_name", "MULTICAST_ALGOS",
            "NCCL_LOG_ENV", "CACHE_ROOT_ENV", "IGNORED_VLLM_ENV", "RenderedCommand",
            "render_command", "shell_line", "env_text", "PYTHON_PLACEHOLDER"]
 
@@ -443,6 +447,16 @@ def knob(target: str) -> Knob:
     if found is None:
         return _family(target)
     return found if found.target == target else replace(found, target=target)
+
+
+def mismatch_text(check: Mapping[str, Any]) -> str:
+    """A stored knob check (``tuner.vllm.verify.KnobCheck`` as JSON) as one line for people:
+    the target with its label, asked and got, and vLLM's reason when the log gave one."""
+    target = str(check.get("target"))
+    label = knob(target).label
+    name = target if label == target else f"{target} ({label})"
+    note = f" ({check['note']})" if check.get("note") else ""
+    return f"{name}: asked {check.get('asked')!r}, got {check.get('got')!r}{note}"
 
 
 def check_value(target: str, value: Any) -> str | None:
