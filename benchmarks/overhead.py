@@ -8,9 +8,9 @@ fills it with trials that carry the user attributes and constraints a real trial
 and at several study sizes runs a few trials through the orchestrator's real code path with a
 stand-in executor:
 
-  start = Orchestrator._start_next: ask + suggest + forbidden/duplicate checks + render +
-          TrialRequest + user attrs + submit;
-  tell  = Orchestrator._tell: outcome attrs + constraints + tell + pareto.json + front.
+  start = Orchestrator.start_next: ask + suggest + the policy's forbidden/duplicate screen +
+          early-stop plan + render + TrialRequest + user attrs + submit;
+  tell  = Orchestrator.tell: outcome attrs + the policy's verdict + tell + pareto.json + front.
 
 It also times bare ``study.ask()`` + suggestions + ``study.tell()`` (the sampler and the
 storage, nothing of the tuner's), ``status.build_status`` on a freshly loaded study,
@@ -81,10 +81,15 @@ def outcome_for(number: int, rng: random.Random, levels: tuple[int, ...]) -> dic
 
 
 class StandInExecutor:
-    """What Orchestrator._start_next/_dispatch need from tuner.executor.RayExecutor."""
+    """A tuner.execution.Executor that runs nothing: it keeps what it is handed, so the
+    loop's own cost (Orchestrator.start_next / tell) is what gets timed."""
 
     def __init__(self) -> None:
         self.submitted: list[dict[str, Any]] = []
+
+    @property
+    def n_groups(self) -> int:
+        return 1
 
     def idle_groups(self) -> list[int]:
         return [0]
@@ -95,8 +100,21 @@ class StandInExecutor:
     def running(self) -> list[dict[str, Any]]:
         return []
 
-    def submit(self, group: int, request: dict[str, Any], *, deadline_s: float) -> None:
+    def submit(self, group: int, request: dict[str, Any], *, deadline_s: float,
+               method: str = "run_trial") -> None:
         self.submitted.append(request)
+
+    def poll(self, timeout_s: float, *, stop_grace_s: float) -> list[Any]:
+        return []
+
+    def cancel_all(self, *, wait_s: float, reason: str = "interrupted") -> list[Any]:
+        return []
+
+    def abandon_all(self, reason: str, message: str) -> list[Any]:
+        return []
+
+    def kill_now(self, reason: str, message: str) -> list[Any]:
+        return []
 
 
 def fabricate(study: optuna.Study, spec: Any, count: int, rng: random.Random, start: int) -> None:
@@ -148,7 +166,7 @@ def timed(fn: Any) -> tuple[float, Any]:
 
 def measure_real_path(orch: Any, study: optuna.Study, executor: StandInExecutor, rng: random.Random,
                       k: int) -> dict[str, list[float]]:
-    from tuner.executor import Finished
+    from tuner.execution import Finished
 
     out: dict[str, list[float]] = {"start_s": [], "tell_s": [], "start_cpu_s": [], "tell_cpu_s": [],
                                    "rejected": [0.0]}
@@ -158,7 +176,7 @@ def measure_real_path(orch: Any, study: optuna.Study, executor: StandInExecutor,
     while done < k and out["rejected"][0] < 40 * k:
         # The orchestrator's loop passes its count of rejections in a row (after 25 it
         # enqueues an unseen random point); so must we.
-        t_start, number = timed(lambda: orch._start_next(study, in_a_row))
+        t_start, number = timed(lambda: orch.start_next(study, in_a_row))
         c_start = CPU[-1]
         if number is None:            # forbidden or duplicate proposal: told, nothing to run
             out["rejected"][0] += 1
@@ -172,7 +190,7 @@ def measure_real_path(orch: Any, study: optuna.Study, executor: StandInExecutor,
         lost_wall = lost_cpu = 0.0
         request = executor.submitted[-1]
         result = outcome_for(number, rng, tuple(orch.spec.load.concurrency))
-        t_tell, _ = timed(lambda: orch._tell(study, Finished(0, request, result, None)))
+        t_tell, _ = timed(lambda: orch.tell(study, Finished(0, request, result, None)))
         out["start_s"].append(t_start)
         out["tell_s"].append(t_tell)
         out["start_cpu_s"].append(c_start)
@@ -233,7 +251,7 @@ def main() -> int:
     root = Path(tempfile.mkdtemp(prefix="tuner-overhead-"))
     handle = create_or_open(spec, root)
     executor = StandInExecutor()
-    orch = Orchestrator(handle, executor, n_trials=args.trials + 100)   # type: ignore[arg-type]
+    orch = Orchestrator(handle, executor, n_trials=args.trials + 100)
     study = orch.open_study()
     orch.ensure_baseline(study)
     rng = random.Random(0)
@@ -295,17 +313,17 @@ def main() -> int:
     if proc.returncode != 0:
         print(proc.stderr[-2000:])
     if args.profile:
-        from tuner.executor import Finished
+        from tuner.execution import Finished
 
         number = None
         for i in range(100):
-            number = orch._start_next(study, i)
+            number = orch.start_next(study, i)
             if number is not None:
                 break
         request = executor.submitted[-1]
         result = outcome_for(number, rng, tuple(spec.load.concurrency))
-        report["profile_tell"] = profile(lambda: orch._tell(study, Finished(0, request, result, None)))
-        report["profile_start"] = profile(lambda: orch._start_next(study, 0))
+        report["profile_tell"] = profile(lambda: orch.tell(study, Finished(0, request, result, None)))
+        report["profile_start"] = profile(lambda: orch.start_next(study, 0))
         report["profile_status"] = profile(lambda: build_status(handle, handle.load()))
         for key in ("profile_start", "profile_tell", "profile_status"):
             print(f"\n== {key} ==\n" + report[key])

@@ -4,7 +4,8 @@
     PYTHONPATH=. .venv/bin/python benchmarks/search_efficiency.py --quick    # 3 seeds, fewer variants
 
 Each study is simulated without servers (tuner.sim.study): an in-memory Optuna study driven
-through the orchestrator's ask / suggest / tell logic, every trial answered from the ground
+by the tuner's own study loop and policy (tuner.orchestrator.StudyLoop, tuner.study.policy)
+through the in-process executor (tuner.sim.executor), every trial answered from the ground
 truth of benchmarks/truth.py (simulator performance model at every point of the space) with
 multiplicative lognormal measurement noise. For every (space, sampler, seed) it records the
 true hypervolume of the feasible points evaluated so far after each finished trial; the
@@ -144,7 +145,6 @@ class Variant:
     grid: bool = False
     design: str | None = None       # None, "top" (one knob at a time) or "all" (children too)
     workers: int = 1
-    duplicates: str = "retell"
     budget_factor: int = 1          # cheap baselines run longer so their median is a number
     note: str = ""
 
@@ -272,7 +272,7 @@ def run_job(job: Job) -> dict[str, Any]:
     began = time.monotonic()
     run = run_study(spec, truth, v.factory, n_trials=job.n_trials, seed=job.seed, noise=job.noise,
                     workers=v.workers, policy=job.policy, grid=v.grid, initial=initial,
-                    stop_at_full=job.stop_at_full, duplicates=v.duplicates, verdict=verdict,
+                    stop_at_full=job.stop_at_full, verdict=verdict,
                     compile_cache=job.compile_cache)
     out = _summarise(run, truth, spec)
     out.update(space=job.space, variant=v.name, seed=job.seed, tag=job.tag,

@@ -139,7 +139,7 @@ def test_the_worker_records_the_compile_cache_per_trial(tmp_path: Path) -> None:
 
 
 def test_records_read_the_compile_record_or_say_unknown() -> None:
-    from tuner.study.records import TrialRecord
+    from tuner.study.trials import TrialRecord
 
     old = TrialRecord(0, "COMPLETE", "run", {}, attrs={"outcome": {"startup_s": 400.0}})
     assert old.compile_record is None and old.compile_cache is None

@@ -11,7 +11,7 @@ from tuner.study.pareto import Point
 from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
 from tuner.export import ExportError, choose_record
-from tuner.study.records import TrialRecord
+from tuner.study.trials import TrialRecord
 
 LABELS = ["output_tok_s@c16", "tpot_ms.mean@c1"]
 DIRS = ["maximize", "minimize"]

@@ -201,7 +201,7 @@ def test_stopped_trials_are_told_infeasible_with_bounds_or_worst_values() -> Non
     from tests.sim_studies import SMALL_STUDY
     from tuner.study.outcome import TrialOutcome
     from tuner.study.study_file import parse_study
-    from tuner.study.records import TrialRecord
+    from tuner.study.trials import TrialRecord
     from tuner.study.scoring import stopped_told
 
     spec = parse_study(SMALL_STUDY, "es-small")
@@ -226,7 +226,8 @@ def test_plan_front_and_history_come_from_measured_feasible_trials() -> None:
 
     from tests.sim_studies import SMALL_STUDY
     from tuner.study.study_file import parse_study
-    from tuner.study.scoring import early_stop_plan
+    from tuner.study.policy import early_stop_plan
+    from tuner.study.records import to_record
 
     spec = parse_study(SMALL_STUDY, "es-small")
     labels = [o.metric for o in spec.objectives]
@@ -245,7 +246,7 @@ def test_plan_front_and_history_come_from_measured_feasible_trials() -> None:
               trial([900.0, 1.0], {"probe": 1.0}),                       # infeasible: not on the front
               trial([900.0, 1.0], {"early_stopped": 1.0}),                # bounds: neither front nor history
               trial([900.0, 1.0], {"forbidden": 1.0}, kind="forbidden")]
-    plan = early_stop_plan(spec, trials)
+    plan = early_stop_plan(spec, [to_record(t, [o.label for o in spec.objectives]) for t in trials])
     assert plan["front"] == [good]
     assert len(plan["history"]) == 3 and set(plan["history"][0]) == {str(c) for c in spec.load.concurrency}
     assert set(plan["history"][0][str(spec.load.concurrency[0])]) <= set(labels)
@@ -283,7 +284,8 @@ def test_plan_with_startup_time_as_a_third_objective_keeps_its_history() -> None
     from tests.sim_studies import SMALL_STUDY
     from tuner.study.early_stop import TRIAL_LEVEL
     from tuner.study.study_file import parse_study
-    from tuner.study.scoring import early_stop_plan
+    from tuner.study.policy import early_stop_plan
+    from tuner.study.records import to_record
 
     spec = parse_study(SMALL_STUDY, "es-small")
     spec = spec.model_copy(update={"objectives": [*spec.objectives, spec.objectives[0].model_copy(
@@ -292,6 +294,6 @@ def test_plan_with_startup_time_as_a_third_objective_keeps_its_history() -> None
     trial = create_trial(state=TrialState.COMPLETE, values=[300.0, 12.0, 400.0],
                          user_attrs={"kind": "run", "outcome": {"levels": levels, "startup_s": 400.0}},
                          system_attrs={"constraints:probe": 0.0})
-    plan = early_stop_plan(spec, [trial])
+    plan = early_stop_plan(spec, [to_record(trial, [o.label for o in spec.objectives])])
     assert [t["level"] for t in plan["targets"]][-1] == TRIAL_LEVEL
     assert plan["front"] == [[300.0, 12.0, 400.0]] and len(plan["history"]) == 1

@@ -11,7 +11,7 @@ import pytest
 from tuner.study.pareto import parse_filter
 from tuner.study.study_file import parse_study
 from tuner.export import ExportError, choose_record, render_export
-from tuner.study.records import TrialRecord
+from tuner.study.trials import TrialRecord
 
 SPEC = parse_study(textwrap.dedent("""
     name: ex

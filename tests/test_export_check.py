@@ -13,7 +13,7 @@ from tests.conftest import CPU_EXAMPLE, ROOT, copy_cpu_example, run_tuner
 from tuner.cli import load_spec_file
 from tuner.export import render_export
 from tuner.export_check import argv_from_export, check_arguments
-from tuner.study.records import TrialRecord
+from tuner.study.trials import TrialRecord
 from tuner.study.store import create_or_open, make_storage
 
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"

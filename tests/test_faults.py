@@ -526,13 +526,18 @@ def test_resume_records_a_finished_trial_the_storage_never_got(tmp_path: Path) -
     from tuner.cli import load_spec_file
     from tuner.study.outcome import TrialOutcome
     from tuner.orchestrator import Orchestrator
+    from tuner.sim.executor import SimExecutor
     from tuner.study.store import create_or_open
 
     study_file, _ = fault_study(tmp_path, {256: [], 257: []})
     spec = load_spec_file(str(study_file))
     handle = create_or_open(spec, tmp_path / "results")
     lines: list[str] = []
-    orchestrator = Orchestrator(handle, executor=None, progress=lines.append)  # type: ignore[arg-type]
+
+    def no_trial(values: dict) -> Any:
+        raise AssertionError(f"reconcile started a trial: {values}")
+
+    orchestrator = Orchestrator(handle, SimExecutor(spec, no_trial), progress=lines.append)
     study = orchestrator.open_study()
     finished, unfinished = study.ask(), study.ask()
     for trial, case in ((finished, 256), (unfinished, 257)):

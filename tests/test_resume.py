@@ -104,7 +104,7 @@ def test_resume_stops_a_server_left_by_a_killed_run(tmp_path: Path, orphan_check
     import sys
 
     from tuner.cli import load_spec_file
-    from tuner.orchestrator import Orchestrator
+    from tuner.recovery import stop_leftover_servers
     from tuner.study.store import create_or_open
 
     study, marker = write_study(tmp_path)
@@ -125,7 +125,7 @@ def test_resume_stops_a_server_left_by_a_killed_run(tmp_path: Path, orphan_check
         time.sleep(0.1)  # the simulator and its EngineCore child
     assert len(proctree.group_members(server.pid)) == 2
     lines: list[str] = []
-    Orchestrator(handle, executor=None, progress=lines.append)._stop_leftover_servers()  # type: ignore[arg-type]
+    stop_leftover_servers(handle.paths, spec.server.stop_timeout, lines.append)
     server.wait(timeout=10)
     assert not proctree.group_members(server.pid)
     assert not (trial_dir / "server.pid").exists()
@@ -136,7 +136,7 @@ def test_resume_stops_a_server_left_by_a_killed_run(tmp_path: Path, orphan_check
     try:
         (trial_dir / "server.pid").write_text(json.dumps(
             {"pgid": other.pid, "argv": argv, "host": socket_mod.gethostname(), "port": 1}))
-        Orchestrator(handle, executor=None, progress=lines.append)._stop_leftover_servers()  # type: ignore[arg-type]
+        stop_leftover_servers(handle.paths, spec.server.stop_timeout, lines.append)
         assert other.poll() is None, "killed a process that was not our server"
     finally:
         other.kill()

@@ -12,8 +12,9 @@ from typing import Any
 from tests.conftest import write_study
 from tuner.study.early_stop import SweepGuard
 from tuner.study.outcome import TrialOutcome, TrialRequest
-from tuner.study.records import TrialRecord
-from tuner.study.scoring import early_stop_plan, stopped_told
+from tuner.study.trials import TrialRecord
+from tuner.study.policy import early_stop_plan
+from tuner.study.scoring import stopped_told
 
 
 def _request(tmp_path: Path, values: dict[str, Any], plan_front: list[list[float]] | None,

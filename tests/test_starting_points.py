@@ -5,7 +5,6 @@ inactive or forbidden, and queued once per study even across resumes."""
 from __future__ import annotations
 
 import textwrap
-from types import SimpleNamespace
 
 import optuna
 import pytest
@@ -13,7 +12,8 @@ import pytest
 from tuner.study import space
 from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
-from tuner.orchestrator import Orchestrator
+from tuner.study import policy
+from tuner.study.records import read_records
 
 STUDY = """
 name: t
@@ -105,9 +105,9 @@ def test_baseline_then_points_are_queued_once() -> None:
           - {enforce_eager: false, cudagraph_mode: NONE}
     """)
     study = optuna.create_study(directions=["maximize", "minimize"])
-    host = SimpleNamespace(spec=spec)
-    Orchestrator.ensure_baseline(host, study)  # type: ignore[arg-type]
-    Orchestrator.ensure_baseline(host, study)  # a resume: nothing queued twice
+    for _ in range(2):  # the second time is a resume: nothing queued twice
+        for point in policy.first_points(spec, read_records(study)):
+            study.enqueue_trial(point.values, user_attrs=point.attrs)
     waiting = study.get_trials(deepcopy=False)
     assert [t.user_attrs.get("baseline", False) for t in waiting] == [True, False, False]
     assert [t.user_attrs.get("starting_point") for t in waiting] == [None, 0, 1]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.adapters.artifacts import StudyPaths
-from tuner.study.records import TrialRecord
+from tuner.study.trials import TrialRecord
 from tuner.status import _trial_row, format_status
 
 NO_SPEC = {"spec_drafts": None, "spec_draft_tokens": None, "spec_accepted_tokens": None,

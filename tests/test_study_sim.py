@@ -1,5 +1,6 @@
-"""Simulated studies follow the orchestrator's bookkeeping (budget, baseline, forbidden and
-duplicate proposals, parallel pending trials) so benchmark numbers mean what a real run does."""
+"""Simulated studies run the tuner's own loop and policy (budget, baseline, forbidden and
+duplicate proposals, parallel pending trials) through the in-process executor, so benchmark
+numbers mean what a real run does."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from tuner.study import space
 from tuner.study.study_file import parse_study
 from tuner.sim.truth import build_ground_truth
 from tuner.sim.profile import load_profile
-from tuner.sim.study import MAX_REJECTED_IN_A_ROW, EarlyStopPolicy, run_study
+from tuner.sim.study import EarlyStopPolicy, run_study
 
 
 @pytest.fixture(scope="module")
@@ -22,12 +23,6 @@ def small():
 
 def rand(spec, seed):
     return optuna.samplers.RandomSampler(seed=seed)
-
-
-def test_rejection_limit_matches_the_orchestrator() -> None:
-    from tuner import orchestrator
-
-    assert MAX_REJECTED_IN_A_ROW == orchestrator.MAX_REJECTED_IN_A_ROW
 
 
 def test_budget_counts_runs_and_the_baseline_runs_first(small) -> None:
@@ -79,9 +74,3 @@ def test_early_stopped_trials_are_told_infeasible(small) -> None:
         if t.stopped == "not_applied":
             p = truth.get(t.values)
             assert t.seconds == pytest.approx(p.startup_s + p.stop_s)
-
-
-def test_repeated_proposals_can_be_told_infeasible(small) -> None:
-    spec, truth = small
-    run = run_study(spec, truth, rand, n_trials=15, seed=5, duplicates="infeasible")
-    assert len(run.trials) == 15 and run.duplicates > 0

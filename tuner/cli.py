@@ -51,7 +51,7 @@ def load_spec_file(path: str) -> StudySpec:
     spec = on_this_host(parse_study(text, str(file)))
     # Prompts files (known answers, reference) are relative to the study file, and read and
     # checked now: a bad file must stop the study before any server starts.
-    from tuner.orchestrator import resolve_probe_files
+    from tuner.referencing import resolve_probe_files
 
     return spec.model_copy(update={"probe": resolve_probe_files(spec.probe, file.parent.resolve())})
 
@@ -200,7 +200,8 @@ def _confirm(handle: Any, args: argparse.Namespace, trials: list[int], *, repeat
         try:
             if not orchestrator.prepare_reference():
                 return []
-            verdicts = confirm_trials(orchestrator, study, trials, repeats=repeats, tolerance=tolerance)
+            verdicts = confirm_trials(orchestrator.job_host(), study, trials, repeats=repeats,
+                                      tolerance=tolerance)
         finally:
             signal.signal(signal.SIGINT, previous)
             orchestrator.write_pareto(study)
@@ -211,7 +212,8 @@ def _confirm(handle: Any, args: argparse.Namespace, trials: list[int], *, repeat
 
 def cmd_confirm(args: argparse.Namespace) -> int:
     from tuner.study.confirmation import choose_candidates
-    from tuner.study.records import read_records, record_points
+    from tuner.study.trials import record_points
+    from tuner.study.records import read_records
     from tuner.study.store import open_existing
 
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import optuna
 
@@ -21,12 +21,10 @@ from tuner.adapters.artifacts import atomic_write_json
 from tuner.study.confirmation import Confirmation, RunResult, judge, summary_text
 from tuner.study.outcome import TrialOutcome
 from tuner.errors import ArtifactWriteError, StudyError
-from tuner.executor import NoWorkersLeft
-from tuner.study.records import KIND_RUN, TrialRecord, read_records
-from tuner.study.scoring import told_for
-
-if TYPE_CHECKING:
-    from tuner.orchestrator import Orchestrator
+from tuner.execution import Finished, JobHost, NoWorkersLeft
+from tuner.study.trials import KIND_RUN, TrialRecord
+from tuner.study.records import read_records
+from tuner.study.policy import told_for
 
 __all__ = ["confirm_trials", "CONFIRM_JOB_BASE"]
 
@@ -53,19 +51,19 @@ def _next_rerun(paths: Any, trial: int) -> int:
     return max(used, default=0) + 1
 
 
-def confirm_trials(orch: Orchestrator, study: optuna.Study, trials: list[int], *, repeats: int,
+def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, repeats: int,
                    tolerance: float) -> list[Confirmation]:
     """Re-run each trial ``repeats`` times and return (and write) the verdicts.
 
-    Returns early, with the verdicts finished so far, when the orchestrator is interrupted
+    Returns early, with the verdicts finished so far, when the study run is interrupted
     (first Ctrl-C: running re-runs are stopped gracefully). The trials must be completed run
-    trials of ``study``.
+    trials of ``study``; ``host`` is what the re-runs need of the study run.
 
     Raises:
         StudyError: a trial is not a completed run, or no GPU group is left.
     """
 
-    spec, paths, executor = orch.spec, orch.handle.paths, orch.executor
+    spec, paths, executor = host.spec, host.paths, host.executor
     labels = [o.label for o in spec.objectives]
     directions = [o.direction for o in spec.objectives]
     by_number = {r.number: r for r in read_records(study)}
@@ -74,7 +72,7 @@ def confirm_trials(orch: Orchestrator, study: optuna.Study, trials: list[int], *
     for trial in trials:
         record = by_number.get(trial)
         if record is None or record.kind != KIND_RUN or record.state != "COMPLETE" or not record.values:
-            raise StudyError(f"trial {trial} is not a completed trial of study {orch.handle.name}; "
+            raise StudyError(f"trial {trial} is not a completed trial of study {host.name}; "
                              "only measured trials can be confirmed")
         first = _next_rerun(paths, trial)
         for k in range(first, first + repeats):
@@ -99,13 +97,13 @@ def confirm_trials(orch: Orchestrator, study: optuna.Study, trials: list[int], *
         try:
             atomic_write_json(paths.confirmation_json(job.trial), verdict.model_dump(mode="json"))
         except ArtifactWriteError as err:
-            orch.progress(f"[confirm] trial {job.trial}: verdict not written ({err.reason}): {err}")
+            host.progress(f"[confirm] trial {job.trial}: verdict not written ({err.reason}): {err}")
         verdicts.append(verdict)
-        orch.progress(f"[confirm] trial {job.trial}: {summary_text(verdict)}")
+        host.progress(f"[confirm] trial {job.trial}: {summary_text(verdict)}")
 
     try:
         while queue or running:
-            if orch.interrupted:
+            if host.interrupted():
                 for item in executor.cancel_all(wait_s=stop_grace + 30):
                     running.pop(int(item.request["number"]), None)
                 return verdicts
@@ -114,31 +112,30 @@ def confirm_trials(orch: Orchestrator, study: optuna.Study, trials: list[int], *
                 group = executor.idle_groups()[0]
                 job.folder.mkdir(parents=True, exist_ok=True)
                 values = by_number[job.trial].attrs.get("values", by_number[job.trial].params)
-                request = orch.trial_request(job.number, values, group=group, trial_dir=job.folder,
-                                             early_stop=None)
+                request = host.request(job.number, values, group, job.folder)
                 executor.submit(group, request.model_dump(mode="json"), deadline_s=deadline)
                 running[job.number] = job
-                orch.progress(f"[confirm] trial {job.trial}: re-run {job.folder.name} on group {group}")
+                host.progress(f"[confirm] trial {job.trial}: re-run {job.folder.name} on group {group}")
             for item in executor.poll(0.5, stop_grace_s=stop_grace):
                 job = running.pop(int(item.request["number"]), None)
                 if job is not None:
-                    finish(job, _run_result(orch, job, item))
+                    finish(job, _run_result(spec, job, item))
     except NoWorkersLeft as exc:
         raise StudyError(str(exc)) from exc
     except KeyboardInterrupt:
         # Second Ctrl-C: the re-runs' servers go now, not after their grace.
-        orch.kill_running_now()
+        host.kill_now()
         raise
     return verdicts
 
 
-def _run_result(orch: Orchestrator, job: _Job, item: Any) -> RunResult:
-    """A finished re-run, told by the study's own rule (scoring.told_for)."""
+def _run_result(spec: Any, job: _Job, item: Finished) -> RunResult:
+    """A finished re-run, told by the study's own rule (policy.told_for)."""
 
     if item.result is None:
         return RunResult(folder=job.folder.name, outcome=f"failed:{item.error}", message=item.message)
     outcome = TrialOutcome.model_validate(item.result)
-    told = told_for(orch.spec, outcome, lambda: None)
+    told = told_for(spec, outcome, lambda: None)
     word = TrialRecord(job.number, "COMPLETE" if told.values is not None else "FAIL", KIND_RUN, {},
                        constraints=told.constraints, attrs=told.attrs).outcome
     message = outcome.message or outcome.probe_reason if word != "feasible" else None

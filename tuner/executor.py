@@ -1,4 +1,4 @@
-"""Run trials on Ray: one long-lived async actor per GPU group.
+"""Run trials on Ray: one long-lived async actor per GPU group (``tuner.execution.Executor``).
 
 Each actor holds ``gpus_per_trial`` GPUs and ``cpus_per_trial`` CPUs as Ray resources
 (declared on machines without GPUs), so Ray places at most one trial per group and as
@@ -23,24 +23,23 @@ import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import ray
 from ray.exceptions import (GetTimeoutError, NodeDiedError, ObjectLostError, RayActorError, RayError,
                             RayTaskError, TaskCancelledError, WorkerCrashedError)
 
+from tuner import recovery
+from tuner.execution import Finished, NoWorkersLeft
 from tuner.worker import TrialWorker
 
-__all__ = ["RayExecutor", "Finished", "init_ray", "NoWorkersLeft"]
+__all__ = ["RayExecutor", "init_ray"]
 
 logger = logging.getLogger(__name__)
 
 NOTE_WAIT_S = 2.0  # how long the cancel reason may take to reach the actors
 MAX_CREATION_FAILURES = 3  # actor deaths in a row before a group is given up
-
-
-class NoWorkersLeft(RuntimeError):
-    """Every GPU group's actor kept dying: no trial can run."""
 
 
 def init_ray(*, address: str | None, gpus_needed: int, cpus_needed: float) -> None:
@@ -68,15 +67,6 @@ def init_ray(*, address: str | None, gpus_needed: int, cpus_needed: float) -> No
     # (/tmp/ray/ray_current_cluster, or RAY_ADDRESS), e.g. someone else's `ray start`.
     # Joining a cluster is what --ray-address is for.
     ray.init(address="local", **kwargs)
-
-
-@dataclass
-class Finished:
-    group: int
-    request: dict[str, Any]
-    result: dict[str, Any] | None
-    error: str | None  # reason id when the actor could not return a result
-    message: str = ""
 
 
 @dataclass
@@ -308,6 +298,13 @@ class RayExecutor:
                 logger.debug("killing the actor of group %d failed", run.group, exc_info=True)
             out.append(Finished(run.group, run.request, None, reason, message))
         return out
+
+    def kill_now(self, reason: str, message: str) -> list[Finished]:
+        """SIGKILL the server of every running job on this machine (each request names its
+        folder, where the worker keeps the server's pid file) and abandon the jobs."""
+
+        recovery.kill_servers_now([Path(r["trial_dir"]) / "server.pid" for r in self.running()])
+        return self.abandon_all(reason, message)
 
     def shutdown(self) -> None:
         for group in self._groups:

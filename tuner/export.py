@@ -22,7 +22,7 @@ from tuner.study.confirmation import blocks_export
 from tuner.vllm.knobs import PYTHON_PLACEHOLDER, RenderedCommand, mismatch_text, shell_line
 from tuner.study.spec import StudySpec
 from tuner.study.space import trial_command
-from tuner.study.records import TrialRecord, record_points
+from tuner.study.trials import TrialRecord, record_points
 
 __all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]
 

@@ -16,7 +16,7 @@ matplotlib.use("Agg")  # no display on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tuner.study.pareto import Point, pareto_front  # noqa: E402
-from tuner.study.records import TrialRecord  # noqa: E402
+from tuner.study.trials import TrialRecord  # noqa: E402
 
 __all__ = ["pareto_png", "best_so_far_png", "importance_png", "OUTCOME_STYLE"]
 

@@ -22,7 +22,8 @@ from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
 from tuner.export import ExportError, choose_record, render_export
 from tuner.plots import best_so_far_png, importance_png, pareto_png
-from tuner.study.records import KIND_RUN, TrialRecord, front_records, read_records
+from tuner.study.trials import KIND_RUN, TrialRecord, front_records
+from tuner.study.records import read_records
 from tuner.status import read_checks
 from tuner.study.store import StudyHandle
 from tuner.vllm.knobs import mismatch_text

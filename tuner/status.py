@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from tuner.adapters.artifacts import StudyPaths
 from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
-from tuner.study.records import KIND_RUN, StoredStudy, TrialRecord, front_records, read_records_direct, read_sqlite_study
+from tuner.study.trials import KIND_RUN, TrialRecord, front_records
+from tuner.study.records import StoredStudy, read_records_direct, read_sqlite_study
 
 if TYPE_CHECKING:
     import optuna

@@ -153,6 +153,18 @@ class StudyPaths:
 
         return self.root / "reference"
 
+    @property
+    def reference_json(self) -> Path:
+        """The study's trusted reference (reused on resume)."""
+
+        return self.root / "reference.json"
+
+    @property
+    def reference_probe_json(self) -> Path:
+        """What the reference job returned, trusted or not (the evidence)."""
+
+        return self.root / "reference_probe.json"
+
     def pid_files(self) -> list[Path]:
         # Every server a worker starts writes one: trials, confirmation re-runs, the reference.
         return sorted([*(self.root / "trials").glob("*/server.pid"),

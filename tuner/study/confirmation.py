@@ -127,6 +127,7 @@ def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_va
         checks.append(ObjectiveCheck(label=label, direction=direction, trial=base, reruns=values,
                                      median=median, change=change, worse_by=worse, spread=spread))
     bad = [r for r in runs if not (r.feasible and r.values is not None)]
+    verdict: Literal["confirmed", "not_confirmed", "failed"]
     if not runs:
         verdict, reason = "failed", "no re-run finished"
     elif bad:

@@ -419,7 +419,7 @@ class SweepGuard:
             return True
         if any(t.level == TRIAL_LEVEL for t in self.targets):
             measured = {TRIAL_LEVEL: {k: v for k, v in self.trial_metrics.items() if v is not None}, **measured}
-        self._measured = dict(measured)
+        self._measured = {c: dict(m) for c, m in measured.items()}
         d = decide(self.targets, measured, remaining, self.front, self.history, margin=self.margin,
                    min_history=self.min_history, max_gap=self.max_gap)
         if d.stop:

@@ -32,8 +32,10 @@ from tuner.vllm.knobs import RenderedCommand, shell_line
 from tuner.study.spec import StudySpec
 from tuner.study.study_file import parse_study
 from tuner.errors import SpecError, StudyError
-from tuner.study.records import KIND_RUN
-from tuner.study.scoring import outcome_attrs, told_for
+from tuner.study.trials import KIND_RUN
+from tuner.study.policy import told_for, worst_values
+from tuner.study.records import read_records
+from tuner.study.scoring import outcome_attrs
 from tuner.study.store import StudyHandle, open_existing
 
 __all__ = ["FolderStudyHandle", "open_for_reading", "study_from_trial_files", "KIND_NOT_IN_FOLDER"]
@@ -87,16 +89,6 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _worst_values(study: optuna.Study, directions: list[str]) -> list[float] | None:
-    """As the orchestrator's: the worst told value per objective so far (placeholders)."""
-
-    rows = [t.values for t in study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-            if t.user_attrs.get("kind", KIND_RUN) == KIND_RUN and t.values is not None]
-    if not rows:
-        return None
-    return [min(col) if d == "maximize" else max(col) for col, d in zip(zip(*rows), directions)]
-
-
 def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
            worst: Callable[[], list[float] | None]) -> FrozenTrial | None:
     """The trial as the orchestrator recorded it (Orchestrator._record), or None when its
@@ -128,7 +120,7 @@ def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
         "command": shell_line(RenderedCommand(list(command.get("argv", [])), dict(command.get("env", {})))),
         "from_trial_files": True,
     }
-    # Told exactly as Orchestrator._record tells it (scoring.told_for).
+    # Told exactly as the study loop tells it (tuner.study.policy.told_for).
     told = told_for(spec, outcome, worst)
     attrs.update(told.attrs)
     state = TrialState.FAIL if told.values is None else TrialState.COMPLETE
@@ -148,8 +140,9 @@ def study_from_trial_files(paths: StudyPaths, spec: StudySpec, name: str) -> opt
     numbers = sorted(int(d.name) for d in (paths.root / "trials").iterdir()
                      if d.is_dir() and d.name.isdigit())
     directions = [o.direction for o in spec.objectives]
+    labels = [o.label for o in spec.objectives]
     study = optuna.create_study(study_name=name, directions=directions)
-    study.set_metric_names([o.label for o in spec.objectives])
+    study.set_metric_names(labels)
     baseline_key = space.params_key(space.baseline_values(spec))
     starts: list[float] = []
     ends: list[float] = []
@@ -157,7 +150,7 @@ def study_from_trial_files(paths: StudyPaths, spec: StudySpec, name: str) -> opt
         trial = None
         if number in numbers:
             trial = _trial(spec, paths.trial_dir(number), number, baseline_key,
-                           lambda: _worst_values(study, directions))
+                           lambda: worst_values(read_records(study), labels, directions))
         if trial is None:
             # Keeps later trials at their original numbers; never a run, so never shown.
             trial = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"kind": KIND_NOT_IN_FOLDER})

@@ -1,4 +1,5 @@
-"""Read a study's Optuna trials back as plain records: what status, report and export show.
+"""Read a study's Optuna trials back as plain records (``tuner.study.trials.TrialRecord``):
+what the policy decides on and status, report and export show.
 
 The orchestrator stores everything it knows about a trial as JSON user attributes (so
 ``optuna-dashboard`` and any script can read them too); this module is their one reader.
@@ -10,11 +11,11 @@ import datetime as dt
 import json
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.study.pareto import Point, pareto_front
+from tuner.study.trials import KIND_RUN, TrialRecord
 
 if TYPE_CHECKING:
     import optuna
@@ -25,81 +26,11 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["TrialRecord", "StoredStudy", "read_records", "read_records_direct", "read_sqlite_study",
-           "record_points", "front_records", "KIND_RUN"]
+__all__ = ["StoredStudy", "to_record", "read_records", "read_records_direct", "read_sqlite_study"]
 
-KIND_RUN = "run"
-KIND_DUPLICATE = "duplicate"
-KIND_FORBIDDEN = "forbidden"
-# The constraint a trial stopped early carries (tuner.study.scoring.stopped_told).
-EARLY_STOPPED = "early_stopped"
+def to_record(trial: FrozenTrial, labels: list[str]) -> TrialRecord:
+    """One Optuna trial as a plain record (``labels``: the objectives, in order)."""
 
-
-@dataclass
-class TrialRecord:
-    number: int
-    state: str
-    kind: str
-    params: dict[str, Any]
-    values: dict[str, float] = field(default_factory=dict)
-    constraints: dict[str, float] = field(default_factory=dict)
-    attrs: dict[str, Any] = field(default_factory=dict)
-    seconds: float | None = None
-
-    @property
-    def feasible(self) -> bool:
-        return (
-            self.state == "COMPLETE" and self.kind == KIND_RUN
-            and all(v <= 0 for v in self.constraints.values())
-        )
-
-    @property
-    def is_baseline(self) -> bool:
-        return bool(self.attrs.get("baseline"))
-
-    @property
-    def outcome(self) -> str:
-        """One word for tables and plots."""
-
-        if self.state in ("RUNNING", "WAITING"):
-            return self.state.lower()
-        if self.kind != KIND_RUN:
-            return self.kind
-        if self.state == "FAIL":
-            return "failed:" + str(self.attrs.get("failure", {}).get("reason", "unknown"))
-        if self.constraints.get("applied", 0) > 0:
-            return "not_applied"
-        if self.constraints.get("probe", 0) > 0:
-            return "probe_failed"
-        if self.constraints.get("load_errors", 0) > 0:
-            return "load_errors"
-        if any(v > 0 for k, v in self.constraints.items() if k.startswith("limit:")):
-            return "limit_missed"
-        if self.constraints.get(EARLY_STOPPED, 0) > 0:
-            return "stopped_early"   # dominated: its values are bounds, not measurements
-        return "feasible"
-
-    @property
-    def compile_record(self) -> dict[str, Any] | None:
-        """The trial's torch.compile record (tuner.vllm.compile_cache.CompileRecord as JSON:
-        cache hit/miss/partial/none, compile, capture and init-engine seconds), from the
-        ``compile`` user attribute or the outcome's ``compile`` field; None when unknown
-        (trials recorded before compile records existed, or a log that never got there)."""
-
-        rec = self.attrs.get("compile")
-        if rec is None:
-            rec = (self.attrs.get("outcome") or {}).get("compile")
-        return rec if isinstance(rec, dict) else None
-
-    @property
-    def compile_cache(self) -> str | None:
-        """"hit", "miss", "partial", "none" or None (unknown)."""
-
-        rec = self.compile_record
-        return None if rec is None else rec.get("cache")
-
-
-def _record(trial: FrozenTrial, labels: list[str]) -> TrialRecord:
     values: dict[str, float] = {}
     if trial.values is not None:
         values = dict(zip(labels, trial.values, strict=False))
@@ -120,7 +51,7 @@ def _record(trial: FrozenTrial, labels: list[str]) -> TrialRecord:
 
 def read_records(study: optuna.Study) -> list[TrialRecord]:
     labels = list(study.metric_names or [f"objective{i}" for i in range(len(study.directions))])
-    return [_record(t, labels) for t in study.get_trials(deepcopy=False)]
+    return [to_record(t, labels) for t in study.get_trials(deepcopy=False)]
 
 
 # Columns read straight from Optuna's RDB schema (optuna/storages/_rdb/models.py, unchanged
@@ -302,22 +233,3 @@ def read_sqlite_study(db_path: Path, study_name: str) -> StoredStudy | None:
         logger.debug("unexpected rows in %s; reading through Optuna", db_path, exc_info=True)
         return None
     return StoredStudy(study_name, metric_names, directions, user_attrs, records)
-
-
-def record_points(records: list[TrialRecord], labels: list[str]) -> list[Point]:
-    """Finished run trials with values, as Pareto points (infeasible ones marked)."""
-
-    return [
-        Point(r.number, tuple(r.values[label] for label in labels), r.feasible, r.params,
-              {"outcome": r.outcome})
-        for r in records
-        if r.kind == KIND_RUN and r.state == "COMPLETE" and all(label in r.values for label in labels)
-        # Placeholder values (worst seen, told to an early-stopped trial that measured
-        # nothing) are no measurement: never plotted, never a front candidate.
-        and not r.attrs.get("placeholder_values")
-    ]
-
-
-def front_records(records: list[TrialRecord], labels: list[str], directions: list[str]) -> list[TrialRecord]:
-    by_number = {r.number: r for r in records}
-    return [by_number[p.number] for p in pareto_front(record_points(records, labels), directions)]

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.study import space
-from tuner.study.spec import StudySpec
+from tuner.study.spec import FloatParam, IntParam, StudySpec
 
 __all__ = ["grid_points", "initial_design", "neighbours", "MAX_DESIGN_FRACTION"]
 
@@ -99,7 +99,7 @@ def _complete(spec: StudySpec, values: dict[str, Any], *, changed: str) -> dict[
             out[param.name] = param.default
         elif domain:
             out[param.name] = domain[len(domain) // 2]
-        else:
+        elif isinstance(param, (IntParam, FloatParam)):   # a float without a step
             out[param.name] = (param.low + param.high) / 2
     return out
 

@@ -155,7 +155,7 @@ def random_values(spec: StudySpec, rng: random.Random, *, max_tries: int = 1000)
                 values[param.name] = rng.choice(domain)
             elif isinstance(param, FloatParam) and param.log:
                 values[param.name] = math.exp(rng.uniform(math.log(param.low), math.log(param.high)))
-            else:
+            elif isinstance(param, (IntParam, FloatParam)):   # a float without a step
                 values[param.name] = rng.uniform(param.low, param.high)
         if forbidden_reason(spec, values) is None:
             return values

@@ -1,0 +1,239 @@
+"""The study's reference: recorded once on a GPU group before the first trial, then every
+trial's probe is compared with it.
+
+``prepare_reference`` reuses ``reference.json`` when it still fits the study (resume), else
+runs the reference job (``TrialWorker.run_reference``) on an idle group of the study's
+executor and keeps what it returned: ``reference_probe.json`` whatever the verdict (the
+evidence), ``reference.json`` only for a trusted reference, so resume never reuses a bad
+one. What the job needs of the study run is a ``tuner.execution.JobHost``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tuner.adapters.artifacts import atomic_write_json, is_secret_name
+from tuner.probe.client import load_probe_items
+from tuner.probe.record import Reference
+from tuner.probe.recording import load_reference_sources
+from tuner.probe.spec import ProbeSpec
+from tuner.probe.verdict import with_reference_accuracy
+from tuner.errors import ArtifactWriteError, StudyError
+from tuner.execution import Finished, JobHost, NoWorkersLeft
+from tuner.study.command import ReferenceConfiguration, reference_configuration
+from tuner.study.outcome import TrialOutcome, TrialRequest
+from tuner.vllm.knobs import RenderedCommand, shell_line
+
+__all__ = ["Prepared", "prepare_reference", "resolve_probe_files", "pinned", "REFERENCE_JOB", "WORKER_WAIT_S"]
+
+REFERENCE_JOB = -1  # request number of the reference job (trial numbers start at 0)
+WORKER_WAIT_S = 600.0  # no GPU group available for this long: stop (resumably)
+
+
+def pinned(argv: list[str]) -> list[str]:
+    """``argv`` with a relative interpreter path (e.g. .venv-vllm/bin/python, meaning
+    "relative to where the tuner was started") made absolute: workers may run elsewhere."""
+
+    if "/" in argv[0] and not os.path.isabs(argv[0]):
+        return [os.path.abspath(argv[0]), *argv[1:]]
+    return argv
+
+
+def resolve_probe_files(probe: ProbeSpec, base_dir: Path) -> ProbeSpec:
+    """``probe`` with its prompts files (known answers, reference) made absolute against
+    ``base_dir`` (the study file's folder) and both read and checked now, so a bad file
+    stops the study before any server starts and workers elsewhere find the same file.
+
+    Raises:
+        PromptsFileError, ReferencePromptsError: a file is missing or has bad lines.
+    """
+
+    update: dict[str, Any] = {}
+    if probe.prompts_file:
+        update["prompts_file"] = str((base_dir / probe.prompts_file).resolve())
+    if probe.reference.prompts_file:
+        update["reference"] = probe.reference.model_copy(
+            update={"prompts_file": str((base_dir / probe.reference.prompts_file).resolve())})
+    resolved = probe.model_copy(update=update)
+    if resolved.enabled:
+        items = load_probe_items(resolved)
+        if resolved.reference.enabled:
+            load_reference_sources(resolved, items=items)
+    return resolved
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """What every trial's probe is judged with: the probe section (with the reference's
+    known-answer accuracy once there is a reference) and the reference as JSON (None:
+    known answers only)."""
+
+    probe: ProbeSpec
+    reference: dict[str, Any] | None
+
+
+def prepare_reference(host: JobHost, clock: Any) -> Prepared | None:
+    """Have the study's reference before the first trial: the stored one when it still
+    fits the study, else one recorded now. None when interrupted meanwhile.
+
+    Every trial's probe is then compared with it, and its known-answer accuracy
+    replaces the absolute ``min_accuracy`` bar for the trials (within a sample-size
+    tolerance). Nothing to record when the probe or its reference layer is off.
+    ``clock``: seconds (monotonic), for the wait for a free GPU group.
+
+    Raises:
+        SpecError: a prompts file or ``probe.reference.values`` is invalid.
+        StudyError: the reference could not be recorded or cannot be trusted.
+    """
+
+    spec = host.spec
+    if not spec.probe.enabled:
+        return Prepared(spec.probe, None)
+    # `tuner run` already made the files absolute against the study file; a relative
+    # path left (a study created in code) means the current folder. Checked now either
+    # way: a bad prompts file must stop the study before any server starts.
+    probe = resolve_probe_files(spec.probe, Path.cwd())
+    if not probe.reference.enabled:
+        return Prepared(probe, None)
+    served = spec.server.served_model_name or spec.server.model
+    sources = load_reference_sources(probe)
+    reference = _stored_reference(host, probe, sources, served)
+    if reference is None:
+        reference = _record_reference(host, probe, clock)
+        if reference is None:
+            return None
+    return Prepared(with_reference_accuracy(probe, reference), reference.model_dump(mode="json"))
+
+
+def _stored_reference(host: JobHost, probe: ProbeSpec, sources: list[Any], served: str) -> Reference | None:
+    """reference.json when it exists and can judge this study's trials (resume)."""
+
+    path = host.paths.reference_json
+    try:
+        stored = Reference.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        host.progress(f"[reference] {path} is unreadable ({type(exc).__name__}); recording a new reference")
+        return None
+    why = stored.mismatch(probe, sources, served)
+    if why is not None:
+        host.progress(f"[reference] the stored reference cannot be used ({why}); recording a new one")
+        return None
+    accuracy = stored.known_answers_accuracy
+    host.progress(f"[reference] reusing {path} ({len(stored.prompts)} prompts"
+                  + (f", known-answer accuracy {accuracy:.2f}" if accuracy is not None else "") + ")")
+    return stored
+
+
+def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference | None:
+    """Run the reference job on a GPU group and keep its result; None when interrupted."""
+
+    spec, executor = host.spec, host.executor
+    stop_grace = spec.server.stop_timeout
+    waiting_since = clock()
+    try:
+        while not executor.idle_groups():
+            if host.interrupted():
+                return None
+            if clock() - waiting_since > WORKER_WAIT_S:
+                raise StudyError(
+                    f"no GPU group became available in {WORKER_WAIT_S:.0f}s to record the reference; "
+                    f"continue with `tuner resume {host.name}` when the cluster is back")
+            executor.poll(0.5, stop_grace_s=stop_grace)
+        group = executor.idle_groups()[0]
+        port = spec.server.port + group
+        config = reference_configuration(spec, port=port, compile_cache_dir=spec.execution.compile_cache_dir)
+        config = dataclasses.replace(config, argv=pinned(config.argv))
+        served = spec.server.served_model_name or spec.server.model
+        # The reference server is judged by the absolute bar (min_accuracy): a
+        # reference accuracy, even one set in the study file, is what it establishes.
+        probe = probe.model_copy(update={"reference_accuracy": None})
+        request = TrialRequest(
+            study=host.name, number=REFERENCE_JOB, kind="reference", values=config.values,
+            asked=config.asked, argv=config.argv, env=config.env,
+            secret_env=list(spec.server.secret_env), host=spec.server.host, port=port,
+            served_model_name=served, trial_dir=str(host.paths.reference_dir.resolve()),
+            startup_timeout_s=spec.server.startup_timeout, stop_timeout_s=stop_grace,
+            deadline_s=spec.budget.trial_timeout, load=spec.load.model_dump(mode="json"),
+            probe=probe.model_dump(mode="json"), ignore_eos=True,
+        )
+        host.progress(f"[reference] recording the study's reference on group {group}: {config.label}")
+        executor.submit(group, request.model_dump(mode="json"), method="run_reference",
+                        deadline_s=spec.budget.trial_timeout + stop_grace + 15)
+        while True:
+            if host.interrupted():
+                executor.cancel_all(wait_s=stop_grace + 30)
+                return None
+            for item in executor.poll(0.5, stop_grace_s=stop_grace):
+                return _keep_reference(host, item, config)
+    except NoWorkersLeft as exc:
+        raise StudyError(str(exc)) from exc
+    except KeyboardInterrupt:
+        # Second Ctrl-C: the reference server goes now, not after its grace.
+        host.kill_now()
+        raise
+
+
+def _keep_reference(host: JobHost, item: Finished, config: ReferenceConfiguration) -> Reference | None:
+    """Save what the reference job returned; the reference when it can be trusted."""
+
+    paths = host.paths
+    log = paths.reference_dir / "server.log"
+    if item.result is None:
+        if item.error == "interrupted":
+            return None
+        raise StudyError(f"recording the reference failed ({item.error}): {item.message}. "
+                         f"`tuner resume {host.name}` records it again")
+    outcome = TrialOutcome.model_validate(item.result["outcome"])
+    if outcome.status == "failed":
+        if outcome.reason == "interrupted":
+            return None
+        raise StudyError(
+            f"the reference configuration ({config.label}) failed in phase {outcome.phase} "
+            f"({outcome.reason}): {outcome.message}. Its server log is {log}; "
+            f"`tuner resume {host.name}` records it again")
+    problem = item.result.get("problem")
+    raw = item.result.get("reference")
+    reference = None if raw is None else Reference.model_validate(raw).model_copy(
+        update={"label": config.label})
+    _write(host, paths.reference_probe_json, {
+        "trusted": problem is None,
+        "problem": problem,
+        "label": config.label,
+        "values": config.values,
+        "command": shell_line(RenderedCommand(config.argv, config.env),
+                              redact=tuple(n for n in config.env if is_secret_name(n))),
+        "startup_s": outcome.startup_s,
+        "probe_s": outcome.probe_s,
+        "record_seconds": None if reference is None else reference.record_seconds,
+        "known_answers": item.result.get("known_answers"),
+        "self_check": item.result.get("self_check"),
+        "reference": None if problem is None else raw,  # kept only when refused
+    })
+    if problem is not None or reference is None:
+        raise StudyError(
+            f"{problem or 'the reference job returned no reference'}.\nComparing trials with a "
+            f"broken reference proves nothing, so the study stops. Details: {paths.reference_probe_json}, "
+            f"server log {log}")
+    _write(host, paths.reference_json, reference.model_dump(mode="json"))
+    accuracy = reference.known_answers_accuracy
+    host.progress(
+        f"[reference] recorded {len(reference.prompts)} prompts in {outcome.trial_s or 0:.1f}s "
+        f"(known-answer accuracy {accuracy if accuracy is None else round(accuracy, 2)}, "
+        f"agrees with itself); every trial is compared with it")
+    return reference
+
+
+def _write(host: JobHost, path: Path, data: Any) -> None:
+    try:
+        atomic_write_json(path, data)
+    except ArtifactWriteError as err:
+        # Without its files the reference could not be reused or inspected: stop here,
+        # resumably, rather than judge trials by a record that exists nowhere.
+        raise StudyError(f"could not write {path} ({err.reason}): {err}; free space, then "
+                         f"`tuner resume {host.name}` records the reference again") from err

@@ -1,0 +1,113 @@
+"""A study's trials as plain records: the data every decision and every view of a study
+reads (the ask/tell policy, status, report, export, pareto.json).
+
+Pure: no Optuna, no storage. ``tuner.study.records`` reads records from an Optuna storage,
+``tuner.study.folder`` rebuilds them from a study folder's trial files.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from tuner.study.pareto import Point, pareto_front
+
+__all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "EARLY_STOPPED",
+           "record_points", "front_records"]
+
+KIND_RUN = "run"
+KIND_DUPLICATE = "duplicate"
+KIND_FORBIDDEN = "forbidden"
+# The constraint a trial stopped early carries (tuner.study.scoring.stopped_told).
+EARLY_STOPPED = "early_stopped"
+
+
+@dataclass
+class TrialRecord:
+    number: int
+    state: str
+    kind: str
+    params: dict[str, Any]
+    values: dict[str, float] = field(default_factory=dict)
+    constraints: dict[str, float] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
+    seconds: float | None = None
+
+    @property
+    def feasible(self) -> bool:
+        return (
+            self.state == "COMPLETE" and self.kind == KIND_RUN
+            and all(v <= 0 for v in self.constraints.values())
+        )
+
+    @property
+    def is_baseline(self) -> bool:
+        return bool(self.attrs.get("baseline"))
+
+    @property
+    def outcome(self) -> str:
+        """One word for tables and plots."""
+
+        if self.state in ("RUNNING", "WAITING"):
+            return self.state.lower()
+        if self.kind != KIND_RUN:
+            return self.kind
+        if self.state == "FAIL":
+            return "failed:" + str(self.attrs.get("failure", {}).get("reason", "unknown"))
+        if self.constraints.get("applied", 0) > 0:
+            return "not_applied"
+        if self.constraints.get("probe", 0) > 0:
+            return "probe_failed"
+        if self.constraints.get("load_errors", 0) > 0:
+            return "load_errors"
+        if any(v > 0 for k, v in self.constraints.items() if k.startswith("limit:")):
+            return "limit_missed"
+        if self.constraints.get(EARLY_STOPPED, 0) > 0:
+            return "stopped_early"   # dominated: its values are bounds, not measurements
+        return "feasible"
+
+    @property
+    def compile_record(self) -> dict[str, Any] | None:
+        """The trial's torch.compile record (tuner.vllm.compile_cache.CompileRecord as JSON:
+        cache hit/miss/partial/none, compile, capture and init-engine seconds), from the
+        ``compile`` user attribute or the outcome's ``compile`` field; None when unknown
+        (trials recorded before compile records existed, or a log that never got there)."""
+
+        rec = self.attrs.get("compile")
+        if rec is None:
+            rec = (self.attrs.get("outcome") or {}).get("compile")
+        return rec if isinstance(rec, dict) else None
+
+    @property
+    def compile_cache(self) -> str | None:
+        """"hit", "miss", "partial", "none" or None (unknown)."""
+
+        rec = self.compile_record
+        return None if rec is None else rec.get("cache")
+
+    def ordered_values(self, labels: Sequence[str]) -> tuple[float, ...] | None:
+        """The objective values in ``labels`` order; None unless every one was told."""
+
+        if not self.values or any(label not in self.values for label in labels):
+            return None
+        return tuple(self.values[label] for label in labels)
+
+
+def record_points(records: list[TrialRecord], labels: list[str]) -> list[Point]:
+    """Finished run trials with values, as Pareto points (infeasible ones marked)."""
+
+    return [
+        Point(r.number, tuple(r.values[label] for label in labels), r.feasible, r.params,
+              {"outcome": r.outcome})
+        for r in records
+        if r.kind == KIND_RUN and r.state == "COMPLETE" and all(label in r.values for label in labels)
+        # Placeholder values (worst seen, told to an early-stopped trial that measured
+        # nothing) are no measurement: never plotted, never a front candidate.
+        and not r.attrs.get("placeholder_values")
+    ]
+
+
+def front_records(records: list[TrialRecord], labels: list[str], directions: list[str]) -> list[TrialRecord]:
+    by_number = {r.number: r for r in records}
+    return [by_number[p.number] for p in pareto_front(record_points(records, labels), directions)]
