@@ -1,0 +1,241 @@
+"""The package's shape, kept: no import cycle anywhere in ``tuner/``, and the pure layer free
+of processes, sockets, clocks, the environment, Ray, HTTP clients and file I/O.
+
+Read from the source with ``ast`` (module-level and function-level imports alike, and
+``TYPE_CHECKING`` ones: a cycle hidden in a function is still a cycle), nothing is imported.
+``PURE`` lists the pure modules by name; a pure module may import only the standard
+library's harmless parts, pydantic / PyYAML, and other pure modules - so an upward import
+(a pure module reaching for the loop, an adapter or the CLI) fails here too. Run the checks
+on a planted copy (``test_a_planted_*``) to see them fail.
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# The pure layer, by module name (packages too: their __init__ is a docstring). A module
+# joins when it passes the checks below.
+PURE = [
+    "tuner.core", "tuner.errors", "tuner.load", "tuner.load.live_window", "tuner.load.load_spec",
+    "tuner.load.metrics", "tuner.load.prometheus", "tuner.load.protocol", "tuner.load.records",
+    "tuner.load.results", "tuner.load.sse", "tuner.load.stats", "tuner.load.window",
+    "tuner.load.workload", "tuner.probe", "tuner.probe.checks", "tuner.probe.compare",
+    "tuner.probe.items", "tuner.probe.known_score", "tuner.probe.prompts_file",
+    "tuner.probe.record", "tuner.probe.reference_score", "tuner.probe.selection",
+    "tuner.probe.spec", "tuner.probe.verdict", "tuner.probe.wire", "tuner.study",
+    "tuner.study.command", "tuner.study.confirmation", "tuner.study.confirmation_text",
+    "tuner.study.durations", "tuner.study.early_stop", "tuner.study.outcome", "tuner.study.pareto",
+    "tuner.study.policy", "tuner.study.sampling", "tuner.study.scoring", "tuner.study.space",
+    "tuner.study.spec", "tuner.study.study_file", "tuner.study.trials", "tuner.vllm",
+    "tuner.vllm.compile_cache", "tuner.vllm.effective_config", "tuner.vllm.failure_signatures",
+    "tuner.vllm.knobs", "tuner.vllm.verify",
+]
+# Not yet clean under mypy --strict (the owners' to fix): load.sse (a str slot set to None,
+# json's private scan_once), load.workload (an unannotated list), probe.spec (OPEN_PROMPTS
+# uses api "text", which the Api literal does not allow).
+NOT_YET_TYPED = {"tuner.load.sse", "tuner.load.workload", "tuner.probe.spec"}
+# What .ci/run type-checks with mypy --strict: the pure modules with code.
+TYPED = sorted(set(PURE) - NOT_YET_TYPED - {"tuner.core", "tuner.load", "tuner.probe", "tuner.study", "tuner.vllm"})
+
+# Standard-library and third-party modules a pure module may import (by top-level name).
+ALLOWED_EXTERNAL = {
+    "__future__", "abc", "ast", "bisect", "collections", "copy", "dataclasses", "decimal", "enum",
+    "functools", "hashlib", "heapq", "itertools", "json", "math", "numbers", "operator",
+    "posixpath",  # path strings only (no file system, no current directory)
+    "random", "re", "shlex", "statistics", "string", "sys", "textwrap", "typing", "unicodedata",
+    "pydantic", "yaml",
+}
+# Attribute reads that are I/O, a clock or the environment, as (object name, attribute).
+FORBIDDEN_ATTRS = {
+    ("os", "environ"), ("os", "getenv"), ("os", "getcwd"), ("os", "system"), ("os", "kill"),
+    ("sys", "stdout"), ("sys", "stderr"), ("sys", "stdin"), ("sys", "exit"), ("sys", "argv"),
+    ("datetime", "now"), ("datetime", "utcnow"), ("date", "today"),
+}
+# Method calls that touch the file system, whatever the object (pathlib's names).
+FILE_METHODS = {"read_text", "write_text", "read_bytes", "write_bytes", "mkdir", "unlink", "rmdir",
+                "iterdir", "glob", "rglob", "touch", "exists", "is_file", "is_dir", "resolve", "stat"}
+FORBIDDEN_CALLS = {"open", "input", "print", "breakpoint"}
+
+
+@dataclass
+class Module:
+    name: str
+    path: Path
+    imports: set[str] = field(default_factory=set)           # tuner modules
+    external: set[str] = field(default_factory=set)          # top-level names of the rest
+    problems: list[str] = field(default_factory=list)         # forbidden uses (pure check)
+
+
+def _module_name(package_root: Path, path: Path) -> str:
+    parts = path.relative_to(package_root.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def scan(package_root: Path) -> dict[str, Module]:
+    """Every module under ``package_root`` with the tuner modules it imports (anywhere in
+    its body) and what else it imports or touches."""
+
+    paths = {_module_name(package_root, p): p for p in sorted(package_root.rglob("*.py"))}
+    modules = {name: Module(name, path) for name, path in paths.items()}
+    for name, module in modules.items():
+        tree = ast.parse(module.path.read_text(), str(module.path))
+        is_package = module.path.name == "__init__.py"
+        for node in ast.walk(tree):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    here = name.split(".")[: len(name.split(".")) - node.level + (1 if is_package else 0)]
+                    base = ".".join([*here, base] if base else here)
+                # "from package import module" imports the module, not the package's code.
+                names = [f"{base}.{alias.name}" for alias in node.names]
+                targets = [n for n in names if n in modules] or [base]
+                if len(targets) < len(names):
+                    targets.append(base)
+            for target in targets:
+                if target.split(".")[0] != "tuner":
+                    module.external.add(target.split(".")[0])
+                    continue
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    module.imports.add(target)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+                if (node.value.id, node.attr) in FORBIDDEN_ATTRS:
+                    module.problems.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+            if isinstance(node, ast.Call):
+                func = node.func
+                if isinstance(func, ast.Name) and func.id in FORBIDDEN_CALLS:
+                    module.problems.append(f"line {node.lineno}: {func.id}()")
+                if isinstance(func, ast.Attribute) and func.attr in FILE_METHODS:
+                    module.problems.append(f"line {node.lineno}: .{func.attr}()")
+    return modules
+
+
+def cycles(modules: dict[str, Module]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    counter = 0
+    for start in modules:
+        if start in index:
+            continue
+        work: list[tuple[str, Iterable[str]]] = [(start, iter(sorted(modules[start].imports)))]
+        index[start] = low[start] = counter
+        counter += 1
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, successors = work[-1]
+            for nxt in successors:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(modules[nxt].imports))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        found.append(sorted(component))
+    return found
+
+
+def purity_problems(modules: dict[str, Module], pure: Iterable[str]) -> list[str]:
+    pure = set(pure)
+    out = []
+    for name in sorted(pure):
+        module = modules.get(name)
+        if module is None:
+            out.append(f"{name}: listed as pure but does not exist")
+            continue
+        out += [f"{name}: imports {ext}" for ext in sorted(module.external - ALLOWED_EXTERNAL)]
+        out += [f"{name}: imports {imp}, which is not pure" for imp in sorted(module.imports - pure)
+                if imp != "tuner"]
+        out += [f"{name}: {problem}" for problem in module.problems]
+    return out
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    assert cycles(scan(ROOT / "tuner")) == []
+
+
+def test_the_pure_layer_has_no_io_and_imports_only_pure_modules() -> None:
+    assert purity_problems(scan(ROOT / "tuner"), PURE) == []
+
+
+@pytest.fixture
+def copy_of_tuner(tmp_path: Path) -> Path:
+    target = tmp_path / "tuner"
+    shutil.copytree(ROOT / "tuner", target, ignore=shutil.ignore_patterns("__pycache__", "*.yaml", "*.json"))
+    return target
+
+
+def _plant(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n\ndef _planted() -> None:\n    {line}\n")
+
+
+def test_a_planted_upward_import_is_found(copy_of_tuner: Path) -> None:
+    _plant(copy_of_tuner / "study" / "space.py", "from tuner.orchestrator import StudyLoop  # noqa")
+    problems = purity_problems(scan(copy_of_tuner), PURE)
+    assert "tuner.study.space: imports tuner.orchestrator, which is not pure" in problems
+    assert any("tuner.study.space" in c and "tuner.orchestrator" in c for c in cycles(scan(copy_of_tuner)))
+
+
+def test_a_planted_cycle_is_found(copy_of_tuner: Path) -> None:
+    _plant(copy_of_tuner / "study" / "trials.py", "from tuner.study import policy  # noqa")
+    found = cycles(scan(copy_of_tuner))
+    assert any({"tuner.study.policy", "tuner.study.trials"} <= set(c) for c in found), found
+
+
+def test_planted_io_in_a_pure_module_is_found(copy_of_tuner: Path) -> None:
+    _plant(copy_of_tuner / "study" / "policy.py", "import time, os; time.sleep(os.environ['X'] and 1)")
+    problems = purity_problems(scan(copy_of_tuner), PURE)
+    assert "tuner.study.policy: imports time" in problems
+    assert any(p.startswith("tuner.study.policy: line") and "os.environ" in p for p in problems)
+    assert "tuner.study.policy: imports os" in problems
+
+
+def test_the_ci_type_checks_exactly_the_typed_list() -> None:
+    """.ci/run runs mypy --strict on the pure layer: the modules of TYPED, no more, no less."""
+
+    ci = (ROOT / ".ci" / "run").read_text()
+    listed = {line.strip().removesuffix("\\").strip() for line in ci.splitlines()
+              if line.strip().startswith("tuner/")}
+    wanted = {name.replace(".", "/") + ".py" for name in TYPED}
+    assert listed == wanted, f"in .ci/run only: {listed - wanted}; in TYPED only: {wanted - listed}"
+
+
+if __name__ == "__main__":   # a quick look: python tests/test_layering.py
+    found = scan(ROOT / "tuner")
+    print("cycles:", cycles(found))
+    print("\n".join(purity_problems(found, PURE)) or "pure layer: clean")
+    sys.exit(0)
