@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from tuner import __version__
 from tuner.study.durations import format_duration, parse_duration
-from tuner.errors import SpecError, StudyError
+from tuner.errors import SpecError, StudyError, TunerError
 
 if TYPE_CHECKING:
     from tuner.study.spec import StudySpec
@@ -41,14 +41,11 @@ def _say(line: str) -> None:
 
 
 def load_spec_file(path: str) -> StudySpec:
+    from tuner.adapters.artifacts import read_text_bounded
     from tuner.study.study_file import parse_study
 
     file = Path(path)
-    try:
-        text = file.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise SpecError(f"{path}: cannot read the study file: {exc.strerror}") from exc
-    spec = on_this_host(parse_study(text, str(file)))
+    spec = on_this_host(parse_study(read_text_bounded(file), str(file)))
     # Prompts files (known answers, reference) are relative to the study file, and read and
     # checked now: a bad file must stop the study before any server starts.
     from tuner.referencing import resolve_probe_files
@@ -92,7 +89,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from tuner.study import space
 
     spec = load_spec_file(args.file)
-    size, continuous, exact = space.discrete_size(spec)
+    # Counting walks the space point by point (~60 us each): a few seconds at most here.
+    size, continuous, exact = space.discrete_size(spec, cap=100_000)
     _say(f"{args.file}: valid study {spec.name!r}")
     _say(f"server: {' '.join(spec.server.command)} --model {spec.server.model} "
          f"({spec.server.gpus_per_trial} GPUs per trial, {spec.server.host}:{spec.server.port})")
@@ -245,11 +243,25 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     return 0 if verdicts and all(v.verdict == "confirmed" for v in verdicts) else 1
 
 
+def _option_duration(text: str | None, option: str) -> float | None:
+    """A duration given on the command line, in seconds: finite and above zero."""
+
+    if text is None:
+        return None
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise SpecError(f"{option}: {exc}") from None
+    if not 0 < seconds < float("inf"):
+        raise SpecError(f"{option}: {text!r} is not allowed; give a duration above zero such as 8h")
+    return seconds
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from tuner.study.store import create_or_open
 
     spec = load_spec_file(args.file)
-    timeout_s = parse_duration(args.timeout) if args.timeout else None
+    timeout_s = _option_duration(args.timeout, "--timeout")
     handle = create_or_open(spec, Path(args.results), name=args.study, storage_url=args.storage)
     return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)
 
@@ -259,7 +271,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
 
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
     handle.spec = on_this_host(handle.spec)
-    timeout_s = parse_duration(args.timeout) if args.timeout else None
+    timeout_s = _option_duration(args.timeout, "--timeout")
     return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)
 
 
@@ -333,16 +345,20 @@ def _check_export(handle: Any, record: Any, args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from tuner.adapters.artifacts import atomic_write_text
-    from tuner.study.pareto import parse_filter
+    from tuner.study.pareto import check_pick, parse_filter
     from tuner.export import ExportError, choose_record, render_export
     from tuner.study.records import read_records
     from tuner.study.folder import open_for_reading
 
+    if args.output:
+        _check_output_file(args.output)
     handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
     study = handle.load()
     labels = list(study.metric_names or [])
     directions = [d.name.lower() for d in study.directions]
     try:
+        if args.pick is not None:
+            check_pick(args.pick, labels)
         filters = [parse_filter(text) for text in args.where]
         record = choose_record(read_records(study), labels, directions, trial=args.trial,
                                pick=args.pick, filters=filters, force=args.force,
@@ -379,11 +395,26 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_output_file(output: str) -> None:
+    """-o names a file to write: not a folder, and in a folder that exists."""
+
+    path = Path(output)
+    if path.is_dir() or output.endswith("/") or not path.name:
+        raise SpecError(f"-o {output}: is a folder; give a file name, e.g. -o {Path(output) / 'export.txt'}")
+    if not path.parent.is_dir():
+        raise SpecError(f"-o {output}: the folder {path.parent} does not exist")
+
+
 def cmd_report(args: argparse.Namespace) -> int:
+    from tuner.study.pareto import check_pick
     from tuner.report import write_report
     from tuner.study.folder import open_for_reading
 
     handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
+    try:
+        check_pick(args.pick, [o.label for o in handle.spec.objectives])
+    except ValueError as exc:
+        raise SpecError(f"--pick: {exc}") from None
     out_dir = Path(args.output) if args.output else handle.paths.root / "report"
     paths = write_report(handle, out_dir, pick=args.pick)
     for name, path in paths.items():
@@ -525,6 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.func is not cmd_status:      # status quiets Optuna only if it imports it
         _quiet_optuna(args)
     try:
+        _check_names(args)
         return args.func(args)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -532,9 +564,28 @@ def main(argv: list[str] | None = None) -> int:
     except StudyError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 3
+    except TunerError as exc:
+        # E.g. an artifact that could not be written outside a trial.
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _check_names(args: argparse.Namespace) -> None:
+    """Every study name given on the command line (NAME, --study) obeys the one rule of
+    core.study_name before anything reads or writes a path built from it."""
+
+    from tuner.study.study_name import check_study_name
+
+    for option, value in (("NAME", getattr(args, "name", None)), ("--study", getattr(args, "study", None))):
+        if value is None:
+            continue
+        try:
+            check_study_name(value)
+        except ValueError as exc:
+            raise SpecError(f"{option}: {exc}") from None
 
 
 if __name__ == "__main__":

@@ -149,7 +149,7 @@ def status_from_folder(results_root: Path, name: str) -> dict[str, Any] | None:
     which also reports what is wrong exactly as before.
     """
 
-    paths = StudyPaths(results_root / name)
+    paths = StudyPaths.of(results_root, name)
     try:
         meta = json.loads(paths.study_json.read_text())
         if not meta.get("storage_is_default", True) or not paths.sqlite.is_file():
@@ -172,12 +172,14 @@ def _saved_budget(spec_yaml: Path) -> tuple[int, float | None] | None:
     so only these two fields are read; validating the whole spec would mean importing the
     pydantic models, which the full path (run, resume, report) does."""
 
-    import yaml
+    import math
 
-    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    from tuner.study.safe_yaml import YamlInputError, load_bounded
+
     try:
-        data = yaml.load(spec_yaml.read_text(), Loader=loader)  # noqa: S506 - a safe loader
-    except yaml.YAMLError:
+        # Bounded like a study file: a copied folder's spec.yaml is input like any other.
+        data = load_bounded(spec_yaml.read_text(encoding="utf-8"))
+    except (YamlInputError, UnicodeDecodeError):
         return None
     budget = data.get("budget") if isinstance(data, dict) else None
     if not isinstance(budget, dict):
@@ -185,6 +187,8 @@ def _saved_budget(spec_yaml: Path) -> tuple[int, float | None] | None:
     n_trials, timeout = budget.get("n_trials"), budget.get("timeout")
     if type(n_trials) is not int or not (timeout is None or type(timeout) in (int, float)):
         return None
+    if timeout is not None and not math.isfinite(timeout):
+        return None   # the full path reports it
     return n_trials, None if timeout is None else float(timeout)
 
 

@@ -25,7 +25,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tuner.errors import ArtifactWriteError
+from tuner.study.safe_yaml import MAX_BYTES
+from tuner.study.study_name import check_study_name
+from tuner.errors import ArtifactWriteError, SpecError
 
 __all__ = [
     "StudyPaths",
@@ -34,6 +36,7 @@ __all__ = [
     "redact_env",
     "is_secret_name",
     "redact_url",
+    "read_text_bounded",
 ]
 
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE_?KEY|AUTH)", re.I)
@@ -85,6 +88,25 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise ArtifactWriteError(f"could not write {path}: {exc}", reason=reason) from exc
 
 
+def read_text_bounded(path: Path, what: str = "study file", max_bytes: int = MAX_BYTES) -> str:
+    """A small UTF-8 text file (a study file, a saved spec), or SpecError in one line:
+    unreadable, larger than ``max_bytes`` (read no further), or not UTF-8."""
+
+    try:
+        with open(path, "rb") as fh:
+            raw = fh.read(max_bytes + 1)
+    except OSError as exc:
+        raise SpecError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+    if len(raw) > max_bytes:
+        raise SpecError(f"{path}: the {what} is larger than {max_bytes:,} bytes; a {what} may have at most "
+                        f"{max_bytes:,}")
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise SpecError(f"{path}: the {what} is not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset "
+                        f"{exc.start}); save it as UTF-8") from None
+
+
 def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
@@ -94,6 +116,17 @@ class StudyPaths:
 
     def __init__(self, root: Path) -> None:
         self.root = root
+
+    @classmethod
+    def of(cls, results_root: Path, name: str) -> StudyPaths:
+        """The folder of study ``name`` under ``results_root``; the name is checked first
+        (core.study_name), so no name can reach outside the results root."""
+
+        try:
+            check_study_name(name)
+        except ValueError as exc:
+            raise SpecError(str(exc)) from None
+        return cls(results_root / name)
 
     @property
     def study_json(self) -> Path:

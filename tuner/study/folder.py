@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.adapters.artifacts import StudyPaths
+from tuner.adapters.artifacts import StudyPaths, read_text_bounded
 from tuner.study import samplers, space
 from tuner.study.outcome import TrialOutcome
 from tuner.vllm.knobs import RenderedCommand, shell_line
@@ -66,14 +66,14 @@ def _has_storage(paths: StudyPaths) -> bool:
 def open_for_reading(results_root: Path, name: str, *, storage_url: str | None = None) -> StudyHandle:
     """The study's handle for reading: its Optuna storage when it has one, else its trial files."""
 
-    paths = StudyPaths(results_root / name)
+    paths = StudyPaths.of(results_root, name)
     if storage_url is not None or _has_storage(paths) or not paths.spec_yaml.exists() \
             or not (paths.root / "trials").is_dir():
         return open_existing(results_root, name, storage_url=storage_url)
     try:
-        spec = parse_study(paths.spec_yaml.read_text(), str(paths.spec_yaml))
+        spec = parse_study(read_text_bounded(paths.spec_yaml, "saved spec"), str(paths.spec_yaml))
     except SpecError as exc:
-        raise StudyError(f"the saved spec of study {name!r} no longer validates:\n{exc}") from exc
+        raise StudyError(f"the saved spec of study {name!r} no longer validates: {exc}") from None
     return FolderStudyHandle(paths.root.name, paths, FOLDER_STORAGE, spec)
 
 

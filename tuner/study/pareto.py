@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Point", "pareto_front", "knee_point", "Filter", "parse_filter", "pick_point"]
+__all__ = ["Point", "pareto_front", "knee_point", "Filter", "parse_filter", "pick_point", "check_pick"]
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,22 @@ def parse_filter(text: str) -> Filter:
     return Filter(match.group(1), match.group(2), float(match.group(3)))
 
 
+def check_pick(policy: str, labels: Sequence[str]) -> None:
+    """Raise ValueError (one line) unless ``policy`` is a pick ``pick_point`` knows, for
+    these objective labels; callers check before any work (a report, an export)."""
+
+    if policy in ("knee", "best-throughput", "lowest-latency"):
+        return
+    if policy.startswith("best:"):
+        if policy[5:] not in labels:
+            raise ValueError(f"{policy[5:]!r} is not an objective; objectives: {', '.join(labels)}")
+        return
+    shown = policy if len(policy) <= 60 else policy[:57] + "..."
+    raise ValueError(
+        f"unknown pick {shown!r}; use knee, best-throughput, lowest-latency or best:<objective>"
+    )
+
+
 def pick_point(
     points: Sequence[Point],
     labels: Sequence[str],
@@ -111,6 +127,7 @@ def pick_point(
     objective). Filters on objective labels are applied first.
     """
 
+    check_pick(policy, labels)
     for f in filters:
         if f.label not in labels:
             raise ValueError(f"filter {f.label!r} names no objective; objectives: {', '.join(labels)}")

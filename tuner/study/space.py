@@ -216,14 +216,16 @@ def discrete_size(spec: StudySpec, *, cap: int = 2_000_000) -> tuple[int, int, b
     ordered = ordered_parameters(spec)
     continuous = sum(1 for p in ordered if p.domain() is None)
     count = 0
-    exact = True
+    visited = 0   # complete assignments looked at, forbidden ones too: a forbidden region
+    exact = True  # of a wide parameter must not make the walk endless
 
     def walk(i: int, values: dict[str, Any]) -> None:
-        nonlocal count, exact
-        if count >= cap:
+        nonlocal count, exact, visited
+        if count >= cap or visited >= 2 * cap:
             exact = False
             return
         if i == len(ordered):
+            visited += 1
             if forbidden_reason(spec, values) is None:
                 count += 1
             return
@@ -233,6 +235,8 @@ def discrete_size(spec: StudySpec, *, cap: int = 2_000_000) -> tuple[int, int, b
             walk(i + 1, values)
             return
         for value in domain:
+            if not exact:
+                break   # stopped below: the rest of a wide domain is not walked either
             values[param.name] = value
             walk(i + 1, values)
             del values[param.name]

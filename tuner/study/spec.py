@@ -8,7 +8,9 @@ becomes a default.
 
 from __future__ import annotations
 
+import math
 import re
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -20,9 +22,11 @@ from pydantic import (
     model_validator,
 )
 
+from tuner.study.bounds import bound_errors, unknown_bound_names
 from tuner.study.durations import parse_duration
 from tuner.load.load_spec import LoadSpec
 from tuner.probe.spec import ProbeSpec
+from tuner.study.study_name import check_study_name
 from tuner.vllm.compile_cache import check_cache_dir
 from tuner.vllm.knobs import MULTICAST_ALGOS, check_target_name, check_value
 
@@ -51,7 +55,9 @@ Seconds = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan: a NaN limit or an infinite timeout reaches arithmetic that assumes
+    # ordinary numbers (early stop, durations); refused where it is written.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class ServerSpec(_Strict):
@@ -149,6 +155,9 @@ class CategoricalParam(_ParamBase):
     kind: Literal["categorical"]
     values: list[Scalar] = Field(min_length=1, description="choices; null means 'leave unset'")
 
+    def domain_size(self) -> int:
+        return len(self.values)
+
     @model_validator(mode="after")
     def _check_values(self) -> CategoricalParam:
         seen: set[str] = set()
@@ -184,8 +193,20 @@ class IntParam(_ParamBase):
                 raise ValueError(f"parameter {self.name!r} ({self.target}): {error}")
         return self
 
-    def domain(self) -> list[Any]:
-        return list(range(self.low, self.high + 1, self.step))
+    def domain(self) -> Sequence[Any]:
+        # A range, not a list: membership, length and indexing without building a wide one.
+        return range(self.low, self.high + 1, self.step)
+
+    def domain_size(self) -> int:
+        return (self.high - self.low) // self.step + 1
+
+    def contains(self, value: Any) -> bool:
+        """``value in domain()`` without building it (a range may be wide)."""
+
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                or value != int(value):
+            return False
+        return self.low <= value <= self.high and (int(value) - self.low) % self.step == 0
 
 
 class FloatParam(_ParamBase):
@@ -203,11 +224,36 @@ class FloatParam(_ParamBase):
             raise ValueError(f"parameter {self.name!r}: log scale needs low > 0 and no step")
         return self
 
-    def domain(self) -> list[Any] | None:
+    def domain(self) -> Sequence[Any] | None:
         if self.step is None:
             return None
-        count = int(round((self.high - self.low) / self.step))
-        return [round(self.low + i * self.step, 12) for i in range(count + 1)]
+        return _FloatSteps(self.low, self.step, int(round((self.high - self.low) / self.step)) + 1)
+
+    def domain_size(self) -> int | None:
+        return None if self.step is None else int(round((self.high - self.low) / self.step)) + 1
+
+
+class _FloatSteps(Sequence[float]):
+    """low, low + step, ... (``count`` values, rounded as the sampler rounds them), built
+    one at a time: a fine step over a wide range is a long sequence, never a long list."""
+
+    def __init__(self, low: float, step: float, count: int) -> None:
+        self._low, self._step, self._count = low, step, count
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if index < 0:
+            index += self._count
+        if not 0 <= index < self._count:
+            raise IndexError(index)
+        return round(self._low + index * self._step, 12)
+
+    def __eq__(self, other: object) -> bool:
+        return list(self) == list(other) if isinstance(other, (list, _FloatSteps)) else NotImplemented
 
 
 class BoolParam(_ParamBase):
@@ -337,11 +383,29 @@ class SafetySpec(_Strict):
     allow_multicast: bool = Field(
         False, description="allow NVLS/NVLSTree (NVLink multicast) in NCCL_ALGO values"
     )
+    bounds: dict[str, float] = Field(
+        default_factory=dict,
+        description="raised upper bounds by name, e.g. {load.concurrency: 20000} "
+        "(tuner/study/bounds.py and docs/study-file.md list them)",
+    )
+
+    @field_validator("bounds")
+    @classmethod
+    def _known_bounds(cls, bounds: dict[str, float]) -> dict[str, float]:
+        from tuner.study.bounds import BOUNDS
+
+        unknown = unknown_bound_names(bounds)
+        if unknown:
+            raise ValueError(f"unknown bound {unknown[0]!r}; bounds: {', '.join(b.name for b in BOUNDS)}")
+        for name, value in bounds.items():
+            if not value > 0:
+                raise ValueError(f"{name}: {value} is not allowed; give a number above 0")
+        return bounds
 
 
 class StudySpec(_Strict):
     schema_version: Literal[1] = 1
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$", description="study name")
+    name: str = Field(description="study name (tuner/study/study_name.py: letters, digits, _ . -)")
     description: str = ""
     server: ServerSpec
     parameters: list[Parameter] = Field(default_factory=list)
@@ -373,8 +437,20 @@ class StudySpec(_Strict):
     confirm: ConfirmSpec = Field(default_factory=ConfirmSpec)
     safety: SafetySpec = Field(default_factory=SafetySpec)
 
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, name: str) -> str:
+        return check_study_name(name)
+
     @model_validator(mode="after")
     def _check_study(self) -> StudySpec:
+        # Sizes and finiteness first: the checks below build parameter domains, and the
+        # rest of the tuner sizes buffers and waits by these numbers.
+        if where := _non_finite(self):
+            raise ValueError(f"{where} is not a finite number; give an ordinary number")
+        if errors := bound_errors(self, self.safety.bounds):
+            more = f" (and {len(errors) - 1} more value(s) above their bounds)" if len(errors) > 1 else ""
+            raise ValueError(errors[0] + more)
         params = {p.name: p for p in self.parameters}
         if len(params) != len(self.parameters):
             dup = [p.name for p in self.parameters if sum(q.name == p.name for q in self.parameters) > 1]
@@ -448,6 +524,30 @@ class StudySpec(_Strict):
         raise KeyError(name)
 
 
+def _non_finite(value: Any, path: str = "") -> str | None:
+    """The path of the first NaN or infinity anywhere in a validated spec, else None.
+
+    The study's own models refuse them (allow_inf_nan); this also covers the sections
+    defined elsewhere (load, probe) and free-form values (flags, conditions).
+    """
+
+    if isinstance(value, float):
+        return None if math.isfinite(value) else (path or "(top level)")
+    if isinstance(value, BaseModel):
+        items: Any = ((k, getattr(value, k)) for k in type(value).model_fields)
+    elif isinstance(value, dict):
+        items = value.items()
+    elif isinstance(value, (list, tuple)):
+        items = enumerate(value)
+    else:
+        return None
+    for key, child in items:
+        where = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
+        if found := _non_finite(child, where):
+            return found
+    return None
+
+
 def _fixed_targets(server: ServerSpec) -> set[str]:
     fixed = {t for key, value in server.flags.items() for t, _ in _leaves(key, value)}
     fixed |= {f"env:{name}" for name in server.env}
@@ -467,7 +567,18 @@ def _check_condition(where: str, cond: Condition, params: dict[str, Any], *, exc
 
 
 def _check_in_domain(where: str, param: Any, value: Any) -> None:
+    if isinstance(param, IntParam):
+        if not param.contains(value):
+            raise ValueError(f"{where}: {value!r} is not one of {param.name}'s values "
+                             f"({param.low}..{param.high} step {param.step})")
+        return
     domain = param.domain()
+    if isinstance(domain, _FloatSteps) and isinstance(value, (int, float)) and not isinstance(value, bool):
+        index = round((value - param.low) / param.step) if math.isfinite(value) else -1
+        if not (0 <= index < len(domain) and math.isclose(domain[index], value, rel_tol=1e-9, abs_tol=1e-12)):
+            raise ValueError(f"{where}: {value!r} is not one of {param.name}'s values "
+                             f"({param.low}..{param.high} step {param.step})")
+        return
     if domain is None:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not (
             param.low <= value <= param.high

@@ -37,7 +37,8 @@ import yaml
 from optuna.storages import RDBStorage
 
 from tuner import __version__
-from tuner.adapters.artifacts import StudyPaths, atomic_write_json, atomic_write_text, redact_url
+from tuner.adapters.artifacts import (StudyPaths, atomic_write_json, atomic_write_text, read_text_bounded,
+                                     redact_url)
 from tuner.study.spec import StudySpec
 from tuner.study.study_file import parse_study
 from tuner.errors import SpecError, StorageUnavailable, StudyError
@@ -156,14 +157,57 @@ for _name in (
         setattr(RetryingRDBStorage, _name, _retried(_name))
 
 
-def make_storage(url: str, policy: RetryPolicy | None = None) -> optuna.storages.BaseStorage:
+def _sqlite_file(url: str) -> Path | None:
+    """The database file of a SQLite URL; None for another database or an in-memory one."""
+
+    parsed = sqlalchemy.engine.make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return Path(parsed.database)
+
+
+def make_storage(url: str, policy: RetryPolicy | None = None, *,
+                 must_exist: bool = False) -> optuna.storages.BaseStorage:
+    """The study storage at ``url``, retried as the module doc says.
+
+    ``must_exist``: for commands that only read (status, report, export): a SQLite file
+    that is not there is an error at once, never created (and never waited for).
+
+    Raises:
+        SpecError: ``url`` is no database URL SQLAlchemy knows.
+        StudyError: the database is missing (``must_exist``) or is not an Optuna storage.
+    """
+
     policy = policy or RetryPolicy.from_env()
-    if url.startswith("sqlite:"):
-        # SQLite's own busy wait is the first line (lets `tuner status` read while the
-        # study writes); the retries above are the second.
-        return RetryingRDBStorage(url, policy=policy,
-                                  engine_kwargs={"connect_args": {"timeout": policy.busy_timeout_s}})
-    return RetryingRDBStorage(url, policy=policy)
+    shown = redact_url(url)
+    try:
+        sqlite_file = _sqlite_file(url)
+    except sqlalchemy.exc.ArgumentError as exc:
+        raise SpecError(f"--storage {shown}: not a database URL ({_first_line(exc)}); "
+                        "e.g. sqlite:///path/optuna.db or postgresql://user@host/db") from None
+    if must_exist and sqlite_file is not None and not sqlite_file.is_file():
+        raise StudyError(f"the study storage {shown} does not exist ({sqlite_file} is missing)")
+    try:
+        if sqlite_file is not None:
+            # SQLite's own busy wait is the first line (lets `tuner status` read while the
+            # study writes); the retries above are the second.
+            return RetryingRDBStorage(url, policy=policy,
+                                      engine_kwargs={"connect_args": {"timeout": policy.busy_timeout_s}})
+        return RetryingRDBStorage(url, policy=policy)
+    except (sqlalchemy.exc.ArgumentError, ImportError) as exc:
+        # An unknown dialect or a driver that is not installed.
+        raise SpecError(f"--storage {shown}: cannot be opened ({_first_line(exc)})") from None
+    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, RuntimeError) as exc:
+        # Not transient (those were retried): a file that is no database, a foreign schema,
+        # an Optuna schema of another version.
+        raise StudyError(f"the study storage {shown} cannot be read as an Optuna storage: "
+                         f"{_first_line(exc)}") from None
+
+
+def _first_line(exc: BaseException) -> str:
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    text = str(cause).strip().splitlines()
+    return f"{type(cause).__name__}: {text[0] if text else ''}"[:300]
 
 
 @dataclass
@@ -175,7 +219,8 @@ class StudyHandle:
 
     def load(self) -> optuna.Study:
         try:
-            return optuna.load_study(study_name=self.name, storage=make_storage(self.storage_url))
+            # Loading reads an existing study: a missing SQLite file is an error, not a new one.
+            return optuna.load_study(study_name=self.name, storage=make_storage(self.storage_url, must_exist=True))
         except KeyError as exc:
             raise StudyError(f"study {self.name!r} has no Optuna study in {redact_url(self.storage_url)}") from exc
 
@@ -199,8 +244,8 @@ def create_or_open(spec: StudySpec, results_root: Path, *, name: str | None = No
                    storage_url: str | None = None) -> StudyHandle:
     """The folder for a new study, or the existing one when the same spec is run again."""
 
-    name = name or spec.name
-    paths = StudyPaths(results_root / name)
+    name = spec.name if name is None else name
+    paths = StudyPaths.of(results_root, name)
     if paths.study_json.exists():
         handle = open_existing(results_root, name, storage_url=storage_url)
         if spec_digest(handle.spec) != spec_digest(spec):
@@ -224,21 +269,35 @@ def create_or_open(spec: StudySpec, results_root: Path, *, name: str | None = No
     return StudyHandle(name, paths, url, spec)
 
 
+def read_study_json(paths: StudyPaths) -> dict[str, Any]:
+    """study.json as a mapping, or StudyError in one line when it is damaged."""
+
+    try:
+        meta = json.loads(read_text_bounded(paths.study_json, "study.json"))
+    except (SpecError, ValueError) as exc:
+        detail = str(exc).removeprefix(f"{paths.study_json}: ")
+        raise StudyError(f"{paths.study_json} is damaged ({detail.splitlines()[0][:200]}); restore it "
+                         "from a backup (the trial files are intact)") from None
+    if not isinstance(meta, dict):
+        raise StudyError(f"{paths.study_json} is damaged (not a JSON object)")
+    return meta
+
+
 def open_existing(results_root: Path, name: str, *, storage_url: str | None = None) -> StudyHandle:
-    paths = StudyPaths(results_root / name)
+    paths = StudyPaths.of(results_root, name)
     if not paths.study_json.exists():
         known = sorted(p.parent.name for p in results_root.glob("*/study.json")) if results_root.exists() else []
         hint = f"; known studies: {', '.join(known)}" if known else ""
         raise StudyError(f"no study named {name!r} under {results_root}{hint}")
-    meta = json.loads(paths.study_json.read_text())
+    meta = read_study_json(paths)
     try:
-        spec = parse_study(paths.spec_yaml.read_text(), str(paths.spec_yaml))
+        spec = parse_study(read_text_bounded(paths.spec_yaml, "saved spec"), str(paths.spec_yaml))
     except SpecError as exc:
-        raise StudyError(f"the saved spec of study {name!r} no longer validates:\n{exc}") from exc
+        raise StudyError(f"the saved spec of study {name!r} no longer validates: {exc}") from None
     if storage_url is None:
         if not meta.get("storage_is_default", True):
             raise StudyError(
-                f"study {name!r} uses a non-default storage ({meta['storage']}); pass --storage URL"
+                f"study {name!r} uses a non-default storage ({meta.get('storage')}); pass --storage URL"
             )
         storage_url = paths.default_storage_url()
     return StudyHandle(name, paths, storage_url, spec)

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ValidationError
 
 from tuner.errors import SpecError
 from tuner.study import space
+from tuner.study.safe_yaml import YamlInputError, load_bounded
 from tuner.study.spec import BoolParam, CategoricalParam, FloatParam, IntParam, StudySpec
 
-__all__ = ["parse_study"]
+__all__ = ["parse_study", "load_study_data"]
 
 
 def _format_loc(loc: tuple[Any, ...], data: Any) -> str:
@@ -89,40 +89,64 @@ def _allowed_keys(loc: tuple[Any, ...], data: Any) -> list[str]:
     return sorted(getattr(model, "model_fields", {}))
 
 
-def parse_study(text: str, source: str = "<study>") -> StudySpec:
-    """Parse YAML text into a StudySpec, or raise SpecError naming source, field and value."""
+_MAX_ERROR_LINES = 10
+
+
+def _printable(text: str, limit: int = 300) -> str:
+    """One line of at most ``limit`` characters: control characters escaped (a value with
+    a newline must not start a line of its own in a terminal or a log)."""
+
+    text = "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def load_study_data(text: str, source: str = "<study>") -> dict[str, Any]:
+    """A study file's YAML as a mapping, within safe_yaml's bounds (size, depth, aliases,
+    duplicate keys, numbers), or SpecError in one line."""
 
     try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise SpecError(f"{source}: not valid YAML: {exc}") from exc
+        data = load_bounded(text)
+    except YamlInputError as exc:
+        raise SpecError(f"{source}: not valid YAML: {exc}") from None
     if not isinstance(data, dict):
         raise SpecError(f"{source}: the study file must be a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def parse_study(text: str, source: str = "<study>") -> StudySpec:
+    """Parse YAML text into a StudySpec, or raise SpecError naming source, field and value
+    (one line per problem, at most ten)."""
+
+    data = load_study_data(text, source)
     try:
         spec = StudySpec.model_validate(data)
     except ValidationError as exc:
         lines = []
-        for err in exc.errors():
+        errors = exc.errors()
+        for err in errors[:_MAX_ERROR_LINES]:
             loc = tuple(err["loc"])
             where = _format_loc(loc, data)
             message = err["msg"].removeprefix("Value error, ")
             found, value = _lookup(data, loc)
             got = ""
             if found and err["type"] not in ("missing",) and not isinstance(value, (dict, list)):
-                got = f" (got {value!r})"
+                got = f" (got {_printable(repr(value), 80)})"
             if err["type"] == "extra_forbidden":
                 where = _format_loc(loc[:-1], data)
                 allowed = _allowed_keys(loc[:-1], data)
-                message = f"unknown key {loc[-1]!r}" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+                message = f"unknown key {_printable(repr(loc[-1]), 80)}" + (
+                    f"; allowed: {', '.join(allowed)}" if allowed else "")
                 got = ""
-            prefix = f"{source}: {where}: " if loc else f"{source}: "
-            lines.append(f"{prefix}{message}{got}")
-        raise SpecError("\n".join(lines)) from exc
+            prefix = f"{source}: {_printable(where, 200)}: " if loc else f"{source}: "
+            lines.append(prefix + _printable(message, 400) + got)
+        if len(errors) > _MAX_ERROR_LINES:
+            lines.append(f"{source}: ... and {len(errors) - _MAX_ERROR_LINES} more problem(s)")
+        raise SpecError("\n".join(lines)) from None
     # The points that run first must be complete and allowed (the space's conditions and
     # forbidden rules: the reason this is not in the spec module, which the space builds on).
     try:
         space.baseline_values(spec)
         space.starting_point_values(spec)
     except ValueError as exc:
-        raise SpecError(f"{source}: {exc}") from exc
+        raise SpecError(f"{source}: {_printable(str(exc), 400)}") from None
     return spec
