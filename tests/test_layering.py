@@ -33,9 +33,10 @@ PURE = [
     "tuner.probe.record", "tuner.probe.reference_score", "tuner.probe.selection",
     "tuner.probe.spec", "tuner.probe.verdict", "tuner.probe.wire", "tuner.study",
     "tuner.study.command", "tuner.study.confirmation", "tuner.study.confirmation_text",
-    "tuner.study.durations", "tuner.study.early_stop", "tuner.study.outcome", "tuner.study.pareto",
-    "tuner.study.policy", "tuner.study.sampling", "tuner.study.scoring", "tuner.study.space",
-    "tuner.study.spec", "tuner.study.study_file", "tuner.study.trials", "tuner.vllm",
+    "tuner.study.bounds", "tuner.study.durations", "tuner.study.early_stop", "tuner.study.outcome", "tuner.study.pareto",
+    "tuner.study.policy", "tuner.study.safe_yaml", "tuner.study.sampling", "tuner.study.scoring",
+    "tuner.study.space", "tuner.study.spec", "tuner.study.study_file", "tuner.study.study_name",
+    "tuner.study.trials", "tuner.vllm",
     "tuner.vllm.compile_cache", "tuner.vllm.effective_config", "tuner.vllm.failure_signatures",
     "tuner.vllm.knobs", "tuner.vllm.verify",
 ]

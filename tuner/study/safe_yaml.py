@@ -60,14 +60,15 @@ class _BoundedLoader(yaml.SafeLoader):
         super().__init__(stream)
         self._depth = 0
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         # Composition recurses once per nesting level: stop long before Python's limit.
         self._depth += 1
         try:
             if self._depth > self.max_depth:
-                raise YamlInputError(
-                    f"nested deeper than {self.max_depth} levels ({_where(self.peek_event().start_mark)})")
-            return super().compose_node(parent, index)
+                event = self.peek_event()  # type: ignore[no-untyped-call]
+                raise YamlInputError(f"nested deeper than {self.max_depth} levels ({_where(event.start_mark)})")
+            node: Node | None = super().compose_node(parent, index)
+            return node
         finally:
             self._depth -= 1
 
