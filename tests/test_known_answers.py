@@ -191,12 +191,12 @@ def _question(item: ProbeItem) -> str:
 
 
 def test_items_are_deterministic_and_seeded() -> None:
-    assert build_items(ProbeSpec()) == build_items(ProbeSpec())
-    assert build_items(ProbeSpec(seed=1)) != build_items(ProbeSpec(seed=0))
+    assert build_items(ProbeSpec(bank={"enabled": False})) == build_items(ProbeSpec(bank={"enabled": False}))
+    assert build_items(ProbeSpec(bank={"enabled": False}, seed=1)) != build_items(ProbeSpec(bank={"enabled": False}, seed=0))
 
 
 def test_default_item_set_shape() -> None:
-    items = build_items(ProbeSpec())
+    items = build_items(ProbeSpec(bank={"enabled": False}))
     assert len(items) == 12
     assert len({i.id for i in items}) == 12
     assert {i.family for i in items} == {"arithmetic", "copy", "number_words", "capital", "lookup"}
@@ -211,16 +211,16 @@ def test_default_item_set_shape() -> None:
 
 
 def test_item_count_single_api_and_subset() -> None:
-    items = build_items(ProbeSpec(items=7, api="chat", families=("capital", "arithmetic")))
+    items = build_items(ProbeSpec(bank={"enabled": False}, items=7, api="chat", families=("capital", "arithmetic")))
     assert len(items) == 7
     assert {i.api for i in items} == {"chat"}
     assert {i.family for i in items} == {"capital", "arithmetic"}
-    assert len(build_items(ProbeSpec(items=7))) == 8  # odd count rounds up with api=both
+    assert len(build_items(ProbeSpec(bank={"enabled": False}, items=7))) == 8  # odd count rounds up with api=both
 
 
 def test_generated_answers_are_right() -> None:
     """Recompute each expected answer from the prompt text, independently of the generator."""
-    items = build_items(ProbeSpec(items=60, api="chat", seed=3))
+    items = build_items(ProbeSpec(bank={"enabled": False}, items=60, api="chat", seed=3))
     capitals = {"France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Japan": "Tokyo",
                 "Spain": "Madrid", "China": "Beijing", "Russia": "Moscow", "Egypt": "Cairo",
                 "Canada": "Ottawa", "United Kingdom": "London", "Greece": "Athens",
@@ -266,7 +266,7 @@ def test_generated_answers_are_right() -> None:
 
 
 def test_lookup_lengths_cover_the_requested_sizes() -> None:
-    items = build_items(ProbeSpec(items=3, api="chat", families=("lookup",),
+    items = build_items(ProbeSpec(bank={"enabled": False}, items=3, api="chat", families=("lookup",),
                                   lookup_prompt_tokens=(300, 600, 1000)))
     words = [len(i.prompt.split()) for i in items]
     # ~7 tokens per 4-word line: 300/600/1000 tokens -> about 170/340/570 words.
@@ -275,14 +275,14 @@ def test_lookup_lengths_cover_the_requested_sizes() -> None:
 
 
 def test_default_set_has_one_lookup_per_default_length() -> None:
-    lookups = [i for i in build_items(ProbeSpec()) if i.family == "lookup" and i.api == "chat"]
+    lookups = [i for i in build_items(ProbeSpec(bank={"enabled": False})) if i.family == "lookup" and i.api == "chat"]
     assert len(lookups) == 2
     assert len({len(i.prompt.split()) for i in lookups}) == 2
 
 
 def test_garbage_answers_fail_checks() -> None:
     """Fluent but wrong output (trap 1) and answers to other questions must not pass."""
-    items = build_items(ProbeSpec(items=40, seed=5))
+    items = build_items(ProbeSpec(bank={"enabled": False}, items=40, seed=5))
     fluent = "The answer to this question depends on several important factors."
     assert not any(check_answer(i.check, i.expected, fluent, i.distractors) for i in items)
     shifted = [
@@ -337,12 +337,12 @@ def test_tolerance_rejects_bad_input() -> None:
 
 
 def test_spec_defaults_and_normalisation() -> None:
-    spec = ProbeSpec()
+    spec = ProbeSpec(bank={"enabled": False})
     assert spec.enabled and spec.items == 12 and spec.concurrency == (1, 8)
     assert spec.lookup_prompt_tokens == (300, 600)
     assert spec.apis == ("chat", "completions")
-    assert ProbeSpec(concurrency=[8, 1, 4]).concurrency == (1, 4, 8)
-    assert ProbeSpec(api="completions").apis == ("completions",)
+    assert ProbeSpec(bank={"enabled": False}, concurrency=[8, 1, 4]).concurrency == (1, 4, 8)
+    assert ProbeSpec(bank={"enabled": False}, api="completions").apis == ("completions",)
 
 
 @pytest.mark.parametrize(
@@ -440,7 +440,7 @@ def _answers(
 
 
 def test_score_all_correct() -> None:
-    spec = ProbeSpec(items=24)
+    spec = ProbeSpec(bank={"enabled": False}, items=24)
     items = build_items(spec)
     result = score(items, _answers(items, 1) + _answers(items, 8), spec, probe_seconds=1.5)
     assert result.passed and result.reason == "ok"
@@ -457,7 +457,7 @@ def test_score_all_correct() -> None:
 
 
 def test_score_garbage_fails_with_reason() -> None:
-    spec = ProbeSpec(items=24)
+    spec = ProbeSpec(bank={"enabled": False}, items=24)
     items = build_items(spec)
     every = set(range(len(items)))
     result = score(items, _answers(items, 1, every) + _answers(items, 8, every), spec)
@@ -469,7 +469,7 @@ def test_score_garbage_fails_with_reason() -> None:
 
 
 def test_score_batch_dependent_bug_fails_consistency() -> None:
-    spec = ProbeSpec(items=24, min_accuracy=0.0)  # isolate the consistency rule
+    spec = ProbeSpec(bank={"enabled": False}, items=24, min_accuracy=0.0)  # isolate the consistency rule
     items = build_items(spec)
     # Wrong at both levels, but differently wrong at concurrency 8 for half the items.
     wrong = set(range(len(items)))
@@ -485,7 +485,7 @@ def test_score_batch_dependent_bug_fails_consistency() -> None:
 
 
 def test_score_errors_count_wrong_and_are_listed() -> None:
-    spec = ProbeSpec(items=24, concurrency=[1])
+    spec = ProbeSpec(bank={"enabled": False}, items=24, concurrency=[1])
     items = build_items(spec)
     answers = _answers(items, 1)
     answers[0] = ProbeAnswer(item_id=items[0].id, concurrency=1, error="HTTP 500: boom")
@@ -501,7 +501,7 @@ def test_score_errors_count_wrong_and_are_listed() -> None:
 
 
 def test_score_missing_answers_are_errors() -> None:
-    spec = ProbeSpec(items=24)
+    spec = ProbeSpec(bank={"enabled": False}, items=24)
     items = build_items(spec)
     result = score(items, _answers(items, 1), spec)  # level 8 never ran
     assert not result.passed
@@ -511,7 +511,7 @@ def test_score_missing_answers_are_errors() -> None:
 
 
 def test_score_reference_rule() -> None:
-    spec = ProbeSpec(items=24, concurrency=[1], reference_accuracy=1.0, min_accuracy=0.99)
+    spec = ProbeSpec(bank={"enabled": False}, items=24, concurrency=[1], reference_accuracy=1.0, min_accuracy=0.99)
     items = build_items(spec)
     ok = score(items, _answers(items, 1, {0, 1}), spec)  # 22/24, floor 0.99 not applied
     assert ok.passed and ok.levels[0].threshold == pytest.approx(1 - accuracy_tolerance(24, 1.0))
@@ -521,7 +521,7 @@ def test_score_reference_rule() -> None:
 
 
 def test_score_rejects_caller_bugs() -> None:
-    spec = ProbeSpec(concurrency=[1])
+    spec = ProbeSpec(bank={"enabled": False}, concurrency=[1])
     items = build_items(spec)
     stray = ProbeAnswer(item_id="nope", concurrency=1, text="x")
     with pytest.raises(ValueError, match="unknown item"):
@@ -536,7 +536,7 @@ def test_score_rejects_caller_bugs() -> None:
 
 
 def test_result_round_trips_through_json() -> None:
-    spec = ProbeSpec(items=24)
+    spec = ProbeSpec(bank={"enabled": False}, items=24)
     items = build_items(spec)
     result = score(items, _answers(items, 1, {3}) + _answers(items, 8, {3, 4}), spec)
     again = ProbeResult.model_validate_json(result.model_dump_json())
@@ -556,7 +556,7 @@ def test_disabled_result() -> None:
 def _subset_case(changed: set[int], wrong_at_1: bool = False) -> ProbeResult:
     """12 items at concurrency 8, items 0-2 only at 1 (a single-stream subset); the items
     in ``changed`` answer differently at 8 than at 1."""
-    spec = ProbeSpec(items=12, reference_accuracy=1.0)
+    spec = ProbeSpec(bank={"enabled": False}, items=12, reference_accuracy=1.0)
     items = build_items(spec)
     subset = {items[n].id for n in range(3)}
     level1 = [a for a in _answers(items, 1, set(range(12)) if wrong_at_1 else set())
@@ -591,7 +591,7 @@ def test_subset_consistency_tolerates_what_the_full_set_would_but_never_all() ->
     # Changes outside the subset cannot be compared and do not count.
     assert _subset_case({5, 6, 7}).passed
     # A subset of one pair: a changed answer there is all of them.
-    spec = ProbeSpec(items=12, reference_accuracy=1.0)
+    spec = ProbeSpec(bank={"enabled": False}, items=12, reference_accuracy=1.0)
     items = build_items(spec)
     level8 = _answers(items, 8)
     level8[0] = level8[0].model_copy(update={"text": "other"})
@@ -600,7 +600,7 @@ def test_subset_consistency_tolerates_what_the_full_set_would_but_never_all() ->
 
 
 def test_subset_rejects_answers_not_asked() -> None:
-    spec = ProbeSpec(items=12)
+    spec = ProbeSpec(bank={"enabled": False}, items=12)
     items = build_items(spec)
     with pytest.raises(ValueError, match="not asked at 1"):
         score(items, _answers(items, 1) + _answers(items, 8), spec, asked={1: {items[0].id}})

@@ -135,7 +135,7 @@ def _run(coro: Any) -> Any:
 
 
 def test_correct_server_passes(server: str) -> None:
-    spec = ProbeSpec(items=24)
+    spec = ProbeSpec(bank={"enabled": False}, items=24)
     FAKE.learn(spec)
     result = _run(run_probe(f"{server}/good", MODEL, spec, headers={"Authorization": "Bearer k"}))
     assert result.passed, result.reason
@@ -149,7 +149,7 @@ def test_correct_server_passes(server: str) -> None:
 
 
 def test_requests_are_greedy_and_well_formed(server: str) -> None:
-    spec = ProbeSpec(items=24, concurrency=[1], max_tokens=20)
+    spec = ProbeSpec(bank={"enabled": False}, items=24, concurrency=[1], max_tokens=20)
     FAKE.learn(spec)
     _run(run_probe(f"{server}/good/", MODEL, spec))  # trailing slash tolerated
     assert len(FAKE.bodies) == 24
@@ -165,7 +165,7 @@ def test_requests_are_greedy_and_well_formed(server: str) -> None:
 
 
 def test_garbage_server_fails_with_clear_reason(server: str) -> None:
-    spec = ProbeSpec()
+    spec = ProbeSpec(bank={"enabled": False})
     FAKE.learn(spec)
     result = _run(run_probe(f"{server}/garbage", MODEL, spec))
     assert not result.passed
@@ -176,7 +176,7 @@ def test_garbage_server_fails_with_clear_reason(server: str) -> None:
 
 
 def test_batch_dependent_bug_fails_at_high_concurrency(server: str) -> None:
-    spec = ProbeSpec()
+    spec = ProbeSpec(bank={"enabled": False})
     FAKE.learn(spec)
     result = _run(run_probe(f"{server}/batchy", MODEL, spec))
     low, high = result.levels
@@ -189,7 +189,7 @@ def test_batch_dependent_bug_fails_at_high_concurrency(server: str) -> None:
 
 
 def test_server_errors_count_as_wrong(server: str) -> None:
-    spec = ProbeSpec(items=24, lookup_prompt_tokens=(300, 600, 1000), concurrency=[1, 4])
+    spec = ProbeSpec(bank={"enabled": False}, items=24, lookup_prompt_tokens=(300, 600, 1000), concurrency=[1, 4])
     FAKE.learn(spec)
     result = _run(run_probe(f"{server}/flaky", MODEL, spec))
     failing = {r.id for r in result.records if r.family in ("capital", "lookup")}
@@ -203,7 +203,7 @@ def test_server_errors_count_as_wrong(server: str) -> None:
 
 
 def test_malformed_body_is_recorded(server: str) -> None:
-    spec = ProbeSpec(items=4, concurrency=[1])
+    spec = ProbeSpec(bank={"enabled": False}, items=4, concurrency=[1])
     FAKE.learn(spec)
     result = _run(run_probe(f"{server}/broken", MODEL, spec))
     assert result.correct == 0
@@ -211,7 +211,7 @@ def test_malformed_body_is_recorded(server: str) -> None:
 
 
 def test_request_timeout_is_recorded(server: str) -> None:
-    spec = ProbeSpec(items=2, concurrency=[2], request_timeout_s=0.2)
+    spec = ProbeSpec(bank={"enabled": False}, items=2, concurrency=[2], request_timeout_s=0.2)
     FAKE.learn(spec)
     started = time.perf_counter()
     result = _run(run_probe(f"{server}/slow", MODEL, spec))
@@ -220,7 +220,7 @@ def test_request_timeout_is_recorded(server: str) -> None:
 
 
 def test_deadline_bounds_the_probe(server: str) -> None:
-    spec = ProbeSpec(items=6, concurrency=[1])
+    spec = ProbeSpec(bank={"enabled": False}, items=6, concurrency=[1])
     FAKE.learn(spec)
     started = time.perf_counter()
     result = _run(run_probe(f"{server}/slow", MODEL, spec, deadline_s=0.3))
@@ -236,14 +236,14 @@ def test_refused_connection_is_recorded() -> None:
     with socket.socket() as sock:  # find a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    spec = ProbeSpec(items=2, concurrency=[1])
+    spec = ProbeSpec(bank={"enabled": False}, items=2, concurrency=[1])
     result = _run(run_probe(f"http://127.0.0.1:{port}", MODEL, spec))
     assert not result.passed and len(result.errors) == 2
     assert all(f.detail.startswith("ConnectError") for f in result.errors)
 
 
 def test_cancellation_propagates(server: str) -> None:
-    spec = ProbeSpec(items=4, concurrency=[4])
+    spec = ProbeSpec(bank={"enabled": False}, items=4, concurrency=[4])
     FAKE.learn(spec)
 
     async def cancel_soon() -> None:
@@ -259,7 +259,7 @@ def test_cancellation_propagates(server: str) -> None:
 
 
 def test_disabled_probe_sends_nothing(server: str) -> None:
-    result = _run(run_probe(f"{server}/good", MODEL, ProbeSpec(enabled=False)))
+    result = _run(run_probe(f"{server}/good", MODEL, ProbeSpec(bank={"enabled": False}, enabled=False)))
     assert result.skipped and result.passed and not FAKE.bodies
 
 
@@ -270,7 +270,7 @@ def test_prompts_file_end_to_end(server: str, tmp_path: Path) -> None:
     ]
     (tmp_path / "mine.jsonl").write_text("\n".join(json.dumps(x) for x in lines) + "\n")
     FAKE.oracle.update({"What is 2 + 2?": "4", "Say the word lemon.": "lemon"})
-    spec = ProbeSpec(prompts_file="mine.jsonl", concurrency=[1])
+    spec = ProbeSpec(bank={"enabled": False}, prompts_file="mine.jsonl", concurrency=[1])
     items = load_probe_items(spec, base_dir=tmp_path)
     assert [i.id for i in items] == ["line1-chat", "line1-completions", "line2-chat"]
     result = _run(run_probe(f"{server}/good", MODEL, spec, items=items))
@@ -280,14 +280,14 @@ def test_prompts_file_end_to_end(server: str, tmp_path: Path) -> None:
 
 def test_prompts_file_errors(tmp_path: Path) -> None:
     with pytest.raises(PromptsFileError, match="cannot read"):
-        load_probe_items(ProbeSpec(prompts_file="missing.jsonl"), base_dir=tmp_path)
+        load_probe_items(ProbeSpec(bank={"enabled": False}, prompts_file="missing.jsonl"), base_dir=tmp_path)
     (tmp_path / "bad.jsonl").write_text('{"prompt": "p", "expected": "x", "check": "nope"}\n')
     with pytest.raises(PromptsFileError, match=r"line 1: check: "):
-        load_probe_items(ProbeSpec(prompts_file=str(tmp_path / "bad.jsonl")))
+        load_probe_items(ProbeSpec(bank={"enabled": False}, prompts_file=str(tmp_path / "bad.jsonl")))
 
 
 def test_apply_stop_cuts_completion_answers_where_the_request_would_have_stopped() -> None:
-    items = build_items(ProbeSpec(items=2))
+    items = build_items(ProbeSpec(bank={"enabled": False}, items=2))
     chat, completion = items
     assert (chat.api, completion.api) == ("chat", "completions")
     text = " 42\nQuestion: What is 1 + 1?\nAnswer: 2"

@@ -100,7 +100,7 @@ class Recorded:
 
 def record(log_dir: Path, **server) -> Recorded:
     """The orchestrator's once-per-study step, against a reference-configuration server."""
-    spec = ProbeSpec()
+    spec = ProbeSpec(bank={"enabled": False})
     sim = SimProc(log_dir, **server)
     try:
         known = asyncio.run(run_probe(sim.url, MODEL, spec))
@@ -272,7 +272,7 @@ def test_deadline_cuts_the_probe_short_and_fails_it(sim, tiny_ref: Recorded) -> 
 
 
 def test_recording_from_a_dead_server_raises(log_dir: Path) -> None:
-    spec = ProbeSpec(request_timeout_s=2)
+    spec = ProbeSpec(bank={"enabled": False}, request_timeout_s=2)
     with pytest.raises(ReferenceRecordError, match="/tokenize"):
         asyncio.run(record_reference(f"http://127.0.0.1:{free_port()}", MODEL, spec))
 

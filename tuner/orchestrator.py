@@ -33,7 +33,7 @@ from tuner.adapters.artifacts import atomic_write_json, is_secret_name
 from tuner.confirming import confirm_trials
 from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError
 from tuner.execution import Executor, Finished, JobHost, NoWorkersLeft
-from tuner.referencing import WORKER_WAIT_S, pinned, prepare_reference
+from tuner.referencing import WORKER_WAIT_S, pinned, prepare_reference, study_probe
 from tuner.study import policy, space
 from tuner.study.space import trial_command
 from tuner.study.confirmation import choose_candidates, confirmation_brief, reserve_seconds
@@ -90,7 +90,7 @@ class StudyLoop:
         self._full_trial_s: list[float] = []
         self.confirm_reserve_s = 0.0
         # What every trial's probe is judged with (tuner.referencing.prepare_reference).
-        self.probe = spec.probe
+        self.probe = study_probe(spec, spec.probe)
         self.reference: dict[str, Any] | None = None
 
     @property

@@ -20,7 +20,7 @@ from tuner.adapters.artifacts import atomic_write_json, is_secret_name
 from tuner.probe.client import load_probe_items
 from tuner.probe.record import Reference
 from tuner.probe.recording import load_reference_sources
-from tuner.probe.spec import ProbeSpec
+from tuner.probe.spec import ProbeSpec, fit_to_study
 from tuner.probe.verdict import with_reference_accuracy
 from tuner.errors import ArtifactWriteError, StudyError
 from tuner.execution import Finished, JobHost, NoWorkersLeft
@@ -28,7 +28,8 @@ from tuner.study.command import ReferenceConfiguration, reference_configuration
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.vllm.knobs import RenderedCommand, shell_line
 
-__all__ = ["Prepared", "prepare_reference", "resolve_probe_files", "pinned", "REFERENCE_JOB", "WORKER_WAIT_S"]
+__all__ = ["Prepared", "prepare_reference", "resolve_probe_files", "pinned", "study_probe", "REFERENCE_JOB",
+           "WORKER_WAIT_S"]
 
 REFERENCE_JOB = -1  # request number of the reference job (trial numbers start at 0)
 WORKER_WAIT_S = 600.0  # no GPU group available for this long: stop (resumably)
@@ -66,6 +67,17 @@ def resolve_probe_files(probe: ProbeSpec, base_dir: Path) -> ProbeSpec:
     return resolved
 
 
+def study_probe(spec: Any, probe: ProbeSpec) -> ProbeSpec:
+    """``probe`` with its bank fitted to the study (tuner.probe.spec.fit_to_study): its top
+    decode batch size is the load's top concurrency, its longest prompt fits the server's
+    ``max_model_len``."""
+
+    levels = list(spec.load.concurrency or ())
+    limit = spec.server.flags.get("max_model_len")
+    max_len = int(limit) if isinstance(limit, int) or (isinstance(limit, str) and limit.isdigit()) else None
+    return fit_to_study(probe, top_concurrency=max(levels) if levels else None, max_model_len=max_len)
+
+
 @dataclass(frozen=True)
 class Prepared:
     """What every trial's probe is judged with: the probe section (with the reference's
@@ -96,7 +108,7 @@ def prepare_reference(host: JobHost, clock: Any) -> Prepared | None:
     # `tuner run` already made the files absolute against the study file; a relative
     # path left (a study created in code) means the current folder. Checked now either
     # way: a bad prompts file must stop the study before any server starts.
-    probe = resolve_probe_files(spec.probe, Path.cwd())
+    probe = study_probe(spec, resolve_probe_files(spec.probe, Path.cwd()))
     if not probe.reference.enabled:
         return Prepared(probe, None)
     served = spec.server.served_model_name or spec.server.model

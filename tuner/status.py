@@ -114,6 +114,7 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "mismatches": outcome.get("mismatches", []),
         "probe_passed": outcome.get("probe_passed"),
         "probe_reason": outcome.get("probe_reason"),
+        "probe_coverage": outcome.get("probe_coverage"),
         "startup_s": outcome.get("startup_s"),
         "probe_s": probe_s,
         "trial_s": trial_s,
@@ -326,7 +327,8 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
             if row.get("probe_s") is not None:
                 share = (f" ({row['probe_share']:.0%} of {row['trial_s']:.0f}s)"
                          if row.get("probe_share") is not None else "")
-                lines.append(f"        probe {row['probe_s']:.1f}s{share}")
+                covered = f"; {row['probe_coverage']}" if row.get("probe_coverage") else ""
+                lines.append(f"        probe {row['probe_s']:.1f}s{share}{covered}")
             if row.get("compile") and row["compile"].get("cache") not in (None, "none"):
                 lines.append(_compile_line(row))
             if row.get("speculation"):

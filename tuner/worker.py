@@ -32,7 +32,8 @@ from tuner.adapters.launcher import TAG_VAR, ServerProcess
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.sweep import run_sweep
 from tuner.probe.client import load_probe_items, run_probe
-from tuner.probe.correctness import run_correctness
+from tuner.probe.known_score import ProbeResult
+from tuner.probe.trial import reference_known_answers, run_trial_probe
 from tuner.probe.recording import ReferenceRecordError, check_reference, load_reference_sources, record_reference
 from tuner.vllm.compile_cache import parse_compile_log
 from tuner.study.early_stop import SweepGuard
@@ -253,6 +254,9 @@ class TrialWorker:
     def _verify(self, request: TrialRequest, trial_dir: Path, outcome: TrialOutcome) -> None:
         assert self._server is not None
         effective = parse_effective_config(self._server.log_text())
+        # The shapes the server specialises for (CUDA-graph capture sizes) are what the
+        # probe's prompt lengths and batch sizes must cover (tuner.probe.shapes).
+        self._capture_sizes = list(effective.cudagraph_capture_sizes or [])
         result = verify(request.asked, effective)
         atomic_write_json(trial_dir / "effective_config.json", effective.model_dump(mode="json"))
         atomic_write_json(trial_dir / "verification.json", result.model_dump(mode="json"))
@@ -269,11 +273,14 @@ class TrialWorker:
         began = time.monotonic()
         # Both layers: known answers, then agreement with the study's reference (token
         # agreement to the first divergence, top-k there, teacher-forced prompt logprobs).
-        result = await run_correctness(self._server.base_url, request.served_model_name, spec,
-                                       reference=reference, deadline_s=self._remaining(request))
+        result = await run_trial_probe(self._server.base_url, request.served_model_name, spec,
+                                       reference=reference, sample_seed=request.number,
+                                       capture_sizes=getattr(self, "_capture_sizes", []),
+                                       deadline_s=self._remaining(request))
         outcome.probe_s = time.monotonic() - began
         outcome.probe_passed = result.passed
         outcome.probe_reason = result.reason
+        outcome.probe_coverage = None if result.coverage is None else result.coverage.short()
         atomic_write_json(trial_dir / "probe.json", result.model_dump(mode="json"))
 
     async def _record_reference(self, request: TrialRequest, outcome: TrialOutcome) -> None:
@@ -287,18 +294,22 @@ class TrialWorker:
         began = time.monotonic()
         items = load_probe_items(spec)
         sources = load_reference_sources(spec, items=items)
-        known = await run_probe(url, served, spec, deadline_s=self._remaining(request), items=items)
         reference = self_check = None
         problems: list[str] = []
-        try:
-            reference = await record_reference(url, served, spec, sources=sources, known_answers=known,
-                                               deadline_s=self._remaining(request))
-            # The same requests again against the same server: a reference that does not
-            # agree with itself would fail correct trials.
-            self_check = await check_reference(url, served, spec, reference,
-                                               deadline_s=self._remaining(request))
-        except ReferenceRecordError as exc:
-            problems.append(str(exc))
+        if spec.bank.enabled:
+            known, reference, self_check = await self._record_bank_reference(
+                request, spec, items, sources, problems)
+        else:
+            known = await run_probe(url, served, spec, deadline_s=self._remaining(request), items=items)
+            try:
+                reference = await record_reference(url, served, spec, sources=sources, known_answers=known,
+                                                   deadline_s=self._remaining(request))
+                # The same requests again against the same server: a reference that does not
+                # agree with itself would fail correct trials.
+                self_check = await check_reference(url, served, spec, reference,
+                                                   deadline_s=self._remaining(request))
+            except ReferenceRecordError as exc:
+                problems.append(str(exc))
         verdict = validate_reference(known, reference=reference, self_check=self_check)
         if verdict is not None:
             problems.append(verdict)
@@ -319,6 +330,27 @@ class TrialWorker:
             "self_check": None if self_check is None else self_check.model_dump(mode="json"),
             "problem": outcome.probe_reason if problems else None,
         }
+
+    async def _record_bank_reference(self, request: TrialRequest, spec: ProbeSpec, items: list[Any],
+                                     sources: list[Any], problems: list[str]) -> tuple[Any, Any, Any]:
+        """Record the bank's pool (batched), judge the reference's own known answers from its
+        record, then run a trial's probe against the reference itself: batch 1 vs N under the
+        same numerics rule that judges trials (a reference that fails it would fail correct
+        trials)."""
+        assert self._server is not None
+        url, served = self._server.base_url, request.served_model_name
+        try:
+            reference = await record_reference(url, served, spec, sources=sources,
+                                               deadline_s=self._remaining(request))
+        except ReferenceRecordError as exc:
+            problems.append(str(exc))
+            return ProbeResult.disabled(), None, None
+        known = reference_known_answers(spec, items, reference)
+        reference = reference.model_copy(update={"known_answers_accuracy": known.accuracy})
+        check = await run_trial_probe(url, served, spec, reference=reference, items=items,
+                                      sample_seed=0, capture_sizes=getattr(self, "_capture_sizes", []),
+                                      deadline_s=self._remaining(request))
+        return known, reference, check
 
     async def _load(self, request: TrialRequest, trial_dir: Path, outcome: TrialOutcome,
                     guard: SweepGuard | None = None) -> None:

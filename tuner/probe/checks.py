@@ -80,6 +80,24 @@ def _check_sentence(expected: str, answer: str, distractors: Iterable[str]) -> b
     return not any(_contains_run(words, answer_words(d)) for d in distractors)
 
 
+def _check_mentions(expected: str, answer: str, distractors: Iterable[str]) -> bool:
+    """The expected word(s) appear as whole words, and no distractor comes before them.
+
+    Chatty answers put the fact anywhere ("That sounds exciting! The capital of Peru is
+    Lima."), so the first sentence is not enough; a distractor named first ("Bogota, no,
+    Lima") is a wrong answer, and a negation right before it ("not Lima") too."""
+    words = answer_words(answer)
+    want = answer_words(expected)
+    n = len(want)
+    at = next((i for i in range(len(words) - n + 1) if words[i : i + n] == want), None)
+    if not n or at is None:
+        return False
+    if any(w in _NEGATIONS or w.endswith(("n't", "n’t")) for w in words[max(0, at - 2) : at]):
+        return False
+    before = words[:at]
+    return not any(_contains_run(before, answer_words(d)) for d in distractors)
+
+
 def check_answer(
     check: Check, expected: str, answer: str | None, distractors: Iterable[str] = ()
 ) -> bool:
@@ -98,6 +116,8 @@ def check_answer(
         return _check_line(expected, answer)
     if check == "sentence":
         return _check_sentence(expected, answer, distractors)
+    if check == "mentions":
+        return _check_mentions(expected, answer, distractors)
     if check == "contains":
         return bool(_norm(expected)) and _norm(expected) in _norm(answer)
     raise ValueError(f"unknown check {check!r}")

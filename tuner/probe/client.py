@@ -15,6 +15,7 @@ from time import perf_counter
 
 import httpx
 
+from tuner.probe.bank import build_pool
 from tuner.probe.items import ProbeItem, build_items
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
 from tuner.probe.prompts_file import PromptsFileError, parse_prompts_jsonl
@@ -35,6 +36,13 @@ def load_probe_items(spec: ProbeSpec, *, base_dir: Path | None = None) -> list[P
         PromptsFileError: the file cannot be read or has invalid lines (all listed).
     """
     if spec.prompts_file is None:
+        if spec.bank.enabled:
+            return build_pool(
+                spec.seed,
+                spec.bank.families,
+                spec.bank.per_stratum,
+                max_prompt_tokens=spec.bank.max_prompt_tokens,
+            )
         return build_items(spec)
     path = Path(spec.prompts_file)
     if base_dir is not None and not path.is_absolute():

@@ -38,7 +38,7 @@ from tuner.probe.wire import (
     parse_response,
 )
 
-__all__ = ["ask_reference", "run_correctness", "run_levels"]
+__all__ = ["ask_reference", "ask_shared", "matching_pairs", "run_correctness", "run_levels"]
 
 
 async def ask_reference(
@@ -50,7 +50,13 @@ async def ask_reference(
     spec: ProbeSpec,
     gate: asyncio.Semaphore,
     deadline: float | None,
+    *,
+    repeat: int = 0,
+    max_tokens: int | None = None,
 ) -> ReferenceAnswer:
+    """One reference prompt at one level: its greedy continuation with top-k logprobs
+    (``kind`` "generate", ``max_tokens`` tokens, default the spec's) or its teacher-forced
+    continuation ("forced"). Failures are recorded in the answer, never raised."""
     ref = spec.reference
     async with gate:
         timeout = request_timeout(spec, deadline)
@@ -60,11 +66,14 @@ async def ask_reference(
                 concurrency=level,
                 kind=kind,  # type: ignore[arg-type]
                 error="not sent: probe deadline reached",
+                repeat=repeat,
             )
         began = perf_counter()
         try:
             if kind == "generate":
                 body = generation_request(model, prompt.prompt_ids, ref)
+                if max_tokens is not None:
+                    body["max_tokens"] = max_tokens
                 payload = await post_json(client, "/v1/completions", body, timeout)
                 return ReferenceAnswer(
                     prompt_id=prompt.id,
@@ -72,6 +81,7 @@ async def ask_reference(
                     kind="generate",
                     generation=parse_generation(payload),
                     latency_s=perf_counter() - began,
+                    repeat=repeat,
                 )
             body = forced_request(model, prompt.prompt_ids, prompt.generation.tokens, ref)
             payload = await post_json(client, "/v1/completions", body, timeout)
@@ -92,6 +102,7 @@ async def ask_reference(
                 kind=kind,  # type: ignore[arg-type]
                 error=str(exc),
                 latency_s=perf_counter() - began,
+                repeat=repeat,
             )
 
 
@@ -113,7 +124,7 @@ async def _tokenize_matches(
     if item.api == "chat":
         body: dict[str, Any] = {
             "model": model,
-            "messages": [{"role": "user", "content": item.prompt}],
+            "messages": item.messages(),
             "add_generation_prompt": True,
         }
     else:
@@ -129,7 +140,7 @@ async def _tokenize_matches(
     return isinstance(got, dict) and got.get("tokens") == prompt.prompt_ids
 
 
-async def _ask_shared(
+async def ask_shared(
     client: httpx.AsyncClient,
     item: ProbeItem,
     prompt: ReferencePrompt,
@@ -310,7 +321,7 @@ async def run_levels(
             known_tasks = []
             for item in sent_items:
                 if item.id in shared:
-                    task = _ask_shared(
+                    task = ask_shared(
                         client, item, shared[item.id], level, model, spec, reference, gate, deadline
                     )
                     shared_tasks.append(group.create_task(task))
@@ -333,7 +344,7 @@ async def run_levels(
     return known_answers, ref_answers, known_s
 
 
-async def _matching_pairs(
+async def matching_pairs(
     client: httpx.AsyncClient,
     model: str,
     spec: ProbeSpec,
@@ -376,7 +387,7 @@ async def run_correctness(
     together say *how* it is broken - and share ``deadline_s``.
 
     A known-answer question that is also a reference prompt is asked once per level that
-    both layers run at (:func:`_ask_shared`), provided the trial's ``/tokenize`` gives the
+    both layers run at (:func:`ask_shared`), provided the trial's ``/tokenize`` gives the
     recorded ids; everything else as :func:`run_levels` describes. Concurrency 1 sends
     only the single-stream subset (:func:`single_stream_plan`) when ``spec.single_stream``
     is ``subset`` and a higher level runs the whole set; both layers are scored with it.
@@ -414,7 +425,7 @@ async def run_correctness(
     deadline = None if deadline_s is None else start + deadline_s
     widest = max(*spec.concurrency, *spec.reference.concurrency)
     async with make_client(base_url, headers, spec, widest) as client:
-        pairs = await _matching_pairs(client, model, spec, items, reference, deadline)
+        pairs = await matching_pairs(client, model, spec, items, reference, deadline)
         known_answers, ref_answers, known_s = await run_levels(
             client, model, spec, reference, items, pairs, deadline, plan=plan
         )

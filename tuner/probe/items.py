@@ -35,11 +35,11 @@ from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.probe.spec import ALL_FAMILIES, Api, Family, ProbeSpec
+from tuner.probe.spec import ALL_FAMILIES, Api, ProbeSpec
 
 __all__ = ["Check", "ProbeItem", "build_items", "completion_prompt", "number_to_words"]
 
-Check = Literal["number", "word", "line", "contains", "sentence"]
+Check = Literal["number", "word", "line", "contains", "sentence", "mentions"]
 
 
 class ProbeItem(BaseModel):
@@ -48,12 +48,26 @@ class ProbeItem(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     id: str
-    family: Family | Literal["custom"]
+    family: str = Field(description="A template family, a bank family, or 'custom'.")
     api: Api
     prompt: str = Field(description="Exact text sent: chat user message or completion prompt.")
     expected: str
     check: Check
     distractors: tuple[str, ...] = ()
+    history: tuple[tuple[str, str], ...] = Field(
+        default=(),
+        description="Earlier (role, content) chat turns before ``prompt`` (multi-turn items).",
+    )
+    stratum: str | None = Field(
+        default=None,
+        description="The bank stratum (family/wording or retrieval/length) the trial sampler "
+        "draws one item of per trial; None for template and custom items.",
+    )
+
+    def messages(self) -> list[dict[str, str]]:
+        """The chat messages of a chat item: the earlier turns, then the question."""
+        turns = [{"role": role, "content": text} for role, text in self.history]
+        return [*turns, {"role": "user", "content": self.prompt}]
 
 
 # ------------------------------------------------------------------ prompt generation

@@ -34,7 +34,7 @@ __all__ = [
 
 # Bumped when the stored layout changes; a stored reference of another format is
 # re-recorded rather than misread.
-REFERENCE_FORMAT = 1
+REFERENCE_FORMAT = 2
 
 
 Source = Literal["known_answer", "open", "custom"]
@@ -189,7 +189,12 @@ class Reference(BaseModel):
             )
         if self.model != model:
             return f"stored reference is for model {self.model!r}, the study serves {model!r}"
-        for name in ("max_tokens", "top_k", "teacher_forced", "forced_max_prompt_tokens"):
+        if self.max_tokens != spec.generated_tokens():
+            return (
+                f"reference.max_tokens changed ({self.max_tokens} recorded, "
+                f"{spec.generated_tokens()} now)"
+            )
+        for name in ("top_k", "teacher_forced", "forced_max_prompt_tokens"):
             if getattr(self, name) != getattr(ref, name):
                 return (
                     f"reference.{name} changed ({getattr(self, name)} recorded, "

@@ -10,6 +10,7 @@ not be recorded.
 from __future__ import annotations
 
 import time
+import asyncio
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from time import perf_counter
@@ -115,13 +116,25 @@ async def record_reference(
         except ValueError as exc:
             raise ReferenceRecordError(f"recording the reference failed at {what}: {exc}") from exc
 
-    async with make_client(base_url, headers, spec, 1) as client:
-        for source in sources:
-            prompts.append(await _record_one(call, source, model, spec))
+    # The template probe records one request at a time (the most conservative batch); the
+    # bank's pool is ten times larger, so it is recorded batched at the probe's top level -
+    # batch-size numerics are near ties, which the numerics rule tolerates, and the
+    # self-check then compares batch 1 and N against this record.
+    width = max(spec.concurrency) if spec.bank.enabled else 1
+    gate = asyncio.Semaphore(width)
+
+    async def one(source: ReferenceSource) -> ReferencePrompt:
+        async with gate:
+            return await _record_one(call, source, model, spec)
+
+    async with make_client(base_url, headers, spec, width) as client:
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(source)) for source in sources]
+        prompts = [t.result() for t in tasks]
     return Reference(
         model=model,
         label=label,
-        max_tokens=ref.max_tokens,
+        max_tokens=spec.generated_tokens(),
         top_k=ref.top_k,
         teacher_forced=ref.teacher_forced,
         forced_max_prompt_tokens=ref.forced_max_prompt_tokens,
@@ -145,9 +158,9 @@ async def _record_one(
     ids = tok.get("tokens") if isinstance(tok, dict) else None
     if not isinstance(ids, list) or not ids or not all(isinstance(i, int) for i in ids):
         raise ReferenceRecordError(f"/tokenize returned no token ids for {source.id}")
-    body = await call(
-        "/v1/completions", generation_request(model, ids, ref), f"{source.id} generate"
-    )
+    request = generation_request(model, ids, ref)
+    request["max_tokens"] = spec.generated_tokens()
+    body = await call("/v1/completions", request, f"{source.id} generate")
     try:
         generation = parse_generation(body)
     except ValueError as exc:

@@ -36,6 +36,9 @@ class ReferenceAnswer(BaseModel):
     forced: list[ForcedStep] | None = None
     latency_s: float | None = None
     error: str | None = None
+    repeat: int = Field(
+        default=0, description="Which copy of the prompt at this level (a batch filled by repeats)."
+    )
 
 
 def _stats(values: Sequence[float]) -> tuple[float | None, float | None]:
@@ -64,7 +67,22 @@ class PromptScore(BaseModel):
     forced_close: float | None = None
     forced_gap_median: float | None = None
     forced_gap_max: float | None = None
+    gap: float | None = Field(
+        default=None, description="Reference-side logprob gap at the divergence (nats)."
+    )
+    trial_rank: int | None = None
+    overlap: float | None = Field(default=None, description="Mean top-k overlap, compared positions.")
+    kl_median: float | None = None
+    forced_corrupt: list[int] = Field(
+        default_factory=list, description="Teacher-forced positions judged corruption."
+    )
+    forced_worst_gap: float | None = None
+    prompt_tokens: int | None = None
+    repeat: int = 0
     trial_text: str | None = Field(default=None, description="Truncated, for reading failures.")
+    reference_text: str | None = Field(
+        default=None, description="The reference's text, truncated, next to a failing trial text."
+    )
     detail: str = ""
     error: str | None = None
     latency_s: float | None = None
@@ -88,6 +106,11 @@ class ReferenceLevel(BaseModel):
     )
     forced_gap_median: float | None = None
     forced_gap_max: float | None = None
+    corrupt: int = Field(default=0, description="Positions judged corruption (numerics rule).")
+    near_ties: int = Field(default=0, description="Divergences judged numerics (near ties).")
+    top_k_overlap: float | None = Field(default=None, description="Mean over compared positions.")
+    kl_median: float | None = None
+    compared_positions: int = 0
     passed: bool
     subset: bool = Field(
         default=False, description="Only some prompts were asked here (ProbeSpec.single_stream)."
@@ -102,6 +125,12 @@ class ReferenceResult(BaseModel):
     levels: list[ReferenceLevel]
     scores: list[PromptScore]
     thresholds: dict[str, float | None]
+    corrupt: list[str] = Field(
+        default_factory=list, description="Evidence: each position judged corruption."
+    )
+    early_exit: bool = Field(
+        default=False, description="Levels were skipped after a clear failure."
+    )
 
 
 def _preview(text: str | None, limit: int = 120) -> str | None:
@@ -111,7 +140,11 @@ def _preview(text: str | None, limit: int = 120) -> str | None:
 
 
 def _score_generation(
-    prompt: ReferencePrompt, level: int, ans: ReferenceAnswer | None, k: int
+    prompt: ReferencePrompt,
+    level: int,
+    ans: ReferenceAnswer | None,
+    k: int,
+    near_tie: float = 1.0,
 ) -> tuple[PromptScore, list[float]]:
     """One prompt's decode comparison as a stored row, plus its matched-position gaps."""
     row = PromptScore(
@@ -121,14 +154,20 @@ def _score_generation(
         verdict="error",
         reference_tokens=len(prompt.generation.tokens),
         latency_s=None if ans is None else ans.latency_s,
+        prompt_tokens=len(prompt.prompt_ids),
+        repeat=0 if ans is None else ans.repeat,
     )
     if ans is None or ans.error is not None or ans.generation is None:
         row.error = row.detail = (
             "no answer recorded" if ans is None else (ans.error or "no generation")
         )
         return row, []
-    cmp = compare_generation(prompt.generation, ans.generation, k)
+    cmp = compare_generation(prompt.generation, ans.generation, k, near_tie)
     row.verdict = cmp.verdict
+    row.gap = cmp.gap if cmp.gap is not None else cmp.gap_at_least
+    row.trial_rank = cmp.trial_rank
+    row.overlap = sum(cmp.overlaps) / len(cmp.overlaps) if cmp.overlaps else None
+    row.kl_median = float(median(cmp.kls)) if cmp.kls else None
     row.trial_tokens = len(ans.generation.tokens)
     row.matched = cmp.matched
     row.diverged_at = cmp.diverged_at
@@ -138,13 +177,18 @@ def _score_generation(
     row.detail = cmp.detail
     if cmp.verdict != "exact":
         row.trial_text = _preview(ans.generation.text)
+        row.reference_text = _preview(prompt.generation.text)
     if cmp.verdict == "error":
         row.error = cmp.detail
     return row, cmp.gaps
 
 
 def _score_forced(
-    prompt: ReferencePrompt, ans: ReferenceAnswer | None, row: PromptScore, k: int
+    prompt: ReferencePrompt,
+    ans: ReferenceAnswer | None,
+    row: PromptScore,
+    k: int,
+    near_tie: float = 1.0,
 ) -> tuple[int, int, int, list[float], str | None]:
     """(positions, top-1 matches, close positions, gaps, error) of one teacher-forced
     prompt; fills ``row``.
@@ -159,7 +203,14 @@ def _score_forced(
         row.forced_top1 = row.forced_close = 0.0
         why = "no answer recorded" if ans is None else (ans.error or "no steps")
         return positions, 0, 0, [], f"{prompt.id}: {why}"
-    fc = compare_forced(prompt.forced, ans.forced, k)
+    fc = compare_forced(prompt.forced, ans.forced, k, near_tie)
+    row.forced_corrupt = fc.corrupt
+    row.forced_worst_gap = fc.worst_gap
+    row.overlap = (
+        sum(fc.overlaps) / len(fc.overlaps) if fc.overlaps and row.overlap is None else row.overlap
+    )
+    if fc.kls and row.kl_median is None:
+        row.kl_median = float(median(fc.kls))
     row.forced_top1 = fc.top1_matches / positions if positions else None
     row.forced_close = fc.close_matches / positions if positions else None
     row.forced_gap_median, row.forced_gap_max = _stats(fc.gaps)
@@ -210,6 +261,7 @@ def _level_rows(
     sent: set[str] | None,
     forced_ids: set[str],
     k: int,
+    near_tie: float,
 ) -> tuple[list[PromptScore], list[float], _Forced]:
     """The scored rows of one level, its decode gaps and (when ``forced_ids``) its
     teacher-forced totals."""
@@ -219,11 +271,13 @@ def _level_rows(
     for prompt in reference.prompts:
         if sent is not None and prompt.id not in sent:
             continue
-        row, gaps = _score_generation(prompt, level, got.get((prompt.id, level, "generate")), k)
+        row, gaps = _score_generation(
+            prompt, level, got.get((prompt.id, level, "generate")), k, near_tie
+        )
         decode_gaps.extend(gaps)
         if prompt.id in forced_ids:
             fans = got.get((prompt.id, level, "forced"))
-            pos, hits, close_hits, fgaps, err = _score_forced(prompt, fans, row, k)
+            pos, hits, close_hits, fgaps, err = _score_forced(prompt, fans, row, k, near_tie)
             forced.positions += pos
             forced.hits += hits
             forced.close += close_hits
@@ -347,7 +401,13 @@ def score_reference(
     for level in levels:
         forced_here = level == levels[-1]
         rows, decode_gaps, forced = _level_rows(
-            reference, got, level, subsets.get(level), forced_ids if forced_here else set(), k
+            reference,
+            got,
+            level,
+            subsets.get(level),
+            forced_ids if forced_here else set(),
+            k,
+            spec.near_tie_nats,
         )
         result = _level_result(
             level, rows, decode_gaps, forced, forced_here, level not in full_levels

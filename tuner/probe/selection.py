@@ -8,13 +8,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from tuner.probe.checks import check_answer
 from tuner.probe.items import ProbeItem
 from tuner.probe.record import ChatMessage, Reference, ReferencePrompt, ReferenceSource
 from tuner.probe.spec import OPEN_PROMPTS, ProbeSpec, ReferenceSpec
+from tuner.probe.wire import apply_stop
 
 __all__ = [
     "SINGLE_STREAM_LEVEL",
     "SingleStreamPlan",
+    "bank_tokens",
+    "prompt_strata",
+    "reference_correct",
     "forced_prompt_ids",
     "reference_sources",
     "shared_prompts",
@@ -45,7 +50,7 @@ def _known_answer_sources(
             source = ReferenceSource(
                 id=f"ka-{key}",
                 source="known_answer",
-                messages=(ChatMessage(role="user", content=item.prompt),),
+                messages=tuple(ChatMessage.model_validate(m) for m in item.messages()),
             )
         else:
             source = ReferenceSource(id=f"ka-{key}", source="known_answer", prompt=item.prompt)
@@ -191,7 +196,9 @@ def reference_sources(
     """
     ref = spec.reference
     out = [source for source, _ in _known_answer_sources(spec, items)]
-    for n, (form, text) in enumerate(OPEN_PROMPTS[: ref.open_prompts]):
+    # With the bank the reference records every open prompt; each trial draws a few.
+    n_open = len(OPEN_PROMPTS) if spec.bank.enabled else ref.open_prompts
+    for n, (form, text) in enumerate(OPEN_PROMPTS[:n_open]):
         if form == "chat":
             msgs = (ChatMessage(role="user", content=text),)
             out.append(ReferenceSource(id=f"open{n}-chat", source="open", messages=msgs))
@@ -202,4 +209,32 @@ def reference_sources(
     if len(set(ids)) != len(ids):
         dupes = sorted({i for i in ids if ids.count(i) > 1})
         raise ValueError(f"reference prompt ids must be unique, repeated: {dupes}")
+    return out
+
+
+def bank_tokens(spec: ProbeSpec) -> int:
+    """Tokens generated per reference request (:meth:`ProbeSpec.generated_tokens`)."""
+    return spec.generated_tokens()
+
+
+def prompt_strata(spec: ProbeSpec, items: Sequence[ProbeItem]) -> dict[str, str]:
+    """Reference prompt id -> the bank stratum of the item it was made from."""
+    return {
+        source.id: item.stratum
+        for source, item in _known_answer_sources(spec, items)
+        if item.stratum is not None
+    }
+
+
+def reference_correct(
+    spec: ProbeSpec, items: Sequence[ProbeItem], reference: Reference
+) -> dict[str, bool]:
+    """Item id -> whether the reference's own recorded answer to it is right, for every item
+    whose question the reference recorded: the baseline a trial's answers to the same items
+    are held to."""
+    out: dict[str, bool] = {}
+    for item_id, prompt in shared_prompts(spec, items, reference).items():
+        item = next(i for i in items if i.id == item_id)
+        text, _ = apply_stop(item, prompt.generation.text, prompt.generation.finish_reason)
+        out[item_id] = check_answer(item.check, item.expected, text, item.distractors)
     return out

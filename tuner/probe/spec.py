@@ -17,7 +17,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["ALL_FAMILIES", "OPEN_PROMPTS", "Api", "Family", "ProbeSpec", "ReferenceSpec"]
+__all__ = [
+    "ALL_FAMILIES",
+    "BANK_FAMILIES",
+    "OPEN_PROMPTS",
+    "Api",
+    "BankSpec",
+    "Family",
+    "ProbeSpec",
+    "ReferenceSpec",
+    "fit_to_study",
+]
 
 Family = Literal["arithmetic", "copy", "number_words", "capital", "lookup"]
 Api = Literal["chat", "completions"]
@@ -42,7 +52,86 @@ OPEN_PROMPTS: tuple[tuple[Api, str], ...] = (
     ("text", "Once upon a time, in a small village by the sea,"),
     ("chat", "Describe the water cycle to a ten-year-old."),
     ("text", "The three most important rules of writing clear code are"),
+    ("chat", "Tell me about Paris."),
+    ("chat", "Give me three tips for sleeping better."),
+    ("text", "Dear hiring manager,\n\nI am writing to apply for the position of"),
+    ("chat", "Summarize the plot of Cinderella in one paragraph."),
 )
+
+# The item bank's families (tuner.probe.bank), in the order the sampler deals them.
+BANK_FAMILIES: tuple[str, ...] = (
+    "fact", "arithmetic", "copy", "translation", "code", "multi_turn", "retrieval",
+)  # fmt: skip
+
+
+class BankSpec(BaseModel):
+    """Where the probe's questions come from (issue 14): the item bank, sampled afresh per
+    trial, and the shapes those samples must cover.
+
+    The reference records a pool of ``per_stratum`` items of every (family, wording)
+    stratum plus one long-context item per grid length up to ``max_prompt_tokens``
+    (:func:`tuner.probe.bank.build_pool`); each trial sends one item of every stratum,
+    drawn with the trial's seed, one long-context item per prompt-length bucket within
+    ``prompt_token_budget``, and some open prompts, at every decode batch size of its plan
+    (:mod:`tuner.probe.shapes`). ``enabled: false`` asks the fixed template families
+    instead (``ProbeSpec.families``), which is what misses prompt-dependent corruption.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    enabled: bool = True
+    families: tuple[str, ...] = Field(default=BANK_FAMILIES, min_length=1)
+    per_stratum: int = Field(
+        default=3,
+        ge=1,
+        le=20,
+        description="Items of each (family, wording) stratum the reference records; a trial "
+        "draws one of them per stratum.",
+    )
+    max_prompt_tokens: int = Field(
+        default=1900,
+        ge=64,
+        le=1_000_000,
+        description="Longest long-context prompt (tokens, approximately); the orchestrator "
+        "caps it below the server's max_model_len.",
+    )
+    prompt_token_budget: int = Field(
+        default=4096,
+        ge=0,
+        description="Prompt tokens of long-context items a trial may send (prefill cost); "
+        "buckets are covered from the longest down while the budget lasts.",
+    )
+    open_prompts: int = Field(
+        default=2, ge=0, description="Open prompts (teacher-forced) a trial sends."
+    )
+    batch_sizes: tuple[int, ...] | None = Field(
+        default=None,
+        description="Decode batch sizes a trial's probe runs at; None: 1, the capture sizes "
+        "the server reports (else powers of two) up to the top concurrency, and the top.",
+    )
+    top_concurrency: int | None = Field(
+        default=None,
+        ge=1,
+        description="The trial's top load concurrency (set by the orchestrator from load:), "
+        "so the probe runs the decode batch size the load runs at.",
+    )
+
+    @field_validator("families")
+    @classmethod
+    def _known_families(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        unknown = [f for f in value if f not in BANK_FAMILIES]
+        if unknown:
+            raise ValueError(f"unknown bank families {unknown}; known: {list(BANK_FAMILIES)}")
+        if len(set(value)) != len(value):
+            raise ValueError(f"bank families must not repeat: {list(value)}")
+        return value
+
+    @field_validator("batch_sizes")
+    @classmethod
+    def _valid_batches(cls, value: tuple[int, ...] | None) -> tuple[int, ...] | None:
+        if value is not None and (not value or any(b < 1 for b in value)):
+            raise ValueError(f"batch_sizes must be >= 1: {list(value)}")
+        return None if value is None else tuple(sorted(set(value)))
 
 
 class ReferenceSpec(BaseModel):
@@ -171,6 +260,44 @@ class ReferenceSpec(BaseModel):
             "is recorded as forced_top1."
         ),
     )
+    near_tie_nats: float = Field(
+        default=1.0,
+        gt=0.0,
+        description=(
+            "The numerics rule (tuner.probe.numerics): where a trial's token differs from the "
+            "reference's, the reference's own logprob gap between its token and the trial's "
+            "decides. Up to this many nats it is a near tie (numerics: batch size, dtype, "
+            "kernels flip it); more is a confident token replaced, i.e. corruption. Measured "
+            "reference-vs-reference flips stay at or below 0.375 nats (fp32 vs bf16, batch 1 "
+            "vs N; benchmarks/probe_calibration.py), corruption starts at about 0.75."
+        ),
+    )
+    max_corrupt: int = Field(
+        default=0,
+        ge=0,
+        description="Corrupt positions (decode divergences and teacher-forced positions "
+        "judged corruption) tolerated per trial.",
+    )
+    min_top_k_overlap: float = Field(
+        default=0.4,
+        ge=0.0,
+        le=1.0,
+        description="Mean top-k overlap (shared tokens / k) over compared positions, per level; "
+        "numerics keeps most of the top-k, corruption replaces it.",
+    )
+    max_kl_median: float | None = Field(
+        default=None,
+        gt=0.0,
+        description="Per level, the median top-k KL(reference || trial) over compared "
+        "positions must stay at or below this (nats): near-tie flips are numerics, but a "
+        "trial whose whole distribution moved further than the reference moves against "
+        "itself (batch 1 vs N) computes a different model. None: not gated.",
+    )
+    early_exit: int = Field(
+        default=3,
+        ge=1,
+        description="Corrupt prompts after which the probe stops sending (a clear failure).",
+    )
     max_gap_median: float | None = Field(
         default=None, gt=0.0, description="Gate on the median reference-token |delta logprob|."
     )
@@ -292,6 +419,7 @@ class ProbeSpec(BaseModel):
     seed: int = 0
     request_timeout_s: float = Field(default=60.0, gt=0.0)
     reference: ReferenceSpec = Field(default_factory=ReferenceSpec)
+    bank: BankSpec = Field(default_factory=BankSpec)
 
     @model_validator(mode="before")
     @classmethod
@@ -342,9 +470,36 @@ class ProbeSpec(BaseModel):
             raise ValueError("prompts_file must be a path or omitted, not an empty string")
         return self
 
+    def generated_tokens(self) -> int:
+        """Tokens each reference request generates and compares: ``reference.max_tokens``;
+        with the bank, where one request serves both layers, the longer of that and the
+        known answers' ``max_tokens`` (the answer's text is judged whole)."""
+        if self.bank.enabled:
+            return max(self.max_tokens, self.reference.max_tokens)
+        return self.reference.max_tokens
+
     @property
     def apis(self) -> tuple[Api, ...]:
         """The endpoints each question is asked through, in a fixed order."""
         if self.api == "both":
             return ("chat", "completions")
         return (self.api,)
+
+
+def fit_to_study(
+    probe: ProbeSpec, *, top_concurrency: int | None, max_model_len: int | None
+) -> ProbeSpec:
+    """``probe`` fitted to the study it judges: the bank's top decode batch size is the
+    load's top concurrency (the batch the trial will serve at), and its longest prompt
+    stays inside the server's ``max_model_len`` with room for the generated tokens."""
+    bank = probe.bank
+    update: dict[str, Any] = {}
+    if top_concurrency is not None and bank.top_concurrency is None:
+        update["top_concurrency"] = top_concurrency
+    if max_model_len is not None:
+        room = max_model_len - probe.generated_tokens() - 16
+        if room < bank.max_prompt_tokens:
+            update["max_prompt_tokens"] = max(64, room)
+    if not update:
+        return probe
+    return probe.model_copy(update={"bank": bank.model_copy(update=update)})

@@ -9,6 +9,7 @@ from pydantic import BaseModel, Field
 from tuner.probe.known_score import ProbeResult
 from tuner.probe.record import Reference, finite
 from tuner.probe.reference_score import ReferenceResult
+from tuner.probe.shapes import Coverage
 from tuner.probe.spec import ProbeSpec
 
 __all__ = ["CorrectnessResult", "combine", "validate_reference", "with_reference_accuracy"]
@@ -29,6 +30,12 @@ class CorrectnessResult(BaseModel):
     )
     known_answers_seconds: float | None = None
     reference_seconds: float | None = None
+    coverage: Coverage | None = Field(
+        default=None,
+        description="The shapes this run covered (bank probe): prompt lengths and buckets, "
+        "decode batch sizes, strata, compared positions.",
+    )
+    sample_seed: int | None = Field(default=None, description="The bank sample's seed.")
 
     @property
     def skipped(self) -> bool:
@@ -97,7 +104,7 @@ def validate_reference(
     known_answers: ProbeResult,
     *,
     reference: Reference | None = None,
-    self_check: ReferenceResult | None = None,
+    self_check: ReferenceResult | CorrectnessResult | None = None,
 ) -> str | None:
     """Why the reference configuration must not be trusted, or None when it can be.
 

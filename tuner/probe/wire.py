@@ -46,7 +46,7 @@ def request_for(item: ProbeItem, model: str, max_tokens: int) -> tuple[str, dict
         "stream": False,
     }
     if item.api == "chat":
-        body["messages"] = [{"role": "user", "content": item.prompt}]
+        body["messages"] = item.messages()
         return "/v1/chat/completions", body
     body["prompt"] = item.prompt
     body["stop"] = _COMPLETION_STOP

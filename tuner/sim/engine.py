@@ -12,13 +12,16 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tuner.sim.effective import Effective
 from tuner.sim.faults import ActiveFaults
 from tuner.sim.logs import LogWriter, spec_line, stats_line
-from tuner.sim.model import NgramIndex, Plan, count_accepted, top_candidates
+from tuner.sim.model import (TOKENIZER, NgramIndex, Plan, count_accepted, last_user_text,
+                             top_candidates, user_turns)
 from tuner.sim.perf_model import NGRAM_METHODS, CostModel, Scheduled, Scheduler, SeqState, unit_hash
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
@@ -113,8 +116,7 @@ class Engine:
         # Static corruption: a broken configuration or an injected fault.
         if self.eff.corruption or "garbage" in self.faults:
             plan.garble(0, salt)
-        limit = self.faults.get("garbage_when_prompt_gt")
-        if limit and limit.tokens is not None and len(req.prompt_ids) > limit.tokens:
+        if self.prompt_corrupt(req.prompt_ids):
             plan.garble(0, salt)
         diverge = self.faults.get("diverge_after_tokens")
         if diverge and diverge.tokens is not None:
@@ -133,6 +135,29 @@ class Engine:
         self._by_seq[seq_id] = req
         self.sched.add(req.seq)
         self._wake.set()
+
+    def prompt_corrupt(self, prompt_ids: Sequence[int]) -> bool:
+        """Whether a fault that depends on the prompt alone corrupts this request (its
+        prefill too: the server's prompt logprobs follow the same answer)."""
+        if self.eff.corruption or "garbage" in self.faults:
+            return True
+        n = len(prompt_ids)
+        limit = self.faults.get("garbage_when_prompt_gt")
+        if limit and limit.tokens is not None and n > limit.tokens:
+            return True
+        bucket = self.faults.get("garbage_when_prompt_in")
+        if bucket and bucket.low is not None and bucket.high is not None \
+                and bucket.low <= n < bucket.high:
+            return True
+        wording = self.faults.get("garbage_for_wording")
+        turn = self.faults.get("garbage_on_turn")
+        if wording is None and turn is None:
+            return False
+        text = TOKENIZER.decode(list(prompt_ids), skip_special_tokens=False)
+        if wording and wording.pattern and re.search(wording.pattern, last_user_text(text),
+                                                     re.IGNORECASE):
+            return True
+        return bool(turn and turn.turn and user_turns(text) >= turn.turn)
 
     def finish(self, req: GenRequest, reason: str) -> None:
         """End a request early: client disconnect ('abort') or a stop string ('stop')."""
@@ -196,6 +221,7 @@ class Engine:
             self._step += 1
             batch_fault = self.faults.get("garbage_when_batch_gt")
             small_fault = self.faults.get("garbage_when_batch_lt")
+            exact_fault = self.faults.get("garbage_when_batch_eq")
             for entry in plan.entries:
                 req = self._by_seq.get(entry.seq.seq_id)
                 if req is None or req.finished:
@@ -204,6 +230,9 @@ class Engine:
                     req.plan.garble(req.emitted, self.eff.numerics_salt)
                 # A kernel path taken only for small batches (batch size 1 with batch=2).
                 if small_fault and small_fault.batch is not None and running < small_fault.batch:
+                    req.plan.garble(req.emitted, self.eff.numerics_salt)
+                # A kernel or captured graph wrong for one decode batch size only.
+                if exact_fault and running == exact_fault.batch and not entry.prefill:
                     req.plan.garble(req.emitted, self.eff.numerics_salt)
                 self._emit(req, entry)
 

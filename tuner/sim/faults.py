@@ -19,7 +19,8 @@ FaultName = Literal[
     "slow_start", "crash_at_start", "oom_at_start", "hang_at_start", "crash_mid_load",
     "hang_mid_stream", "ignore_sigterm", "garbage_sse", "http_5xx", "garbage",
     "diverge_after_tokens", "garbage_when_batch_gt", "garbage_when_batch_lt",
-    "garbage_when_prompt_gt",
+    "garbage_when_prompt_gt", "garbage_when_prompt_in", "garbage_when_batch_eq",
+    "garbage_for_wording", "garbage_on_turn",
     "silent_downgrade",
 ]
 FAULT_NAMES: tuple[str, ...] = FaultName.__args__  # type: ignore[attr-defined]
@@ -30,6 +31,10 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "garbage_when_batch_gt": ("batch",),
     "garbage_when_batch_lt": ("batch",),
     "garbage_when_prompt_gt": ("tokens",),
+    "garbage_when_prompt_in": ("low", "high"),
+    "garbage_when_batch_eq": ("batch",),
+    "garbage_for_wording": ("pattern",),
+    "garbage_on_turn": ("turn",),
     "silent_downgrade": ("target", "value"),
 }
 
@@ -43,7 +48,13 @@ class Fault(BaseModel):
     after_requests: int = 0             # request-count faults: the first N requests are fine
     count: int = 1                      # http_5xx: how many requests get a 500
     tokens: int | None = None           # diverge_after_tokens / garbage_when_prompt_gt
-    batch: int | None = None            # garbage_when_batch_gt / _lt (lt 2: batch size 1 only)
+    batch: int | None = None            # garbage_when_batch_gt / _lt / _eq (lt 2: size 1 only)
+    # Shape- and prompt-dependent corruption (issue 14: real kernels, graphs and caches are
+    # specialised by shape, so real corruption often shows for some prompts only).
+    low: int | None = None              # garbage_when_prompt_in: prompt tokens in [low, high)
+    high: int | None = None
+    pattern: str | None = None          # garbage_for_wording: regex on the last user message
+    turn: int | None = None             # garbage_on_turn: chats with at least this many user turns
     target: str | None = None           # silent_downgrade: e.g. compilation_config.cudagraph_mode
     value: Any = None                   # silent_downgrade: the value actually used
 

@@ -145,6 +145,16 @@ def _user_text(prompt: str) -> str:
     return prompt
 
 
+def last_user_text(prompt: str) -> str:
+    """The last user message of a ChatML prompt (the whole text for a raw prompt)."""
+    return _user_text(prompt)
+
+
+def user_turns(prompt: str) -> int:
+    """How many user turns a ChatML prompt holds (0 for raw text)."""
+    return prompt.count("<|im_start|>user")
+
+
 def family_answer(prompt: str) -> tuple[str, str] | None:
     """(family, answer) for the checkable prompt families, else None."""
     text = _user_text(prompt)
@@ -169,6 +179,38 @@ def family_answer(prompt: str) -> tuple[str, str] | None:
     m = re.search(r"capital of\s+(?:the\s+)?([a-z][a-z .']*?)\s*\?", text, re.I)
     if m and m.group(1).strip().lower() in CAPITALS:
         return "capital", CAPITALS[m.group(1).strip().lower()]
+    return _bank_answer(prompt, text)
+
+
+# The probe bank's other wordings (tuner.probe.bank): a small model answers them too.
+_OPS = (
+    (r"what is\s+(\d+)\s+plus\s+(\d+)", lambda a, b: a + b),
+    (r"add\s+(\d+)\s+and\s+(\d+)", lambda a, b: a + b),
+    (r"subtract\s+(\d+)\s+from\s+(\d+)", lambda a, b: b - a),
+    (r"compute\s+(\d+)\s+times\s+(\d+)", lambda a, b: a * b),
+    (r"x = (\d+)\s+y = (\d+)\s+print\(x \+ y\)", lambda a, b: a + b),
+)
+
+
+def _bank_answer(prompt: str, text: str) -> tuple[str, str] | None:
+    for pattern, op in _OPS:
+        m = re.search(pattern, text, re.I)
+        if m:
+            return "arithmetic", str(op(int(m.group(1)), int(m.group(2))))
+    if "capital" in text.lower():
+        low = text.lower()
+        for country in sorted(CAPITALS, key=len, reverse=True):
+            if re.search(rf"\b{re.escape(country)}\b", low):
+                return "capital", CAPITALS[country]
+    m = re.search(r"password for (.+?)\?", text, re.I)
+    if m:
+        found = re.search(rf"password for {re.escape(m.group(1))} is (\w+)", text, re.I)
+        if found:
+            return "kv_lookup", found.group(1)
+    if re.search(r"what is my name", text, re.I):
+        found = re.search(r"my name is (\w+)", prompt, re.I)
+        if found:
+            return "recall", found.group(1)
     return None
 
 

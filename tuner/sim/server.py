@@ -414,7 +414,7 @@ class SimServer:
                 k = getattr(body, "prompt_logprobs", None)
                 if k is not None:
                     plp = prompt_logprobs(r.prompt_ids, k, self.eff.numerics_salt,
-                                          bool(self.eff.corruption or "garbage" in self.faults))
+                                          self.engine.prompt_corrupt(r.prompt_ids))
                     choice["prompt_logprobs"] = [
                         None if e is None else {str(t): {"logprob": lp, "rank": rank,
                                                          "decoded_token": TOKENIZER.piece(t)}

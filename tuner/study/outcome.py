@@ -72,6 +72,9 @@ class TrialOutcome(BaseModel):
     mismatches: list[dict[str, Any]] = Field(default_factory=list)
     probe_passed: bool | None = None
     probe_reason: str | None = None
+    probe_coverage: str | None = Field(
+        default=None, description="What the probe covered (prompt-length buckets, decode "
+        "batch sizes, strata, compared positions), one line: probe.shapes.Coverage.short")
     stop: dict[str, Any] = Field(default_factory=dict)
     early_stop: dict[str, Any] | None = Field(
         default=None, description="study.early_stop.SweepGuard.record: why and after which "

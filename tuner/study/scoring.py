@@ -122,6 +122,7 @@ def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
         "mismatches": outcome.mismatches,
         "probe_passed": outcome.probe_passed,
         "probe_reason": outcome.probe_reason,
+        "probe_coverage": outcome.probe_coverage,
         "levels": outcome.levels,
         "server_side": outcome.server_side,
         "started_unix": outcome.started_unix,

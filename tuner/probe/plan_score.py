@@ -1,0 +1,226 @@
+"""Reference agreement of one trial's planned probe (pure): every request of a
+:class:`~tuner.probe.sample.TrialPlan` against the recorded reference, judged by the
+numerics rule (:mod:`tuner.probe.numerics`).
+
+Pass rule (``ReferenceSpec``), over the whole trial:
+
+* no request error, empty reply or NaN logprob;
+* at most ``max_corrupt`` corrupt positions: a prompt whose first divergence replaced a
+  token the reference was confident about (gap > ``near_tie_nats``), or a teacher-forced
+  position where the trial's top-1 did; near-tie divergences (numerics) are counted, not
+  failed;
+* at every level, the mean top-k overlap over compared positions at least
+  ``min_top_k_overlap``;
+* ``min_exact_fraction`` of the top level's prompts identical, when set above 0 (off by
+  default: how many near ties flip depends on dtype and batch, not on correctness).
+
+Each corrupt position is listed as evidence (prompt, batch size, where, the gap, the
+trial's text next to the reference's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from statistics import median
+
+from tuner.probe.record import Reference
+from tuner.probe.reference_score import (
+    PromptScore,
+    ReferenceAnswer,
+    ReferenceLevel,
+    ReferenceResult,
+    _score_forced,
+    _score_generation,
+    _stats,
+)
+from tuner.probe.sample import TrialPlan
+from tuner.probe.spec import ReferenceSpec
+
+__all__ = ["score_plan"]
+
+_EPS = 1e-9
+
+
+def _index(
+    answers: Iterable[ReferenceAnswer], plan: TrialPlan
+) -> dict[tuple[str, int, str, int], ReferenceAnswer]:
+    got: dict[tuple[str, int, str, int], ReferenceAnswer] = {}
+    for ans in answers:
+        if ans.concurrency not in plan.prompts:
+            raise ValueError(f"answer at unplanned batch size {ans.concurrency}")
+        key = (ans.prompt_id, ans.concurrency, ans.kind, ans.repeat)
+        if key in got:
+            raise ValueError(f"two answers for {key}")
+        got[key] = ans
+    return got
+
+
+def _evidence(row: PromptScore) -> str:
+    where = (
+        f"{row.id} at batch {row.concurrency}: {row.detail}"
+        if row.verdict == "far"
+        else f"{row.id} at batch {row.concurrency}: teacher-forced positions "
+        f"{row.forced_corrupt[:5]} replaced (worst gap {row.forced_worst_gap or 0:.2f} nats)"
+    )
+    if row.trial_text is not None:
+        where += f"; trial {row.trial_text!r} vs reference {row.reference_text!r}"
+    return where
+
+
+def _level(
+    reference: Reference,
+    got: Mapping[tuple[str, int, str, int], ReferenceAnswer],
+    level: int,
+    ids: Sequence[str],
+    forced: Sequence[str],
+    spec: ReferenceSpec,
+    k: int,
+) -> tuple[ReferenceLevel, list[PromptScore], list[float]]:
+    by_id = {p.id: p for p in reference.prompts}
+    rows: list[PromptScore] = []
+    decode_gaps: list[float] = []
+    seen: dict[str, int] = {}
+    for pid in ids:
+        repeat = seen.get(pid, 0)
+        seen[pid] = repeat + 1
+        row, gaps = _score_generation(
+            by_id[pid], level, got.get((pid, level, "generate", repeat)), k, spec.near_tie_nats
+        )
+        decode_gaps.extend(gaps)
+        rows.append(row)
+    forced_gaps: list[float] = []
+    forced_pos = forced_hits = 0
+    for pid in forced:
+        row = PromptScore(
+            id=pid,
+            source=by_id[pid].source,
+            concurrency=level,
+            verdict="exact",
+            reference_tokens=len(by_id[pid].generation.tokens),
+            prompt_tokens=len(by_id[pid].prompt_ids),
+            detail="teacher-forced",
+        )
+        pos, hits, _, fgaps, err = _score_forced(
+            by_id[pid], got.get((pid, level, "forced", 0)), row, k, spec.near_tie_nats
+        )
+        if err is not None:
+            row.verdict, row.error, row.detail = "error", err, err
+        forced_pos += pos
+        forced_hits += hits
+        forced_gaps.extend(fgaps)
+        rows.append(row)
+    decode_rows = [r for r in rows if r.detail != "teacher-forced" or r.verdict == "error"]
+    n = len(decode_rows)
+    exact = sum(r.verdict == "exact" for r in decode_rows)
+    close = sum(r.verdict == "close" for r in decode_rows)
+    overlaps = [r.overlap for r in rows if r.overlap is not None]
+    kls = [r.kl_median for r in rows if r.kl_median is not None]
+    corrupt = sum(r.verdict == "far" for r in rows) + sum(len(r.forced_corrupt) for r in rows)
+    dmed, dmax = _stats(decode_gaps)
+    fmed, fmax = _stats(forced_gaps)
+    result = ReferenceLevel(
+        concurrency=level,
+        prompts=n,
+        exact=exact,
+        close=close,
+        far=sum(r.verdict == "far" for r in decode_rows),
+        errors=sum(r.verdict == "error" for r in rows),
+        exact_fraction=exact / n if n else 1.0,
+        close_fraction=(exact + close) / n if n else 1.0,
+        decode_gap_median=dmed,
+        decode_gap_max=dmax,
+        forced_positions=forced_pos or None,
+        forced_top1=forced_hits / forced_pos if forced_pos else None,
+        forced_gap_median=fmed,
+        forced_gap_max=fmax,
+        corrupt=corrupt,
+        near_ties=close,
+        top_k_overlap=sum(overlaps) / len(overlaps) if overlaps else None,
+        kl_median=float(median(kls)) if kls else None,
+        compared_positions=sum(r.matched + (r.diverged_at is not None) for r in decode_rows)
+        + forced_pos,
+        passed=True,
+        subset=True,
+    )
+    return result, rows, decode_gaps
+
+
+def score_plan(
+    reference: Reference,
+    answers: Iterable[ReferenceAnswer],
+    spec: ReferenceSpec,
+    plan: TrialPlan,
+    *,
+    ran: Sequence[int] | None = None,
+) -> ReferenceResult:
+    """Judge the answers of the levels that ran (``ran``, default all of ``plan.levels``,
+    in plan order) against ``reference``. Levels skipped after a clear failure are not
+    scored (``early_exit``)."""
+    got = _index(answers, plan)
+    k = min(spec.top_k, reference.top_k)
+    levels = list(plan.levels if ran is None else ran)
+    results: list[ReferenceLevel] = []
+    scores: list[PromptScore] = []
+    failures: list[str] = []
+    evidence: list[str] = []
+    for level in levels:
+        forced = plan.forced if level == plan.top else ()
+        result, rows, _ = _level(reference, got, level, plan.prompts[level], forced, spec, k)
+        level_failures: list[str] = []
+        errors = [r for r in rows if r.verdict == "error"]
+        if errors:
+            level_failures.append(
+                f"{len(errors)} request(s) failed at batch {level}, e.g. "
+                f"{errors[0].id}: {errors[0].detail}"
+            )
+        if (
+            result.top_k_overlap is not None
+            and result.top_k_overlap < spec.min_top_k_overlap - _EPS
+        ):
+            level_failures.append(
+                f"top-{k} overlap {result.top_k_overlap:.2f} < {spec.min_top_k_overlap:.2f} at "
+                f"batch {level} (the trial's distributions are not the reference's)"
+            )
+        if (
+            spec.max_kl_median is not None
+            and result.kl_median is not None
+            and result.kl_median > spec.max_kl_median
+        ):
+            level_failures.append(
+                f"median top-{k} KL {result.kl_median:.4f} > {spec.max_kl_median:g} nats at "
+                f"batch {level} (the distributions moved further than the reference's own "
+                "batch-to-batch variation)"
+            )
+        if level == plan.top and result.exact_fraction < spec.min_exact_fraction - _EPS:
+            level_failures.append(
+                f"only {result.exact}/{result.prompts} prompts identical at batch {level}"
+            )
+        evidence += [_evidence(r) for r in rows if r.verdict == "far" or r.forced_corrupt]
+        results.append(result.model_copy(update={"passed": not level_failures}))
+        failures += level_failures
+        scores += rows
+    corrupt = sum(r.corrupt for r in results)
+    if corrupt > spec.max_corrupt:
+        shown = "; ".join(evidence[:3])
+        failures.insert(
+            0,
+            f"{corrupt} corrupt position(s) (a token the reference was confident about "
+            f"replaced; more than {spec.near_tie_nats:g} nats below it): {shown}",
+        )
+        results = [r.model_copy(update={"passed": r.passed and not r.corrupt}) for r in results]
+    return ReferenceResult(
+        passed=not failures,
+        reason="; ".join(failures) if failures else "ok",
+        levels=results,
+        scores=scores,
+        thresholds={
+            "near_tie_nats": spec.near_tie_nats,
+            "max_corrupt": float(spec.max_corrupt),
+            "min_top_k_overlap": spec.min_top_k_overlap,
+            "max_kl_median": spec.max_kl_median,
+            "min_exact_fraction": spec.min_exact_fraction,
+            "top_k": float(k),
+        },
+        corrupt=evidence,
+        early_exit=len(levels) < len(plan.levels),
+    )

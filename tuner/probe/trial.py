@@ -1,0 +1,300 @@
+"""One trial's bank probe (I/O): the seeded plan of :mod:`tuner.probe.sample` sent to the
+server, batch size by batch size, top first, stopping early on a clear failure; both
+layers scored from the same requests.
+
+Every request is a recorded reference prompt sent as its token ids, greedy, with top-k
+logprobs: its text is judged as a known answer (when it is one) and its tokens are
+compared with the reference's by the numerics rule. A known-answer item whose ids the
+trial's own ``/tokenize`` does not reproduce (another chat template) is asked through its
+own endpoint instead, so the user's path stays tested; it is then judged as a known
+answer only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from time import perf_counter
+
+import httpx
+
+from tuner.probe.client import ask_item, load_probe_items
+from tuner.probe.correctness import ask_reference, ask_shared, matching_pairs, run_correctness
+from tuner.probe.http import make_client
+from tuner.probe.items import ProbeItem
+from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
+from tuner.probe.plan_score import score_plan
+from tuner.probe.record import Reference, ReferencePrompt
+from tuner.probe.reference_score import ReferenceAnswer
+from tuner.probe.sample import TrialPlan, plan_trial
+from tuner.probe.selection import bank_tokens, prompt_strata, reference_correct, shared_prompts
+from tuner.probe.spec import ProbeSpec
+from tuner.probe.verdict import CorrectnessResult, combine
+
+__all__ = ["plan_for", "reference_known_answers", "run_plan", "run_trial_probe", "score_known"]
+
+
+def plan_for(
+    spec: ProbeSpec,
+    items: Sequence[ProbeItem],
+    reference: Reference,
+    seed: int,
+    *,
+    capture_sizes: Sequence[int] = (),
+    boundaries: Sequence[int] = (),
+) -> TrialPlan:
+    """The trial's plan (pure; here for the callers that hold items and the reference)."""
+    strata = prompt_strata(spec, items)
+    return plan_trial(
+        reference, spec, strata, seed, capture_sizes=capture_sizes, boundaries=boundaries
+    )
+
+
+async def _level(
+    client: httpx.AsyncClient,
+    model: str,
+    spec: ProbeSpec,
+    reference: Reference,
+    plan: TrialPlan,
+    level: int,
+    shared: Mapping[str, tuple[ProbeItem, ReferencePrompt | None]],
+    deadline: float | None,
+) -> tuple[list[ProbeAnswer], list[ReferenceAnswer]]:
+    """Every request of one batch size, at most ``level`` in flight, longest first."""
+    by_id = {p.id: p for p in reference.prompts}
+    gate = asyncio.Semaphore(level)
+    tokens = bank_tokens(spec)
+    seen: dict[str, int] = {}
+    async with asyncio.TaskGroup() as group:
+        pair_tasks = []
+        ref_tasks = []
+        known_tasks = []
+        for pid in plan.prompts[level]:
+            repeat = seen.get(pid, 0)
+            seen[pid] = repeat + 1
+            item, paired = shared.get(pid, (None, None))
+            if item is not None and repeat == 0 and paired is not None:
+                pair_tasks.append(
+                    group.create_task(
+                        ask_shared(
+                            client, item, paired, level, model, spec, reference, gate, deadline
+                        )
+                    )
+                )
+                continue
+            if item is not None and repeat == 0:
+                known_tasks.append(
+                    group.create_task(ask_item(client, item, level, model, spec, gate, deadline))
+                )
+                continue
+            ref_tasks.append(
+                group.create_task(
+                    ask_reference(
+                        client,
+                        by_id[pid],
+                        level,
+                        "generate",
+                        model,
+                        spec,
+                        gate,
+                        deadline,
+                        repeat=repeat,
+                        max_tokens=tokens,
+                    )
+                )
+            )
+        if level == plan.top:
+            ref_tasks += [
+                group.create_task(
+                    ask_reference(client, by_id[pid], level, "forced", model, spec, gate, deadline)
+                )
+                for pid in plan.forced
+            ]
+    known = [t.result()[0] for t in pair_tasks] + [t.result() for t in known_tasks]
+    agreement = [t.result()[1] for t in pair_tasks] + [t.result() for t in ref_tasks]
+    return known, agreement
+
+
+async def run_plan(
+    client: httpx.AsyncClient,
+    model: str,
+    spec: ProbeSpec,
+    reference: Reference,
+    items: Sequence[ProbeItem],
+    pairs: Mapping[str, ReferencePrompt],
+    plan: TrialPlan,
+    deadline: float | None,
+) -> tuple[list[ProbeAnswer], list[ReferenceAnswer], list[int], float]:
+    """Run ``plan`` level by level (top first); after the top level, stop when it already
+    shows ``reference.early_exit`` corrupt prompts (a clear failure: the rest would only
+    cost time). Returns both layers' answers, the levels that ran, and the seconds until
+    the known-answer side of each level was back (summed)."""
+    # Reference prompt id -> (its known-answer item, the shared prompt when /tokenize matched).
+    item_of_prompt: dict[str, tuple[ProbeItem, ReferencePrompt | None]] = {}
+    strata_items = {i.id: i for i in items}
+    for item_id, prompt in shared_prompts(spec, items, reference).items():
+        item_of_prompt[prompt.id] = (strata_items[item_id], pairs.get(item_id))
+    known: list[ProbeAnswer] = []
+    agreement: list[ReferenceAnswer] = []
+    ran: list[int] = []
+    known_s = 0.0
+    for level in plan.levels:
+        began = perf_counter()
+        k_answers, r_answers = await _level(
+            client, model, spec, reference, plan, level, item_of_prompt, deadline
+        )
+        known_s += perf_counter() - began
+        known += k_answers
+        agreement += r_answers
+        ran.append(level)
+        if level == plan.top and len(plan.levels) > 1:
+            so_far = score_plan(reference, agreement, spec.reference, plan, ran=ran)
+            corrupt_prompts = {
+                r.id for r in so_far.scores if r.verdict == "far" or r.forced_corrupt
+            }
+            if len(corrupt_prompts) >= spec.reference.early_exit:
+                break
+    return known, agreement, ran, known_s
+
+
+def score_known(
+    spec: ProbeSpec,
+    items: Sequence[ProbeItem],
+    reference: Reference,
+    answers: Sequence[ProbeAnswer],
+    ran: Sequence[int],
+    *,
+    probe_seconds: float | None = None,
+) -> ProbeResult:
+    """The known-answer layer of a bank probe: the items asked at each level, judged, with
+    accuracy held to the reference's own accuracy on exactly those items (one-sided
+    tolerance). Answers changed between batch sizes are not judged here - the reference
+    layer judges every answer's tokens by the numerics rule, which tells a near-tie flip
+    from corruption; comparing texts would fail correct bf16 servers."""
+    asked: dict[int, set[str]] = {}
+    for ans in answers:
+        asked.setdefault(ans.concurrency, set()).add(ans.item_id)
+    if not asked:
+        return ProbeResult.disabled().model_copy(update={"reason": "no known-answer items sent"})
+    top = max(asked)
+    sent = [i for i in items if any(i.id in ids for ids in asked.values())]
+    truth = reference_correct(spec, sent, reference)
+    on_top = [truth[i] for i in asked[top] if i in truth]
+    ref_accuracy = sum(on_top) / len(on_top) if on_top else spec.reference_accuracy
+    levels = tuple(sorted(asked))
+    judged = spec.model_copy(
+        update={
+            "concurrency": levels,
+            "min_consistency": 0.0,
+            "reference_accuracy": ref_accuracy,
+        }
+    )
+    # The top level asked every sent item: it is the one gated; the others are subsets.
+    subsets = {lvl: ids for lvl, ids in asked.items() if lvl != top}
+    return score(
+        sent,
+        answers,
+        judged,
+        probe_seconds=probe_seconds,
+        asked=subsets,
+    )
+
+
+async def run_trial_probe(
+    base_url: str,
+    model: str,
+    spec: ProbeSpec,
+    *,
+    reference: Reference | None,
+    items: Sequence[ProbeItem] | None = None,
+    sample_seed: int = 0,
+    capture_sizes: Sequence[int] = (),
+    boundaries: Sequence[int] = (),
+    deadline_s: float | None = None,
+    headers: Mapping[str, str] | None = None,
+) -> CorrectnessResult:
+    """A trial's whole correctness probe. With the bank (``probe.bank.enabled``) and a
+    recorded reference: the seeded plan of :func:`plan_for` for this trial
+    (``sample_seed``, e.g. the trial number), covering the shapes the server reports
+    (``capture_sizes``, ``boundaries`` from its log); otherwise the template probe of
+    :func:`tuner.probe.correctness.run_correctness`.
+
+    Returns:
+        The combined verdict; ``coverage`` says which prompt lengths, batch sizes and
+        strata were covered, ``probe_seconds`` what it cost.
+    """
+    if not (spec.enabled and spec.bank.enabled and spec.reference.enabled and reference):
+        return await run_correctness(
+            base_url,
+            model,
+            spec,
+            reference=reference,
+            items=items,
+            deadline_s=deadline_s,
+            headers=headers,
+        )
+    if items is None:
+        items = load_probe_items(spec)
+    plan = plan_for(
+        spec, items, reference, sample_seed, capture_sizes=capture_sizes, boundaries=boundaries
+    )
+    start = perf_counter()
+    deadline = None if deadline_s is None else start + deadline_s
+    async with make_client(base_url, headers, spec, plan.top) as client:
+        sent = {pid for ids in plan.prompts.values() for pid in ids}
+        strata = prompt_strata(spec, items)
+        wanted = [
+            i
+            for i in items
+            if any(p.id in sent for p in shared_prompts(spec, [i], reference).values())
+        ]
+        pairs = await matching_pairs(client, model, spec, wanted, reference, deadline)
+        known_answers, ref_answers, ran, known_s = await run_plan(
+            client, model, spec, reference, items, pairs, plan, deadline
+        )
+    total = perf_counter() - start
+    known = score_known(spec, items, reference, known_answers, ran, probe_seconds=known_s)
+    result = score_plan(reference, ref_answers, spec.reference, plan, ran=ran)
+    coverage = plan.coverage.model_copy(
+        update={
+            "batch_sizes": sorted(ran),
+            "compared_positions": sum(lvl.compared_positions for lvl in result.levels),
+            "forced_positions": sum(lvl.forced_positions or 0 for lvl in result.levels),
+            "strata": len({strata[p] for p in sent if p in strata}),
+        }
+    )
+    combined = combine(
+        known,
+        result,
+        probe_seconds=total,
+        known_answers_seconds=known_s,
+        reference_seconds=total - known_s,
+    )
+    return combined.model_copy(update={"coverage": coverage, "sample_seed": sample_seed})
+
+
+def reference_known_answers(
+    spec: ProbeSpec, items: Sequence[ProbeItem], reference: Reference
+) -> ProbeResult:
+    """The reference server's known-answer result, judged from its own recorded answers
+    (no extra requests): every item the reference recorded, held to the absolute
+    ``min_accuracy`` - the check that the reference configuration itself is sound."""
+    pairs = shared_prompts(spec, items, reference)
+    level = max(spec.concurrency)
+    answers = [
+        ProbeAnswer(
+            item_id=item_id,
+            concurrency=level,
+            text=prompt.generation.text,
+            finish_reason=prompt.generation.finish_reason,
+            completion_tokens=len(prompt.generation.tokens),
+        )
+        for item_id, prompt in pairs.items()
+    ]
+    recorded = [i for i in items if i.id in pairs]
+    if not recorded:
+        return ProbeResult.disabled().model_copy(update={"reason": "no known answers recorded"})
+    judged = spec.model_copy(
+        update={"concurrency": (level,), "min_consistency": 0.0, "reference_accuracy": None}
+    )
+    return score(recorded, answers, judged)
