@@ -73,6 +73,12 @@ def _figures(result: CorrectnessResult) -> dict[str, Any]:
         "corrupt": sum(lvl.corrupt for lvl in ref.levels) if ref else None,
         "forced_worst_gap": max((r.forced_worst_gap or 0.0 for r in rows), default=None),
         "overlap_min": min(overlaps, default=None),
+        "kl_median_max": max(
+            (lvl.kl_median for lvl in (ref.levels if ref else []) if lvl.kl_median is not None),
+            default=None,
+        ),
+        "levels": [lvl.model_dump() for lvl in (ref.levels if ref else [])],
+        "far": [r.detail for r in rows if r.verdict == "far"][:5],
         "known_accuracy": result.known_answers.accuracy,
         "coverage": result.coverage.model_dump() if result.coverage else None,
     }
@@ -114,7 +120,7 @@ def _runs(url: str, spec: ProbeSpec, reference: Any, runs: int, label: str) -> l
             f"  {label} seed {seed:2d}: {'pass' if fig['passed'] else 'FAIL'} "
             f"{fig['probe_s']:5.1f}s near ties {fig['near_ties']:2d} "
             f"(max gap {fig['near_tie_gap_max'] or 0:.3f}) corrupt {fig['corrupt']} "
-            f"overlap>={fig['overlap_min'] or 0:.2f}"
+            f"overlap>={fig['overlap_min'] or 0:.2f} kl<={fig['kl_median_max'] or 0:.4f}"
             + ("" if fig["passed"] else f"  {fig['reason'][:200]}"),
             flush=True,
         )

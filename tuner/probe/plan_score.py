@@ -11,8 +11,9 @@ Pass rule (``ReferenceSpec``), over the whole trial:
   failed;
 * at every level, the mean top-k overlap over compared positions at least
   ``min_top_k_overlap``;
-* ``min_exact_fraction`` of the top level's prompts identical, when set above 0 (off by
-  default: how many near ties flip depends on dtype and batch, not on correctness).
+* ``min_exact_fraction`` of the top level's prompts identical, only when the study sets
+  it (off by default: how many near ties flip depends on dtype and batch, not on
+  correctness).
 
 Each corrupt position is listed as evidence (prompt, batch size, where, the gap, the
 trial's text next to the reference's).
@@ -158,6 +159,9 @@ def score_plan(
     scored (``early_exit``)."""
     got = _index(answers, plan)
     k = min(spec.top_k, reference.top_k)
+    # The template probe's 66 % exact rule applies only when the study sets it: how many
+    # near ties flip depends on dtype and batch size, not on correctness.
+    exact_bar = spec.min_exact_fraction if "min_exact_fraction" in spec.model_fields_set else 0.0
     levels = list(plan.levels if ran is None else ran)
     results: list[ReferenceLevel] = []
     scores: list[PromptScore] = []
@@ -191,7 +195,7 @@ def score_plan(
                 f"batch {level} (the distributions moved further than the reference's own "
                 "batch-to-batch variation)"
             )
-        if level == plan.top and result.exact_fraction < spec.min_exact_fraction - _EPS:
+        if level == plan.top and result.exact_fraction < exact_bar - _EPS:
             level_failures.append(
                 f"only {result.exact}/{result.prompts} prompts identical at batch {level}"
             )
@@ -218,7 +222,7 @@ def score_plan(
             "max_corrupt": float(spec.max_corrupt),
             "min_top_k_overlap": spec.min_top_k_overlap,
             "max_kl_median": spec.max_kl_median,
-            "min_exact_fraction": spec.min_exact_fraction,
+            "min_exact_fraction": exact_bar,
             "top_k": float(k),
         },
         corrupt=evidence,

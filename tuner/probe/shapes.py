@@ -33,8 +33,14 @@ __all__ = ["Coverage", "batch_sizes", "length_buckets"]
 def _thin(values: Iterable[int], min_ratio: float, keep: set[int]) -> list[int]:
     out: list[int] = []
     for v in sorted(set(values)):
-        if not out or v in keep or v >= out[-1] * min_ratio:
+        if not out or v >= out[-1] * min_ratio:
             out.append(v)
+        elif v in keep:
+            # A boundary that must stay replaces its too-close neighbour below.
+            if len(out) > 1 and out[-1] not in keep:
+                out[-1] = v
+            else:
+                out.append(v)
     return out
 
 

@@ -192,7 +192,33 @@ _OPS = (
 )
 
 
+# What the fake model knows of French and Spanish (the probe bank's translation family).
+_WORDS_FR_ES = {
+    "cat": ("chat", "gato"), "dog": ("chien", "perro"), "house": ("maison", "casa"),
+    "water": ("eau", "agua"), "book": ("livre", "libro"), "apple": ("pomme", "manzana"),
+    "bread": ("pain", "pan"), "sun": ("soleil", "sol"), "moon": ("lune", "luna"),
+    "red": ("rouge", "rojo"), "green": ("vert", "verde"), "friend": ("ami", "amigo"),
+    "school": ("école", "escuela"), "cheese": ("fromage", "queso"), "milk": ("lait", "leche"),
+    "city": ("ville", "ciudad"), "hello": ("bonjour", "hola"), "thank you": ("merci", "gracias"),
+    "black": ("noir", "negro"), "white": ("blanc", "blanco"), "sea": ("mer", "mar"),
+    "tree": ("arbre", "árbol"), "flower": ("fleur", "flor"), "king": ("roi", "rey"),
+}
+
+
 def _bank_answer(prompt: str, text: str) -> tuple[str, str] | None:
+    m = re.search(r"'([a-z ]+)'.*?\b(french|spanish)\b|\b(french|spanish) word for '([a-z ]+)'",
+                  text, re.I)
+    if m:
+        word = (m.group(1) or m.group(4)).lower()
+        lang = (m.group(2) or m.group(3)).lower()
+        if word in _WORDS_FR_ES:
+            return "translation", _WORDS_FR_ES[word][0 if lang == "french" else 1]
+    m = re.search(r"python function called (\w+)", text, re.I)
+    if m:
+        return "code", f"def {m.group(1)}(a, b):"
+    m = re.search(r"what about (?:the\s+)?([a-z][a-z .']*?)\s*\?", text, re.I)
+    if m and "capital" in prompt.lower() and m.group(1).strip().lower() in CAPITALS:
+        return "capital", CAPITALS[m.group(1).strip().lower()]
     for pattern, op in _OPS:
         m = re.search(pattern, text, re.I)
         if m:
