@@ -146,8 +146,73 @@ def _run(name: str, flags: list[str], args: argparse.Namespace, out_dir: Path
     return answers, ready
 
 
+async def _force_one(client: httpx.AsyncClient, messages: list[dict[str, str]], answer: str
+                     ) -> dict[str, Any]:
+    """The eager float32 server's view of another configuration's answer: teacher-force it
+    and report, per answer token, its rank among float32's top-5 and the gap to float32's
+    own choice there."""
+    head = (await client.post("/tokenize", json={"model": SERVED, "messages": messages,
+                                                 "add_generation_prompt": True})).json()["tokens"]
+    tail = (await client.post("/tokenize", json={"model": SERVED, "prompt": answer,
+                                                 "add_special_tokens": False})).json()["tokens"]
+    body = {"model": SERVED, "prompt": head + tail, "max_tokens": 1, "temperature": 0,
+            "prompt_logprobs": 5}
+    plp = (await client.post("/v1/completions", json=body, timeout=600)).json()
+    plp = plp["choices"][0]["prompt_logprobs"]
+    gaps = []
+    for j, tok in enumerate(tail):
+        entry = plp[len(head) + j]
+        ranked = sorted(((v["logprob"], int(k)) for k, v in entry.items() if v.get("rank", 99) <= 5),
+                        reverse=True)
+        best = ranked[0][0]
+        mine = entry.get(str(tok), {}).get("logprob")
+        gaps.append(None if mine is None else best - mine)
+    return {"tokens": len(tail), "gaps": gaps}
+
+
+def force_check(path: Path, config: str) -> int:
+    """Teacher-force ``config``'s differing answers (from an earlier run's JSON) through a
+    fresh eager float32 server: are they what float32 itself would say after the first
+    flipped token (near ties all along: numerics and a fragile model), or tokens float32 is
+    confident against (the configuration computes a different model)?"""
+    data = json.loads(path.read_text())
+    rows = data["configs"][config]
+    picked = [(q, a) for q, a, r in zip(data["questions"], rows["answers"], rows["vs_eager_fp32"],
+                                        strict=True) if r["diverged_at"] is not None]
+    log = Path(tempfile.gettempdir()) / "chat_corruption-force.log"
+    import vllm_server
+    vllm_server.BASE_FLAGS = ["--max-model-len", "2048"]
+
+    async def run(url: str) -> list[dict[str, Any]]:
+        async with httpx.AsyncClient(base_url=url, trust_env=False, timeout=600) as client:
+            return [await _force_one(client, q, a["text"]) for q, a in picked]
+
+    with VllmServer(log, CONFIGS["eager-fp32"]) as server:
+        forced = asyncio.run(run(server.url))
+    all_gaps = [g for f in forced for g in f["gaps"]]
+    known = [g for g in all_gaps if g is not None]
+    print(f"{config}'s {len(picked)} differing answers forced through eager float32: "
+          f"{len(all_gaps)} tokens; float32's top-1 at {sum(g == 0 for g in known)}, within "
+          f"1 nat at {sum(g <= 1.0 for g in known)}, more than 1 nat below at "
+          f"{sum(g > 1.0 for g in known)}, outside its top-5 at {len(all_gaps) - len(known)}")
+    for (q, a), f in zip(picked, forced, strict=True):
+        worst = max((g if g is not None else 99.0) for g in f["gaps"]) if f["gaps"] else 0
+        bad = sum(g is None or g > 1.0 for g in f["gaps"])
+        print(f"- {q[-1]['content'][:50]!r}: {bad}/{f['tokens']} tokens float32 is confident "
+              f"against (worst gap {worst:.2f}): {a['text'][:80]!r}")
+    out = path.with_name(path.stem + f"-forced-{config}.json")
+    out.write_text(json.dumps({"config": config, "questions": [q for q, _ in picked],
+                               "forced": forced}, indent=1))
+    print(f"wrote {out.relative_to(ROOT)}")
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--force-from", type=Path, default=None,
+                        help="an earlier run's JSON: teacher-force --force-config's answers "
+                        "through eager float32 instead of asking")
+    parser.add_argument("--force-config", default="eager-bf16")
     parser.add_argument("--configs", nargs="+", default=["eager-bf16", "ngram4-3-3"],
                         help=f"names from: {', '.join(sorted(CONFIGS))[:400]} ...")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -157,6 +222,8 @@ def main() -> int:
     if missing:
         print(f"skipped: {missing}")
         return 0
+    if args.force_from is not None:
+        return force_check(args.force_from, args.force_config)
     unknown = [c for c in args.configs if c not in CONFIGS]
     if unknown:
         parser.error(f"unknown configs {unknown}")
