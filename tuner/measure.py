@@ -124,7 +124,8 @@ async def ameasure(
     if probe:
         from tuner.probe.client import run_probe
 
-        result = await run_probe(url, model, spec.probe, deadline_s=deadline_s, headers=headers)
+        result = await run_probe(_root(url), model, spec.probe, deadline_s=deadline_s,
+                                 headers=headers)
         atomic_write_json(out_dir / "probe.json", result.model_dump(mode="json"))
         probe_summary = {
             "passed": result.passed,

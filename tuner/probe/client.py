@@ -19,6 +19,7 @@ from tuner.probe.bank import build_pool
 from tuner.probe.items import ProbeItem, build_items
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
 from tuner.probe.prompts_file import PromptsFileError, parse_prompts_jsonl
+from tuner.probe.sample import known_sample
 from tuner.probe.spec import ProbeSpec
 from tuner.probe.wire import parse_response, request_for
 
@@ -151,6 +152,10 @@ async def run_probe(
         return ProbeResult.disabled()
     if items is None:
         items = load_probe_items(spec)
+    if spec.bank.enabled and spec.prompts_file is None:
+        # Without a reference there is nothing to compare tokens with, so only the known
+        # answers run: one item of every stratum, not the whole pool.
+        items = known_sample(items, spec.seed)
     start = perf_counter()
     deadline = None if deadline_s is None else start + deadline_s
     widest = max(spec.concurrency)

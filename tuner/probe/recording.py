@@ -128,8 +128,12 @@ async def record_reference(
             return await _record_one(call, source, model, spec)
 
     async with make_client(base_url, headers, spec, width) as client:
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(source)) for source in sources]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(source)) for source in sources]
+        except* ReferenceRecordError as failed:
+            # The first failure is the reason; the group cancelled the rest.
+            raise failed.exceptions[0] from None
         prompts = [t.result() for t in tasks]
     return Reference(
         model=model,

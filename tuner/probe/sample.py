@@ -22,11 +22,12 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from tuner.probe.items import ProbeItem
 from tuner.probe.record import Reference, ReferencePrompt
 from tuner.probe.shapes import Coverage, batch_sizes, length_buckets
 from tuner.probe.spec import ProbeSpec
 
-__all__ = ["TrialPlan", "plan_trial"]
+__all__ = ["TrialPlan", "known_sample", "plan_trial"]
 
 
 @dataclass(frozen=True)
@@ -192,3 +193,24 @@ def _forced(sample: Sequence[ReferencePrompt], spec: ProbeSpec) -> tuple[str, ..
         open_ = [p for p in recorded if p.source != "known_answer"]
         recorded = open_ or recorded
     return tuple(dict.fromkeys(p.id for p in recorded))
+
+
+def known_sample(items: Sequence[ProbeItem], seed: int, *, longest_stratum: int = 512
+                 ) -> list[ProbeItem]:
+    """The known-answer items asked without a reference (``tuner measure --probe``, or a
+    study whose reference layer is off): one item of every (family, wording) stratum and
+    the retrieval items up to ``longest_stratum`` tokens, seeded; items outside the bank
+    (the study's own file) always."""
+    rng = random.Random(seed)
+    groups: dict[str, list[ProbeItem]] = {}
+    for item in items:
+        if item.stratum is not None:
+            groups.setdefault(item.stratum, []).append(item)
+    out = [item for item in items if item.stratum is None]
+    for name in sorted(groups):
+        family, _, rest = name.partition("/")
+        if family == "retrieval":
+            out += [i for i in groups[name] if rest.isdigit() and int(rest) <= longest_stratum]
+        else:
+            out.append(rng.choice(groups[name]))
+    return out
