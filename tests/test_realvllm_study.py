@@ -178,13 +178,15 @@ def check_study_artifacts(results: Path, name: str) -> None:
         probe = json.loads((study_dir / "trials" / f"{number:04d}" / "probe.json").read_text())
         assert probe["passed"] is True, (number, probe["reason"])
         known = probe["known_answers"]
-        # All 12 chat items batched at concurrency 8; at 1 only the single-stream subset
-        # (probe.single_stream: subset), whose items are counted too.
-        levels = {lv["concurrency"]: lv for lv in known["levels"]}
-        assert levels[8]["total"] == 12 and 1 <= levels[1]["total"] < 12, known["levels"]
+        # The bank probe: the trial's own sample (one item of every family and wording, a
+        # long prompt per length bucket) at decode batch sizes 1, 2, 4 (the load's top)
+        # and 8, every answer compared with the eager reference by the numerics rule.
+        coverage = probe["coverage"]
+        assert coverage["batch_sizes"] == [1, 2, 4, 8], coverage
+        assert coverage["strata"] >= 20 and coverage["buckets_covered"] >= 5, coverage
+        assert probe["sample_seed"] == number
+        assert {r["family"] for r in known["records"]} >= {"fact", "multi_turn", "retrieval"}
         assert known["total"] == sum(lv["total"] for lv in known["levels"])
-        assert {r["family"] for r in known["records"]} == {"capital", "copy"}
-        assert all(r["answer"] for r in known["records"])
         assert sum(r["correct"] for r in known["records"]) == known["correct"]
         # Greedy agreement with the study's eager reference, scored prompt by prompt.
         assert probe["reference"]["passed"] is True, (number, probe["reference"])
@@ -341,8 +343,11 @@ def test_probe_fails_a_real_server_that_answers_fluently_but_wrong(tmp_path: Pat
 
     from tuner.probe.client import run_probe
 
-    study = yaml.safe_load((ROOT / "search_spaces" / "smollm2-cpu.yaml").read_text())
-    spec = ProbeSpec.model_validate(study["probe"])
+    # Known answers alone, as the template probe asks them (chat capitals and copies, which
+    # SmolLM2-135M answers reliably on a correct server): no reference is needed to see
+    # that a wrong RoPE base talks nonsense.
+    spec = ProbeSpec(bank={"enabled": False}, items=12, families=["capital", "copy"],
+                     api="chat", concurrency=[1, 8], min_accuracy=0.8, max_tokens=32)
     results: dict[str, Any] = {}
     for label, extra in (("correct", []),
                          ("wrong_rope", ["--hf-overrides",

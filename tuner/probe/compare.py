@@ -63,7 +63,10 @@ class DecodeComparison(BaseModel):
 
 
 def _distances(
-    ref_top: dict[int, float], got_top: dict[int, float], k: int, overlaps: list[float],
+    ref_top: dict[int, float],
+    got_top: dict[int, float],
+    k: int,
+    overlaps: list[float],
     kls: list[float],
 ) -> None:
     overlaps.append(top_k_overlap(ref_top, got_top, k))

@@ -282,14 +282,22 @@ def _consistency_rule(
     if not pairs or spec.min_consistency <= 0 or changed <= tolerated:
         return same, len(pairs), None
     if len(pairs) == len(recs):
-        return same, len(pairs), (
-            f"consistency {same / len(pairs):.2f} < {spec.min_consistency:.2f} at "
-            f"concurrency {level} vs {baseline} (greedy answers changed with batch size)"
+        return (
+            same,
+            len(pairs),
+            (
+                f"consistency {same / len(pairs):.2f} < {spec.min_consistency:.2f} at "
+                f"concurrency {level} vs {baseline} (greedy answers changed with batch size)"
+            ),
         )
-    return same, len(pairs), (
-        f"{changed} of the {len(pairs)} single-stream items answered differently at "
-        f"concurrency {level} than at {baseline} (at most {tolerated} tolerated; greedy "
-        "answers changed with batch size)"
+    return (
+        same,
+        len(pairs),
+        (
+            f"{changed} of the {len(pairs)} single-stream items answered differently at "
+            f"concurrency {level} than at {baseline} (at most {tolerated} tolerated; greedy "
+            "answers changed with batch size)"
+        ),
     )
 
 

@@ -30,9 +30,9 @@ from tuner.probe.reference_score import (
     ReferenceAnswer,
     ReferenceLevel,
     ReferenceResult,
-    _score_forced,
-    _score_generation,
-    _stats,
+    gap_stats,
+    score_forced_row,
+    score_generation_row,
 )
 from tuner.probe.sample import TrialPlan
 from tuner.probe.spec import ReferenceSpec
@@ -84,7 +84,7 @@ def _level(
     for pid in ids:
         repeat = seen.get(pid, 0)
         seen[pid] = repeat + 1
-        row, gaps = _score_generation(
+        row, gaps = score_generation_row(
             by_id[pid], level, got.get((pid, level, "generate", repeat)), k, spec.near_tie_nats
         )
         decode_gaps.extend(gaps)
@@ -101,7 +101,7 @@ def _level(
             prompt_tokens=len(by_id[pid].prompt_ids),
             detail="teacher-forced",
         )
-        pos, hits, _, fgaps, err = _score_forced(
+        pos, hits, _, fgaps, err = score_forced_row(
             by_id[pid], got.get((pid, level, "forced", 0)), row, k, spec.near_tie_nats
         )
         if err is not None:
@@ -117,8 +117,8 @@ def _level(
     overlaps = [r.overlap for r in rows if r.overlap is not None]
     kls = [r.kl_median for r in rows if r.kl_median is not None]
     corrupt = sum(r.verdict == "far" for r in rows) + sum(len(r.forced_corrupt) for r in rows)
-    dmed, dmax = _stats(decode_gaps)
-    fmed, fmax = _stats(forced_gaps)
+    dmed, dmax = gap_stats(decode_gaps)
+    fmed, fmax = gap_stats(forced_gaps)
     result = ReferenceLevel(
         concurrency=level,
         prompts=n,

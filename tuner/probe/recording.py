@@ -9,8 +9,8 @@ not be recorded.
 
 from __future__ import annotations
 
-import time
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 from time import perf_counter

@@ -16,7 +16,16 @@ from tuner.probe.record import ForcedStep, Generation, Reference, ReferencePromp
 from tuner.probe.selection import forced_prompt_ids
 from tuner.probe.spec import ReferenceSpec
 
-__all__ = ["PromptScore", "ReferenceAnswer", "ReferenceLevel", "ReferenceResult", "score_reference"]
+__all__ = [
+    "PromptScore",
+    "ReferenceAnswer",
+    "ReferenceLevel",
+    "ReferenceResult",
+    "gap_stats",
+    "score_forced_row",
+    "score_generation_row",
+    "score_reference",
+]
 
 Source = Literal["known_answer", "open", "custom"]
 
@@ -41,7 +50,7 @@ class ReferenceAnswer(BaseModel):
     )
 
 
-def _stats(values: Sequence[float]) -> tuple[float | None, float | None]:
+def gap_stats(values: Sequence[float]) -> tuple[float | None, float | None]:
     if not values:
         return None, None
     return float(median(values)), float(max(values))
@@ -71,7 +80,9 @@ class PromptScore(BaseModel):
         default=None, description="Reference-side logprob gap at the divergence (nats)."
     )
     trial_rank: int | None = None
-    overlap: float | None = Field(default=None, description="Mean top-k overlap, compared positions.")
+    overlap: float | None = Field(
+        default=None, description="Mean top-k overlap, compared positions."
+    )
     kl_median: float | None = None
     forced_corrupt: list[int] = Field(
         default_factory=list, description="Teacher-forced positions judged corruption."
@@ -139,7 +150,7 @@ def _preview(text: str | None, limit: int = 120) -> str | None:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def _score_generation(
+def score_generation_row(
     prompt: ReferencePrompt,
     level: int,
     ans: ReferenceAnswer | None,
@@ -173,7 +184,7 @@ def _score_generation(
     row.diverged_at = cmp.diverged_at
     row.reference_in_trial_top_k = cmp.reference_in_trial_top_k
     row.trial_in_reference_top_k = cmp.trial_in_reference_top_k
-    row.decode_gap_median, row.decode_gap_max = _stats(cmp.gaps)
+    row.decode_gap_median, row.decode_gap_max = gap_stats(cmp.gaps)
     row.detail = cmp.detail
     if cmp.verdict != "exact":
         row.trial_text = _preview(ans.generation.text)
@@ -183,7 +194,7 @@ def _score_generation(
     return row, cmp.gaps
 
 
-def _score_forced(
+def score_forced_row(
     prompt: ReferencePrompt,
     ans: ReferenceAnswer | None,
     row: PromptScore,
@@ -213,7 +224,7 @@ def _score_forced(
         row.kl_median = float(median(fc.kls))
     row.forced_top1 = fc.top1_matches / positions if positions else None
     row.forced_close = fc.close_matches / positions if positions else None
-    row.forced_gap_median, row.forced_gap_max = _stats(fc.gaps)
+    row.forced_gap_median, row.forced_gap_max = gap_stats(fc.gaps)
     return positions, fc.top1_matches, fc.close_matches, fc.gaps, None
 
 
@@ -271,13 +282,13 @@ def _level_rows(
     for prompt in reference.prompts:
         if sent is not None and prompt.id not in sent:
             continue
-        row, gaps = _score_generation(
+        row, gaps = score_generation_row(
             prompt, level, got.get((prompt.id, level, "generate")), k, near_tie
         )
         decode_gaps.extend(gaps)
         if prompt.id in forced_ids:
             fans = got.get((prompt.id, level, "forced"))
-            pos, hits, close_hits, fgaps, err = _score_forced(prompt, fans, row, k, near_tie)
+            pos, hits, close_hits, fgaps, err = score_forced_row(prompt, fans, row, k, near_tie)
             forced.positions += pos
             forced.hits += hits
             forced.close += close_hits
@@ -343,8 +354,8 @@ def _level_result(
     n = len(rows)
     exact = sum(r.verdict == "exact" for r in rows)
     close = sum(r.verdict == "close" for r in rows)
-    fmed, fmax = _stats(forced.gaps)
-    dmed, dmax = _stats(decode_gaps)
+    fmed, fmax = gap_stats(forced.gaps)
+    dmed, dmax = gap_stats(decode_gaps)
     has_forced = forced_here and forced.positions > 0
     return ReferenceLevel(
         concurrency=concurrency,

@@ -195,8 +195,9 @@ def _forced(sample: Sequence[ReferencePrompt], spec: ProbeSpec) -> tuple[str, ..
     return tuple(dict.fromkeys(p.id for p in recorded))
 
 
-def known_sample(items: Sequence[ProbeItem], seed: int, *, longest_stratum: int = 512
-                 ) -> list[ProbeItem]:
+def known_sample(
+    items: Sequence[ProbeItem], seed: int, *, longest_stratum: int = 512
+) -> list[ProbeItem]:
     """The known-answer items asked without a reference (``tuner measure --probe``, or a
     study whose reference layer is off): one item of every (family, wording) stratum and
     the retrieval items up to ``longest_stratum`` tokens, seeded; items outside the bank
