@@ -10,10 +10,12 @@ a trial sends, with its own seed:
   longest buckets first while ``prompt_token_budget`` lasts;
 * ``open_prompts`` open prompts (teacher-forced) and every custom prompt of the study.
 
-That sample runs batched at the top decode batch size (repeated to fill it when the top is
-larger than the sample), then at every smaller batch size b of :func:`batch_sizes` with b
-requests in flight - different items at each - and at batch size 1 the longest prompt and
-a multi-turn item, alone. Top first: a clear failure there ends the probe early.
+That sample runs at the top decode batch size (repeated to fill it when the top is larger
+than the sample), then at every smaller batch size b of :func:`batch_sizes` with b prompts -
+different items at each - and at batch size 1 the longest prompt and a multi-turn item,
+alone. The prompts of a batch size go in waves of b, each wave one request holding b
+prompts (:mod:`tuner.probe.trial`), so the server decodes them as one batch of exactly b
+whatever the client's timing. Top first: a clear failure there ends the probe early.
 """
 
 from __future__ import annotations

@@ -15,12 +15,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping, Sequence
 from time import perf_counter
+from typing import Any
 
 import httpx
 
-from tuner.probe.client import ask_item, load_probe_items
-from tuner.probe.correctness import ask_reference, ask_shared, matching_pairs, run_correctness
-from tuner.probe.http import make_client
+from tuner.probe.client import answer_of, ask_item, load_probe_items
+from tuner.probe.correctness import ask_reference, matching_pairs, run_correctness
+from tuner.probe.http import make_client, post_json, request_timeout
 from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
 from tuner.probe.plan_score import score_plan
@@ -30,6 +31,7 @@ from tuner.probe.sample import TrialPlan, plan_trial
 from tuner.probe.selection import bank_tokens, prompt_strata, reference_correct, shared_prompts
 from tuner.probe.spec import ProbeSpec
 from tuner.probe.verdict import CorrectnessResult, combine
+from tuner.probe.wire import apply_stop, generation_request, parse_generation, parse_response
 
 __all__ = ["plan_for", "reference_known_answers", "run_plan", "run_trial_probe", "score_known"]
 
@@ -50,6 +52,91 @@ def plan_for(
     )
 
 
+async def _ask_wave(
+    client: httpx.AsyncClient,
+    model: str,
+    spec: ProbeSpec,
+    wave: Sequence[tuple[ReferencePrompt, int, ProbeItem | None]],
+    level: int,
+    deadline: float | None,
+) -> tuple[list[ProbeAnswer], list[ReferenceAnswer]]:
+    """One request carrying a wave of prompts (``prompt`` as a list of token-id lists): the
+    server schedules them together, so their decode runs at batch size ``len(wave)`` -
+    whatever the client's timing - and shrinks through every smaller size as answers end.
+    Each choice answers both layers: its text the known answer (when the prompt is one;
+    ``repeat`` 0), its tokens the reference comparison."""
+    known: list[ProbeAnswer] = []
+    agreement: list[ReferenceAnswer] = []
+    timeout = request_timeout(spec, deadline)
+    body = generation_request(model, wave[0][0].prompt_ids, spec.reference)
+    body["prompt"] = [list(p.prompt_ids) for p, _, _ in wave]
+    body["max_tokens"] = bank_tokens(spec)
+    began = perf_counter()
+    payload: Any = None
+    error = "not sent: probe deadline reached" if timeout is None else None
+    if timeout is not None:
+        try:
+            payload = await post_json(client, "/v1/completions", body, timeout)
+        except ValueError as exc:
+            error = str(exc)
+    latency = perf_counter() - began
+    choices = {}
+    if isinstance(payload, dict) and isinstance(payload.get("choices"), list):
+        choices = {c.get("index", i): c for i, c in enumerate(payload["choices"])}
+    for i, (prompt, repeat, item) in enumerate(wave):
+        one = {"choices": [choices[i]]} if i in choices else None
+        why = error or (None if one else f"no choice {i} in the reply")
+        answer = ReferenceAnswer(
+            prompt_id=prompt.id,
+            concurrency=level,
+            kind="generate",
+            latency_s=latency,
+            repeat=repeat,
+            error=why,
+        )
+        generation = None
+        if why is None:
+            try:
+                generation = parse_generation(one)
+                answer = answer.model_copy(update={"generation": generation})
+            except ValueError as exc:
+                answer = answer.model_copy(update={"error": str(exc)})
+        agreement.append(answer)
+        if item is None or repeat:
+            continue
+        if why is not None or one is None:
+            known.append(
+                ProbeAnswer(item_id=item.id, concurrency=level, latency_s=latency, error=why)
+            )
+            continue
+        try:
+            text, finish, _, _ = parse_response(item.model_copy(update={"api": "completions"}), one)
+            text, finish = apply_stop(item, text, finish)
+            known.append(
+                answer_of(
+                    item,
+                    level,
+                    (
+                        text,
+                        finish,
+                        len(prompt.prompt_ids),
+                        None if generation is None else len(generation.tokens),
+                    ),
+                    latency,
+                )
+            )
+        except ValueError as exc:
+            known.append(
+                ProbeAnswer(
+                    item_id=item.id,
+                    concurrency=level,
+                    latency_s=latency,
+                    error=f"bad response body: {exc}",
+                )
+            )
+    return known, agreement
+
+
 async def _level(
     client: httpx.AsyncClient,
     model: str,
@@ -60,58 +147,44 @@ async def _level(
     shared: Mapping[str, tuple[ProbeItem, ReferencePrompt | None]],
     deadline: float | None,
 ) -> tuple[list[ProbeAnswer], list[ReferenceAnswer]]:
-    """Every request of one batch size, at most ``level`` in flight, longest first."""
+    """Every request of one batch size: the planned prompts in waves of ``level`` (one
+    request each, so the decode batch is exactly that size), then - at the top size - the
+    teacher-forced prompts, at most ``level`` in flight. A known-answer item whose ids the
+    trial's /tokenize did not reproduce is asked through its own endpoint instead."""
     by_id = {p.id: p for p in reference.prompts}
     gate = asyncio.Semaphore(level)
-    tokens = bank_tokens(spec)
     seen: dict[str, int] = {}
+    entries: list[tuple[ReferencePrompt, int, ProbeItem | None]] = []
+    own: list[ProbeItem] = []
+    for pid in plan.prompts[level]:
+        repeat = seen.get(pid, 0)
+        seen[pid] = repeat + 1
+        item, paired = shared.get(pid, (None, None))
+        if item is not None and paired is None and repeat == 0:
+            own.append(item)
+            item = None
+        entries.append((by_id[pid], repeat, item))
+    known: list[ProbeAnswer] = []
+    agreement: list[ReferenceAnswer] = []
+    for start in range(0, len(entries), level):
+        k_answers, r_answers = await _ask_wave(
+            client, model, spec, entries[start : start + level], level, deadline
+        )
+        known += k_answers
+        agreement += r_answers
     async with asyncio.TaskGroup() as group:
-        pair_tasks = []
-        ref_tasks = []
-        known_tasks = []
-        for pid in plan.prompts[level]:
-            repeat = seen.get(pid, 0)
-            seen[pid] = repeat + 1
-            item, paired = shared.get(pid, (None, None))
-            if item is not None and repeat == 0 and paired is not None:
-                pair_tasks.append(
-                    group.create_task(
-                        ask_shared(
-                            client, item, paired, level, model, spec, reference, gate, deadline
-                        )
-                    )
-                )
-                continue
-            if item is not None and repeat == 0:
-                known_tasks.append(
-                    group.create_task(ask_item(client, item, level, model, spec, gate, deadline))
-                )
-                continue
-            ref_tasks.append(
-                group.create_task(
-                    ask_reference(
-                        client,
-                        by_id[pid],
-                        level,
-                        "generate",
-                        model,
-                        spec,
-                        gate,
-                        deadline,
-                        repeat=repeat,
-                        max_tokens=tokens,
-                    )
-                )
+        known_tasks = [
+            group.create_task(ask_item(client, item, level, model, spec, gate, deadline))
+            for item in own
+        ]
+        forced_tasks = [
+            group.create_task(
+                ask_reference(client, by_id[pid], level, "forced", model, spec, gate, deadline)
             )
-        if level == plan.top:
-            ref_tasks += [
-                group.create_task(
-                    ask_reference(client, by_id[pid], level, "forced", model, spec, gate, deadline)
-                )
-                for pid in plan.forced
-            ]
-    known = [t.result()[0] for t in pair_tasks] + [t.result() for t in known_tasks]
-    agreement = [t.result()[1] for t in pair_tasks] + [t.result() for t in ref_tasks]
+            for pid in (plan.forced if level == plan.top else ())
+        ]
+    known += [t.result() for t in known_tasks]
+    agreement += [t.result() for t in forced_tasks]
     return known, agreement
 
 
