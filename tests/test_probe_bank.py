@@ -14,7 +14,7 @@ from tuner.probe.plan_score import score_plan
 from tuner.probe.record import Generation, Reference, ReferencePrompt
 from tuner.probe.reference_score import ReferenceAnswer
 from tuner.probe.sample import plan_trial
-from tuner.probe.shapes import batch_sizes, length_buckets
+from tuner.probe.shapes import batch_sizes, length_buckets, log_boundaries
 from tuner.probe.spec import BANK_FAMILIES, ProbeSpec, fit_to_study
 
 # ------------------------------------------------------------------------------ bank
@@ -73,6 +73,13 @@ def test_length_buckets_follow_what_the_server_reports():
     edges = [lo for lo, _ in buckets]
     assert 512 in edges  # the largest capture size: past it the prefill runs another path
     assert all(hi / lo >= 1.4 or hi == 1901 for lo, hi in buckets)
+
+
+def test_log_boundaries_read_the_compile_ranges():
+    line = ("'compile_sizes': None, 'compile_ranges_endpoints': [2048], 'inductor_compile_config'"
+            " ... 'compile_sizes': [1, 4]")
+    assert log_boundaries(line) == [1, 4, 2048]
+    assert log_boundaries("no engine line") == []
 
 
 def test_batch_sizes_include_one_the_captures_and_the_top():

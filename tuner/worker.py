@@ -33,6 +33,7 @@ from tuner.load.record_files import write_records_jsonl
 from tuner.load.sweep import run_sweep
 from tuner.probe.client import load_probe_items, run_probe
 from tuner.probe.known_score import ProbeResult
+from tuner.probe.shapes import log_boundaries
 from tuner.probe.trial import reference_known_answers, run_trial_probe
 from tuner.probe.recording import ReferenceRecordError, check_reference, load_reference_sources, record_reference
 from tuner.vllm.compile_cache import parse_compile_log
@@ -257,6 +258,7 @@ class TrialWorker:
         # The shapes the server specialises for (CUDA-graph capture sizes) are what the
         # probe's prompt lengths and batch sizes must cover (tuner.probe.shapes).
         self._capture_sizes = list(effective.cudagraph_capture_sizes or [])
+        self._boundaries = log_boundaries(self._server.log_text())
         result = verify(request.asked, effective)
         atomic_write_json(trial_dir / "effective_config.json", effective.model_dump(mode="json"))
         atomic_write_json(trial_dir / "verification.json", result.model_dump(mode="json"))
@@ -276,6 +278,7 @@ class TrialWorker:
         result = await run_trial_probe(self._server.base_url, request.served_model_name, spec,
                                        reference=reference, sample_seed=request.number,
                                        capture_sizes=getattr(self, "_capture_sizes", []),
+                                       boundaries=getattr(self, "_boundaries", []),
                                        deadline_s=self._remaining(request))
         outcome.probe_s = time.monotonic() - began
         outcome.probe_passed = result.passed

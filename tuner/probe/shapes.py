@@ -23,11 +23,27 @@ length bucket and runs at every decode batch size that matters:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Sequence
 
 from pydantic import BaseModel, Field
 
-__all__ = ["Coverage", "batch_sizes", "length_buckets"]
+__all__ = ["Coverage", "batch_sizes", "length_buckets", "log_boundaries"]
+
+
+_COMPILE_RANGES = re.compile(r"'compile_ranges_endpoints': \[([\d,\s]*)\]")
+_COMPILE_SIZES = re.compile(r"'compile_sizes': \[([\d,\s]*)\]")
+
+
+def log_boundaries(log_text: str) -> list[int]:
+    """Prompt-length boundaries a server's startup log reports besides its capture sizes:
+    the compile range endpoints and compile sizes of its engine config line (vLLM compiles
+    one graph per range; the CPU build logs ``'compile_ranges_endpoints': [2048]``)."""
+    found: set[int] = set()
+    for pattern in (_COMPILE_RANGES, _COMPILE_SIZES):
+        for match in pattern.finditer(log_text):
+            found.update(int(v) for v in match.group(1).replace(",", " ").split())
+    return sorted(found)
 
 
 def _thin(values: Iterable[int], min_ratio: float, keep: set[int]) -> list[int]:
