@@ -379,7 +379,7 @@ def _item(ident: str, family: str, stratum: str, q: _Q) -> ProbeItem:
     assert role == "user"
     return ProbeItem(
         id=ident,
-        family=family,  # type: ignore[arg-type]
+        family=family,
         api="chat",
         prompt=last,
         history=tuple(history),

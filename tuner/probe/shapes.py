@@ -101,11 +101,11 @@ def batch_sizes(
     if len(candidates) <= max_sizes:
         return candidates
     # Geometric targets between 1 and top, each taking the nearest (in ratio) candidate.
-    chosen = {1, top}
+    picked = {1, top}
     for i in range(1, max_sizes - 1):
         target = top ** (i / (max_sizes - 1))
-        chosen.add(min(candidates, key=lambda c: abs(math.log(c / target))))
-    chosen = sorted(chosen)
+        picked.add(min(candidates, key=lambda c: abs(math.log(c / target))))
+    chosen = sorted(picked)
     return chosen
 
 
