@@ -77,7 +77,7 @@ def test_front_candidates_are_rerun_after_the_budget_and_recorded(confirmed: dic
     assert 1 <= len(verdicts) <= 2 and set(verdicts) <= set(front), (verdicts, front)
     for trial in verdicts:
         v = _verdict(root, trial)
-        assert v["verdict"] == "confirmed", v
+        assert v["verdict"] == "reproduced", v
         assert [o["label"] for o in v["objectives"]] == [o["label"] for o in pareto["objectives"]]
         (run,) = v["runs"]
         assert run["folder"] == f"{trial:04d}-1" and run["outcome"] == "feasible"
@@ -89,11 +89,11 @@ def test_front_candidates_are_rerun_after_the_budget_and_recorded(confirmed: dic
         assert set(outcome["levels"]) == {"1", "4"}
         assert (rerun / "server.log").stat().st_size > 0 and not (rerun / "server.pid").exists()
         entry = next(e for e in pareto["front"] if e["trial"] == trial)
-        assert entry["confirmation"]["verdict"] == "confirmed"
+        assert entry["confirmation"]["verdict"] == "reproduced"
         assert entry["confirmation"]["median"][v["objectives"][0]["label"]] == v["objectives"][0]["median"]
     status = _tuner("status", confirmed["name"], "--results", str(confirmed["results"]))
     assert status.returncode == 0
-    assert status.stdout.count("confirmed (1 re-run): ") == len(verdicts), status.stdout
+    assert status.stdout.count("reproduced (1 re-run): ") == len(verdicts), status.stdout
 
 
 def test_resume_does_not_rerun_confirmed_points(confirmed: dict) -> None:
@@ -104,22 +104,22 @@ def test_resume_does_not_rerun_confirmed_points(confirmed: dict) -> None:
     assert sorted(p.name for p in (confirmed["root"] / "confirm").iterdir()) == before
 
 
-def test_a_slower_rerun_is_not_confirmed_and_export_refuses_it(confirmed: dict) -> None:
+def test_a_slower_rerun_is_not_reproducible_and_export_refuses_it(confirmed: dict) -> None:
     name, results, root = confirmed["name"], confirmed["results"], confirmed["root"]
     trial = min(int(p.stem) for p in (root / "confirm").glob("*.json"))
     out = _tuner("confirm", name, "--results", str(results), "--trial", str(trial),
                  env={"TUNER_SIM_TIME_SCALE": SLOWER})
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     v = _verdict(root, trial)
-    assert v["verdict"] == "not_confirmed", v
+    assert v["verdict"] == "not_reproducible", v
     assert [r["folder"] for r in v["runs"]] == [f"{trial:04d}-2"]      # the first re-run's folder is kept
     assert (root / "confirm" / f"{trial:04d}-1" / "outcome.json").exists()
     tok = next(o for o in v["objectives"] if o["direction"] == "maximize")
     assert tok["change"] < -0.5, tok     # 4x slower clock: well under half the throughput
     status = _tuner("status", name, "--results", str(results))
-    assert "not confirmed (1 re-run)" in status.stdout, status.stdout
+    assert "not reproducible (1 re-run)" in status.stdout, status.stdout
     refused = _tuner("export", name, "--results", str(results), "--trial", str(trial))
-    assert refused.returncode == 2 and "is not confirmed" in refused.stderr and "--force" in refused.stderr
+    assert refused.returncode == 2 and "did not reproduce" in refused.stderr and "--force" in refused.stderr
     forced = _tuner("export", name, "--results", str(results), "--trial", str(trial), "--force",
                     "--format", "json")
     assert forced.returncode == 0 and json.loads(forced.stdout)["trial"] == trial
@@ -141,7 +141,7 @@ def test_export_confirm_reruns_the_point_first(confirmed: dict) -> None:
     assert ok.returncode == 0, ok.stdout[-3000:] + ok.stderr[-3000:]
     exported = json.loads(ok.stdout[ok.stdout.index("{"):])
     assert exported["trial"] == trial
-    assert _verdict(root, trial)["verdict"] == "confirmed"
+    assert _verdict(root, trial)["verdict"] == "reproduced"
 
 
 def test_a_wall_clock_limit_keeps_time_for_the_reruns(tmp_path: Path) -> None:
@@ -219,7 +219,7 @@ def test_second_ctrl_c_kills_a_rerun_at_once_and_a_later_confirm_starts_afresh(t
         again = _tuner("confirm", name, "--results", str(results), "--trial", "0")
         assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
         verdict = _verdict(root, 0)
-        assert verdict["verdict"] == "confirmed" and [r["folder"] for r in verdict["runs"]] == ["0000-2"]
+        assert verdict["verdict"] == "reproduced" and [r["folder"] for r in verdict["runs"]] == ["0000-2"]
         assert (root / "confirm" / "0000-1").is_dir()
     finally:
         deadline = time.monotonic() + 5

@@ -27,7 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PURE = [
     "tuner.core", "tuner.errors", "tuner.load", "tuner.load.live_window", "tuner.load.load_spec",
     "tuner.load.metrics", "tuner.load.prometheus", "tuner.load.protocol", "tuner.load.records",
-    "tuner.load.results", "tuner.load.sse", "tuner.load.stats", "tuner.load.window",
+    "tuner.load.results", "tuner.load.sse", "tuner.load.stats", "tuner.load.steady",
+    "tuner.load.uncertainty", "tuner.load.window",
     "tuner.load.workload", "tuner.probe", "tuner.probe.bank", "tuner.probe.checks",
     "tuner.probe.compare", "tuner.probe.items", "tuner.probe.known_score",
     "tuner.probe.numerics", "tuner.probe.plan_score", "tuner.probe.prompts_file",
@@ -38,7 +39,7 @@ PURE = [
     "tuner.study.bounds", "tuner.study.durations", "tuner.study.early_stop", "tuner.study.outcome", "tuner.study.pareto",
     "tuner.study.policy", "tuner.study.safe_yaml", "tuner.study.sampling", "tuner.study.scoring",
     "tuner.study.space", "tuner.study.spec", "tuner.study.study_file", "tuner.study.study_name",
-    "tuner.study.trials", "tuner.vllm",
+    "tuner.study.noise", "tuner.study.ties", "tuner.study.trials", "tuner.vllm",
     "tuner.vllm.compile_cache", "tuner.vllm.effective_config", "tuner.vllm.failure_signatures",
     "tuner.vllm.knobs", "tuner.vllm.verify",
 ]

@@ -264,8 +264,8 @@ def check_confirmation(results: Path, name: str) -> None:
     assert json.loads((rerun / "probe.json").read_text())["reference"]["passed"] is True
     assert all(c["median"] > 0 for c in verdict["objectives"])
     # Same server, same load, minutes apart on the same cores: within 25 %.
-    assert verdict["verdict"] == "confirmed", verdict
-    assert best["confirmation"]["verdict"] == "confirmed"
+    assert verdict["verdict"] == "reproduced", verdict
+    assert best["confirmation"]["verdict"] == "reproduced"
     assert not (rerun / "server.pid").exists()
 
 

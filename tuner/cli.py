@@ -240,7 +240,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     _say(f"confirming trial(s) {', '.join(map(str, trials))} of {handle.name}: {repeats} re-run(s) each, "
          f"tolerance {tolerance:.0%}")
     verdicts = _confirm(handle, args, trials, repeats=repeats, tolerance=tolerance)
-    return 0 if verdicts and all(v.verdict == "confirmed" for v in verdicts) else 1
+    return 0 if verdicts and all(v.verdict == "reproduced" for v in verdicts) else 1
 
 
 def _option_duration(text: str | None, option: str) -> float | None:
@@ -377,11 +377,14 @@ def cmd_export(args: argparse.Namespace) -> int:
             verdicts = _confirm(handle, args, [record.number], repeats=cfg.repeats, tolerance=cfg.tolerance)
             if not verdicts:
                 raise ExportError(f"the confirmation of trial {record.number} did not finish")
-            if verdicts[0].verdict != "confirmed" and not args.force:
-                print(f"tuner export: trial {record.number} is not confirmed ({verdicts[0].reason}); "
+            if verdicts[0].verdict != "reproduced" and not args.force:
+                print(f"tuner export: trial {record.number} did not reproduce ({verdicts[0].reason}); "
                       "nothing exported (use --force to export it anyway)", file=sys.stderr)
                 return 1
-        text = render_export(handle.spec, handle.name, record, args.format)
+        from tuner.export import noise_notes
+
+        notes = noise_notes(read_records(study), labels, directions, record)
+        text = render_export(handle.spec, handle.name, record, args.format, notes)
         if args.check:
             return _check_export(handle, record, args)
     except (ExportError, ValueError) as exc:

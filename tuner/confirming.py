@@ -52,8 +52,11 @@ def _next_rerun(paths: Any, trial: int) -> int:
 
 
 def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, repeats: int,
-                   tolerance: float) -> list[Confirmation]:
+                   tolerance: float, keep_previous: bool = False) -> list[Confirmation]:
     """Re-run each trial ``repeats`` times and return (and write) the verdicts.
+
+    ``keep_previous``: the verdict also counts the trial's re-runs already recorded in
+    ``confirm/`` (repeats spent on separating ties add to them, tuner.tie_runs).
 
     Returns early, with the verdicts finished so far, when the study run is interrupted
     (first Ctrl-C: running re-runs are stopped gracefully). The trials must be completed run
@@ -68,6 +71,7 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
     directions = [o.direction for o in spec.objectives]
     by_number = {r.number: r for r in read_records(study)}
     pending = _Pending()
+    previous = paths.confirmations() if keep_previous else {}
     counter = CONFIRM_JOB_BASE
     for trial in trials:
         record = by_number.get(trial)
@@ -91,9 +95,12 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
         if len(runs) < repeats:
             return
         record = by_number[job.trial]
+        earlier = [RunResult.model_validate(r)
+                   for r in (previous.get(job.trial) or {}).get("runs") or []]
+        every = earlier + runs
         verdict = judge(job.trial, labels, directions, [record.values[l] for l in labels],
-                        sorted(runs, key=lambda r: r.folder), tolerance=tolerance, repeats=repeats,
-                        finished_unix=time.time())
+                        sorted(every, key=lambda r: r.folder), tolerance=tolerance,
+                        repeats=len(every), finished_unix=time.time())
         try:
             atomic_write_json(paths.confirmation_json(job.trial), verdict.model_dump(mode="json"))
         except ArtifactWriteError as err:

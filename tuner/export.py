@@ -15,6 +15,7 @@ from typing import Any
 
 from tuner import __version__
 from tuner.adapters.artifacts import is_secret_name
+from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text
 from tuner.study.pareto import Filter, pick_point
 import yaml
 
@@ -64,7 +65,7 @@ def choose_record(
             )
         blocked = blocks_export(confirmations.get(trial))
         if blocked and not force:
-            raise ExportError(f"trial {trial} is not confirmed ({blocked}); use --force to export it anyway")
+            raise ExportError(f"trial {trial} did not reproduce ({blocked}); use --force to export it anyway")
         return record
     points = [p for p in record_points(records, labels)
               if force or not blocks_export(confirmations.get(p.number))]
@@ -97,7 +98,35 @@ def _command(spec: StudySpec, record: TrialRecord) -> RenderedCommand:
     return replace(command, env=env)
 
 
-def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: str) -> str:
+def noise_notes(records: list[TrialRecord], labels: list[str], directions: list[str],
+                record: TrialRecord) -> list[str]:
+    """The ties noise leaves around an exported point (tuner.study.noise), as sentences."""
+
+    noisy = [NoisyPoint(p.number, tuple(p.values), tuple(
+        next(r for r in records if r.number == p.number).noise(labels).values()))
+        for p in record_points(records, labels)]
+    if not any(p.number == record.number for p in noisy):
+        return []
+    _, ties = noisy_front(noisy, directions, labels)
+    return [tie_text(t) for t in ties if record.number in t.trials]
+
+
+def _value_lines(record: TrialRecord) -> list[str]:
+    """``#   label = value ± noise`` per objective, and a loud line for an unstable trial."""
+
+    noise = record.noise(list(record.values))
+    lines = [f"#   {k} = {plus_minus(float(v), noise.get(k), ' ± ')}"
+             + (" (95 %)" if noise.get(k) is not None else "") for k, v in record.values.items()]
+    if record.unstable_levels:
+        lines.append("#   UNSTABLE: level(s) " + ", ".join(f"c={c}" for c in record.unstable_levels)
+                     + " never met the stability rule; these numbers moved while measured")
+    return lines
+
+
+def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: str,
+                  notes: list[str] | None = None) -> str:
+    """The exported configuration in ``fmt``; ``notes``: ties noise leaves around it
+    (:func:`noise_notes`), carried in the metadata."""
     command = _command(spec, record)
     secrets = tuple(n for n in command.env if is_secret_name(n) or n in spec.server.secret_env)
     meta = {
@@ -105,13 +134,16 @@ def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: st
         "trial": record.number,
         "outcome": record.outcome,
         "objectives": record.values,
+        "noise": record.noise(list(record.values)),
+        "unstable_levels": record.unstable_levels,
+        "ties": list(notes or []),
         "params": record.params,
         "tuner_version": __version__,
         "exported_unix": int(time.time()),
     }
     if fmt == "shell":
         header = [f"# tuner export: study {study_name}, trial {record.number} ({record.outcome})"]
-        header += [f"#   {k} = {v:.4g}" for k, v in record.values.items()]
+        header += _value_lines(record) + [f"#   {n}" for n in notes or []]
         header.append(f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
         return "\n".join(header) + "\n" + shell_line(command, redact=secrets) + "\n"
     if fmt == "env":
@@ -138,7 +170,7 @@ def _config_yaml(spec: StudySpec, study: str, record: TrialRecord, command: Rend
     env_words = [f'{n}="${{{n}}}"' if n in secrets else f"{n}={shlex.quote(v)}" for n, v in command.env.items()]
     lines = [
         f"# tuner export: study {study}, trial {record.number} ({record.outcome})",
-        *(f"#   {k} = {v:.4g}" for k, v in record.values.items()),
+        *_value_lines(record),
         f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
         "# Start with (the environment is part of the measured configuration):",
         "#   " + " ".join(env_words + [shlex.quote(w) for w in prefix] + ["--config", "THIS_FILE.yaml"]),
@@ -162,7 +194,7 @@ def _systemd_word(word: str) -> str:
 def _systemd_unit(study: str, record: TrialRecord, command: RenderedCommand, secrets: tuple[str, ...]) -> str:
     lines = [
         f"# tuner export: study {study}, trial {record.number} ({record.outcome})",
-        *(f"#   {k} = {v:.4g}" for k, v in record.values.items()),
+        *_value_lines(record),
         f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
         "[Unit]",
         f"Description=vLLM server (tuner study {study}, trial {record.number})",

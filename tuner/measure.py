@@ -238,7 +238,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append(f"probe {verdict}: {p['correct']}/{p['total']} correct "
                      f"({p['accuracy']:.0%}) - {p['reason']}")
     header = ["level", "out tok/s", "run tok/s", "req/s", "TTFT p50", "TTFT p90", "TPOT p50",
-              "TPOT mean", "ITL p50", "E2EL p50", "ok", "failed", "stab.", "notes"]
+              "TPOT mean", "ITL p50", "E2EL p50", "ok", "failed", "stab.", "±tok/s", "notes"]
     rows = [header]
     for c, lv in summary["levels"].items():
         m = lv["metrics"]
@@ -263,6 +263,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             _fmt(int(m["completed"])), _fmt(int(m["failed"])),
             "inf" if lv["unstable"] and m["stability_ratio"] is None
             else _fmt(m["stability_ratio"], 2),
+            _fmt(m.get("output_tok_s.ci95")),
             ", ".join(notes),
         ])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -271,7 +272,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         lines.append("  ".join(cells).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths[:-1]) + "  " + "-" * 5)
-    lines.append("times in ms; out tok/s = steady-state window, run tok/s = vLLM-style whole run;"
+    lines.append("times in ms; out tok/s = steady-state window (±tok/s: its 95 % interval), run"
+                 " tok/s = vLLM-style whole run;"
                  " level = concurrency, or rN = open loop at N requests/s")
     if summary["skipped_levels"]:
         lines.append(f"skipped levels (budget): {summary['skipped_levels']}")

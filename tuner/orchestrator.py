@@ -40,6 +40,7 @@ from tuner.study.confirmation import choose_candidates, confirmation_brief, rese
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
 from tuner.study.records import read_records, to_record
+from tuner.tie_runs import separate_ties
 from tuner.study.samplers import make_sampler, suggest
 from tuner.study.scoring import outcome_attrs, pareto_payload, result_text, stop_text, values_text
 from tuner.study.spec import StudySpec
@@ -387,6 +388,7 @@ class Orchestrator(StudyLoop):
                 if self.stop_reason in ("budget", "exhausted") or (
                         self.stop_reason == "timeout" and self.timeout_s is not None and elapsed < self.timeout_s):
                     self.confirm_front(study)
+                    separate_ties(self.job_host(), study)
                 elif self.stop_reason == "timeout" and self.spec.confirm.candidates > 0:
                     self.progress(f"[confirm] skipped: the wall-clock limit is reached; run "
                                   f"`tuner confirm {self.handle.name}` to re-run the front")

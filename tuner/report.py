@@ -20,9 +20,10 @@ import optuna
 from tuner.adapters.artifacts import atomic_write_text
 from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
-from tuner.export import ExportError, choose_record, render_export
+from tuner.export import ExportError, choose_record, noise_notes, render_export
 from tuner.plots import best_so_far_png, importance_png, pareto_png
-from tuner.study.trials import KIND_RUN, TrialRecord, front_records
+from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text
+from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points
 from tuner.study.records import read_records
 from tuner.status import read_checks
 from tuner.study.store import StudyHandle
@@ -69,6 +70,53 @@ def _fmt(value: Any) -> str:
     return "unset" if value is None else str(value)
 
 
+def _pm(r: TrialRecord, label: str) -> str:
+    """A value with its 95 % half-width, e.g. ``8648 ± 210``."""
+
+    value = r.values.get(label)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return plus_minus(float(value), r.noise([label]).get(label), " ± ")
+    return _fmt(value)
+
+
+def noise_ties(records: list[TrialRecord], labels: list[str], directions: list[str]) -> list[str]:
+    """Every tie noise leaves on and around the front, as sentences."""
+
+    by_number = {r.number: r for r in records}
+    noisy = [NoisyPoint(p.number, tuple(p.values), tuple(by_number[p.number].noise(labels).values()))
+             for p in record_points(records, labels)]
+    return [tie_text(t) for t in noisy_front(noisy, directions, labels)[1]] if noisy else []
+
+
+def _separation_html(path: Path) -> str:
+    """What ``confirm.tie_runs`` spent separating ties, and what stayed a tie (tuner.tie_runs)."""
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return ""
+    items = [f"<li>separated: {html.escape(t['text'].replace('are within noise', 'were within noise'))}</li>"
+             for t in data.get("separated") or []]
+    items += [f"<li>still a tie: {html.escape(t['text'])}</li>" for t in data.get("remaining_ties") or []]
+    pooled = "; ".join(
+        f"trial {n}: " + ", ".join(
+            f"{html.escape(k)} {html.escape(plus_minus(v, p['noise'].get(k), ' ± '))}"
+            for k, v in p["values"].items()) + f" ({p['runs']} runs)"
+        for n, p in (data.get("pooled") or {}).items())
+    return (f'<div id="tie-runs"><h3>Separating near-ties</h3><p>{data.get("spent_runs", 0)} of '
+            f'{data.get("budget_runs", 0)} extra fresh-server runs spent '
+            f'({format_duration(float(data.get("spent_s") or 0))}).</p>'
+            f'<ul>{"".join(items) or "<li>no tie to separate</li>"}</ul>'
+            f'<p>Pooled over runs: {pooled}</p></div>')
+
+
+def _unstable(r: TrialRecord) -> str:
+    levels = r.unstable_levels
+    if not levels:
+        return ""
+    return "UNSTABLE: " + ", ".join(f"c={c}" for c in levels) + " never settled"
+
+
 def _img(data: bytes, alt: str) -> str:
     return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(data).decode()}">'
 
@@ -77,9 +125,11 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
     rows = []
     for r in sorted((r for r in records if r.kind == KIND_RUN), key=lambda r: r.number):
         outcome = r.attrs.get("outcome", {})
-        values = "".join(f"<td>{_fmt(r.values.get(l))}</td>" for l in labels)
+        values = "".join(f"<td>{html.escape(_pm(r, l))}</td>" for l in labels)
         params = ", ".join(f"{html.escape(k)}={html.escape(_fmt(v))}" for k, v in r.params.items())
         notes = []
+        if r.unstable_levels:
+            notes.append(f'<span class="unstable">{html.escape(_unstable(r))}</span>')
         verified = [c for c in read_checks(handle, r.number)
                     if c.get("status") == "applied" and not str(c.get("target")).startswith("env:TUNER_")]
         if verified:
@@ -122,6 +172,7 @@ th{background:#f3f3f3} tr.feasible td:nth-child(2){color:#1a7f37}
 tr.probe_failed td:nth-child(2),tr.failed td:nth-child(2){color:#c62828}
 tr.not_applied td:nth-child(2){color:#e65100} code,pre{font-size:12px;background:#f6f8fa}
 pre{padding:8px;overflow-x:auto;white-space:pre-wrap} img{max-width:100%}
+.unstable{color:#c62828;font-weight:bold}
 """
 
 
@@ -155,7 +206,8 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
     try:
         chosen = choose_record(records, labels, directions, trial=None, pick=pick, filters=[], force=False,
                                confirmations=confirmations)
-        export_text = render_export(handle.spec, handle.name, chosen, "shell")
+        export_text = render_export(handle.spec, handle.name, chosen, "shell",
+                                    noise_notes(records, labels, directions, chosen))
     except ExportError as exc:
         chosen, export_text = None, f"# nothing to export: {exc}\n"
     counts: dict[str, int] = {}
@@ -173,13 +225,22 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         return "not re-run" if found is None else summary_text(found)
 
     front_rows = "\n".join(
-        "<tr><td>{}</td>{}<td>{}</td><td>{}</td></tr>".format(
+        "<tr><td>{}{}</td>{}<td>{}</td><td>{}</td></tr>".format(
             r.number,
-            "".join(f"<td>{_fmt(r.values.get(l))}{ratio(r, l)}</td>" for l in labels),
+            f' <span class="unstable">{html.escape(_unstable(r))}</span>' if r.unstable_levels else "",
+            "".join(f"<td>{html.escape(_pm(r, l))}{ratio(r, l)}</td>" for l in labels),
             html.escape(", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items())),
             html.escape(confirmed(r)),
         ) for r in front
     )
+    ties = noise_ties(records, labels, directions)
+    ties_html = "".join(f"<li>{html.escape(t)}</li>" for t in ties)
+    separation = _separation_html(handle.paths.confirm_root / "ties.json")
+    unstable_front = [r for r in front if r.unstable_levels]
+    warn_html = "".join(
+        f'<p class="unstable" id="unstable-warning">Trial {r.number} is on the front but '
+        f"{html.escape(_unstable(r))}: its numbers moved while they were measured.</p>"
+        for r in unstable_front)
     head = "".join(f"<th>{html.escape(l)}</th>" for l in labels)
     imp_html = _img(figures["importance.png"], "knob importance") if importances else (
         f"<p>{html.escape(importance_note)}</p>")
@@ -192,8 +253,12 @@ time used {format_duration(elapsed)}. Objectives: {", ".join(f"{html.escape(l)} 
 Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 <h2>Pareto front</h2>
 <div id="pareto">{_img(figures["pareto.png"], "Pareto front")}</div>
-<table><tr><th>trial</th>{head}<th>parameters</th><th>confirmation re-run</th></tr>
+{warn_html}
+<table id="front"><tr><th>trial</th>{head}<th>parameters</th><th>confirmation re-run</th></tr>
 {front_rows or '<tr><td colspan="9">no feasible trial yet</td></tr>'}</table>
+<p>Values are ± their 95 % interval (tuner.load.uncertainty): differences inside it are ties.</p>
+{f'<ul id="ties">{ties_html}</ul>' if ties_html else '<p id="ties">No ties within noise.</p>'}
+{separation}
 <p>Baseline: {"trial " + str(baseline.number) + " — " + ", ".join(f"{l}={_fmt(baseline.values.get(l))}" for l in labels) if baseline else "not measured"}.</p>
 <h2>Chosen configuration ({html.escape(pick)})</h2>
 <pre id="export">{html.escape(export_text)}</pre>
@@ -215,8 +280,11 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
           "| trial | " + " | ".join(labels) + " | parameters |",
           "|---|" + "---|" * len(labels) + "---|"]
     for r in front:
-        md.append(f"| {r.number} | " + " | ".join(_fmt(r.values.get(l)) + ratio(r, l) for l in labels)
+        md.append(f"| {r.number}{' ' + _unstable(r) if r.unstable_levels else ''} | "
+                  + " | ".join(_pm(r, l) + ratio(r, l) for l in labels)
                   + " | " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items()) + " |")
+    md += ["", "Values are ± their 95 % interval; differences inside it are ties."]
+    md += [f"- {t}" for t in ties]
     if confirmations:
         md += ["", "## Confirmation re-runs", ""]
         md += [f"- trial {n}: {summary_text(c)}" for n, c in sorted(confirmations.items())]
@@ -234,6 +302,9 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
     atomic_write_text(out_dir / "report.json", json.dumps({
         "study": handle.name, "labels": labels, "directions": directions,
         "front": [r.number for r in front], "chosen": None if chosen is None else chosen.number,
+        "noise": {str(r.number): r.noise(labels) for r in front},
+        "unstable": {str(r.number): r.unstable_levels for r in front if r.unstable_levels},
+        "ties": ties,
         "confirmations": {str(n): c.get("verdict") for n, c in confirmations.items()},
         "importances": importances, "importance_note": importance_note,
     }, indent=2) + "\n")

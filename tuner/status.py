@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 from tuner.adapters.artifacts import StudyPaths
 from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
-from tuner.study.trials import KIND_RUN, TrialRecord, front_records
+from tuner.study.noise import NoisyPoint, noisy_front, plus_minus
+from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points
 from tuner.study.records import StoredStudy, read_records_direct, read_sqlite_study
 
 if TYPE_CHECKING:
@@ -109,6 +110,10 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "baseline": record.is_baseline,
         "params": record.params,
         "values": record.values,
+        # 95 % half-width of each objective value (tuner.load.uncertainty), and the levels
+        # whose throughput never met the stability rule.
+        "noise": record.noise(list(record.values)),
+        "unstable_levels": record.unstable_levels,
         "seconds": record.seconds,
         "failure": record.attrs.get("failure"),
         "mismatches": outcome.get("mismatches", []),
@@ -208,6 +213,10 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
     elapsed = float(study.user_attrs.get("elapsed_s", 0.0))
     front = front_records(records, labels, directions)
     baseline = next((r for r in runs if r.is_baseline and r.state == "COMPLETE"), None)
+    by_number = {r.number: r for r in records}
+    noisy = [NoisyPoint(p.number, tuple(p.values), tuple(by_number[p.number].noise(labels).values()))
+             for p in record_points(records, labels)] if labels else []
+    _, ties = noisy_front(noisy, directions, labels) if noisy else ([], [])
     return {
         "study": name,
         "running_now": study_is_running(paths),
@@ -223,6 +232,7 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "objectives": [{"label": l, "direction": d} for l, d in zip(labels, directions)],
         "baseline": None if baseline is None else {"trial": baseline.number, "values": baseline.values},
         "front": [_trial_row(r, paths=paths) for r in front],
+        "ties": [t.as_dict() for t in ties],
         # Confirmation re-runs (confirm/), by trial number; shown under the front.
         "confirmations": {str(k): v for k, v in paths.confirmations().items()},
         "trials": [_trial_row(r, paths) for r in runs],
@@ -259,6 +269,22 @@ def _fmt(value: Any) -> str:
     return "unset" if value is None else str(value)
 
 
+def _value(row: dict[str, Any], label: str) -> str:
+    """``label=value±noise`` (the 95 % half-width, when the value has one)."""
+
+    value = row["values"].get(label)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{label}={plus_minus(float(value), (row.get('noise') or {}).get(label))}"
+    return f"{label}={_fmt(value)}"
+
+
+def _unstable_text(row: dict[str, Any]) -> str:
+    levels = row.get("unstable_levels") or []
+    if not levels:
+        return ""
+    return " UNSTABLE (" + ", ".join(f"c={c}" for c in levels) + " never settled)"
+
+
 def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     lines = [
         f"study {status['study']}: {status['finished_trials']}/{status['target_trials']} trials finished"
@@ -279,7 +305,7 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     if not status["front"]:
         lines.append("  (empty)")
     for row in status["front"]:
-        vals = "  ".join(f"{label}={_fmt(row['values'].get(label))}" for label in labels)
+        vals = "  ".join(_value(row, label) for label in labels)
         gain = ""
         if base:
             ratios = [
@@ -288,7 +314,8 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
             ]
             gain = f"  (vs baseline: {' / '.join(ratios)})"
         params = " ".join(f"{k}={_fmt(v)}" for k, v in row["params"].items())
-        lines.append(f"  trial {row['trial']:>3}{' [baseline]' if row['baseline'] else ''}: {vals}{gain}")
+        lines.append(f"  trial {row['trial']:>3}{' [baseline]' if row['baseline'] else ''}: {vals}{gain}"
+                     f"{_unstable_text(row)}")
         lines.append(f"             {params}")
         confirmation = status.get("confirmations", {}).get(str(row["trial"]))
         if confirmation is not None:
@@ -297,15 +324,22 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
                  if int(k) not in {row["trial"] for row in status["front"]}]
     for confirmation in off_front:
         lines.append(f"  trial {confirmation['trial']:>3} (no longer on the front): {summary_text(confirmation)}")
+    for tie in status.get("ties") or []:
+        lines.append(f"  tie: {tie['text']} (values ± their 95 % noise)")
+    unsteady = [row for row in status["front"] if row.get("unstable_levels")]
+    if unsteady:
+        lines.append("  !! UNSTABLE on the front: " + "; ".join(
+            f"trial {row['trial']}{_unstable_text(row)}" for row in unsteady)
+            + " - its numbers moved during the measurement; re-run or lengthen the levels")
     if verbose:
         lines.append("")
         lines.append("Trials:")
         directions = [o["direction"] for o in status["objectives"]]
         for row in status["trials"]:
-            vals = "  ".join(f"{label}={_fmt(row['values'].get(label))}" for label in labels if label in row["values"])
+            vals = "  ".join(_value(row, label) for label in labels if label in row["values"])
             if row.get("early_stop") and row["early_stop"].get("reason") != "dominated_exact":
                 vals = _stopped_values(row, labels, directions)
-            lines.append(f"  {row['trial']:>3} {row['outcome']:<22} {vals}")
+            lines.append(f"  {row['trial']:>3} {row['outcome']:<22} {vals}{_unstable_text(row)}")
             if row["failure"] and row["state"] == "FAIL":
                 lines.append(f"        reason: {row['failure'].get('message') or row['failure'].get('reason')}")
             checked = [c for c in row["checks"] if c.get("status") != "unverifiable"]

@@ -10,6 +10,8 @@ Pure modules (data and arithmetic; no sockets, processes, clocks, environment or
 * ``records``     one request's raw timings (RequestRecord) and its token timeline.
 * ``stats``       latency sample summaries (percentiles).
 * ``window``      the steady-state window of a level, its sub-windows and stability.
+* ``steady``      levels sized by time: when a running level has measured enough.
+* ``uncertainty`` 95 % intervals of a level's metrics; when two values are within noise.
 * ``live_window`` the window of a level still running (early stop inside a level).
 * ``metrics``     records → per-level metrics (vLLM's definitions), repeats.
 * ``prometheus``  ``/metrics`` text → snapshots and server-side deltas.
@@ -22,6 +24,7 @@ I/O modules:
 * ``streams``      closed-loop streams in one event loop (shared claim counter).
 * ``shards``       the same streams sharded over client processes.
 * ``closed_loop``  one closed-loop level (``run_level``).
+* ``steady_loop``  one closed-loop level sized by time and steady state (``run_steady_level``).
 * ``open_loop``    one open-loop rate level (``run_rate_level``).
 * ``server_calls`` ``/tokenize`` (prompt fitting) and ``/metrics`` scrapes, through httpx.
 * ``warmup``       the warm-up before a level.

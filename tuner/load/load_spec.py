@@ -16,10 +16,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-__all__ = ["Api", "Arrival", "LoadSpec", "WorkloadClass", "WorkloadKind", "WorkloadSpec",
-           "rate_level_name"]
+__all__ = ["Api", "Arrival", "LoadSpec", "OnUnstable", "Sizing", "WorkloadClass", "WorkloadKind",
+           "WorkloadSpec", "rate_level_name"]
 
 Api = Literal["completions", "chat"]
+Sizing = Literal["steady", "requests"]
+OnUnstable = Literal["flag", "infeasible"]
 Arrival = Literal["poisson", "gamma"]
 WorkloadKind = Literal["open_ended", "copy_heavy"]
 
@@ -110,6 +112,10 @@ class WorkloadSpec(BaseModel):
         return self.ignore_eos
 
 
+# Fields that size a level by request count (sizing: requests only).
+_REQUEST_SIZING = ("requests_per_level", "requests_per_stream", "warmup_requests")
+
+
 class LoadSpec(BaseModel):
     """Closed-loop concurrency sweep (and optional open-loop rate levels) run against every
     trial's server."""
@@ -119,6 +125,61 @@ class LoadSpec(BaseModel):
     api: Api = Field(
         default="completions",
         description="Endpoint: /v1/completions or /v1/chat/completions (single user message).",
+    )
+    sizing: Sizing = Field(
+        default="steady",
+        description=(
+            "How long a closed-loop level runs. steady: by time and steady state - the "
+            "streams run until the latest window of at least min_window_s, holding at least "
+            "max(min_requests, C) completions, has sub-window output rates within "
+            "stability_max_ratio of each other (everything before it is warm-up), or until "
+            "max_level_seconds (then the level is unstable). requests: a fixed request count "
+            "(requests_per_stream, requests_per_level) after warmup_requests; short on a "
+            "fast server (on an H200 a c=32 level of 3 requests per stream lasted ~1.5 s). "
+            "A file that sets requests_per_stream, requests_per_level or warmup_requests "
+            "without sizing means requests (as before sizing existed)."
+        ),
+    )
+    min_window_s: float = Field(
+        default=10.0,
+        gt=0,
+        description="sizing: steady: shortest measured window, in seconds.",
+    )
+    stability_subwindows: int = Field(
+        default=5,
+        ge=3,
+        le=20,
+        description="sizing: steady: equal sub-windows the window is cut into for the rule.",
+    )
+    stability_max_ratio: float = Field(
+        default=1.10,
+        gt=1.0,
+        le=3.0,
+        description=(
+            "sizing: steady: the stability rule - max/min of the sub-windows' output tok/s "
+            "(Perf Analyzer's 10 %, measurement.md §4.5)."
+        ),
+    )
+    noise_floor: float = Field(
+        default=0.03,
+        ge=0.0,
+        lt=1.0,
+        description=(
+            "Between-start noise: the coefficient of variation of a metric across fresh "
+            "server starts of one configuration, which one run's sub-windows cannot see. "
+            "Every interval gets 1.96 x noise_floor x value added in quadrature. 0.03 is the "
+            "target benchmarks/level_stability.py checks on a GPU (CV <= 3 % at c=32); "
+            "measure your box with it and set what you see."
+        ),
+    )
+    on_unstable: OnUnstable = Field(
+        default="flag",
+        description=(
+            "A level that never met the stability rule marks its trial unstable. flag: the "
+            "trial counts, marked UNSTABLE in status, report, pareto.json and exports. "
+            "infeasible: the trial is told with the 'unstable' constraint violated (never on "
+            "the front)."
+        ),
     )
     concurrency: tuple[int, ...] = Field(
         default=(1, 4, 16, 64),
@@ -144,12 +205,20 @@ class LoadSpec(BaseModel):
         ),
     )
     min_requests: int = Field(
-        default=8, ge=1, description="Floor on measured requests per level (matters at low C)."
+        default=8,
+        ge=1,
+        description=(
+            "Floor on measured requests per level (matters at low C). sizing: steady: the "
+            "window holds at least max(min_requests, C) completed requests."
+        ),
     )
     max_level_seconds: float = Field(
         default=300.0,
         gt=0,
-        description="A level stops issuing new requests after this long; in-flight ones finish.",
+        description=(
+            "A level stops issuing new requests after this long; in-flight ones finish. "
+            "sizing: steady: a level that has not met the stability rule by then is unstable."
+        ),
     )
     warmup_requests: int | None = Field(
         default=None,
@@ -308,6 +377,42 @@ class LoadSpec(BaseModel):
                 f"burstiness={self.burstiness} with arrival: poisson; Poisson arrivals have "
                 "burstiness 1.0, use arrival: gamma for another shape"
             )
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _sizing_from_old_files(cls, data: object) -> object:
+        # A study file written before load.sizing existed sizes its levels by request count
+        # whenever it sets one of those fields: it keeps meaning what it meant.
+        if isinstance(data, dict) and "sizing" not in data and any(
+                data.get(name) is not None for name in _REQUEST_SIZING):
+            return {**data, "sizing": "requests"}
+        return data
+
+    @model_validator(mode="after")
+    def _sizing_fields(self) -> LoadSpec:
+        # A setting that sizes levels by request count would be silently ignored by a level
+        # sized by time: name it instead.
+        if self.sizing == "steady":
+            for name in _REQUEST_SIZING:
+                # Compared with the default, not model_fields_set: a spec dumped and
+                # validated again (TrialRequest.load) lists every field as set.
+                if getattr(self, name) != type(self).model_fields[name].default:
+                    raise ValueError(
+                        f"load.{name} sizes levels by request count and applies only with "
+                        "load.sizing: requests; with sizing: steady (the default) a level "
+                        "runs by time (min_window_s, min_requests, max_level_seconds)"
+                    )
+            if self.client_processes > 1:
+                raise ValueError(
+                    f"load.client_processes={self.client_processes} needs load.sizing: "
+                    "requests; a level sized by time judges its window in one client process"
+                )
+            if self.min_window_s > self.max_level_seconds:
+                raise ValueError(
+                    f"load.min_window_s={self.min_window_s} is longer than "
+                    f"load.max_level_seconds={self.max_level_seconds}; no window could fit"
+                )
         return self
 
     @model_validator(mode="after")

@@ -32,14 +32,25 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.load.records import RequestRecord
 from tuner.load.stats import Stat
-from tuner.load.window import STABILITY_MAX_RATIO, WindowPolicy, window_rates
+from tuner.load.stats import percentile as _percentile
+from tuner.load.uncertainty import Z95, mean_ci, quantile_ci
+from tuner.load.window import (
+    STABILITY_MAX_RATIO,
+    SteadyWindow,
+    WindowPolicy,
+    WindowRates,
+    steady_rates,
+    window_rates,
+)
 
 __all__ = [
     "EXTRA_FLAT_KEYS",
     "FLAT_KEYS",
+    "NOISY_KEYS",
     "ClassMetrics",
     "LevelMetrics",
     "RepeatSummary",
+    "Uncertainty",
     "compute_level_metrics",
     "summarize_repeats",
 ]
@@ -57,13 +68,32 @@ FLAT_KEYS: tuple[str, ...] = (
 )
 """Keys of :meth:`LevelMetrics.flat`; study-file objectives name these."""
 
+NOISY_KEYS: tuple[str, ...] = tuple(k for k in FLAT_KEYS if k not in ("failed", "completed"))
+"""Flat metrics that carry an interval: ``<key>.ci95`` (95 % half-width) and ``<key>.n``."""
+
 EXTRA_FLAT_KEYS: tuple[str, ...] = (
     "run_output_tok_s",
     "stability_ratio",
     "repeats",
     "output_tok_s_cv",
+    "unstable",
+    *(f"{k}.{suffix}" for k in NOISY_KEYS for suffix in ("ci95", "n")),
 )
-"""Keys :meth:`LevelMetrics.flat` adds after :data:`FLAT_KEYS` (added later; NaN = none)."""
+"""Keys :meth:`LevelMetrics.flat` adds after :data:`FLAT_KEYS` (added later; NaN = none).
+``unstable`` is 1.0 when the level's throughput never settled (0.0 when it did, NaN when
+there was no window to judge)."""
+
+
+class Uncertainty(BaseModel):
+    """The noise of one metric: its 95 % interval and what it rests on."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    ci95: float | None = Field(description="Half-width (the larger side of an asymmetric one).")
+    low: float | None = None
+    high: float | None = None
+    n: int = Field(description="Samples: sub-windows (rates), requests (latencies), repeats.")
+    method: str = Field(description="t_subwindows, poisson, t_mean, order_stat, t_repeats.")
 
 
 class ClassMetrics(BaseModel):
@@ -140,6 +170,26 @@ class LevelMetrics(BaseModel):
         default_factory=list,
         description="Output tok/s in consecutive sub-windows of the steady-state window.",
     )
+    subwindow_total_tok_s: list[float] = Field(
+        default_factory=list,
+        description="Total (prompt + output) tok/s in the same sub-windows (sizing: steady).",
+    )
+    window_completions: int | None = Field(
+        default=None, description="Requests that finished inside the window (sizing: steady).")
+    sizing: str = Field(
+        default="requests",
+        description="How the level was sized: 'requests' (a request count) or 'steady' "
+        "(time and steady state, tuner.load.steady).")
+    stop_reason: str | None = Field(
+        default=None,
+        description="sizing: steady: why the level stopped - 'stable' (the stability rule "
+        "held), 'max_level_seconds' (it never did: unstable) or 'failures'.")
+    uncertainty: dict[str, Uncertainty] = Field(
+        default_factory=dict,
+        description="95 % interval of each flat metric (tuner.load.uncertainty).")
+    noise_floor: float = Field(
+        default=0.0,
+        description="LoadSpec.noise_floor: between-start CV added to every flat interval.")
     stability_ratio: float | None = Field(
         default=None,
         description="max/min of subwindow_output_tok_s; None when not assessable.",
@@ -181,7 +231,8 @@ class LevelMetrics(BaseModel):
 
     def flat(self) -> dict[str, float]:
         """Scalar metrics under the stable :data:`FLAT_KEYS` then :data:`EXTRA_FLAT_KEYS`;
-        missing values are NaN. With repeats, each value is the median across repeats."""
+        missing values are NaN. With repeats, each value is the median across repeats and
+        its interval the wider of the representative run's and the repeats' own."""
         out = self.flat_single()
         rs = self.repeats
         if rs is not None:
@@ -190,10 +241,26 @@ class LevelMetrics(BaseModel):
                     out[key] = _nan(rs.median[key])
             out["repeats"] = float(rs.n)
             out["output_tok_s_cv"] = _nan(rs.cv.get("output_tok_s"))
+            flags = [f for r in rs.per_repeat if (f := r.get("unstable")) is not None]
+            out["unstable"] = max(flags) if flags else math.nan
+        for key in NOISY_KEYS:
+            u = self.uncertainty.get(key)
+            ci, n = (math.nan, math.nan) if u is None else (_nan(u.ci95), float(u.n))
+            if rs is not None:
+                across = mean_ci([v for r in rs.per_repeat if (v := r.get(key)) is not None])
+                if across is not None and (math.isnan(ci) or across > ci):
+                    ci, n = across, float(rs.n)
+            value = out.get(key, math.nan)
+            if self.noise_floor > 0 and not math.isnan(value):
+                # What changes between server starts, which no single run can see.
+                floor = Z95 * self.noise_floor * abs(value)
+                ci = floor if math.isnan(ci) else math.hypot(ci, floor)
+            out[f"{key}.ci95"] = ci
+            out[f"{key}.n"] = n
         return out
 
     def flat_single(self) -> dict[str, float]:
-        """:meth:`flat` of this one run, ignoring :attr:`repeats`."""
+        """:meth:`flat` of this one run without the intervals, ignoring :attr:`repeats`."""
         out: dict[str, float] = {
             "output_tok_s": self.output_tok_s,
             "total_tok_s": self.total_tok_s,
@@ -210,6 +277,7 @@ class LevelMetrics(BaseModel):
         out["stability_ratio"] = _nan(self.stability_ratio)
         out["repeats"] = 1.0
         out["output_tok_s_cv"] = math.nan
+        out["unstable"] = math.nan if self.unstable is None else float(self.unstable)
         return out
 
 
@@ -241,6 +309,7 @@ def compute_level_metrics(
     window: WindowPolicy | None = None,
     planned: int | None = None,
     first_wave: int | None = None,
+    steady: SteadyWindow | None = None,
 ) -> LevelMetrics:
     """Metrics of one level from its request records (see module docstring).
 
@@ -251,28 +320,28 @@ def compute_level_metrics(
         planned: requests the plan held, to show when a deadline cut the level short.
         first_wave: requests whose completion opens the steady-state window (default
             ``concurrency``; open-loop levels pass 1, having no synchronized first wave).
+        steady: the window a level sized by time stopped on. Latencies and failures are
+            then those of its ``measure`` requests, throughput counts every token inside
+            the window (warm-up and drain requests included: the concurrency was C).
     """
-    policy = window or WindowPolicy()
-    ok = [r for r in records if r.ok]
-    bad = [r for r in records if not r.ok]
+    measured = list(records) if steady is None else [r for r in records if r.phase == "measure"]
+    ok = [r for r in measured if r.ok]
+    bad = [r for r in measured if not r.ok]
     reasons = Counter(r.error.type if r.error else "unknown" for r in bad)
     examples: dict[str, str] = {}
     for r in bad:
         kind = r.error.type if r.error else "unknown"
         examples.setdefault(kind, r.error.message if r.error else "")
-
-    itl: list[float] = []
-    for r in ok:
-        ts = r.chunk_times_s
-        itl.extend((b - a) * 1000 for a, b in zip(ts, ts[1:]))
-
     total_out = sum(r.n_output_tokens() for r in ok)
     total_prompt = sum(r.prompt_tokens or 0 for r in ok)
-    wave = concurrency if first_wave is None else max(1, first_wave)
-    rates = window_rates(records, ok, wave, policy, total_out, total_prompt)
-
+    if steady is not None and records:
+        rates = steady_rates(records, steady, total_out, ok)
+    else:
+        wave = concurrency if first_wave is None else max(1, first_wave)
+        rates = window_rates(records, ok, wave, window or WindowPolicy(), total_out, total_prompt)
+    samples = _samples(ok)
     by_class: dict[str, ClassMetrics] = {}
-    for name in sorted({r.class_name for r in records}):
+    for name in sorted({r.class_name for r in measured}):
         mine = [r for r in ok if r.class_name == name]
         by_class[name] = ClassMetrics(
             completed=len(mine),
@@ -281,28 +350,82 @@ def compute_level_metrics(
             e2el_ms=Stat.of(r.e2el_s * 1000 for r in mine if r.e2el_s is not None),
             output_tok_s_per_user=_per_user(mine),
         )
-
     return LevelMetrics(
         concurrency=concurrency,
         planned=planned,
-        issued=len(records),
+        issued=len(measured),
         completed=len(ok),
         failed=len(bad),
         failure_reasons=dict(sorted(reasons.items())),
         failure_examples=examples,
         tokens_estimated=sum(1 for r in ok if r.tokens_estimated),
-        ttft_ms=Stat.of(r.ttft_s * 1000 for r in ok if r.ttft_s is not None),
-        tpot_ms=Stat.of(_tpot_ms(ok)),
-        itl_ms=Stat.of(itl),
-        e2el_ms=Stat.of(r.e2el_s * 1000 for r in ok if r.e2el_s is not None),
-        client_queue_ms=Stat.of(r.client_queue_s * 1000 for r in records),
+        **{name: Stat.of(values) for name, values in samples.items()},
+        client_queue_ms=Stat.of(r.client_queue_s * 1000 for r in measured),
         output_tok_s_per_user=_per_user(ok),
         total_output_tokens=total_out,
         total_prompt_tokens=total_prompt,
         by_class=by_class,
+        sizing="requests" if steady is None else "steady",
+        stop_reason=None if steady is None else steady.stop_reason,
+        uncertainty=_uncertainty(rates, samples, ok),
         **asdict(rates),
     )
 
+
+def _samples(ok: Sequence[RequestRecord]) -> dict[str, list[float]]:
+    """Latency samples in ms by metric name (ITL pooled over chunks)."""
+    itl: list[float] = []
+    for r in ok:
+        ts = r.chunk_times_s
+        itl.extend((b - a) * 1000 for a, b in zip(ts, ts[1:]))
+    return {
+        "ttft_ms": [r.ttft_s * 1000 for r in ok if r.ttft_s is not None],
+        "tpot_ms": _tpot_ms(ok),
+        "itl_ms": itl,
+        "e2el_ms": [r.e2el_s * 1000 for r in ok if r.e2el_s is not None],
+    }
+
+
+_QUANTILES = {"p50": 0.5, "p90": 0.9, "p99": 0.99}
+
+
+def _uncertainty(rates: WindowRates, samples: dict[str, list[float]],
+                 ok: Sequence[RequestRecord]) -> dict[str, Uncertainty]:
+    """95 % intervals of the flat metrics (tuner.load.uncertainty)."""
+    out: dict[str, Uncertainty] = {}
+    subs = rates.subwindow_output_tok_s
+    if len(subs) >= 2 and not rates.window_fallback:
+        ci = mean_ci(subs)
+        out["output_tok_s"] = Uncertainty(ci95=ci, n=len(subs), method="t_subwindows")
+        totals = rates.subwindow_total_tok_s
+        if len(totals) == len(subs):
+            out["total_tok_s"] = Uncertainty(ci95=mean_ci(totals), n=len(totals),
+                                             method="t_subwindows")
+        elif ci is not None and rates.output_tok_s > 0:
+            # Sized by request count: the prompt share is steady, the relative noise alike.
+            out["total_tok_s"] = Uncertainty(ci95=ci / rates.output_tok_s * rates.total_tok_s,
+                                             n=len(subs), method="t_subwindows")
+    if rates.window_s and rates.window_s > 0 and not rates.window_fallback:
+        k = rates.window_completions if rates.window_completions is not None \
+            else round(rates.request_per_s * rates.window_s)
+        out["request_per_s"] = Uncertainty(ci95=Z95 * math.sqrt(max(k, 1)) / rates.window_s,
+                                           n=k, method="poisson")
+    speeds = [r.n_output_tokens() / e for r in ok if (e := r.e2el_s) is not None and e > 0]
+    out["output_tok_s_per_user"] = Uncertainty(ci95=mean_ci(speeds), n=len(speeds),
+                                               method="t_mean")
+    for name, values in samples.items():
+        xs = sorted(values)
+        out[f"{name}.mean"] = Uncertainty(ci95=mean_ci(xs), n=len(xs), method="t_mean")
+        for field, q in _QUANTILES.items():
+            band = quantile_ci(xs, q)
+            if band is None:
+                out[f"{name}.{field}"] = Uncertainty(ci95=None, n=0, method="order_stat")
+                continue
+            mid = _percentile(xs, q * 100)
+            out[f"{name}.{field}"] = Uncertainty(
+                ci95=max(mid - band[0], band[1] - mid), low=band[0], high=band[1], n=len(xs),
+                method="order_stat")
+    return out
 
 
 _COUNT_KEYS = ("failed", "completed")

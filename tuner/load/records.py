@@ -7,6 +7,8 @@ the unit every throughput figure is counted in (:mod:`tuner.load.window`).
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["RequestError", "RequestRecord", "token_timeline"]
@@ -62,6 +64,15 @@ class RequestRecord(BaseModel):
     done_s: float = Field(description="When the request finished: stream end, error or timeout.")
     repeat: int = Field(
         default=0, ge=0, description="Which repeat of the level (LoadSpec.repeats) it ran in."
+    )
+    phase: Literal["warmup", "measure", "drain"] = Field(
+        default="measure",
+        description=(
+            "Levels sized by time (load.sizing: steady): dispatched before the measured "
+            "window (warmup), inside it (measure), or after it, keeping the concurrency up "
+            "until the window's last requests finished (drain). Latencies are taken over "
+            "measure requests; throughput over every token inside the window."
+        ),
     )
     prompt_tokens: int | None = Field(default=None, description="usage.prompt_tokens.")
     output_tokens: int | None = Field(default=None, description="usage.completion_tokens.")

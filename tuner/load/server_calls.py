@@ -10,13 +10,19 @@ from typing import Any
 
 import httpx
 
-from tuner.load.load_spec import Api
+from tuner.load.load_spec import Api, WorkloadSpec
 from tuner.load.prometheus import MetricsSnapshot, parse_prometheus_text
 from tuner.load.protocol import server_root
 from tuner.load.request import AUX_TIMEOUT_S
-from tuner.load.workload import RequestDraft, RequestPlan, TokenFitter
+from tuner.load.workload import (
+    LengthModel,
+    RequestDraft,
+    RequestPlan,
+    TokenFitter,
+    draft_requests,
+)
 
-__all__ = ["fetch_token_count", "fit_plan", "scrape_metrics"]
+__all__ = ["calibrate_lengths", "fetch_token_count", "fit_plan", "scrape_metrics"]
 
 logger = logging.getLogger(__name__)
 
@@ -101,3 +107,32 @@ async def scrape_metrics(client: httpx.AsyncClient, base_url: str) -> MetricsSna
     except ValueError as exc:
         logger.warning("/metrics unparsable: %s", exc)
         return None
+
+
+# Drafts per workload class measured to calibrate prompt lengths, each at two lengths: 16
+# /tokenize calls a class, once per sweep.
+CALIBRATION_DRAFTS = 8
+
+
+async def calibrate_lengths(
+    client: httpx.AsyncClient, base_url: str, model: str, workload: WorkloadSpec, *,
+    seed: int, api: Api = "completions",
+) -> LengthModel | None:
+    """Prompt tokens as this server counts them, per workload class (:class:`LengthModel`);
+    None as soon as ``/tokenize`` fails. The drafts come from their own seed stream, so the
+    calibration is the same for every trial of a study served with the same tokenizer."""
+    chat = api == "chat"
+    by_class: dict[str, tuple[float, float]] = {}
+    for wc in workload.classes:
+        one = workload.model_copy(update={"classes": (wc,)})
+        points: list[tuple[float, int]] = []
+        for d in draft_requests(one, CALIBRATION_DRAFTS, seed=seed, stream=f"calibrate-{wc.name}"):
+            full = d.draft.units_for_estimate(d.target_prompt_tokens)
+            for n in sorted({full, full // 2}):
+                count = await fetch_token_count(
+                    client, base_url, model, d.draft.render(n), chat=chat)
+                if count is None:
+                    return None
+                points.append((d.draft.estimate_tokens(n), count))
+        by_class[wc.name] = LengthModel.fit(points)
+    return LengthModel(by_class)

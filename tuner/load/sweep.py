@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections import Counter
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_re
 from tuner.load.open_loop import rate_level_metrics, run_rate_level
 from tuner.load.prometheus import MetricsSnapshot, server_side_metrics
 from tuner.load.records import RequestRecord
-from tuner.load.request import AUX_TIMEOUT_S
+from tuner.load.request import AUX_TIMEOUT_S, LevelContext
 from tuner.load.results import (
     LevelResult,
     SweepResult,
@@ -32,10 +33,20 @@ from tuner.load.results import (
     WarmupSummary,
     agreement_of,
 )
-from tuner.load.server_calls import fetch_token_count, fit_plan, scrape_metrics
+from tuner.load.server_calls import (
+    calibrate_lengths,
+    fetch_token_count,
+    fit_plan,
+    scrape_metrics,
+)
+from tuner.load.steady import SteadyRule
+from tuner.load.steady_loop import SteadyRun, run_steady_level
 from tuner.load.streams import LevelHalted
 from tuner.load.warmup import warm_up
+from tuner.load.window import SteadyWindow
 from tuner.load.workload import (
+    LengthModel,
+    PromptStream,
     RequestPlan,
     arrival_schedule,
     draft_requests,
@@ -96,13 +107,10 @@ async def run_sweep(
         return min(load_spec.max_level_seconds, remaining) if remaining > 0 else None
 
     async with httpx.AsyncClient(timeout=AUX_TIMEOUT_S, headers=headers) as aux:
-        can_fit = False
-        if load_spec.fit_prompt_tokens:
-            can_fit = await fetch_token_count(aux, base_url, model, "hello") is not None
-            if not can_fit:
-                notes.append("/tokenize unavailable: prompt lengths are ~1.3 tokens/word estimates")
+        can_fit, lengths = await _prompt_lengths(aux, base_url, model, load_spec, notes)
         sweep = _Sweep(
-            aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes
+            aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes,
+            lengths,
         )
         results, skipped, stopped = await _concurrency_levels(
             sweep, order, after_level, inside_level)
@@ -139,6 +147,23 @@ async def run_sweep(
         skipped_rates=skipped_rates,
         stopped_rates=stopped_rates,
     )
+
+
+async def _prompt_lengths(aux: httpx.AsyncClient, base_url: str, model: str, spec: LoadSpec,
+                          notes: list[str]) -> tuple[bool, LengthModel | None]:
+    """Whether /tokenize can fit prompts, and (levels sized by time) the calibrated lengths."""
+    if not spec.fit_prompt_tokens:
+        return False, None
+    if await fetch_token_count(aux, base_url, model, "hello") is None:
+        notes.append("/tokenize unavailable: prompt lengths are ~1.3 tokens/word estimates")
+        return False, None
+    if spec.sizing != "steady":
+        return True, None
+    lengths = await calibrate_lengths(aux, base_url, model, spec.workload, seed=spec.seed,
+                                      api=spec.api)
+    if lengths is None:
+        notes.append("/tokenize failed while calibrating: prompt lengths are estimates")
+    return True, lengths
 
 
 async def _concurrency_levels(
@@ -187,6 +212,7 @@ class _Sweep:
     budget: Callable[[], float | None]  # seconds a level may issue now; None = spent
     headers: dict[str, str] | None
     notes: list[str]  # appended to
+    lengths: LengthModel | None = None  # sizing: steady, calibrated through /tokenize
 
 
 async def _plan_for(sw: _Sweep, c: int, repeat: int) -> tuple[list[RequestPlan], bool]:
@@ -223,6 +249,8 @@ async def _sweep_level(
     ignore_eos, budget, headers = sw.ignore_eos, sw.budget, sw.headers
     if budget() is None:
         return None
+    if spec.sizing == "steady":
+        return await _sweep_steady_level(sw, c, checkpoint)
     plan, fitted = await _plan_for(sw, c, 0)
 
     warm_budget = budget()
@@ -261,7 +289,7 @@ async def _sweep_level(
     server, agreement = await _server_view(sw, before, records, f"c={c}")
     # Instability is reported per level (metrics.unstable, stability_ratio), not as a sweep
     # warning: short levels are often flagged, and that is information, not degradation.
-    metrics = summarize_repeats(runs)
+    metrics = summarize_repeats(runs).model_copy(update={"noise_floor": spec.noise_floor})
     return LevelResult(
         concurrency=c,
         prompts_fitted=fitted,
@@ -272,6 +300,72 @@ async def _sweep_level(
         token_agreement=agreement,
         records=records,
     )
+
+
+async def _sweep_steady_level(
+    sw: _Sweep, c: int, checkpoint: Callable[[dict[str, Any]], bool] | None
+) -> LevelResult | None:
+    """Scrape → steady level (× repeats, fresh prompts each) → scrape. The warm-up is the
+    level's own first stretch (tuner.load.steady), so the server-side deltas include it."""
+    spec = sw.spec
+    before = await scrape_metrics(sw.aux, sw.base_url)
+    records: list[RequestRecord] = []
+    runs: list[LevelMetrics] = []
+    warm: list[RequestRecord] = []
+    warm_s = 0.0
+    stopped_unsteady = False
+    for repeat in range(spec.repeats):
+        level_budget = sw.budget()
+        if level_budget is None:
+            if not runs:
+                return None
+            sw.notes.append(
+                f"c={c}: {len(runs)} of {spec.repeats} repeats measured before the budget ran out")
+            break
+        suffix = "" if repeat == 0 else f"-r{repeat}"
+        streams = [PromptStream(spec.workload, seed=spec.seed, ignore_eos=sw.ignore_eos,
+                                stream=level_stream(purpose + suffix, c), lengths=sw.lengths)
+                   for purpose in ("warmup", "measure")]
+        rule = SteadyRule(spec.min_window_s, spec.min_requests, spec.stability_subwindows,
+                          spec.stability_max_ratio, max_level_s=level_budget)
+        lv = LevelContext.create(sw.base_url, sw.model, spec.api, concurrency=c, t0=None,
+                                 request_timeout_s=spec.request_timeout_s, headers=sw.headers,
+                                 continuous_usage=True)
+        run = await run_steady_level(lv, streams[0], streams[1], rule, checkpoint)
+        runs.append(steady_metrics(run, c, spec.stability_subwindows, spec.stability_max_ratio))
+        stopped_unsteady = stopped_unsteady or run.stop_reason != "stable"
+        recs = run.records if not repeat else [
+            r.model_copy(update={"repeat": repeat}) for r in run.records]
+        records.extend(recs)
+        warm.extend(r for r in recs if r.phase == "warmup")
+        warm_s += runs[-1].ramp_up_s or 0.0
+    server, agreement = await _server_view(sw, before, records, f"c={c}")
+    failed = [r for r in warm if not r.ok]
+    return LevelResult(
+        concurrency=c,
+        prompts_fitted=sw.lengths is not None,
+        deadline_hit=stopped_unsteady,
+        warmup=WarmupSummary(
+            requests=len(warm), completed=len(warm) - len(failed), failed=len(failed),
+            failure_reasons=dict(Counter(r.error.type if r.error else "unknown" for r in failed)),
+            duration_s=warm_s),
+        metrics=summarize_repeats(runs).model_copy(update={"noise_floor": spec.noise_floor}),
+        server_side=server,
+        token_agreement=agreement,
+        records=records,
+    )
+
+
+def steady_metrics(run: SteadyRun, c: int, subwindows: int, max_ratio: float) -> LevelMetrics:
+    """The metrics of one steady level run (its window, else the whole run, flagged)."""
+    check = run.check
+    if check is None:
+        # The first wave never finished in time: no window; the whole-run figure, unstable.
+        m = compute_level_metrics(run.records, concurrency=c)
+        return m.model_copy(update={"sizing": "steady", "stop_reason": run.stop_reason,
+                                    "unstable": True})
+    window = SteadyWindow(check.start_s, check.end_s, subwindows, max_ratio, run.stop_reason)
+    return compute_level_metrics(run.records, concurrency=c, steady=window)
 
 
 async def _server_view(
@@ -375,7 +469,7 @@ async def _sweep_rate_level(sw: _Sweep, rate: float) -> LevelResult | None:
         deadline_hit=deadline_hit,
         warmup=WarmupSummary(requests=0, completed=0, failed=0, failure_reasons={},
                              duration_s=0.0),
-        metrics=summarize_repeats(runs),
+        metrics=summarize_repeats(runs).model_copy(update={"noise_floor": spec.noise_floor}),
         server_side=server,
         token_agreement=agreement,
         records=records,

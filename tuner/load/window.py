@@ -1,9 +1,12 @@
 """The steady-state window of one level and its throughput (measurement.md §4.2, §4.5).
 
-Tokens are counted by their own timestamps inside [t_warm, t_stop), where t_warm is the
-later of ``warmup_fraction`` of the issuing span and the completion of the first wave of
-requests, and t_stop is the last dispatch; a degenerate window falls back to the whole run
-(flagged). The window is cut into 3-5 sub-windows whose max/min is the stability ratio.
+Tokens are counted by their own timestamps inside the window. Levels sized by request
+count (``load.sizing: requests``): [t_warm, t_stop), where t_warm is the later of
+``warmup_fraction`` of the issuing span and the completion of the first wave of requests,
+and t_stop is the last dispatch; a degenerate window falls back to the whole run (flagged);
+the window is cut into 3-5 sub-windows whose max/min is the stability ratio. Levels sized
+by time (``load.sizing: steady``): the window the level stopped on
+(:mod:`tuner.load.steady`), cut into the study's number of sub-windows.
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.load.records import RequestRecord, token_timeline
 
-__all__ = ["STABILITY_MAX_RATIO", "WindowPolicy", "WindowRates", "window_rates"]
+__all__ = ["STABILITY_MAX_RATIO", "SteadyWindow", "WindowPolicy", "WindowRates", "steady_rates",
+           "window_rates"]
 
 # Perf Analyzer's stability rule (measurement.md §4, recommended default 5): throughput in
 # 3-5 sub-windows of the steady-state window must agree within max/min <= 1.10.
@@ -67,6 +71,8 @@ class WindowRates:
     run_output_tok_s: float | None = None
     subwindow_s: float | None = None
     subwindow_output_tok_s: list[float] = field(default_factory=list)
+    subwindow_total_tok_s: list[float] = field(default_factory=list)
+    window_completions: int | None = None
     stability_ratio: float | None = None
     unstable: bool | None = None
 
@@ -185,4 +191,68 @@ def window_rates(
         drain_s=drain_s,
         run_duration_s=run_s,
         run_output_tok_s=run_output_tok_s,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SteadyWindow:
+    """The window a level sized by time stopped on (:class:`tuner.load.steady.SteadyCheck`)
+    and its stability rule."""
+
+    start_s: float
+    end_s: float
+    subwindows: int
+    max_ratio: float
+    stop_reason: str        # "stable" | "max_level_seconds" | "failures"
+
+
+def _sub_rates(points: Sequence[tuple[float, float]], start: float, end: float,
+               n: int) -> list[float]:
+    width = (end - start) / n
+    sums = [0.0] * n
+    for t, k in points:
+        if start <= t < end:
+            sums[min(n - 1, int((t - start) / width))] += k
+    return [x / width for x in sums]
+
+
+def steady_rates(records: Sequence[RequestRecord], sw: SteadyWindow, total_out: int,
+                 measured_ok: Sequence[RequestRecord]) -> WindowRates:
+    """Throughput fields of a level sized by time: every token inside [start, end), of
+    whichever request carried it (the concurrency was C throughout), in ``subwindows``
+    equal sub-windows; unstable when the level stopped without the rule holding."""
+    ok = [r for r in records if r.ok]
+    start, end, n = sw.start_s, sw.end_s, sw.subwindows
+    window_s = end - start
+    first = min(r.dispatch_s for r in records)
+    pending = [r.done_s for r in records if r.dispatch_s < end]
+    run_start = min((r.dispatch_s for r in measured_ok), default=start)
+    run_end = max((r.done_s for r in measured_ok), default=end)
+    run_s = run_end - run_start
+    timeline = [pt for r in ok for pt in token_timeline(r)]
+    totals = [(r.chunk_times_s[0], float(r.prompt_tokens or 0)) for r in ok if r.chunk_times_s]
+    rates = _sub_rates(timeline, start, end, n)
+    total_rates = [a + b for a, b in zip(rates, _sub_rates(totals, start, end, n), strict=True)]
+    low = min(rates)
+    ratio = max(rates) / low if low > 0 else None
+    finished = sum(1 for r in ok if (e := r.end_s) is not None and start <= e < end)
+    return WindowRates(
+        output_tok_s=math.fsum(rates) / n,
+        total_tok_s=math.fsum(total_rates) / n,
+        request_per_s=_rate(finished, window_s),
+        window_start_s=start,
+        window_end_s=end,
+        window_s=window_s,
+        window_fallback=False,
+        window_fallback_reason=None,
+        ramp_up_s=start - first,
+        drain_s=max(pending, default=end) - end,
+        run_duration_s=run_s,
+        run_output_tok_s=_rate(total_out, run_s),
+        subwindow_s=window_s / n,
+        subwindow_output_tok_s=rates,
+        subwindow_total_tok_s=total_rates,
+        window_completions=finished,
+        stability_ratio=ratio,
+        unstable=ratio is None or ratio > sw.max_ratio or sw.stop_reason != "stable",
     )

@@ -29,7 +29,9 @@ from tuner.load.load_spec import WorkloadClass, WorkloadKind, WorkloadSpec
 
 __all__ = [
     "TOKENS_PER_WORD",
+    "LengthModel",
     "PromptDraft",
+    "PromptStream",
     "RequestDraft",
     "RequestPlan",
     "TokenFitter",
@@ -285,20 +287,90 @@ def allocate_classes(
     return out
 
 
+def _draft(wc: WorkloadClass, index: int, seed: int, stream: str) -> RequestDraft:
+    # One RNG per request: request i's prompt does not depend on how many follow it.
+    rng = random.Random(f"tuner-prompt|{seed}|{stream}|{index}")
+    jitter = wc.prompt_tokens_jitter
+    target = max(1, round(wc.prompt_tokens * rng.uniform(1 - jitter, 1 + jitter)))
+    builder = _open_ended if wc.kind == "open_ended" else _copy_heavy
+    return RequestDraft(index, wc, builder(rng, target), target)
+
+
 def draft_requests(workload: WorkloadSpec, n: int, *, seed: int, stream: str) -> list[RequestDraft]:
     """``n`` request drafts for one stream (see module docstring for determinism)."""
     if n < 0:
         raise ValueError(f"request count must be >= 0, got {n}")
     mix = allocate_classes(workload.classes, n, random.Random(f"tuner-mix|{seed}|{stream}"))
-    drafts = []
-    for index, wc in enumerate(mix):
-        # One RNG per request: request i's prompt does not depend on how many follow it.
-        rng = random.Random(f"tuner-prompt|{seed}|{stream}|{index}")
-        jitter = wc.prompt_tokens_jitter
-        target = max(1, round(wc.prompt_tokens * rng.uniform(1 - jitter, 1 + jitter)))
-        builder = _open_ended if wc.kind == "open_ended" else _copy_heavy
-        drafts.append(RequestDraft(index, wc, builder(rng, target), target))
-    return drafts
+    return [_draft(wc, index, seed, stream) for index, wc in enumerate(mix)]
+
+
+class LengthModel:
+    """Prompt tokens as the server counts them, per workload class: ``scale`` x the
+    ~1.3 tokens/word estimate + ``offset`` (the chat template's tokens, for one).
+
+    Levels sized by time do not know in advance how many prompts they will send, and
+    fitting each one with ``/tokenize`` (3-4 calls a prompt) while a fast server is being
+    measured would load its API process. So the lengths are calibrated once per sweep
+    (:func:`tuner.load.server_calls.calibrate_lengths`) and every prompt is cut by the
+    model: the same prompts for every trial of a study, close to the stated lengths.
+    """
+
+    def __init__(self, by_class: dict[str, tuple[float, float]]) -> None:
+        self.by_class = dict(by_class)
+
+    def units_for(self, draft: PromptDraft, class_name: str, target_tokens: int) -> int:
+        scale, offset = self.by_class.get(class_name, (1.0, 0.0))
+        if scale <= 0:
+            return draft.units_for_estimate(target_tokens)
+        return draft.units_for_estimate(max(1, round((target_tokens - offset) / scale)))
+
+    @staticmethod
+    def fit(points: Sequence[tuple[float, int]]) -> tuple[float, float]:
+        """(scale, offset) by least squares over (estimated, counted) token pairs."""
+        if not points:
+            return 1.0, 0.0
+        n = len(points)
+        mx = math.fsum(x for x, _ in points) / n
+        my = math.fsum(y for _, y in points) / n
+        sxx = math.fsum((x - mx) ** 2 for x, _ in points)
+        if sxx <= 0:
+            return (my / mx if mx > 0 else 1.0), 0.0
+        scale = math.fsum((x - mx) * (y - my) for x, y in points) / sxx
+        if scale <= 0:
+            return (my / mx if mx > 0 else 1.0), 0.0
+        return scale, my - scale * mx
+
+
+class PromptStream:
+    """The requests of one seed stream, drawn one at a time (levels sized by time).
+
+    Classes are allocated in exact proportions per block of :attr:`BLOCK` requests, so
+    any prefix of the stream is mixed as the study asks; request i's prompt depends only on
+    (seed, stream, i), as in :func:`draft_requests`.
+    """
+
+    BLOCK = 64
+
+    def __init__(self, workload: WorkloadSpec, *, seed: int, stream: str, ignore_eos: bool,
+                 lengths: LengthModel | None = None) -> None:
+        self.workload, self.seed, self.stream = workload, seed, stream
+        self.ignore_eos, self.lengths = ignore_eos, lengths
+        self._block: list[WorkloadClass] = []
+        self.issued = 0
+
+    def next(self) -> RequestPlan:
+        index = self.issued
+        k = index % self.BLOCK
+        if k == 0:
+            rng = random.Random(f"tuner-mix|{self.seed}|{self.stream}|b{index // self.BLOCK}")
+            self._block = allocate_classes(self.workload.classes, self.BLOCK, rng)
+        self.issued += 1
+        d = _draft(self._block[k], index, self.seed, self.stream)
+        prompt = None
+        if self.lengths is not None:
+            units = self.lengths.units_for(d.draft, d.workload_class.name, d.target_prompt_tokens)
+            prompt = d.draft.render(units)
+        return d.to_plan(ignore_eos=self.ignore_eos, prompt=prompt)
 
 
 def build_plan(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import random
 import re
 import time
 from collections.abc import Sequence
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from tuner.sim.effective import Effective
 from tuner.sim.faults import ActiveFaults
 from tuner.sim.logs import LogWriter, spec_line, stats_line
+from tuner.sim.noise import StepNoise
 from tuner.sim.model import (TOKENIZER, NgramIndex, Plan, count_accepted, last_user_text,
                              top_candidates, user_turns)
 from tuner.sim.perf_model import NGRAM_METHODS, CostModel, Scheduled, Scheduler, SeqState, unit_hash
@@ -90,7 +92,8 @@ class Counters:
 
 class Engine:
     def __init__(self, eff: Effective, faults: ActiveFaults, time_scale: float,
-                 log: LogWriter | None = None, clock=time.monotonic) -> None:
+                 log: LogWriter | None = None, clock=time.monotonic,
+                 noise_seed: int | None = None) -> None:
         self.eff = eff
         self.faults = faults
         self.scale = time_scale
@@ -107,10 +110,17 @@ class Engine:
         self._t: float | None = None
         self._step = 0
         self.dead = False
+        spec = eff.profile.noise
+        # A fresh seed per server start unless the profile fixes one (or the caller does).
+        seed = spec.seed if spec.seed is not None else noise_seed
+        self.noise = StepNoise(spec, seed if seed is not None else random.SystemRandom().randrange(2**31))
+        self._first_request: float | None = None
 
     # -- requests --------------------------------------------------------------------------
     def submit(self, req: GenRequest) -> None:
         req.arrival = self.clock()
+        if self._first_request is None:
+            self._first_request = req.arrival
         plan = req.plan
         salt = self.eff.numerics_salt
         # Static corruption: a broken configuration or an injected fault.
@@ -217,7 +227,10 @@ class Engine:
                 await asyncio.sleep(0.005)
                 continue
             running = len(self.sched.running)
-            await self._sleep_step(self.cost.step_ms(plan.shape()) / 1e3 * self.scale)
+            step_s = self.cost.step_ms(plan.shape()) / 1e3 * self.scale
+            if self.noise.active:
+                step_s *= self.noise.factor(self.clock() - (self._first_request or self.clock()))
+            await self._sleep_step(step_s)
             self._step += 1
             batch_fault = self.faults.get("garbage_when_batch_gt")
             small_fault = self.faults.get("garbage_when_batch_lt")

@@ -163,6 +163,27 @@ class StartupSpec(_Strict):
                 0.1 * self.inductor_s if self.inductor_load_s is None else self.inductor_load_s)
 
 
+class NoiseSpec(_Strict):
+    """Measurement noise a real box shows and a model does not: throughput that wanders and
+    a server that is slow for a while after its first request (lazy JIT, autotuning, clocks
+    ramping). Both multiply the engine's step time (tuner/sim/noise.py); off by default."""
+
+    throughput_jitter: float = Field(
+        0.0, ge=0, lt=1, description="Step time x a factor drawn from [1-j, 1+j] per period.")
+    jitter_period_s: float = Field(
+        1.0, gt=0, description="Wall seconds one jitter factor holds (server clock).")
+    warmup_ramp_s: float = Field(
+        0.0, ge=0, description="Wall seconds after the first request during which steps are slower.")
+    warmup_slowdown: float = Field(
+        1.0, ge=0, description="Extra step time at the first request (1.0 = twice as slow), "
+        "falling linearly to none at warmup_ramp_s.")
+    start_spread: float = Field(
+        0.0, ge=0, lt=1, description="Each server start runs at a speed drawn once from "
+        "[1-s, 1+s] (the between-start noise of a real box).")
+    seed: int | None = Field(
+        None, description="Seed of the draws; None: a fresh seed every server start.")
+
+
 class Profile(_Strict):
     name: str
     description: str
@@ -174,6 +195,7 @@ class Profile(_Strict):
     allreduce: OtherAllReduceSpec
     perf: PerfSpec
     startup: StartupSpec
+    noise: NoiseSpec = Field(default_factory=NoiseSpec)
     model_runner: Literal["v1", "v2"] = Field(description="Decides capture bar wording.")
     arctic_inference_installed: bool = False
 

@@ -27,7 +27,7 @@ __all__ = ["RunResult", "ObjectiveCheck", "Confirmation", "choose_candidates", "
            "reserve_seconds",
            "blocks_export", "summary_text", "confirmation_brief"]
 
-Verdict = Literal["confirmed", "not_confirmed", "failed"]
+Verdict = Literal["reproduced", "not_reproducible", "failed"]
 
 
 class RunResult(BaseModel):
@@ -107,9 +107,11 @@ def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_va
 
     ``failed``: a re-run was infeasible or measured nothing (the probe failed, a knob was not
     applied, a limit was missed, the server did not start) - the point does not reproduce at
-    all. ``not_confirmed``: the re-runs' median is worse than the trial by more than
-    ``tolerance`` in some objective. ``confirmed`` otherwise; a median *better* than the trial
-    confirms the point (the trial under-measured it; the change is still recorded).
+    all. ``not_reproducible``: the re-runs' median moved away from the trial by more than
+    ``tolerance`` in some objective, *in either direction*: a re-run 24 % faster says the
+    measurement is not to be trusted as much as one 24 % slower does (on an H200 a winner
+    re-ran +23.8 %, and "a better result confirms" had called that confirmed). Both numbers
+    are in the reason. ``reproduced`` only when every objective is within ``tolerance``.
     """
 
     checks: list[ObjectiveCheck] = []
@@ -127,7 +129,7 @@ def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_va
         checks.append(ObjectiveCheck(label=label, direction=direction, trial=base, reruns=values,
                                      median=median, change=change, worse_by=worse, spread=spread))
     bad = [r for r in runs if not (r.feasible and r.values is not None)]
-    verdict: Literal["confirmed", "not_confirmed", "failed"]
+    verdict: Verdict
     if not runs:
         verdict, reason = "failed", "no re-run finished"
     elif bad:
@@ -135,13 +137,16 @@ def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_va
         reason = "; ".join(f"re-run {r.folder}: {r.outcome}" + (f" ({r.message})" if r.message else "")
                            for r in bad)
     else:
-        over = [c for c in checks if c.worse_by is not None and c.worse_by > tolerance]
+        over = [c for c in checks if c.change is not None and abs(c.change) > tolerance]
         if over:
-            verdict = "not_confirmed"
-            reason = ", ".join(f"{c.label} {_pct(c.change)} (worse by more than {tolerance:.0%})" for c in over)
+            verdict = "not_reproducible"
+            reason = ", ".join(
+                f"{c.label} {c.trial:.4g} -> {c.median:.4g} ({_pct(c.change)}, "
+                f"{'worse' if (c.worse_by or 0) > 0 else 'better'} by more than {tolerance:.0%})"
+                for c in over)
         else:
-            verdict = "confirmed"
-            reason = f"every objective within {tolerance:.0%} of the trial or better"
+            verdict = "reproduced"
+            reason = f"every objective within {tolerance:.0%} of the trial, either way"
     return Confirmation(trial=trial, verdict=verdict, reason=reason, tolerance=tolerance, repeats=repeats,
                         objectives=checks, runs=list(runs), finished_unix=finished_unix)
 

@@ -8,7 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["blocks_export", "summary_text", "confirmation_brief", "pct"]
+__all__ = ["blocks_export", "summary_text", "confirmation_brief", "pct", "verdict_of"]
+
+
+# Verdicts stored before issue 15 renamed them ("a better result confirms" is gone).
+_LEGACY = {"confirmed": "reproduced", "not_confirmed": "not_reproducible"}
+
+
+def verdict_of(data: dict[str, Any]) -> str:
+    """The verdict word, legacy names mapped to today's."""
+
+    v = str(data.get("verdict"))
+    return _LEGACY.get(v, v)
 
 
 def blocks_export(confirmation: Any) -> str | None:
@@ -17,8 +28,11 @@ def blocks_export(confirmation: Any) -> str | None:
     if confirmation is None:
         return None
     data = confirmation.model_dump() if hasattr(confirmation, "model_dump") else confirmation
-    if data.get("verdict") in ("not_confirmed", "failed"):
-        return f"its confirmation re-run {data['verdict'].replace('_', ' ')}: {data.get('reason')}"
+    verdict = verdict_of(data)
+    if verdict == "not_reproducible":
+        return f"its confirmation re-run did not reproduce it: {data.get('reason')}"
+    if verdict == "failed":
+        return f"its confirmation re-run failed: {data.get('reason')}"
     return None
 
 
@@ -26,7 +40,7 @@ def confirmation_brief(data: dict[str, Any]) -> dict[str, Any]:
     """What pareto.json says about a point's confirmation (the full record is in confirm/)."""
 
     return {
-        "verdict": data.get("verdict"),
+        "verdict": verdict_of(data),
         "reason": data.get("reason"),
         "reruns": len(data.get("runs") or []),
         "median": {c["label"]: c.get("median") for c in data.get("objectives") or []},
@@ -35,7 +49,7 @@ def confirmation_brief(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def summary_text(confirmation: Any) -> str:
-    """One line, e.g. ``confirmed (1 re-run): output_tok_s@c4 40.1 -> 39.6 (-1.2%), ...``."""
+    """One line, e.g. ``reproduced (1 re-run): output_tok_s@c4 40.1 -> 39.6 (-1.2%), ...``."""
 
     data = confirmation.model_dump() if hasattr(confirmation, "model_dump") else confirmation
     n = len(data.get("runs") or [])
@@ -47,8 +61,9 @@ def summary_text(confirmation: Any) -> str:
         if c.get("spread") is not None:
             text += f" spread {c['spread']:.0%}"
         parts.append(text)
-    head = f"{data['verdict'].replace('_', ' ')} ({n} re-run{'s' if n != 1 else ''})"
-    if data["verdict"] == "failed":
+    verdict = verdict_of(data)
+    head = f"{verdict.replace('_', ' ')} ({n} re-run{'s' if n != 1 else ''})"
+    if verdict == "failed":
         return f"{head}: {data.get('reason')}"
     return head + (": " + ", ".join(parts) if parts else "")
 

@@ -180,17 +180,21 @@ def learned_ratio(history: Sequence[Levels], metric: str, low: int, high: int) -
 def optimistic(target: Target, measured: Levels, history: Sequence[Levels], *,
                margin: float = DEFAULT_MARGIN, min_history: int = DEFAULT_MIN_HISTORY,
                max_gap: float = DEFAULT_MAX_GAP) -> float:
-    """The best value ``target`` can still take, given the levels measured so far."""
+    """The best value ``target`` can still take, given the levels measured so far.
+
+    A measured value is moved by its own 95 % half-width (``<metric>.ci95`` of its level,
+    tuner.load.uncertainty) towards better before it is used: the trial is never stopped on
+    a bound its measurement noise could cross."""
 
     unbounded = math.inf if target.direction == "maximize" else -math.inf
     if target.level in measured:
-        value = measured[target.level].get(target.metric)
-        return unbounded if value is None or not math.isfinite(value) else float(value)
+        value = _noisy_best(measured[target.level], target)
+        return unbounded if value is None else value
     low = _below(measured, target.level)
     if low is None:
         return unbounded
-    value = measured[low].get(target.metric)
-    if value is None or not math.isfinite(value):
+    value = _noisy_best(measured[low], target)
+    if value is None:
         return unbounded
     base = target.metric.split(".")[0]
     if base in AGGREGATE_METRICS and target.direction == "maximize":
@@ -206,6 +210,17 @@ def optimistic(target: Target, measured: Levels, history: Sequence[Levels], *,
     if base == "output_tok_s_per_user" and target.direction == "maximize":
         return value
     return unbounded
+
+
+def _noisy_best(level: Mapping[str, float], target: Target) -> float | None:
+    """The level's value of the target's metric, plus its noise in the better direction."""
+
+    value = level.get(target.metric)
+    if value is None or not math.isfinite(value):
+        return None
+    noise = level.get(f"{target.metric}.ci95")
+    noise = float(noise) if noise is not None and math.isfinite(noise) else 0.0
+    return float(value) + (noise if target.direction == "maximize" else -noise)
 
 
 def optimistic_values(targets: Sequence[Target], measured: Levels, history: Sequence[Levels], *,
@@ -447,6 +462,8 @@ class SweepGuard:
                              first_wave_s=float(partial.get("first_wave_s") or 0.0),
                              stable=bool(partial.get("stable")), exact=bool(partial.get("exact")),
                              margin=self.inside_margin)
+        # The window's own noise, where the load generator measured it (levels sized by time).
+        bound += float(partial.get("output_tok_s_ci95") or 0.0)
         if not math.isfinite(bound):
             return False
         measured: dict[int, dict[str, float]] = {**self._measured, level: {"output_tok_s": bound}}
@@ -465,7 +482,8 @@ class SweepGuard:
             self.record = {"reason": "dominated_exact", "after": f"c{level} at last dispatch",
                            "bounds": [b if math.isfinite(b) else None for b in bounds],
                            "dominated_by": list(self.front[index]),
-                           "measured": {str(level): {"output_tok_s": float(bound),
+                           # The level's own figure, not the bound its noise widened.
+                           "measured": {str(level): {"output_tok_s": float(partial.get("output_tok_s") or bound),
                                                      "window_s": float(partial.get("window_s") or 0.0),
                                                      "completed": float(partial.get("completed") or 0),
                                                      "planned": float(partial.get("planned") or 0)}},

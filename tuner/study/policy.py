@@ -335,9 +335,14 @@ def early_stop_plan(spec: StudySpec, trials: Sequence[TrialRecord]) -> dict[str,
             continue
         if EARLY_STOPPED in t.constraints or t.attrs.get("placeholder_values"):
             continue
-        if all(v <= 0 for v in t.constraints.values()):
-            rows.append(told)
         levels = (t.attrs.get("outcome") or {}).get("levels") or {}
+        if all(v <= 0 for v in t.constraints.values()):
+            # Each front value moved by its noise towards worse: a trial is only stopped on
+            # a front its measurement noise could not have put there (tuner.study.noise).
+            noise = t.noise(labels)
+            rows.append(tuple(v - (noise[o.label] or 0.0) if o.direction == "maximize"
+                              else v + (noise[o.label] or 0.0)
+                              for v, o in zip(told, spec.objectives)))
         if needed <= set(levels):
             history.append({int(c): {m: v for m, v in lv.items() if m in metrics and v is not None}
                             for c, lv in levels.items()})

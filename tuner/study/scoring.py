@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.study.outcome import TrialOutcome
+from tuner.study.noise import NoisyPoint, level_unstable, noisy_front, resolve_level
 from tuner.study.pareto import pareto_front
 from tuner.study.spec import ObjectiveSpec, StudySpec
 from tuner.study.trials import EARLY_STOPPED, KIND_RUN, TrialRecord, record_points
@@ -62,6 +63,9 @@ def constraints(spec: StudySpec, outcome: TrialOutcome) -> dict[str, float]:
         else float(max(1, len(outcome.mismatches))),
         "load_errors": failed,
     }
+    if spec.load.on_unstable == "infeasible":
+        # A level that never settled measured noise; the study asked not to rank on it.
+        result["unstable"] = float(len(level_unstable(outcome.levels)))
     for limit in spec.limits:
         value = metric_value(spec, outcome, limit)
         if value is None:
@@ -137,11 +141,16 @@ def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
 
 def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
                    directions: list[str], *, now: float) -> dict[str, Any]:
-    """pareto.json: the study's front with each point's command and gain over the baseline
-    (``now``: when it was written, unix seconds)."""
-
+    """pareto.json: the study's front with each point's command, gain over the baseline, each
+    value's 95 % interval (``noise``) and sample count, the unstable flag, and the ties noise
+    leaves (tuner.study.noise); ``now``: when it was written, unix seconds."""
     by_number = {r.number: r for r in records}
-    front = pareto_front(record_points(records, labels), directions)
+    points = record_points(records, labels)
+    front = pareto_front(points, directions)
+    noisy = [NoisyPoint(p.number, tuple(p.values),
+                        tuple(by_number[p.number].noise(labels).values())) for p in points]
+    near, ties = noisy_front(noisy, directions, labels)
+    on_front = {p.number for p in front}
     baseline = next((r for r in records if r.is_baseline and r.state == "COMPLETE" and r.kind == KIND_RUN), None)
     entries = []
     for point in front:
@@ -149,6 +158,11 @@ def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
         entry = {
             "trial": point.number,
             "values": dict(zip(labels, point.values)),
+            "noise": record.noise(labels),
+            "samples": _samples(record, labels),
+            "unstable": bool(record.unstable_levels),
+            "unstable_levels": record.unstable_levels,
+            "ties": sorted({n for t in ties for n in t.trials if point.number in t.trials} - {point.number}),
             "params": record.params,
             "command": record.attrs.get("command"),
             "baseline": record.is_baseline,
@@ -166,7 +180,24 @@ def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
         "trials_finished": sum(1 for r in records if r.kind == KIND_RUN and r.state in ("COMPLETE", "FAIL")),
         "baseline": None if baseline is None else {"trial": baseline.number, "values": baseline.values},
         "front": entries,
+        # Points only noise keeps off the front, and front points noise cannot tell apart.
+        "within_noise": [
+            {"trial": n, "values": {label: by_number[n].values.get(label) for label in labels},
+             "noise": by_number[n].noise(labels), "unstable": bool(by_number[n].unstable_levels)}
+            for n in near if n not in on_front],
+        "ties": [t.as_dict() for t in ties],
+        "unstable_on_front": [e["trial"] for e in entries if e["unstable"]],
     }
+
+
+def _samples(record: TrialRecord, labels: list[str]) -> dict[str, float | None]:
+    """Samples each objective's interval rests on (``<metric>.n`` of its level)."""
+    out: dict[str, float | None] = {}
+    levels = record.levels
+    for label in labels:
+        metric, sep, level = label.rpartition("@c")
+        out[label] = (levels.get(resolve_level(levels, level)) or {}).get(f"{metric}.n") if sep else None
+    return out
 
 
 def values_text(values: dict[str, Any]) -> str:

@@ -370,13 +370,20 @@ class ExecutionSpec(_Strict):
 
 
 class ConfirmSpec(_Strict):
+    """Confirmation re-runs of front candidates (tuner.study.confirmation) and repeats that
+    separate candidates noise cannot tell apart (tuner.study.ties)."""
+
     candidates: int = Field(
         0, ge=0, le=20, description="front points re-run once the budget is spent (0: none); "
         "chosen best-per-objective first, then the knee, then the rest of the front")
     repeats: int = Field(1, ge=1, le=5, description="fresh-server re-runs per candidate")
     tolerance: float = Field(
         0.10, gt=0, lt=1, description="relative change of an objective (median of the re-runs "
-        "against the trial) in its worse direction beyond which the point is not confirmed")
+        "against the trial) in either direction beyond which the point is not reproducible")
+    tie_runs: int = Field(
+        0, ge=0, le=50, description="fresh-server re-runs to spend, after the confirmation "
+        "re-runs, on front candidates whose intervals overlap, until they separate or these "
+        "runs are spent (0: off); the report shows what was spent and what stayed a tie")
 
 
 class SafetySpec(_Strict):

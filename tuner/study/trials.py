@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.study.noise import label_noise, level_unstable
 from tuner.study.pareto import Point, pareto_front
 
 __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "EARLY_STOPPED",
@@ -63,9 +64,29 @@ class TrialRecord:
             return "load_errors"
         if any(v > 0 for k, v in self.constraints.items() if k.startswith("limit:")):
             return "limit_missed"
+        if self.constraints.get("unstable", 0) > 0:
+            return "unstable"        # load.on_unstable: infeasible
         if self.constraints.get(EARLY_STOPPED, 0) > 0:
             return "stopped_early"   # dominated: its values are bounds, not measurements
         return "feasible"
+
+    @property
+    def levels(self) -> dict[str, dict[str, Any]]:
+        """Flat metrics per load level, as the worker measured them."""
+
+        return dict((self.attrs.get("outcome") or {}).get("levels") or {})
+
+    @property
+    def unstable_levels(self) -> list[int]:
+        """Levels whose throughput never met the stability rule (the trial is unstable)."""
+
+        return level_unstable(self.levels)
+
+    def noise(self, labels: list[str]) -> dict[str, float | None]:
+        """The 95 % half-width of each objective value (None: unknown or exact)."""
+
+        levels = self.levels
+        return {label: label_noise(levels, label) for label in labels}
 
     @property
     def compile_record(self) -> dict[str, Any] | None:

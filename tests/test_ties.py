@@ -1,0 +1,137 @@
+"""Decisions that respect noise (tuner.study.noise, tuner.study.ties), on hand-made numbers:
+the noisy front and its ties, picks, pooled repeats, early stop's noisy bounds, and what
+status, pareto.json and export show."""
+
+from __future__ import annotations
+
+import pytest
+
+from tuner.export import noise_notes, render_export
+from tuner.status import _unstable_text, _value
+from tuner.study.early_stop import Target, optimistic
+from tuner.study.noise import NoisyPoint, label_noise, level_unstable, noisy_front, pick_ties
+from tuner.study.trials import TrialRecord
+from tuner.study.scoring import pareto_payload
+from tuner.study.study_file import parse_study
+from tuner.study.ties import next_runs, pooled, remaining_ties
+
+LABELS = ["output_tok_s@c32", "tpot_ms.mean@c1"]
+DIRS = ["maximize", "minimize"]
+
+
+def test_front_records_ties_inside_the_noise_and_keeps_winners_beyond_it() -> None:
+    points = [
+        NoisyPoint(4, (8648.0, 12.0), (210.0, 0.3)),
+        NoisyPoint(7, (8590.0, 12.1), (190.0, 0.3)),    # within noise of 4 in both: a tie
+        NoisyPoint(9, (7000.0, 12.0), (100.0, 0.2)),    # clearly slower, same TPOT: dominated
+        NoisyPoint(2, (6000.0, 9.0), (100.0, 0.2)),     # the low-latency end of the front
+    ]
+    near, ties = noisy_front(points, DIRS, LABELS)
+    assert sorted(near) == [2, 4, 7]
+    assert [t.trials for t in ties] == [(4, 7)]
+    assert ties[0].as_dict()["text"] == (
+        "trials 4 and 7 are within noise at output_tok_s@c32, tpot_ms.mean@c1")
+    # Best throughput is 4, but 7 is within noise of it there: the pick says so.
+    assert pick_ties(points, 4, 0) == [7]
+
+
+def test_a_gap_beyond_noise_is_no_tie() -> None:
+    a = NoisyPoint(1, (100.0,), (2.0,))
+    b = NoisyPoint(2, (104.0,), (2.0,))     # 4 > sqrt(8) = 2.83: b wins
+    near, ties = noisy_front([a, b], ["maximize"], ["x@c1"])
+    assert near == [2] and ties == []
+    # Without any interval, only equal values tie.
+    assert noisy_front([NoisyPoint(1, (100.0,), (None,)), NoisyPoint(2, (100.5,), (None,))],
+                       ["maximize"], ["x@c1"]) == ([2], [])
+
+
+def test_labels_find_their_noise_and_unstable_levels() -> None:
+    levels = {"1": {"tpot_ms.mean.ci95": 0.3, "unstable": 0.0},
+              "32": {"output_tok_s.ci95": 210.0, "unstable": 1.0}}
+    assert label_noise(levels, "output_tok_s@c32") == 210.0
+    assert label_noise(levels, "output_tok_s@cmax") == 210.0
+    assert label_noise(levels, "tpot_ms.mean@cmin") == 0.3
+    assert label_noise(levels, "startup_s") is None
+    assert level_unstable(levels) == [32]
+
+
+def _record(n: int, tok: float, tok_ci: float, tpot: float, tpot_ci: float,
+            unstable: bool = False) -> TrialRecord:
+    levels = {"1": {"tpot_ms.mean": tpot, "tpot_ms.mean.ci95": tpot_ci, "tpot_ms.mean.n": 40,
+                    "unstable": 0.0},
+              "32": {"output_tok_s": tok, "output_tok_s.ci95": tok_ci, "output_tok_s.n": 5,
+                     "unstable": 1.0 if unstable else 0.0}}
+    return TrialRecord(n, "COMPLETE", "run", {"mode": n},
+                       values={LABELS[0]: tok, LABELS[1]: tpot},
+                       attrs={"outcome": {"levels": levels}})
+
+
+def test_pareto_json_status_and_export_carry_intervals_ties_and_the_unstable_flag() -> None:
+    records = [_record(4, 8648, 210, 12.0, 0.3, unstable=True), _record(7, 8590, 190, 12.1, 0.3),
+               _record(2, 6000, 100, 9.0, 0.2)]
+    payload = pareto_payload("s", records, LABELS, DIRS, now=0.0)
+    by = {e["trial"]: e for e in payload["front"]}
+    assert by[4]["noise"] == {LABELS[0]: 210.0, LABELS[1]: 0.3}
+    assert by[4]["samples"] == {LABELS[0]: 5, LABELS[1]: 40}
+    assert by[4]["unstable"] and by[4]["unstable_levels"] == [32] and not by[2]["unstable"]
+    # 7 is dominated by 4 by less than the noise: off the front, listed as tied with it.
+    assert 7 not in by and [w["trial"] for w in payload["within_noise"]] == [7]
+    assert by[4]["ties"] == [7] and payload["unstable_on_front"] == [4]
+    assert payload["ties"][0]["text"].startswith("trials 4 and 7 are within noise")
+    row = {"values": records[0].values, "noise": records[0].noise(LABELS),
+           "unstable_levels": records[0].unstable_levels}
+    assert _value(row, LABELS[0]) == "output_tok_s@c32=8648±210"
+    assert _unstable_text(row) == " UNSTABLE (c=32 never settled)"
+    notes = noise_notes(records, LABELS, DIRS, records[0])
+    assert notes == ["trials 4 and 7 are within noise at output_tok_s@c32, tpot_ms.mean@c1"]
+    spec = parse_study("name: s\nserver: {model: m}\n")
+    text = render_export(spec, "s", records[0], "shell", notes)
+    assert "output_tok_s@c32 = 8648 ± 210 (95 %)" in text
+    assert "UNSTABLE: level(s) c=32 never met the stability rule" in text
+    assert "trials 4 and 7 are within noise" in text
+
+
+def test_early_stop_bounds_move_by_the_trials_own_noise() -> None:
+    t = Target("output_tok_s", 4, "maximize")
+    measured = {4: {"output_tok_s": 100.0, "output_tok_s.ci95": 8.0}}
+    assert optimistic(t, measured, []) == 108.0
+    lat = Target("tpot_ms.mean", 16, "minimize")
+    assert optimistic(lat, {4: {"tpot_ms.mean": 20.0, "tpot_ms.mean.ci95": 1.5}}, []) == 18.5
+    # Extrapolated from a lower level: the noisy value scales.
+    up = Target("output_tok_s", 8, "maximize")
+    assert optimistic(up, measured, [], max_gap=4) == pytest.approx(216.0)
+
+
+def test_pooled_repeats_separate_or_stay_tied() -> None:
+    # Two candidates overlapping on one run each ...
+    a1 = pooled(4, [[8648.0]], [210.0])
+    b1 = pooled(7, [[8500.0]], [190.0])
+    ties = remaining_ties([a1, b1], ["maximize"], ["x@c32"])
+    assert [t.trials for t in ties] == [(4, 7)]
+    assert next_runs(ties, {4: 1, 7: 1}, budget=5) == [4, 7]
+    assert next_runs(ties, {4: 2, 7: 1}, budget=1) == [7]
+    # ... re-runs on fresh servers: 4 stays near 8,650, 7 near 8,490 - separated.
+    a = pooled(4, [[8648.0], [8660.0], [8640.0]], [210.0])
+    b = pooled(7, [[8500.0], [8480.0], [8490.0]], [190.0])
+    assert a.runs == 3 and a.noise[0] is not None and a.noise[0] < 50
+    assert remaining_ties([a, b], ["maximize"], ["x@c32"]) == []
+    # Same configuration twice (true difference 0): it stays a tie, whatever is spent.
+    c = pooled(9, [[8600.0], [8700.0], [8500.0]], [200.0])
+    d = pooled(3, [[8650.0], [8550.0], [8620.0]], [200.0])
+    assert [t.trials for t in remaining_ties([c, d], ["maximize"], ["x@c32"])] == [(3, 9)]
+
+
+def test_on_unstable_infeasible_is_a_constraint_flag_is_not() -> None:
+    from tuner.study.outcome import TrialOutcome
+    from tuner.study.scoring import constraints
+
+    outcome = TrialOutcome(number=3, status="completed", applied=True, probe_passed=True,
+                           levels={"1": {"failed": 0.0, "unstable": 0.0},
+                                   "4": {"failed": 0.0, "unstable": 1.0}})
+    flag = parse_study("name: s\nserver: {model: m}\n")
+    assert "unstable" not in constraints(flag, outcome)
+    strict = parse_study("name: s\nserver: {model: m}\nload: {on_unstable: infeasible}\n")
+    violated = constraints(strict, outcome)
+    assert violated["unstable"] == 1.0
+    record = TrialRecord(3, "COMPLETE", "run", {}, values={"x": 1.0}, constraints=violated)
+    assert record.outcome == "unstable" and not record.feasible

@@ -1,0 +1,154 @@
+"""Decisions that respect measurement noise: which objective differences are ties.
+
+Every objective value read at a load level carries its 95 % half-width (``<metric>.ci95``
+in the level's flat metrics, tuner.load.uncertainty). Two values are *within noise* when
+their difference is inside the 95 % interval of the difference, sqrt(ci_a² + ci_b²).
+
+* A point **dominates another beyond noise** when it is better beyond noise in at least one
+  objective and worse beyond noise in none. The **noisy front** is every point no other
+  point dominates beyond noise: the Pareto front plus the points that only noise keeps off
+  it. Those are recorded as ties with the front points that dominate them, and front points
+  within noise of each other in every objective are ties too ("trials 4 and 7 are within
+  noise at output_tok_s@c32").
+* A **pick** (best per objective) is tied with every noisy-front point within noise of it
+  in that objective.
+
+Pure: plain numbers in, plain data out (status, report, export and pareto.json read it).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["NoisyPoint", "Tie", "better_beyond", "label_noise", "level_unstable",
+           "noisy_front", "pick_ties", "plus_minus", "resolve_level", "tie_text", "within"]
+
+
+@dataclass(frozen=True)
+class NoisyPoint:
+    number: int
+    values: tuple[float, ...]
+    noise: tuple[float | None, ...]      # 95 % half-width per objective; None: unknown
+
+
+@dataclass(frozen=True)
+class Tie:
+    trials: tuple[int, int]
+    labels: tuple[str, ...]              # the objectives they are within noise at
+
+    def as_dict(self) -> dict[str, object]:
+        return {"trials": list(self.trials), "labels": list(self.labels),
+                "text": tie_text(self)}
+
+
+def plus_minus(value: float, noise: float | None, sep: str = "±") -> str:
+    """``8648±210``: the value to 4 significant digits, its noise to the same last digit
+    when it has one (never more digits than the noise justifies)."""
+    text = f"{value:.4g}"
+    if noise is None or (isinstance(noise, float) and math.isnan(noise)):
+        return text
+    if noise >= 10:
+        shown = f"{noise:.0f}"
+    elif noise >= 1:
+        shown = f"{noise:.1f}"
+    else:
+        shown = f"{noise:.2g}"
+    return f"{text}{sep}{shown}"
+
+
+def tie_text(tie: Tie) -> str:
+    a, b = tie.trials
+    return f"trials {a} and {b} are within noise at {', '.join(tie.labels)}"
+
+
+def _u(x: float | None) -> float:
+    return 0.0 if x is None or math.isnan(x) else float(x)
+
+
+def within(a: float, ua: float | None, b: float, ub: float | None) -> bool:
+    """|a - b| inside the 95 % interval of the difference (no interval: equal only)."""
+    return abs(a - b) <= math.sqrt(_u(ua) ** 2 + _u(ub) ** 2)
+
+
+def better_beyond(a: float, ua: float | None, b: float, ub: float | None, direction: str) -> bool:
+    """``a`` better than ``b`` in ``direction`` by more than the noise of the difference."""
+    if within(a, ua, b, ub):
+        return False
+    return a > b if direction == "maximize" else a < b
+
+
+def _dominates_beyond(p: NoisyPoint, q: NoisyPoint, directions: Sequence[str]) -> bool:
+    some = False
+    for i, d in enumerate(directions):
+        if better_beyond(q.values[i], q.noise[i], p.values[i], p.noise[i], d):
+            return False
+        some = some or better_beyond(p.values[i], p.noise[i], q.values[i], q.noise[i], d)
+    return some
+
+
+def _dominates(p: NoisyPoint, q: NoisyPoint, directions: Sequence[str]) -> bool:
+    ge = all((p.values[i] >= q.values[i]) if d == "maximize" else (p.values[i] <= q.values[i])
+             for i, d in enumerate(directions))
+    return ge and p.values != q.values
+
+
+def noisy_front(points: Sequence[NoisyPoint], directions: Sequence[str], labels: Sequence[str]
+                ) -> tuple[list[int], list[Tie]]:
+    """(the noisy front's trial numbers, the ties it holds) - see the module docstring."""
+    front = [p for p in points if not any(_dominates_beyond(q, p, directions)
+                                         for q in points if q is not p)]
+    strict = {p.number for p in front if not any(_dominates(q, p, directions)
+                                                  for q in points if q is not p)}
+    ties: list[Tie] = []
+    for i, p in enumerate(front):
+        for q in front[i + 1:]:
+            if p.number not in strict and q.number not in strict:
+                continue
+            if p.number in strict and q.number in strict:
+                close = all(within(p.values[k], p.noise[k], q.values[k], q.noise[k])
+                            for k in range(len(directions)))
+                if not close:
+                    continue
+            else:
+                inside, outside = (p, q) if p.number in strict else (q, p)
+                if not _dominates(inside, outside, directions):
+                    continue
+            at = tuple(labels[k] for k in range(len(directions))
+                       if within(p.values[k], p.noise[k], q.values[k], q.noise[k]))
+            ties.append(Tie(tuple(sorted((p.number, q.number))), at))  # type: ignore[arg-type]
+    return [p.number for p in front], ties
+
+
+def pick_ties(points: Sequence[NoisyPoint], best: int, objective: int) -> list[int]:
+    """The points within noise of point ``best`` at objective ``objective``."""
+    by = {p.number: p for p in points}
+    b = by[best]
+    return [p.number for p in points if p.number != best and within(
+        p.values[objective], p.noise[objective], b.values[objective], b.noise[objective])]
+
+
+def label_noise(levels: Mapping[str, Mapping[str, float | None]], label: str) -> float | None:
+    """The 95 % half-width of an objective labelled ``metric@cN`` in a trial's flat level
+    metrics; None for trial-level metrics (startup_s: one exact reading) or when unknown."""
+    metric, sep, level = label.rpartition("@c")
+    if not sep:
+        return None
+    value = (levels.get(resolve_level(levels, level)) or {}).get(f"{metric}.ci95")
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def resolve_level(levels: Mapping[str, object], level: str) -> str:
+    """A label's level as a key of ``levels``: ``max``/``min`` (objectives read at the highest
+    or lowest level) resolve to the highest or lowest level measured."""
+    if level in ("max", "min"):
+        numbers = [int(k) for k in levels if str(k).isdigit()]
+        if numbers:
+            return str(max(numbers) if level == "max" else min(numbers))
+    return level
+
+
+def level_unstable(levels: Mapping[str, Mapping[str, float | None]]) -> list[int]:
+    """The load levels whose throughput never met the stability rule."""
+    return sorted(int(c) for c, lv in levels.items() if (lv or {}).get("unstable") == 1.0)
