@@ -29,7 +29,7 @@ from tuner.load.request import LevelContext, Stream, one_request
 from tuner.load.steady import SteadyCheck, SteadyRule, SteadyTracker, live_points
 from tuner.load.streams import LevelHalted
 from tuner.load.uncertainty import mean_ci
-from tuner.load.workload import PromptStream, RequestPlan
+from tuner.load.workload import PromptStream
 
 __all__ = ["SteadyRun", "run_steady_level"]
 
@@ -54,7 +54,6 @@ class _SteadyLoop:
         self.checkpoint = checkpoint
         self.tracker = SteadyTracker(rule, lv.concurrency)
         self.live: Live = {}
-        self.items: dict[int, RequestPlan] = {}
         self.records: dict[int, RequestRecord] = {}
         self.next_pos = 0
         self.check: SteadyCheck | None = None
@@ -80,7 +79,6 @@ class _SteadyLoop:
                     item = self.measure.next()
                 pos = self.next_pos
                 self.next_pos += 1
-                self.items[pos] = item
                 record = await one_request(self.lv, stream, item, self.now(), self.live, pos)
                 self.records[pos] = record
                 self.tracker.add(pos, record)
