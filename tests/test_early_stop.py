@@ -162,7 +162,7 @@ def test_guard_orders_levels_and_stops_a_dominated_trial_after_its_objective_lev
 
     from tuner.study.early_stop import SweepGuard
 
-    plan = json.loads(json.dumps(_plan([(330.0, 13.7), (287.0, 11.1)])))   # as it crosses Ray
+    plan = json.loads(_plan([(330.0, 13.7), (287.0, 11.1)]).model_dump_json())  # as it crosses Ray
     guard = SweepGuard(plan)
     assert guard.levels([1, 4, 16, 64]) == [1, 64, 4, 16]
     assert not guard.stop_after("verify", applied=True)
@@ -247,9 +247,9 @@ def test_plan_front_and_history_come_from_measured_feasible_trials() -> None:
               trial([900.0, 1.0], {"early_stopped": 1.0}),                # bounds: neither front nor history
               trial([900.0, 1.0], {"forbidden": 1.0}, kind="forbidden")]
     plan = early_stop_plan(spec, [to_record(t, [o.label for o in spec.objectives]) for t in trials])
-    assert plan["front"] == [good]
-    assert len(plan["history"]) == 3 and set(plan["history"][0]) == {str(c) for c in spec.load.concurrency}
-    assert set(plan["history"][0][str(spec.load.concurrency[0])]) <= set(labels)
+    assert plan.front == [good]
+    assert len(plan.history) == 3 and set(plan.history[0]) == {str(c) for c in spec.load.concurrency}
+    assert set(plan.history[0][str(spec.load.concurrency[0])]) <= set(labels)
 
 
 def test_startup_time_as_an_objective_and_as_a_limit() -> None:
@@ -263,7 +263,7 @@ def test_startup_time_as_an_objective_and_as_a_limit() -> None:
     limit = {"label": "startup_s<=600", "metric": "startup_s", "level": TRIAL_LEVEL, "max": 600.0, "min": None}
     front = [(330.0, 13.7, 400.0)]
     plan = sweep_plan([THR, TPOT, startup], [limit], [1, 4, 16, 64], front, [])
-    assert plan["order"] == [1, 64, 4, 16]
+    assert plan.order == [1, 64, 4, 16]
     slow_start = SweepGuard(plan)
     slow_start.trial_metrics = {"startup_s": 500.0, "probe_s": 9.0}
     measured = lv(c1={"tpot_ms.mean": 20.0}, c64={"output_tok_s": 300.0})
@@ -295,5 +295,5 @@ def test_plan_with_startup_time_as_a_third_objective_keeps_its_history() -> None
                          user_attrs={"kind": "run", "outcome": {"levels": levels, "startup_s": 400.0}},
                          system_attrs={"constraints:probe": 0.0})
     plan = early_stop_plan(spec, [to_record(trial, [o.label for o in spec.objectives])])
-    assert [t["level"] for t in plan["targets"]][-1] == TRIAL_LEVEL
-    assert plan["front"] == [[300.0, 12.0, 400.0]] and len(plan["history"]) == 1
+    assert [t.level for t in plan.targets][-1] == TRIAL_LEVEL
+    assert plan.front == [[300.0, 12.0, 400.0]] and len(plan.history) == 1

@@ -50,22 +50,22 @@ def no_worst() -> list[float] | None:
 
 def test_a_measured_trial_is_told_its_values_and_met_constraints() -> None:
     told = policy.told_for(SPEC, completed(), no_worst)
-    assert told.how == "measured" and told.values == [900.0, 5.0]
+    assert told.how == "measured" and told.values == [900.0, 5.0] and told.verdict == "feasible"
     assert told.constraints == {"probe": 0.0, "applied": 0.0, "load_errors": 0.0,
                                 "limit:ttft_ms.p90@c1<=5000.0": 100.0 - 5000.0}
     assert all(v <= 0 for v in told.constraints.values())
 
 
-@pytest.mark.parametrize(("outcome", "violated"), [
-    (completed(probe_passed=False, probe_reason="garbled"), "probe"),
-    (completed(applied=False, mismatches=[{"target": "a"}, {"target": "b"}]), "applied"),
-    (completed(levels=levels(ttft=7000.0)), "limit:ttft_ms.p90@c1<=5000.0"),
-    (completed(levels=levels(failed=3.0)), "load_errors"),
+@pytest.mark.parametrize(("outcome", "violated", "verdict"), [
+    (completed(probe_passed=False, probe_reason="garbled"), "probe", "probe_failed"),
+    (completed(applied=False, mismatches=[{"target": "a"}, {"target": "b"}]), "applied", "not_applied"),
+    (completed(levels=levels(ttft=7000.0)), "limit:ttft_ms.p90@c1<=5000.0", "limit_missed"),
+    (completed(levels=levels(failed=3.0)), "load_errors", "load_errors"),
 ])
 def test_an_infeasible_trial_keeps_its_values_with_a_violated_constraint(outcome: TrialOutcome,
-                                                                          violated: str) -> None:
+                                                                          violated: str, verdict: str) -> None:
     told = policy.told_for(SPEC, outcome, no_worst)
-    assert told.how == "measured" and told.values == [900.0, 5.0]
+    assert told.how == "measured" and told.values == [900.0, 5.0] and told.verdict == verdict
     assert [k for k, v in told.constraints.items() if v > 0] == [violated]
     if violated == "applied":
         assert told.constraints["applied"] == 2.0          # one per knob not applied
@@ -94,6 +94,7 @@ def test_a_failed_trial_is_told_fail_with_its_typed_reason(reason: str, phase: s
                            log_excerpt="x" * 5000)
     told = policy.told_for(SPEC, outcome, no_worst)
     assert told.how == "failed" and told.values is None and told.constraints == {}
+    assert told.verdict == f"failed:{reason}"
     failure = told.attrs["failure"]
     assert (failure["reason"], failure["phase"], failure["message"]) == (reason, phase, "why")
     assert len(failure["log_excerpt"]) == 2000            # the tail, bounded
@@ -109,6 +110,7 @@ def test_a_trial_stopped_on_a_bound_is_told_its_bounds_and_never_feasible() -> N
     assert told.how == "stopped"
     assert told.values == [400.0, 5.0]                     # bound for the unmeasured, measured TPOT
     assert told.constraints["early_stopped"] == 1.0 and "placeholder_values" not in told.attrs
+    assert told.verdict == "stopped_early"
 
 
 def test_a_trial_stopped_before_measuring_takes_the_worst_values_or_fails_first() -> None:
@@ -139,6 +141,7 @@ def test_a_forbidden_point_is_told_the_worst_values_or_fail_before_any_measureme
     assert told.constraints == {"forbidden": 1.0}
     assert told.attrs["kind"] == "forbidden" and told.attrs["placeholder_values"] is True
     assert told.attrs["failure"] == {"reason": "forbidden", "message": "tests need a forbidden rule"}
+    assert told.verdict == "forbidden"
     first = policy.screen(SPEC, FORBIDDEN, 0, [], LABELS, DIRS)
     assert first is not None and first.values is None and first.constraints == {}
 
@@ -148,7 +151,7 @@ def test_a_repeat_of_a_measured_point_is_told_the_earlier_result_again() -> None
     told = policy.screen(SPEC, dict(BASE), 5, [earlier, record(5, BASE, state="RUNNING")], LABELS, DIRS)
     assert told is not None and told.how == "duplicate"
     assert told.values == [500.0, 6.0] and told.constraints == {"probe": 0.0, "applied": 1.0}
-    assert told.attrs == {"kind": "duplicate", "duplicate_of": 0}
+    assert told.attrs == {"kind": "duplicate", "duplicate_of": 0} and told.verdict == "duplicate"
 
 
 @pytest.mark.parametrize("state", ["FAIL", "RUNNING"])
@@ -254,6 +257,14 @@ def test_the_early_stop_plan_uses_the_measured_feasible_front_and_full_histories
               record(3, OTHER, told=(2000.0, 1.0), constraints={"early_stopped": 1.0}, outcome={"levels": lv}),
               record(4, OTHER, told=(2000.0, 1.0), placeholder_values=True)]
     plan = policy.early_stop_plan(SPEC, trials)
-    assert plan["front"] == [[900.0, 5.0]]
-    assert len(plan["history"]) == 3                       # 0, 1 and the infeasible 2
-    assert sorted(plan["order"][:2]) == [1, 16]            # objective levels first
+    assert plan.front == [[900.0, 5.0]]
+    assert len(plan.history) == 3                       # 0, 1 and the infeasible 2
+    assert sorted(plan.order[:2]) == [1, 16]            # objective levels first
+
+
+def test_a_record_reads_the_stored_verdict_and_derives_one_for_older_trials() -> None:
+    stored = record(0, BASE, told=(1.0, 1.0), constraints={"probe": 1.0}, verdict="probe_failed")
+    assert stored.outcome == "probe_failed"
+    older = record(1, BASE, told=(1.0, 1.0), constraints={"probe": 1.0})      # no verdict attribute
+    assert older.outcome == "probe_failed"
+    assert record(2, BASE, state="RUNNING", verdict="feasible").outcome == "running"

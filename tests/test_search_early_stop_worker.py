@@ -28,7 +28,7 @@ def _request(tmp_path: Path, values: dict[str, Any], plan_front: list[list[float
     command = trial_command(spec, values, port=spec.server.port)
     plan = early_stop_plan(spec, [])
     if plan_front is not None:
-        plan["front"] = plan_front
+        plan = plan.model_copy(update={"front": plan_front})
     request = TrialRequest(
         study=study.stem, number=0, values=values,
         asked=command.asked, argv=command.argv, env=command.launch_env,

@@ -22,7 +22,7 @@ from tuner.study.confirmation import Confirmation, RunResult, judge, summary_tex
 from tuner.study.outcome import TrialOutcome
 from tuner.errors import ArtifactWriteError, StudyError
 from tuner.execution import Finished, JobHost, NoWorkersLeft
-from tuner.study.trials import KIND_RUN, TrialRecord
+from tuner.study.trials import KIND_RUN
 from tuner.study.records import read_records
 from tuner.study.policy import told_for
 
@@ -143,8 +143,7 @@ def _run_result(spec: Any, job: _Job, item: Finished) -> RunResult:
         return RunResult(folder=job.folder.name, outcome=f"failed:{item.error}", message=item.message)
     outcome = TrialOutcome.model_validate(item.result)
     told = told_for(spec, outcome, lambda: None)
-    word = TrialRecord(job.number, "COMPLETE" if told.values is not None else "FAIL", KIND_RUN, {},
-                       constraints=told.constraints, attrs=told.attrs).outcome
+    word = told.verdict
     message = outcome.message or outcome.probe_reason if word != "feasible" else None
     return RunResult(folder=job.folder.name, values=told.values, feasible=word == "feasible",
                      outcome=word, message=message, trial_s=outcome.trial_s)

@@ -36,10 +36,12 @@ from tuner.execution import Executor, Finished, JobHost, NoWorkersLeft
 from tuner.referencing import WORKER_WAIT_S, pinned, prepare_reference, study_probe
 from tuner.study import policy, space
 from tuner.study.space import trial_command
+from tuner.probe.record import Reference
+from tuner.study.early_stop import SweepPlan
 from tuner.study.confirmation import choose_candidates, confirmation_brief, reserve_seconds
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
-from tuner.study.records import read_records, to_record
+from tuner.study.records import RecordReader, to_record
 from tuner.tie_runs import separate_ties
 from tuner.study.samplers import make_sampler, suggest
 from tuner.study.scoring import outcome_attrs, pareto_payload, result_text, stop_text, values_text
@@ -83,6 +85,8 @@ class StudyLoop:
         self.labels = [o.label for o in spec.objectives]
         self.directions = [o.direction for o in spec.objectives]
         self.stop_reason: str | None = None
+        # The study as plain records, read before and after every trial (the policy's input).
+        self.records = RecordReader()
         self._grid = policy.grid_order(spec) if spec.sampler.name == "grid" else None
         self._in_flight: dict[int, Trial] = {}
         # With budget.timeout and confirm.candidates, new trials stop early enough to leave
@@ -92,7 +96,7 @@ class StudyLoop:
         self.confirm_reserve_s = 0.0
         # What every trial's probe is judged with (tuner.referencing.prepare_reference).
         self.probe = study_probe(spec, spec.probe)
-        self.reference: dict[str, Any] | None = None
+        self.reference: Reference | None = None
 
     @property
     def interrupted(self) -> bool:
@@ -113,7 +117,7 @@ class StudyLoop:
     # -- the loop ------------------------------------------------------------------------
 
     def enqueue_first_points(self, study: optuna.Study) -> None:
-        for point in policy.first_points(self.spec, read_records(study)):
+        for point in policy.first_points(self.spec, self.records(study)):
             study.enqueue_trial(point.values, user_attrs=point.attrs)
 
     def run_loop(self, study: optuna.Study, *, elapsed_before: float = 0.0) -> str:
@@ -123,14 +127,14 @@ class StudyLoop:
         began = self.clock()
         rejected_in_a_row = 0
         waiting_since: float | None = None
-        self.note_full_trials(read_records(study))
+        self.note_full_trials(self.records(study))
         try:
             while True:
                 if self.interrupted:
                     self.cancel_running(study)
                     return "interrupted"
                 elapsed = elapsed_before + self.clock() - began
-                done_runs = policy.finished_runs(read_records(study))
+                done_runs = policy.finished_runs(self.records(study))
                 in_flight = len(self.executor.running())
                 self._check_time(elapsed)
                 can_start = self.stop_reason is None and done_runs + in_flight < self.n_trials
@@ -185,7 +189,7 @@ class StudyLoop:
         it without running (forbidden, duplicate)."""
 
         if self._grid is not None or rejected_in_a_row >= policy.MAX_REJECTED_IN_A_ROW:
-            extra = policy.fill_in(self.spec, read_records(study), rejected_in_a_row=rejected_in_a_row,
+            extra = policy.fill_in(self.spec, self.records(study), rejected_in_a_row=rejected_in_a_row,
                                    grid=self._grid)
             if extra is not None:
                 study.enqueue_trial(extra.values, user_attrs=extra.attrs)
@@ -195,7 +199,7 @@ class StudyLoop:
             if space.is_active(param, values):
                 values[param.name] = suggest(trial, param)
         trial.set_user_attr("values", values)
-        records = read_records(study)
+        records = self.records(study)
         told = policy.screen(self.spec, values, trial.number, records, self.labels, self.directions)
         if told is not None:
             self._apply(study, trial, told)
@@ -220,7 +224,7 @@ class StudyLoop:
         self.progress(f"[trial {trial.number}] start on group {group}: {label}")
 
     def trial_request(self, number: int, values: dict[str, Any], *, group: int, trial_dir: Path,
-                      early_stop: dict[str, Any] | None) -> TrialRequest:
+                      early_stop: SweepPlan | None) -> TrialRequest:
         """What a worker needs to run ``values`` on GPU group ``group`` (a trial, or a
         confirmation re-run of one), with the study's probe and reference."""
 
@@ -238,7 +242,7 @@ class StudyLoop:
             port=port, served_model_name=spec.server.served_model_name or spec.server.model,
             trial_dir=str(trial_dir.resolve()), startup_timeout_s=spec.server.startup_timeout,
             stop_timeout_s=spec.server.stop_timeout, deadline_s=spec.budget.trial_timeout,
-            load=spec.load.model_dump(mode="json"), probe=self.probe.model_dump(mode="json"),
+            load=spec.load, probe=self.probe,
             ignore_eos=bool(ignore_eos), reference=self.reference, early_stop=early_stop,
         )
 
@@ -260,6 +264,7 @@ class StudyLoop:
     def _apply(self, study: optuna.Study, trial: Trial, told: policy.Told) -> None:
         for key, value in told.attrs.items():
             trial.set_user_attr(key, value)
+        trial.set_user_attr("verdict", told.verdict)
         for key, value in told.constraints.items():
             trial.set_constraint(key, value)
         if told.values is None:
@@ -289,9 +294,9 @@ class StudyLoop:
         self.note_full_trials([], outcome)
         trial.set_user_attr("outcome", outcome_attrs(outcome))
         told = policy.told_for(self.spec, outcome,
-                               lambda: policy.worst_values(read_records(study), self.labels, self.directions))
+                               lambda: policy.worst_values(self.records(study), self.labels, self.directions))
         self._apply(study, trial, told)
-        records = read_records(study)
+        records = self.records(study)
         if told.how == "failed":
             self.progress(f"[trial {number}] FAILED ({outcome.reason}) {outcome.message or ''}".rstrip())
             if outcome.reason == "interrupted" and retry_if_interrupted:
@@ -407,7 +412,7 @@ class Orchestrator(StudyLoop):
                     self.write_pareto(study)
                 except StorageUnavailable:
                     logger.warning("could not record the elapsed time and front", exc_info=True)
-        return RunSummary(policy.finished_runs(read_records(study)), self.n_trials, self.stop_reason or "budget",
+        return RunSummary(policy.finished_runs(self.records(study)), self.n_trials, self.stop_reason or "budget",
                           prior_elapsed + time.monotonic() - began)
 
     def _loop_until_stopped(self, study: optuna.Study, prior_elapsed: float) -> None:
@@ -495,7 +500,7 @@ class Orchestrator(StudyLoop):
         cfg = self.spec.confirm
         if cfg.candidates <= 0:
             return
-        chosen = choose_candidates(record_points(read_records(study), self.labels), self.directions,
+        chosen = choose_candidates(record_points(self.records(study), self.labels), self.directions,
                                    cfg.candidates)
         done = self.handle.paths.confirmations()
         todo = [n for n in chosen if n not in done]
@@ -511,7 +516,7 @@ class Orchestrator(StudyLoop):
         self._write_pareto(records)
 
     def write_pareto(self, study: optuna.Study) -> None:
-        self._write_pareto(read_records(study))
+        self._write_pareto(self.records(study))
 
     def _write_pareto(self, records: list[TrialRecord]) -> None:
         """Rewrite pareto.json atomically; on a full disk the previous version stays."""

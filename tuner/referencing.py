@@ -85,7 +85,7 @@ class Prepared:
     known answers only)."""
 
     probe: ProbeSpec
-    reference: dict[str, Any] | None
+    reference: Reference | None
 
 
 def prepare_reference(host: JobHost, clock: Any) -> Prepared | None:
@@ -118,7 +118,7 @@ def prepare_reference(host: JobHost, clock: Any) -> Prepared | None:
         reference = _record_reference(host, probe, clock)
         if reference is None:
             return None
-    return Prepared(with_reference_accuracy(probe, reference), reference.model_dump(mode="json"))
+    return Prepared(with_reference_accuracy(probe, reference), reference)
 
 
 def _stored_reference(host: JobHost, probe: ProbeSpec, sources: list[Any], served: str) -> Reference | None:
@@ -171,8 +171,7 @@ def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference 
             secret_env=list(spec.server.secret_env), host=spec.server.host, port=port,
             served_model_name=served, trial_dir=str(host.paths.reference_dir.resolve()),
             startup_timeout_s=spec.server.startup_timeout, stop_timeout_s=stop_grace,
-            deadline_s=spec.budget.trial_timeout, load=spec.load.model_dump(mode="json"),
-            probe=probe.model_dump(mode="json"), ignore_eos=True,
+            deadline_s=spec.budget.trial_timeout, load=spec.load, probe=probe, ignore_eos=True,
         )
         host.progress(f"[reference] recording the study's reference on group {group}: {config.label}")
         executor.submit(group, request.model_dump(mode="json"), method="run_reference",

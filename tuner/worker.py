@@ -39,9 +39,7 @@ from tuner.probe.recording import ReferenceRecordError, check_reference, load_re
 from tuner.vllm.compile_cache import parse_compile_log
 from tuner.study.early_stop import SweepGuard
 from tuner.vllm.effective_config import parse_effective_config
-from tuner.load.load_spec import LoadSpec, rate_level_name
-from tuner.probe.spec import ProbeSpec
-from tuner.probe.record import Reference
+from tuner.load.load_spec import rate_level_name
 from tuner.probe.verdict import validate_reference
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.vllm.verify import verify
@@ -113,7 +111,7 @@ class TrialWorker:
                 phase = "verify"
                 self._verify(request, trial_dir, outcome)
                 phase = "probe"
-                if request.probe.get("enabled", True) and not guard.stop_after("verify", applied=outcome.applied):
+                if request.probe.enabled and not guard.stop_after("verify", applied=outcome.applied):
                     await self._watch(self._probe(request, trial_dir, outcome))
                 phase = "load"
                 if not guard.stop_after("probe", probe_passed=outcome.probe_passed):
@@ -270,8 +268,7 @@ class TrialWorker:
         if request.kind == "reference":
             await self._record_reference(request, outcome)
             return
-        spec = ProbeSpec.model_validate(request.probe)
-        reference = None if request.reference is None else Reference.model_validate(request.reference)
+        spec, reference = request.probe, request.reference
         began = time.monotonic()
         # Both layers: known answers, then agreement with the study's reference (token
         # agreement to the first divergence, top-k there, teacher-forced prompt logprobs).
@@ -292,7 +289,7 @@ class TrialWorker:
         exception, so the driver can save what was recorded next to why it was refused."""
 
         assert self._server is not None
-        spec = ProbeSpec.model_validate(request.probe)
+        spec = request.probe
         url, served = self._server.base_url, request.served_model_name
         began = time.monotonic()
         items = load_probe_items(spec)
@@ -360,7 +357,7 @@ class TrialWorker:
         assert self._server is not None
         if request.kind == "reference":
             return  # the reference job records answers; its speed is of no interest
-        spec = LoadSpec.model_validate(request.load)
+        spec = request.load
         began = time.monotonic()
         guard = guard or SweepGuard(None)
         guard.trial_metrics = {"startup_s": outcome.startup_s, "probe_s": outcome.probe_s}

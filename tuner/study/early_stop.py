@@ -103,7 +103,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from tuner.vllm.verify import startup_mismatches
 
@@ -308,29 +310,65 @@ def inside_bound(rate: float | None, *, window_s: float, first_wave_s: float, st
 # ------------------------------------------------------------------------------- in a trial
 
 
+class PlanTarget(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    metric: str
+    level: int
+    direction: Literal["maximize", "minimize"]
+
+
+class PlanLimit(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    label: str
+    metric: str
+    level: int
+    max: float | None = None
+    min: float | None = None
+
+
+class SweepPlan(BaseModel):
+    """What a worker needs to stop its own trial (``sweep_plan``): it travels in the
+    ``TrialRequest`` and is read by ``SweepGuard``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    targets: list[PlanTarget]
+    limits: list[PlanLimit] = []
+    order: list[int] = []
+    front: list[list[float]] = []
+    history: list[dict[str, dict[str, float]]] = []    # level (as text) -> metric -> value
+    require_applied: bool = True
+    margin: float = DEFAULT_MARGIN
+    min_history: int = DEFAULT_MIN_HISTORY
+    max_gap: float = DEFAULT_MAX_GAP
+    inside_margin: float | None = INSIDE_MARGIN
+
+
 def sweep_plan(targets: Sequence[Target], limits: Sequence[Mapping[str, Any]], levels: Sequence[int],
                front: Sequence[Sequence[float]], history: Sequence[Levels], *,
                require_applied: bool = True, margin: float = DEFAULT_MARGIN,
                min_history: int = DEFAULT_MIN_HISTORY, max_gap: float = DEFAULT_MAX_GAP,
-               inside_margin: float | None = INSIDE_MARGIN) -> dict[str, Any]:
-    """What a worker needs to stop its own trial, as JSON-ready data (it travels in the
-    TrialRequest). ``front``: objective values of the study's feasible front when the trial
-    starts - a front only ever moves towards better points, so a trial dominated by this
-    snapshot is dominated by every later front too. ``limits``: {label, metric, level, max,
-    min}. ``history``: level metrics of trials that measured all their objective levels.
-    ``inside_margin``: rule 4's margin (None: never stop inside a level)."""
+               inside_margin: float | None = INSIDE_MARGIN) -> SweepPlan:
+    """What a worker needs to stop its own trial. ``front``: objective values of the
+    study's feasible front when the trial starts - a front only ever moves towards better
+    points, so a trial dominated by this snapshot is dominated by every later front too.
+    ``limits``: {label, metric, level, max, min}. ``history``: level metrics of trials that
+    measured all their objective levels. ``inside_margin``: rule 4's margin (None: never
+    stop inside a level)."""
 
     needed = [t.level for t in targets] + [int(lim["level"]) for lim in limits]
-    return {
-        "targets": [{"metric": t.metric, "level": t.level, "direction": t.direction} for t in targets],
-        "limits": [dict(lim) for lim in limits],
-        "order": level_order(levels, needed),
-        "front": [list(map(float, p)) for p in front],
-        "history": [{str(c): dict(m) for c, m in h.items()} for h in history],
-        "require_applied": require_applied,
-        "margin": margin, "min_history": min_history, "max_gap": max_gap,
-        "inside_margin": inside_margin,
-    }
+    return SweepPlan(
+        targets=[PlanTarget(metric=t.metric, level=t.level, direction=t.direction)
+                 for t in targets],
+        limits=[PlanLimit.model_validate(dict(lim)) for lim in limits],
+        order=level_order(levels, needed),
+        front=[[float(v) for v in p] for p in front],
+        history=[{str(c): dict(m) for c, m in h.items()} for h in history],
+        require_applied=require_applied, margin=margin, min_history=min_history, max_gap=max_gap,
+        inside_margin=inside_margin,
+    )
 
 
 class SweepGuard:
@@ -341,22 +379,23 @@ class SweepGuard:
     were left out. ``SweepGuard(None)`` never stops (a request without a plan).
     """
 
-    def __init__(self, plan: Mapping[str, Any] | None) -> None:
+    def __init__(self, plan: SweepPlan | Mapping[str, Any] | None) -> None:
         self.enabled = plan is not None
-        plan = plan or {}
-        self.targets = [Target(str(t["metric"]), int(t["level"]), str(t["direction"]))
-                        for t in plan.get("targets", [])]
-        self.limits = list(plan.get("limits", []))
-        self.order = [int(c) for c in plan.get("order", [])]
-        self.front = [tuple(p) for p in plan.get("front", [])]
-        self.history = [{int(c): dict(m) for c, m in h.items()}
-                        for h in plan.get("history", [])]
-        self.require_applied = bool(plan.get("require_applied", True))
-        self.margin = float(plan.get("margin", DEFAULT_MARGIN))
-        self.min_history = int(plan.get("min_history", DEFAULT_MIN_HISTORY))
-        self.max_gap = float(plan.get("max_gap", DEFAULT_MAX_GAP))
-        inside = plan.get("inside_margin", INSIDE_MARGIN)
-        self.inside_margin = None if inside is None else float(inside)
+        if plan is None:
+            plan = SweepPlan(targets=[])
+        elif not isinstance(plan, SweepPlan):
+            plan = SweepPlan.model_validate(plan)      # a plan that travelled as JSON
+        self.targets = [Target(t.metric, t.level, t.direction) for t in plan.targets]
+        self.limits: list[dict[str, Any]] = [lim.model_dump() for lim in plan.limits]
+        self.order = list(plan.order)
+        self.front: list[tuple[float, ...]] = [tuple(p) for p in plan.front]
+        self.history: list[dict[int, dict[str, float]]] = [{int(c): dict(m) for c, m in h.items()}
+                                                           for h in plan.history]
+        self.require_applied = plan.require_applied
+        self.margin = plan.margin
+        self.min_history = plan.min_history
+        self.max_gap = plan.max_gap
+        self.inside_margin = plan.inside_margin
         self._measured: dict[int, dict[str, float]] = {}
         self.record: dict[str, Any] | None = None
         # Trial-level metrics known before the sweep (startup_s, probe_s): objectives on

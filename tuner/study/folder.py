@@ -123,6 +123,7 @@ def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
     # Told exactly as the study loop tells it (tuner.study.policy.told_for).
     told = told_for(spec, outcome, worst)
     attrs.update(told.attrs)
+    attrs["verdict"] = told.verdict
     state = TrialState.FAIL if told.values is None else TrialState.COMPLETE
     objective_values = told.values
     violated = told.constraints if told.values is not None else None

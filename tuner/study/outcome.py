@@ -1,6 +1,8 @@
 """What crosses the boundary between the orchestrator and a worker: one request, one outcome.
 
-Both are plain pydantic data so they travel through Ray as dicts and land on disk as JSON.
+Both are plain pydantic data so they travel through Ray as dicts and land on disk as JSON;
+the request's plans (load, probe, reference, early stop) are typed models, validated once
+where the request is built and once where a worker reads it, never re-parsed by hand.
 """
 
 from __future__ import annotations
@@ -8,6 +10,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.load.load_spec import LoadSpec
+from tuner.probe.record import Reference
+from tuner.probe.spec import ProbeSpec
+from tuner.study.early_stop import SweepPlan
 
 __all__ = ["TrialRequest", "TrialOutcome", "PHASES"]
 
@@ -31,19 +38,20 @@ class TrialRequest(BaseModel):
     startup_timeout_s: float
     stop_timeout_s: float
     deadline_s: float = Field(description="the whole trial's budget in seconds")
-    load: dict[str, Any]
-    probe: dict[str, Any]
+    load: LoadSpec
+    probe: ProbeSpec = Field(description="the study's probe section, with the reference's "
+                             "known-answer accuracy once there is a reference")
     ignore_eos: bool
     metrics_needed: list[int] = Field(default_factory=list, description="load levels to run")
-    early_stop: dict[str, Any] | None = Field(
+    early_stop: SweepPlan | None = Field(
         default=None, description="study.early_stop.sweep_plan: when the worker may stop the "
         "trial (objectives, limits, the front when it started); None: never")
     kind: Literal["trial", "reference"] = Field(
         default="trial",
         description="'reference': the study's once-per-study reference recording (no load)")
-    reference: dict[str, Any] | None = Field(
-        default=None, description="the study's recorded reference (probe.record.Reference) "
-        "every trial's probe is compared with; None: known answers only")
+    reference: Reference | None = Field(
+        default=None, description="the study's recorded reference every trial's probe is "
+        "compared with; None: known answers only")
 
 
 class TrialOutcome(BaseModel):

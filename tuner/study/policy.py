@@ -54,7 +54,8 @@ from tuner.study.pareto import Point, pareto_front
 from tuner.study.sampling import grid_points
 from tuner.study.scoring import TRIAL_METRICS, constraints, level_of, metric_value, stopped_told, stop_text
 from tuner.study.spec import StudySpec
-from tuner.study.trials import EARLY_STOPPED, KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, TrialRecord
+from tuner.study.trials import (EARLY_STOPPED, KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, TrialRecord,
+                                outcome_word)
 
 __all__ = ["Enqueue", "Told", "Resume", "MAX_REJECTED_IN_A_ROW", "EXHAUSTED_AFTER", "HISTORY_LIMIT",
            "first_points", "grid_order", "fill_in", "retry", "resume", "known_points", "finished_runs",
@@ -93,6 +94,14 @@ class Told:
     constraints: dict[str, float] = field(default_factory=dict)
     attrs: dict[str, Any] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+
+    @property
+    def verdict(self) -> str:
+        """The trial's verdict in one word (``trials.outcome_word``), decided here once and
+        stored with the trial (user attribute ``verdict``) for status, report and export."""
+
+        return outcome_word("FAIL" if self.values is None else "COMPLETE", str(self.attrs.get("kind", KIND_RUN)),
+                            self.constraints, (self.attrs.get("failure") or {}).get("reason"))
 
 
 # -- what runs next ----------------------------------------------------------------------
@@ -203,10 +212,9 @@ def known_points(trials: Sequence[TrialRecord]) -> dict[str, TrialRecord]:
     for t in trials:
         if t.state not in ("COMPLETE", "FAIL", "RUNNING") or t.kind != KIND_RUN:
             continue
-        values = t.attrs.get("values")
-        if values is None or is_interrupted(t):
+        if t.point is None or is_interrupted(t):
             continue
-        known.setdefault(space.params_key(values), t)
+        known.setdefault(t.point, t)
     return known
 
 
@@ -310,7 +318,7 @@ def told_for(spec: StudySpec, outcome: TrialOutcome, worst: Callable[[], list[fl
 # -- what a starting trial is told about the study ----------------------------------------
 
 
-def early_stop_plan(spec: StudySpec, trials: Sequence[TrialRecord]) -> dict[str, Any]:
+def early_stop_plan(spec: StudySpec, trials: Sequence[TrialRecord]) -> early_stop.SweepPlan:
     """The ``TrialRequest.early_stop`` of a trial starting now (``early_stop.sweep_plan``).
 
     Front: objective values of the feasible measured trials' front; history: the objective

@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["StoredStudy", "to_record", "read_records", "read_records_direct", "read_sqlite_study"]
+__all__ = ["StoredStudy", "to_record", "read_records", "RecordReader", "read_records_direct",
+           "read_sqlite_study"]
+
 
 def to_record(trial: FrozenTrial, labels: list[str]) -> TrialRecord:
     """One Optuna trial as a plain record (``labels``: the objectives, in order)."""
@@ -49,9 +51,36 @@ def to_record(trial: FrozenTrial, labels: list[str]) -> TrialRecord:
     )
 
 
+def _labels(study: optuna.Study) -> list[str]:
+    return list(study.metric_names or [f"objective{i}" for i in range(len(study.directions))])
+
+
 def read_records(study: optuna.Study) -> list[TrialRecord]:
-    labels = list(study.metric_names or [f"objective{i}" for i in range(len(study.directions))])
+    labels = _labels(study)
     return [to_record(t, labels) for t in study.get_trials(deepcopy=False)]
+
+
+class RecordReader:
+    """``read_records`` for the study a loop is running, called before and after every
+    trial: a finished trial never changes again (Optuna refuses to update one), so each is
+    converted once and the same record returned after. Only running and waiting trials
+    are read anew. Records are shared: read them, do not change them."""
+
+    def __init__(self) -> None:
+        self._finished: dict[int, TrialRecord] = {}
+
+    def __call__(self, study: optuna.Study) -> list[TrialRecord]:
+        labels: list[str] | None = None
+        out = []
+        for trial in study.get_trials(deepcopy=False):
+            record = self._finished.get(trial.number)
+            if record is None:
+                labels = labels or _labels(study)
+                record = to_record(trial, labels)
+                if trial.state.is_finished():
+                    self._finished[trial.number] = record
+            out.append(record)
+        return out
 
 
 # Columns read straight from Optuna's RDB schema (optuna/storages/_rdb/models.py, unchanged

@@ -10,13 +10,13 @@ parameter is only suggested once every parameter its condition names has a value
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import sys
 from collections.abc import Mapping
 from typing import Any
 
+from tuner.study.trials import point_key
 from tuner.study.spec import (
     BoolParam,
     CategoricalParam,
@@ -202,7 +202,7 @@ def server_command(spec: StudySpec, server: ServerSpec, settings: Mapping[str, A
 def params_key(values: Mapping[str, Any]) -> str:
     """A canonical text of a parameter set, to spot duplicates."""
 
-    return json.dumps({k: values[k] for k in sorted(values)}, sort_keys=True, default=str)
+    return point_key(values)
 
 
 def discrete_size(spec: StudySpec, *, cap: int = 2_000_000) -> tuple[int, int, bool]:

@@ -7,15 +7,23 @@ Pure: no Optuna, no storage. ``tuner.study.records`` reads records from an Optun
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from tuner.study.noise import label_noise, level_unstable
 from tuner.study.pareto import Point, pareto_front
 
 __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "EARLY_STOPPED",
-           "record_points", "front_records"]
+           "outcome_word", "point_key", "record_points", "front_records"]
+
+def point_key(values: Mapping[str, Any]) -> str:
+    """A canonical text of a parameter set, to spot duplicates (``space.params_key``)."""
+
+    return json.dumps({k: values[k] for k in sorted(values)}, sort_keys=True, default=str)
+
 
 KIND_RUN = "run"
 KIND_DUPLICATE = "duplicate"
@@ -48,27 +56,17 @@ class TrialRecord:
 
     @property
     def outcome(self) -> str:
-        """One word for tables and plots."""
+        """One word for tables and plots: the verdict stored when the trial was told
+        (``policy.verdict``), or for a trial told before verdicts were stored, the same
+        word derived from what it was told."""
 
         if self.state in ("RUNNING", "WAITING"):
             return self.state.lower()
-        if self.kind != KIND_RUN:
-            return self.kind
-        if self.state == "FAIL":
-            return "failed:" + str(self.attrs.get("failure", {}).get("reason", "unknown"))
-        if self.constraints.get("applied", 0) > 0:
-            return "not_applied"
-        if self.constraints.get("probe", 0) > 0:
-            return "probe_failed"
-        if self.constraints.get("load_errors", 0) > 0:
-            return "load_errors"
-        if any(v > 0 for k, v in self.constraints.items() if k.startswith("limit:")):
-            return "limit_missed"
-        if self.constraints.get("unstable", 0) > 0:
-            return "unstable"        # load.on_unstable: infeasible
-        if self.constraints.get(EARLY_STOPPED, 0) > 0:
-            return "stopped_early"   # dominated: its values are bounds, not measurements
-        return "feasible"
+        stored = self.attrs.get("verdict")
+        if isinstance(stored, str):
+            return stored
+        return outcome_word(self.state, self.kind, self.constraints,
+                            (self.attrs.get("failure") or {}).get("reason"))
 
     @property
     def levels(self) -> dict[str, dict[str, Any]]:
@@ -107,12 +105,44 @@ class TrialRecord:
         rec = self.compile_record
         return None if rec is None else rec.get("cache")
 
+    @cached_property
+    def point(self) -> str | None:
+        """``point_key`` of the values the trial ran (None: it has none), computed once: the
+        policy compares every proposal with every trial's point."""
+
+        values = self.attrs.get("values")
+        return None if values is None else point_key(values)
+
     def ordered_values(self, labels: Sequence[str]) -> tuple[float, ...] | None:
         """The objective values in ``labels`` order; None unless every one was told."""
 
         if not self.values or any(label not in self.values for label in labels):
             return None
         return tuple(self.values[label] for label in labels)
+
+
+def outcome_word(state: str, kind: str, constraints: Mapping[str, float], failure_reason: Any) -> str:
+    """A finished trial's verdict in one word: ``failed:<reason>``, ``forbidden``,
+    ``duplicate``, ``not_applied``, ``probe_failed``, ``load_errors``, ``limit_missed``,
+    ``unstable``, ``stopped_early`` (its values are bounds, not measurements) or ``feasible``."""
+
+    if kind != KIND_RUN:
+        return kind
+    if state == "FAIL":
+        return "failed:" + str(failure_reason or "unknown")
+    if constraints.get("applied", 0) > 0:
+        return "not_applied"
+    if constraints.get("probe", 0) > 0:
+        return "probe_failed"
+    if constraints.get("load_errors", 0) > 0:
+        return "load_errors"
+    if any(v > 0 for k, v in constraints.items() if k.startswith("limit:")):
+        return "limit_missed"
+    if constraints.get("unstable", 0) > 0:
+        return "unstable"        # load.on_unstable: infeasible
+    if constraints.get(EARLY_STOPPED, 0) > 0:
+        return "stopped_early"
+    return "feasible"
 
 
 def record_points(records: list[TrialRecord], labels: list[str]) -> list[Point]:
