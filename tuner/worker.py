@@ -40,6 +40,7 @@ from tuner.vllm.compile_cache import parse_compile_log
 from tuner.study.early_stop import SweepGuard
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.load.load_spec import rate_level_name
+from tuner.probe.spec import ProbeSpec
 from tuner.probe.verdict import validate_reference
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.vllm.verify import verify
