@@ -200,7 +200,7 @@ def force_check(path: Path, config: str) -> int:
         bad = sum(g is None or g > 1.0 for g in f["gaps"])
         print(f"- {q[-1]['content'][:50]!r}: {bad}/{f['tokens']} tokens float32 is confident "
               f"against (worst gap {worst:.2f}): {a['text'][:80]!r}")
-    out = path.with_name(path.stem + f"-forced-{config}.json")
+    out = path.resolve().with_name(path.stem + f"-forced-{config}.json")
     out.write_text(json.dumps({"config": config, "questions": [q for q, _ in picked],
                                "forced": forced}, indent=1))
     print(f"wrote {out.relative_to(ROOT)}")
