@@ -91,14 +91,16 @@ def _record(number: int, result: SweepResult) -> TrialRecord:
 
 
 def test_a_slow_ramp_extends_the_level(tmp_path: Path) -> None:
-    # A fast clock (x0.1): the first wave is over in a fraction of the 3 s ramp.
-    plain = measure(tmp_path, _profile(tmp_path, "plain", {"seed": 1}), scale=0.1).levels[0].metrics
+    # Steps 3x as long at the first request, back to normal after 6 s (a slow JIT/clock ramp).
+    # At half speed (x0.5) a step sleeps ~25 ms: the ramp, not the simulator's own CPU time
+    # on a busy machine, sets the pace.
+    plain = measure(tmp_path, _profile(tmp_path, "plain", {"seed": 1}), scale=0.5).levels[0].metrics
     ramp = measure(tmp_path, _profile(tmp_path, "ramp", {
-        "seed": 1, "warmup_ramp_s": 3.0, "warmup_slowdown": 2.0}), scale=0.1).levels[0].metrics
+        "seed": 1, "warmup_ramp_s": 6.0, "warmup_slowdown": 2.0}), scale=0.5).levels[0].metrics
     assert plain.stop_reason == "stable" and ramp.stop_reason == "stable"
-    # The window opens only once the 3 s ramp is (nearly) over; without it, right after the
-    # first wave. The rate measured is the steady one, not an average over the ramp.
-    assert (plain.ramp_up_s or 0) < 1.5 < 2.0 < (ramp.ramp_up_s or 0)
+    # The window opens only once most of the ramp is over; without it, soon after the first
+    # wave. The rate measured is the steady one, not an average over the ramp.
+    assert (plain.ramp_up_s or 0) < 3.0 < 4.0 < (ramp.ramp_up_s or 0)
     assert ramp.output_tok_s == pytest.approx(plain.output_tok_s, rel=0.15)
 
 
@@ -125,17 +127,18 @@ def test_a_difference_below_the_noise_is_a_tie_never_a_winner(tmp_path: Path) ->
                                                    "jitter_period_s": 0.05}), load)
     ra, rb = _record(1, a), _record(2, b)
     label = "output_tok_s@c2"
-    assert ra.values[label] != rb.values[label]
     assert ra.noise([label])[label] > 0 and rb.noise([label])[label] > 0
     payload = pareto_payload("s", [ra, rb], [label], ["maximize"], now=0.0)
-    (front,) = payload["front"]                        # the one measured higher...
-    loser = 2 if front["trial"] == 1 else 1
-    # ...is recorded as tied with the other, which stays next to it, within noise.
     assert [t["trials"] for t in payload["ties"]] == [[1, 2]], (ra.values, ra.noise([label]),
                                                                  rb.values, rb.noise([label]))
     assert "trials 1 and 2 are within noise at output_tok_s@c2" in payload["ties"][0]["text"]
-    assert front["ties"] == [loser]
-    assert [w["trial"] for w in payload["within_noise"]] == [loser]
+    # No winner: both on the front (measured equal), or the one measured lower kept next to
+    # it, tied with it.
+    on_front = [e["trial"] for e in payload["front"]]
+    near = [w["trial"] for w in payload["within_noise"]]
+    assert sorted(on_front + near) == [1, 2]
+    for entry in payload["front"]:
+        assert entry["ties"] == [n for n in (1, 2) if n != entry["trial"]]
 
 
 def test_a_rerun_24_percent_faster_is_not_reproducible(tmp_path: Path) -> None:
