@@ -185,6 +185,9 @@ def test_second_ctrl_c_kills_a_rerun_at_once_and_a_later_confirm_starts_afresh(t
         "parameters": [{"name": "case", "flag": "max_num_seqs", "kind": "categorical",
                         "values": [256], "default": 256}],
         "budget.n_trials": 1, "budget.trial_timeout": "60s", "server.stop_timeout": "60s",
+        # About Ctrl-C, not the verdict: the 20x simulated clock on two shared cores moves a
+        # re-run by tens of per cent either way, and either way is now "not reproducible".
+        "confirm": {"tolerance": 0.9},
     })
     path, marker = write_study(tmp_path, updates=updates, env={"TUNER_SIM_STARTUP_SCALE": 0.002})
     data = yaml.safe_load(path.read_text())
