@@ -216,8 +216,11 @@ class NcclList(Values):
 
 
 ANY = Values()
-CUDAGRAPH_MODE = Choice(("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE"),
-                        ints={0: "NONE", 1: "PIECEWISE", 2: "FULL"})
+# Each cudagraph mode with the kinds of graph it captures (the capture bars' last word).
+GRAPH_KINDS: Mapping[str, frozenset[str]] = {
+    "NONE": frozenset(), "PIECEWISE": frozenset({"PIECEWISE"}), "FULL": frozenset({"FULL"}),
+    "FULL_DECODE_ONLY": frozenset({"FULL"}), "FULL_AND_PIECEWISE": frozenset({"FULL", "PIECEWISE"})}
+CUDAGRAPH_MODE = Choice(tuple(GRAPH_KINDS), ints={0: "NONE", 1: "PIECEWISE", 2: "FULL"})
 COMPILATION_MODE = Choice(("NONE", "STOCK_TORCH_COMPILE", "DYNAMO_TRACE_ONCE", "VLLM_COMPILE"),
                           ints={0: "NONE", 1: "STOCK_TORCH_COMPILE", 2: "DYNAMO_TRACE_ONCE",
                                 3: "VLLM_COMPILE"})
@@ -263,7 +266,7 @@ class Knob:
     aliases: tuple[str, ...] = ()
     final: Callable[[EffectiveConfig], bool] | None = None
     log_env: Mapping[str, str] = field(default_factory=dict)
-    arg: str | None = None    # the rule's argument (an all-reduce backend's name)
+    arg: str | None = None    # the rule's argument (an all-reduce backend's name, "reported")
 
     def __post_init__(self) -> None:
         if not self.rule:
@@ -417,13 +420,20 @@ _TABLE: tuple[Knob, ...] = (
     *(_k(name, name.replace("_", " "), compile_key=False, why=_OUTSIDE) for name in (
         "disable_log_stats", "disable_log_requests", "enable_log_requests", "host", "port",
         "uvicorn_log_level")),
-    # environment: NCCL (not vLLM's: outside the compile key), then vLLM's own switches
-    _k("env:NCCL_PROTO", "NCCL protocol", values=NcclList(("LL", "LL128", "Simple"))),
-    _k("env:NCCL_ALGO", "NCCL algorithm", values=NcclList(NCCL_ALGOS, per_collective=True)),
-    _k("env:NCCL_P2P_LEVEL", "NCCL P2P level",
+    # environment: NCCL (not vLLM's: outside the compile key), then vLLM's own switches.
+    # arg="reported": NCCL_DEBUG=INFO always prints "NAME set by environment to V" for it, so
+    # its absence among such lines means the variable never reached NCCL.
+    _k("env:NCCL_PROTO", "NCCL protocol", values=NcclList(("LL", "LL128", "Simple")), arg="reported"),
+    _k("env:NCCL_ALGO", "NCCL algorithm", values=NcclList(NCCL_ALGOS, per_collective=True),
+       arg="reported"),
+    _k("env:NCCL_P2P_LEVEL", "NCCL P2P level", arg="reported",
        values=Choice(("LOC", "NVL", "PIX", "PXB", "PHB", "SYS"), case_sensitive=True)),
     _k("env:NCCL_P2P_DISABLE", "NCCL P2P off", values=Flag(env=True)),
-    _k("env:NCCL_NTHREADS", "NCCL threads", values=Int(64, choices=(64, 128, 256, 512))),
+    _k("env:NCCL_NTHREADS", "NCCL threads", values=Int(64, choices=(64, 128, 256, 512)),
+       arg="reported"),
+    *(_k(f"env:{name}", label, arg="reported") for name, label in (
+        ("NCCL_BUFFSIZE", "NCCL buffer size"), ("NCCL_MIN_NCHANNELS", "NCCL min channels"),
+        ("NCCL_MAX_NCHANNELS", "NCCL max channels"))),
     *(_k(f"env:{name}", label, values=Flag(env=True), log="allreduce_backends",
          rule="allreduce_backend", arg=backend)
       for name, label, backend in (

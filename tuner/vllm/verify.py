@@ -34,7 +34,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from tuner.vllm.effective_config import EffectiveConfig, excerpt_around_key, parse_effective_config
-from tuner.vllm.knobs import ANY, Knob, knob
+from tuner.vllm.knobs import ANY, GRAPH_KINDS, Knob, knob
 
 __all__ = ["KnobCheck", "Status", "VerificationResult", "verify", "startup_mismatches", "RULES"]
 
@@ -164,10 +164,6 @@ def _dtype(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
     return _from_field(k, asked, eff)
 
 
-_GRAPH_KINDS = {"NONE": set(), "PIECEWISE": {"PIECEWISE"}, "FULL": {"FULL"},
-                "FULL_DECODE_ONLY": {"FULL"}, "FULL_AND_PIECEWISE": {"FULL", "PIECEWISE"}}
-
-
 def _capture_problem(mode: str, eff: EffectiveConfig) -> tuple[str, str | None] | None:
     """Whether the capture lines contradict `mode` (GPU only). Returns (note, evidence)."""
     if mode != "NONE" and eff.graph_capture_skipped:
@@ -177,7 +173,7 @@ def _capture_problem(mode: str, eff: EffectiveConfig) -> tuple[str, str | None] 
     # Bars are labelled "FULL" (V2 runner) or "decode, FULL" (V1): the kind is the last word.
     kinds = {label.rsplit(",", 1)[-1].strip().upper() for label in eff.graphs_captured}
     kinds &= {"FULL", "PIECEWISE"}
-    if mode in _GRAPH_KINDS and kinds != _GRAPH_KINDS[mode]:
+    if mode in GRAPH_KINDS and kinds != GRAPH_KINDS[mode]:
         return (f"captured graphs {sorted(kinds)} do not match mode {mode}",
                 eff.evidence.get("graphs_captured"))
     return None
@@ -287,14 +283,6 @@ def _speculative_method(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
     return _check(k, asked, "not_applied", got, evidence)
 
 
-# NCCL prints "NCCL_X set by environment to V" (NCCL_DEBUG=INFO, ENV subsystem) for these,
-# so their absence among other such lines means the variable did not reach NCCL.
-_NCCL_ALWAYS_LOGGED = frozenset({
-    "NCCL_PROTO", "NCCL_ALGO", "NCCL_BUFFSIZE", "NCCL_NTHREADS", "NCCL_MIN_NCHANNELS",
-    "NCCL_MAX_NCHANNELS", "NCCL_P2P_LEVEL",
-})
-
-
 def _nccl_env(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
     name = k.target.removeprefix("env:")
     if eff.platform == "cpu" or eff.distributed_backend == "gloo" or eff.kv_cache_device == "CPU":
@@ -304,7 +292,7 @@ def _nccl_env(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
         same = str(env[name]).replace(" ", "").upper() == str(asked).replace(" ", "").upper()
         status: Status = "applied" if same else "not_applied"
         return _check(k, asked, status, env[name], eff.evidence.get(f"nccl_env.{name}"))
-    if env and name in _NCCL_ALWAYS_LOGGED:
+    if env and k.arg == "reported":  # NCCL always reports it: its absence is an answer
         return _check(k, asked, "not_applied", None, eff.evidence.get("nccl_env"),
                       note=f"NCCL reported its environment without {name}: "
                            "the variable did not reach the worker processes")
