@@ -116,3 +116,44 @@ def test_baseline_then_points_are_queued_once() -> None:
         {"enforce_eager": False, "cudagraph_mode": "PIECEWISE", "spec_method": None},
         {"enforce_eager": False, "cudagraph_mode": "NONE", "spec_method": None},
     ]
+
+
+COMPILED = """
+name: t
+server:
+  command: ["{python}", "-m", "tuner.sim"]
+  model: m
+parameters:
+  - name: enforce_eager
+    flag: enforce_eager
+    kind: bool
+  - name: cudagraph_mode
+    flag: compilation_config.cudagraph_mode
+    kind: categorical
+    values: [FULL_AND_PIECEWISE, PIECEWISE, NONE]
+    default: FULL_AND_PIECEWISE
+    when: {enforce_eager: false}
+  - name: nccl_proto
+    env: NCCL_PROTO
+    kind: categorical
+    values: [null, LL, Simple]
+baseline: {enforce_eager: false}
+starting_points:
+  - {enforce_eager: true}
+  - {cudagraph_mode: PIECEWISE}
+  - {nccl_proto: LL}
+  - {cudagraph_mode: NONE}
+  - {cudagraph_mode: PIECEWISE, nccl_proto: Simple}
+load:
+  concurrency: [1, 4]
+"""
+
+
+def test_points_sharing_a_compile_key_run_back_to_back_the_baselines_first() -> None:
+    # The baseline compiles FULL_AND_PIECEWISE. NCCL_PROTO is outside vLLM's compile key, so
+    # point 2 loads the baseline's graph and runs first; the two PIECEWISE points run back to
+    # back; the eager point, which compiles nothing, runs last.
+    spec = parse_study(COMPILED, "study.yaml")
+    queued = policy.first_points(spec, [])
+    assert queued[0].attrs.get("baseline")
+    assert [p.attrs.get("starting_point") for p in queued[1:]] == [2, 1, 4, 3, 0]

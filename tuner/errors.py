@@ -17,7 +17,8 @@
         └── ArtifactWriteError   the trial's files could not be written (e.g. disk full)
 
 Every TrialError carries a stable ``reason`` id (what the optimizer and the report
-show) and optionally an excerpt of the server log.
+show), optionally an excerpt of the server log and, for a failed start, the fatal line's
+signature (``tuner.vllm.failure_signatures.FatalSignature`` as JSON).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class TrialError(TunerError):
         if reason is not None:
             self.reason = reason
         self.log_excerpt = log_excerpt
+        self.signature: dict[str, str] | None = None
 
 
 class ServerStartError(TrialError):

@@ -18,6 +18,7 @@ pareto.json that cannot be rewritten keeps its previous, complete content.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -48,6 +49,7 @@ from tuner.study.scoring import outcome_attrs, pareto_payload, result_text, stop
 from tuner.study.spec import StudySpec
 from tuner.study.store import StudyHandle, make_storage
 from tuner.study.trials import KIND_RUN, TrialRecord, record_points
+from tuner.vllm.compile_cache import study_cache_root
 from tuner.vllm.knobs import RenderedCommand, shell_line
 
 __all__ = ["StudyLoop", "Orchestrator", "RunSummary"]
@@ -241,7 +243,8 @@ class StudyLoop:
             env=command.launch_env, secret_env=list(spec.server.secret_env), host=spec.server.host,
             port=port, served_model_name=spec.server.served_model_name or spec.server.model,
             trial_dir=str(trial_dir.resolve()), startup_timeout_s=spec.server.startup_timeout,
-            stop_timeout_s=spec.server.stop_timeout, deadline_s=spec.budget.trial_timeout,
+            stop_timeout_s=spec.server.stop_timeout, gpu_free_timeout_s=spec.execution.gpu_free_timeout,
+            deadline_s=spec.budget.trial_timeout,
             load=spec.load, probe=self.probe,
             ignore_eos=bool(ignore_eos), reference=self.reference, early_stop=early_stop,
         )
@@ -325,7 +328,14 @@ class Orchestrator(StudyLoop):
 
     def __init__(self, handle: StudyHandle, executor: Executor, *, n_trials: int | None = None,
                  timeout_s: float | None = None, progress: Callable[[str], None] = lambda line: None) -> None:
-        super().__init__(handle.spec, handle.name, executor, trials_root=handle.paths.root / "trials",
+        # The study's own torch.compile cache unless the study file or this environment chose
+        # another (compile_cache.study_cache_root): resolved once, here, where the study's
+        # folder is known; every trial, the reference and the confirmation re-runs use it.
+        root = study_cache_root(handle.spec.execution.compile_cache_dir, str(handle.paths.root.resolve()),
+                                os.environ)
+        spec = handle.spec.model_copy(update={"execution": handle.spec.execution.model_copy(
+            update={"compile_cache_dir": root})})
+        super().__init__(spec, handle.name, executor, trials_root=handle.paths.root / "trials",
                          n_trials=n_trials, timeout_s=timeout_s, progress=progress)
         self.handle = handle
         self._interrupts = 0

@@ -1,4 +1,5 @@
-"""Figures of a study (matplotlib, Agg backend): Pareto front, best-so-far, knob importance.
+"""Figures of a study (matplotlib, Agg backend): Pareto front, best-so-far, knob importance,
+startup time by phase.
 
 Each function takes plain records and returns PNG bytes, so the report can both embed
 them (self-contained HTML) and write them as files.
@@ -17,8 +18,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from tuner.study.pareto import Point, pareto_front  # noqa: E402
 from tuner.study.trials import TrialRecord  # noqa: E402
+from tuner.vllm.startup import PHASE_LABELS, PHASES  # noqa: E402
 
-__all__ = ["pareto_png", "best_so_far_png", "importance_png", "OUTCOME_STYLE"]
+__all__ = ["pareto_png", "best_so_far_png", "importance_png", "startup_png", "OUTCOME_STYLE"]
 
 # outcome -> (marker, colour, legend label)
 OUTCOME_STYLE = {
@@ -129,4 +131,39 @@ def importance_png(importances: dict[str, dict[str, float]]) -> bytes:
         ax.set_xlim(0, 1)
         ax.tick_params(labelsize=8)
     fig.suptitle("Which knobs mattered (PED-ANOVA importance)")
+    return _png(fig)
+
+
+def startup_png(records: Sequence[TrialRecord]) -> bytes | None:
+    """One horizontal bar per trial whose server was started: seconds by startup phase
+    (tuner.vllm.startup), stacked, the compile-cache outcome beside it; None when no trial
+    has a startup record."""
+
+    rows = [(r.number, r.startup_record) for r in sorted(records, key=lambda r: r.number)
+            if r.kind == "run" and r.startup_record and r.startup_record.get("phases")]
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 0.9 + 0.32 * len(rows)))
+    colours = plt.get_cmap("tab10")
+    for i, (number, rec) in enumerate(rows):
+        left = 0.0
+        for j, phase in enumerate(PHASES):
+            width = float(rec["phases"].get(phase) or 0.0)
+            if width > 0:
+                ax.barh(i, width, left=left, color=colours(j), label=PHASE_LABELS[phase] if i == 0 else None)
+                left += width
+        note = "" if rec.get("complete") else " never ready"
+        if rec.get("compile_cache") not in (None, "none"):
+            note = f" compile cache {rec['compile_cache']}" + note
+        ax.text(left, i, f" {left:.0f}s{note}", va="center", fontsize=8)
+    ax.set_yticks(range(len(rows)), [f"trial {number}" for number, _ in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel("seconds from spawn (log timestamps: 1 s resolution)")
+    ax.set_title("Server startup by phase")
+    handles, labels = [], []
+    for j, phase in enumerate(PHASES):
+        handles.append(plt.Rectangle((0, 0), 1, 1, color=colours(j)))
+        labels.append(PHASE_LABELS[phase])
+    ax.legend(handles, labels, fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.5 / len(rows)))
+    ax.grid(axis="x", alpha=0.3)
     return _png(fig)

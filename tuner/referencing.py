@@ -171,6 +171,7 @@ def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference 
             secret_env=list(spec.server.secret_env), host=spec.server.host, port=port,
             served_model_name=served, trial_dir=str(host.paths.reference_dir.resolve()),
             startup_timeout_s=spec.server.startup_timeout, stop_timeout_s=stop_grace,
+            gpu_free_timeout_s=spec.execution.gpu_free_timeout,
             deadline_s=spec.budget.trial_timeout, load=spec.load, probe=probe, ignore_eos=True,
         )
         host.progress(f"[reference] recording the study's reference on group {group}: {config.label}")

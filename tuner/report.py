@@ -21,11 +21,12 @@ from tuner.adapters.artifacts import atomic_write_text
 from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
 from tuner.export import ExportError, choose_record, noise_notes, render_export
-from tuner.plots import best_so_far_png, importance_png, pareto_png
+from tuner.plots import best_so_far_png, importance_png, pareto_png, startup_png
 from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points
 from tuner.study.records import read_records
 from tuner.status import read_checks
+from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.study.store import StudyHandle
 from tuner.vllm.knobs import mismatch_text
 
@@ -154,6 +155,68 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
     return "\n".join(rows)
 
 
+def _startup_rows(runs: list[TrialRecord]) -> list[tuple[str, list[str], str]]:
+    """(trial, seconds per phase as text, what the log says about KV cache and graphs) for
+    every trial that started a server."""
+
+    rows = []
+    for r in sorted(runs, key=lambda r: r.number):
+        rec = r.startup_record
+        if not rec:
+            continue
+        phases = rec.get("phases") or {}
+        cells = [_secs(phases.get(p)) for p in PHASES]
+        total = rec.get("total_s") if rec.get("complete") else None
+        cache = rec.get("compile_cache") or "unknown"
+        rows.append((f"{r.number}{' (baseline)' if r.is_baseline else ''}",
+                     cells + [_secs(total) if total is not None else "never ready", cache],
+                     figures_text(rec) or ""))
+    return rows
+
+
+def _secs(value: Any) -> str:
+    return "–" if value is None else f"{float(value):.1f}"
+
+
+_STARTUP_HEAD = [PHASE_LABELS[p] for p in PHASES] + ["total", "compile cache"]
+_STARTUP_NOTE = ("Seconds per phase (tuner/vllm/startup.py): imports and ready come from the "
+                 "tuner's clock, the rest from vLLM's log timestamps (1 s resolution); – means the "
+                 "phase did not happen (eager: no compile, no graphs) or the log never got there.")
+
+
+def _startup_html(runs: list[TrialRecord], figure: bytes | None) -> str:
+    rows = _startup_rows(runs)
+    if not rows:
+        return "<p>No trial started a server with a startup record.</p>"
+    medians = median_phases([r.startup_record for r in runs if r.startup_record])
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in _STARTUP_HEAD)
+    body = "\n".join(f"<tr><td>{html.escape(t)}</td>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
+                     + f"<td>{html.escape(fig)}</td></tr>" for t, cells, fig in rows)
+    if medians:
+        body += ("\n<tr><th>median</th>" + "".join(f"<th>{_secs(medians.get(p))}</th>" for p in PHASES)
+                 + f"<th>{_secs(medians.get('total'))}</th><th></th><th></th></tr>")
+    image = _img(figure, "startup by phase") if figure else ""
+    return (f"{image}<p>{html.escape(_STARTUP_NOTE)}</p><table><tr><th>trial</th>{head}"
+            f"<th>KV cache, graph capture (from the log)</th></tr>\n{body}</table>")
+
+
+def _startup_md(runs: list[TrialRecord], with_figure: bool) -> list[str]:
+    rows = _startup_rows(runs)
+    if not rows:
+        return []
+    md = ["", "## Server startup", ""]
+    if with_figure:
+        md += ["![startup by phase](startup.png)", ""]
+    md += [_STARTUP_NOTE, "", "| trial | " + " | ".join(_STARTUP_HEAD) + " | KV cache, graph capture |",
+           "|---|" + "---|" * (len(_STARTUP_HEAD) + 1)]
+    md += [f"| {t} | " + " | ".join(cells) + f" | {fig} |" for t, cells, fig in rows]
+    medians = median_phases([r.startup_record for r in runs if r.startup_record])
+    if medians:
+        md.append("| median | " + " | ".join(_secs(medians.get(p)) for p in PHASES)
+                  + f" | {_secs(medians.get('total'))} |  |  |")
+    return md
+
+
 _SCRIPT = """<script>
 // Marks whether every figure decoded, so a headless browser check can assert it.
 window.addEventListener("load", function () {
@@ -188,6 +251,9 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         "pareto.png": pareto_png(records, labels, directions),
         "best_so_far.png": best_so_far_png(records, labels, directions),
     }
+    startup_figure = startup_png(records)
+    if startup_figure is not None:
+        figures["startup.png"] = startup_figure
     importances, importance_note = knob_importances(study, records)
     if importances:
         figures["importance.png"] = importance_png(importances)
@@ -266,6 +332,8 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 {_img(figures["best_so_far.png"], "best so far")}
 <h2>Which knobs mattered</h2>
 {imp_html}
+<h2>Server startup</h2>
+{_startup_html(runs, figures.get("startup.png"))}
 <h2>All trials</h2>
 <table><tr><th>trial</th><th>outcome</th>{head}<th>startup s</th><th>parameters</th><th>asked vs got, failures</th></tr>
 {_trial_rows(records, labels, handle)}</table>
@@ -296,6 +364,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
             for m in r.attrs.get("outcome", {}).get("mismatches", []):
                 detail = mismatch_text(m)
             md.append(f"- trial {r.number}: {r.outcome}" + (f" — {detail}" if detail else ""))
+    md += _startup_md(runs, "startup.png" in figures)
     md += ["", f"## Chosen configuration ({pick})", "", "```sh", export_text.rstrip(), "```", ""]
     atomic_write_text(out_dir / "report.md", "\n".join(md))
     paths["report.md"] = out_dir / "report.md"

@@ -15,6 +15,8 @@ from tuner.study.confirmation_text import summary_text
 from tuner.study.noise import NoisyPoint, noisy_front, plus_minus
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points
 from tuner.study.records import StoredStudy, read_records_direct, read_sqlite_study
+from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
+from tuner.vllm.startup import summary_text as startup_summary_text
 
 if TYPE_CHECKING:
     import optuna
@@ -130,6 +132,8 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         # measured; the text view must not print those as measurements.
         "early_stop": outcome.get("early_stop"),
         "compile": record.compile_record,
+        "startup": record.startup_record,
+        "gpu_wait_s": outcome.get("gpu_wait_s"),
         "measured_levels": sorted(int(c) for c in (outcome.get("levels") or {})),
         "checks": checks,
     }
@@ -236,7 +240,25 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         # Confirmation re-runs (confirm/), by trial number; shown under the front.
         "confirmations": {str(k): v for k, v in paths.confirmations().items()},
         "trials": [_trial_row(r, paths) for r in runs],
+        "startup": _startup_summary(runs),
     }
+
+
+def _startup_summary(runs: list[TrialRecord]) -> dict[str, Any] | None:
+    """Median startup per phase over the trials whose server came up, and the share of
+    trial time spent starting servers; None before any did."""
+
+    records = [r.startup_record for r in runs if r.startup_record is not None]
+    medians = median_phases(records)
+    if not medians:
+        return None
+    spent = [(r.attrs.get("outcome") or {}) for r in runs]
+    trial_s = sum(float(o.get("trial_s") or 0.0) for o in spent)
+    startup_s = sum(float(o.get("startup_s") or 0.0) for o in spent)
+    caches = collections.Counter(rec.get("compile_cache") for rec in records
+                                 if rec.get("compile_cache") not in (None, "none"))
+    return {"median": medians, "trials": sum(1 for rec in records if rec.get("complete")),
+            "share": startup_s / trial_s if trial_s else None, "compile_cache": dict(caches)}
 
 
 def _stopped_values(row: dict[str, Any], labels: list[str], directions: list[str]) -> str:
@@ -298,6 +320,8 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     skipped = status["skipped"]
     if skipped["duplicate"] or skipped["forbidden"]:
         lines.append(f"  not run: {skipped['duplicate']} duplicate, {skipped['forbidden']} forbidden proposals")
+    if status.get("startup"):
+        lines.extend(_startup_summary_lines(status["startup"]))
     labels = [o["label"] for o in status["objectives"]]
     base = status["baseline"]
     lines.append("")
@@ -363,11 +387,40 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
                          if row.get("probe_share") is not None else "")
                 covered = f"; {row['probe_coverage']}" if row.get("probe_coverage") else ""
                 lines.append(f"        probe {row['probe_s']:.1f}s{share}{covered}")
-            if row.get("compile") and row["compile"].get("cache") not in (None, "none"):
+            if row.get("startup"):
+                lines.extend(_startup_lines(row))
+            elif row.get("compile") and row["compile"].get("cache") not in (None, "none"):
                 lines.append(_compile_line(row))
             if row.get("speculation"):
                 lines.append(_speculation_line(row))
     return "\n".join(lines)
+
+
+def _startup_summary_lines(summary: dict[str, Any]) -> list[str]:
+    """``startup: median 87s over 6 servers (62% of trial time), compile cache 2 hit / 4 miss``
+    and the median phases."""
+
+    med = summary["median"]
+    share = f", {summary['share']:.0%} of trial time" if summary.get("share") is not None else ""
+    caches = summary.get("compile_cache") or {}
+    cache = (", torch.compile cache " + " / ".join(f"{n} {k}" for k, n in sorted(caches.items()))
+             if caches else "")
+    phases = " + ".join(f"{PHASE_LABELS[p]} {med[p]:.1f}" for p in PHASES if p in med)
+    return [f"  startup: median {med['total']:.1f}s over {summary['trials']} server(s){share}{cache}",
+            f"    median phases (s): {phases}"]
+
+
+def _startup_lines(row: dict[str, Any]) -> list[str]:
+    """The trial's startup breakdown and what the log says about KV cache and graphs."""
+
+    rec = row["startup"]
+    lines = ["        " + startup_summary_text(rec)]
+    figures = figures_text(rec)
+    if figures:
+        lines.append("          " + figures)
+    if row.get("gpu_wait_s") is not None and row["gpu_wait_s"] >= 0.5:
+        lines.append(f"          waited {row['gpu_wait_s']:.1f}s for the GPUs before starting")
+    return lines
 
 
 def _compile_line(row: dict[str, Any]) -> str:

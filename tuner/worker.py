@@ -37,6 +37,7 @@ from tuner.probe.shapes import log_boundaries
 from tuner.probe.trial import reference_known_answers, run_trial_probe
 from tuner.probe.recording import ReferenceRecordError, check_reference, load_reference_sources, record_reference
 from tuner.vllm.compile_cache import parse_compile_log
+from tuner.vllm.startup import parse_startup
 from tuner.study.early_stop import SweepGuard
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.load.load_spec import rate_level_name
@@ -176,7 +177,20 @@ class TrialWorker:
         # the process tree (everywhere), then what nvidia-smi sees (where there is one).
         began = time.monotonic()
         await self._wait_group_free(request, outcome)
-        await gpu.wait_until_free(timeout_s=max(1.0, request.stop_timeout_s - (time.monotonic() - began)))
+        # Bounded: the study's execution.gpu_free_timeout, else what is left of the stop
+        # grace (a previous server's memory is released as its last process exits).
+        limit = request.gpu_free_timeout_s
+        if limit is None:
+            limit = max(1.0, request.stop_timeout_s - (time.monotonic() - began))
+        waiting = time.monotonic()
+        try:
+            waited, held = await gpu.wait_until_free(timeout_s=limit)
+        except GpusNotFree:
+            outcome.gpu_wait_s = round(time.monotonic() - waiting, 3)
+            raise
+        outcome.gpu_wait_s = round(waited, 3)
+        if held:
+            outcome.warnings.append(f"waited {waited:.1f}s for the GPUs to be free: {held.text()}")
         env_record = dict(request.env)
         if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
             env_record["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
@@ -449,6 +463,7 @@ class TrialWorker:
         if report.leftover_pids:
             outcome.warnings.append(f"processes still alive after stop: {report.leftover_pids}")
         self._record_compile(server, request, outcome)
+        self._record_startup(server, request, outcome)
         return interrupted
 
     @staticmethod
@@ -467,6 +482,22 @@ class TrialWorker:
             atomic_write_json(Path(request.trial_dir) / "compile_cache.json", record)
         outcome.compile = record
 
+    @staticmethod
+    def _record_startup(server: ServerProcess, request: TrialRequest, outcome: TrialOutcome) -> None:
+        """Where the start's time went, phase by phase, with the KV-cache size and the graph
+        capture the log states (vllm.startup): ``startup.json`` in the trial folder and
+        ``outcome.startup`` (a trial user attribute through scoring.outcome_attrs)."""
+
+        try:
+            record = parse_startup(server.log_text(), first_line_s=server.first_line_s,
+                                   ready_s=outcome.startup_s).to_json()
+        except OSError as exc:
+            outcome.warnings.append(f"could not read the server log for the startup record: {exc}")
+            return
+        with contextlib.suppress(TrialError):   # a missing side file must not fail the trial
+            atomic_write_json(Path(request.trial_dir) / "startup.json", record)
+        outcome.startup = record
+
     # -- bookkeeping ---------------------------------------------------------------
 
     @staticmethod
@@ -477,6 +508,7 @@ class TrialWorker:
         outcome.phase = phase
         outcome.detected_unix = time.time()
         outcome.log_excerpt = err.log_excerpt or None
+        outcome.signature = err.signature
 
     @staticmethod
     def _write_outcome(trial_dir: Path, outcome: TrialOutcome, began: float) -> None:

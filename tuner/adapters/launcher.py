@@ -27,7 +27,8 @@ from pathlib import Path
 import httpx
 
 from tuner.adapters import proctree
-from tuner.vllm.failure_signatures import FatalLineScanner
+from tuner.vllm.failure_signatures import FatalLineScanner, FatalSignature, trial_reason, vllm_message
+from tuner.vllm.startup import has_log_stamp
 from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerStartTimeout
 
 __all__ = ["ServerProcess", "StopReport", "port_owner_message", "check_port_free", "TAG_VAR",
@@ -36,6 +37,10 @@ __all__ = ["ServerProcess", "StopReport", "port_owner_message", "check_port_free
 logger = logging.getLogger(__name__)
 
 POLL_S = 0.1  # readiness and exit polling period: detection latency after a crash
+# A generic failure line ("EngineCore failed to start.") waits this long for its root cause
+# (the traceback that follows within milliseconds when vLLM prints one) before the start is
+# failed with the generic reason: a server that hangs after it must not cost the timeout.
+PENDING_GRACE_S = 1.0
 TAG_VAR = "TUNER_SERVER_GROUP"  # in the server's environment: "<study>:<group>"
 WATCHDOG_TAG_VAR = "TUNER_WATCHDOG_OF"  # the same tag, in the watchdog's environment
 
@@ -68,6 +73,18 @@ def check_port_free(host: str, port: int) -> None:
             if exc.errno in (errno.EADDRINUSE, errno.EACCES):
                 raise PortInUse(port_owner_message(host, port)) from exc
             raise
+
+
+def _detail(found: FatalSignature | None) -> str:
+    """``: <what it means>: <vLLM's own message>`` for an error text ("" without a signature)."""
+    return f": {found.summary}: {vllm_message(found)}" if found is not None else ""
+
+
+def _with_signature(err: ServerExited | ServerFatalLog,
+                    found: FatalSignature | None) -> ServerExited | ServerFatalLog:
+    """Attach the fatal line's signature (reason, summary, line) for the trial's outcome."""
+    err.signature = None if found is None else found.model_dump(mode="json")
+    return err
 
 
 class ServerProcess:
@@ -103,6 +120,9 @@ class ServerProcess:
         self._scanner = FatalLineScanner()
         self._log_offset = 0
         self.started_at: float | None = None
+        # Seconds from spawn to the first vLLM logger line read back: the end of the Python
+        # imports (vllm.startup's first phase); None until one was seen.
+        self.first_line_s: float | None = None
 
     @property
     def base_url(self) -> str:
@@ -190,7 +210,10 @@ class ServerProcess:
             return
         if chunk:
             self._log_offset += len(chunk)
-            self._scanner.feed(chunk.decode("utf-8", errors="replace"))
+            text = chunk.decode("utf-8", errors="replace")
+            if self.first_line_s is None and self.started_at is not None and has_log_stamp(text):
+                self.first_line_s = time.monotonic() - self.started_at
+            self._scanner.feed(text)
 
     def log_excerpt(self) -> str:
         self._scan_new_log()
@@ -207,6 +230,7 @@ class ServerProcess:
 
         assert self.started_at is not None, "start() first"
         deadline = self.started_at + timeout_s
+        pending_since: float | None = None
         async with httpx.AsyncClient(timeout=httpx.Timeout(2.0), trust_env=False) as client:
             while True:
                 self._scan_new_log()
@@ -215,19 +239,22 @@ class ServerProcess:
                     self._scan_new_log()
                     self._scanner.finish()  # the last line may lack its newline
                     found = self._scanner.signature
-                    detail = f": {found.summary}" if found else ""
-                    raise ServerExited(
-                        f"server exited with code {code} before it was ready{detail}",
-                        reason=found.reason if found else "server_exited",
+                    raise _with_signature(ServerExited(
+                        f"server exited with code {code} before it was ready{_detail(found)}",
+                        reason=trial_reason(found) if found else "server_exited",
                         log_excerpt=self._scanner.excerpt(),
-                    )
+                    ), found)
                 found = self._scanner.signature
-                if found is not None and self._scanner.settled():
-                    raise ServerFatalLog(
-                        f"server printed a fatal line: {found.summary}",
-                        reason=found.reason,
+                if found is not None and not self._scanner.settled():
+                    pending_since = pending_since or time.monotonic()
+                    if time.monotonic() - pending_since < PENDING_GRACE_S:
+                        found = None
+                if found is not None:
+                    raise _with_signature(ServerFatalLog(
+                        f"server printed a fatal line{_detail(found)}",
+                        reason=trial_reason(found),
                         log_excerpt=self._scanner.excerpt(),
-                    )
+                    ), found)
                 if await self._ready(client):
                     return time.monotonic() - self.started_at
                 if time.monotonic() >= deadline:

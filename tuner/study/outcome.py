@@ -37,6 +37,9 @@ class TrialRequest(BaseModel):
     trial_dir: str
     startup_timeout_s: float
     stop_timeout_s: float
+    gpu_free_timeout_s: float | None = Field(
+        default=None, description="how long the worker waits for other processes to leave the "
+        "trial's GPUs before failing it gpus_not_free; None: what is left of stop_timeout_s")
     deadline_s: float = Field(description="the whole trial's budget in seconds")
     load: LoadSpec
     probe: ProbeSpec = Field(description="the study's probe section, with the reference's "
@@ -90,4 +93,13 @@ class TrialOutcome(BaseModel):
     compile: dict[str, Any] | None = Field(
         default=None, description="vllm.compile_cache.CompileRecord from the server log "
         "(torch.compile cache hit/miss, compile and capture seconds); None: unknown")
+    startup: dict[str, Any] | None = Field(
+        default=None, description="vllm.startup.StartupRecord from the server log: startup "
+        "time by phase, KV-cache size, graph capture; None: no server was started")
+    signature: dict[str, str] | None = Field(
+        default=None, description="the fatal log line a failed start was classified by "
+        "(vllm.failure_signatures.FatalSignature: reason, summary, line)")
+    gpu_wait_s: float | None = Field(
+        default=None, description="seconds the trial waited for its GPUs to be free of other "
+        "processes before starting the server")
     warnings: list[str] = Field(default_factory=list)

@@ -6,7 +6,8 @@ The loop (``tuner.orchestrator.StudyLoop``) asks Optuna for a point and then doe
 functions decide; the benchmarks and the fast tests drive the same loop through the
 simulator's in-process executor, so there is one policy, not a copy per caller.
 
-What runs, in this order: the baseline, then the study's starting points (``first_points``),
+What runs, in this order: the baseline, then the study's starting points (``first_points``;
+grouped by predicted torch.compile cache key, the baseline's first),
 then the sampler's proposals; on a grid study the next unseen grid point, and after
 ``MAX_REJECTED_IN_A_ROW`` proposals in a row that could not run, a random unseen point
 (``fill_in``). A proposal that must not run is told without starting a server
@@ -56,6 +57,7 @@ from tuner.study.scoring import TRIAL_METRICS, constraints, level_of, metric_val
 from tuner.study.spec import StudySpec
 from tuner.study.trials import (EARLY_STOPPED, KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, TrialRecord,
                                 outcome_word)
+from tuner.vllm.compile_order import compile_order
 
 __all__ = ["Enqueue", "Told", "Resume", "MAX_REJECTED_IN_A_ROW", "EXHAUSTED_AFTER", "HISTORY_LIMIT",
            "first_points", "grid_order", "fill_in", "retry", "resume", "known_points", "finished_runs",
@@ -115,9 +117,15 @@ def first_points(spec: StudySpec, trials: Sequence[TrialRecord]) -> list[Enqueue
     if not any(t.attrs.get("baseline") for t in trials):
         out.append(Enqueue(space.baseline_values(spec), {"baseline": True, "attempt": 1}))
     queued = {t.attrs.get("starting_point") for t in trials}
-    for i, values in enumerate(space.starting_point_values(spec)):
+    points = space.starting_point_values(spec)
+    # Starting points that share a torch.compile cache key run back to back, the baseline's
+    # own key first (vllm/compile_order.py): the second of a pair loads what the first
+    # compiled into the study's cache.
+    order = compile_order([space.point_compile_key(spec, v) for v in points],
+                          after=space.point_compile_key(spec, space.baseline_values(spec)))
+    for i in order:
         if i not in queued:
-            out.append(Enqueue(values, {"starting_point": i, "attempt": 1}))
+            out.append(Enqueue(points[i], {"starting_point": i, "attempt": 1}))
     return out
 
 

@@ -136,6 +136,9 @@ def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
         "stop": outcome.stop,
         "early_stop": outcome.early_stop,
         "compile": outcome.compile,
+        "startup": outcome.startup,
+        "signature": outcome.signature,
+        "gpu_wait_s": outcome.gpu_wait_s,
     }
 
 

@@ -25,6 +25,7 @@ from tuner.study.spec import (
     ServerSpec,
     StudySpec,
 )
+from tuner.vllm.compile_cache import compile_key
 from tuner.vllm.knobs import RenderedCommand, render_command
 
 __all__ = [
@@ -185,6 +186,13 @@ def trial_command(spec: StudySpec, values: Mapping[str, Any], *, port: int | Non
 
     return server_command(spec, spec.server, settings_for(spec, values), port=port,
                           python=python, compile_cache_dir=compile_cache_dir)
+
+
+def point_compile_key(spec: StudySpec, values: Mapping[str, Any]) -> str | None:
+    """The torch.compile cache key the point ``values`` predicts (vllm.compile_cache.
+    compile_key over its asked settings); None when it compiles nothing."""
+
+    return compile_key(trial_command(spec, values).asked)
 
 
 def server_command(spec: StudySpec, server: ServerSpec, settings: Mapping[str, Any], *,

@@ -28,7 +28,8 @@ from tuner.load.load_spec import LoadSpec
 from tuner.probe.spec import ProbeSpec
 from tuner.study.study_name import check_study_name
 from tuner.vllm.compile_cache import check_cache_dir
-from tuner.vllm.knobs import MULTICAST_ALGOS, check_target_name, check_value
+from tuner.vllm.knobs import check_target_name, check_value
+from tuner.vllm.multicast import multicast_use
 
 __all__ = [
     "StudySpec",
@@ -358,9 +359,15 @@ class ExecutionSpec(_Strict):
     )
     compile_cache_dir: str | None = Field(
         None, description="vLLM's cache root (VLLM_CACHE_ROOT) for every server this study "
-        "starts, so trials share torch.compile artifacts there; absolute ('~' and $VARS are "
-        "expanded where the study runs). Unset: vLLM's default (~/.cache/vllm, shared by every "
-        "study on the node). A VLLM_CACHE_ROOT in server.env wins. Not carried into exports"
+        "starts, so trials share torch.compile artifacts there; absolute ('~' and $VARS "
+        "expanded). Unset: the study's own <study folder>/vllm-cache (or VLLM_CACHE_ROOT when "
+        "the tuner runs with it set); 'vllm-default': vLLM's own (~/.cache/vllm, shared by "
+        "every study on the node). A VLLM_CACHE_ROOT in server.env wins. Not carried into exports"
+    )
+    gpu_free_timeout: Seconds | None = Field(
+        None, gt=0, description="how long a trial waits for other processes to leave its GPUs "
+        "(nvidia-smi) before it fails 'gpus_not_free' without starting a server, e.g. '2m'. "
+        "Unset: what is left of server.stop_timeout after the previous server's stop"
     )
 
     @field_validator("compile_cache_dir")
@@ -388,7 +395,9 @@ class ConfirmSpec(_Strict):
 
 class SafetySpec(_Strict):
     allow_multicast: bool = Field(
-        False, description="allow NVLS/NVLSTree (NVLink multicast) in NCCL_ALGO values"
+        False, description="allow settings that turn NVLink multicast on (NCCL_ALGO NVLS/NVLSTree, "
+        "NCCL_NVLS_ENABLE, TORCH_SYMM_MEM_DISABLE_MULTICAST=0, NVSHMEM_DISABLE_NVLS=0, ... - "
+        "tuner/vllm/multicast.py) in parameters and server.env"
     )
     bounds: dict[str, float] = Field(
         default_factory=dict,
@@ -474,17 +483,18 @@ class StudySpec(_Strict):
                     f"parameters: {p.name!r} sets {p.target}, which server.flags/env already fix"
                 )
             _check_condition(f"parameter {p.name!r} 'when'", p.when, params, exclude=p.name)
-            if p.target == "env:NCCL_ALGO" and not self.safety.allow_multicast:
+            if not self.safety.allow_multicast:
                 for value in p.domain() or []:
-                    if isinstance(value, str) and any(
-                        a.lower() in value.lower().replace("^", "") and not value.startswith("^")
-                        for a in MULTICAST_ALGOS
-                    ):
+                    if why := multicast_use(p.target, value):
                         raise ValueError(
-                            f"parameter {p.name!r}: value {value!r} uses NVLink multicast "
-                            "(NVLS), which is off-limits unless safety.allow_multicast is true"
-                        )
+                            f"parameter {p.name!r}: value {value!r}: {why}: NVLink multicast is "
+                            "off-limits unless safety.allow_multicast is true")
         _check_acyclic(params)
+        if not self.safety.allow_multicast:
+            for name, value in self.server.env.items():
+                if why := multicast_use(f"env:{name}", value):
+                    raise ValueError(f"server.env.{name}: {why}: NVLink multicast is off-limits "
+                                     "unless safety.allow_multicast is true")
         for i, rule in enumerate(self.forbidden):
             _check_condition(f"forbidden[{i}]", rule.when, params, exclude=None)
         for name, value in self.baseline.items():

@@ -99,6 +99,15 @@ class TrialRecord:
         return rec if isinstance(rec, dict) else None
 
     @property
+    def startup_record(self) -> dict[str, Any] | None:
+        """The trial's startup breakdown (tuner.vllm.startup.StartupRecord as JSON: seconds
+        per phase, KV-cache size, graph capture), from the outcome's ``startup`` field;
+        None for trials recorded before startup records existed or that started no server."""
+
+        rec = (self.attrs.get("outcome") or {}).get("startup")
+        return rec if isinstance(rec, dict) else None
+
+    @property
     def compile_cache(self) -> str | None:
         """"hit", "miss", "partial", "none" or None (unknown)."""
 

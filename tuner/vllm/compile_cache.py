@@ -55,7 +55,12 @@ from typing import Any, Literal
 from tuner.vllm.knobs import ANY, knob
 
 __all__ = ["CompileRecord", "parse_compile_log", "compile_key", "compile_settings", "relevance",
-           "check_cache_dir", "expand_cache_dir"]
+           "check_cache_dir", "expand_cache_dir", "STUDY_CACHE_DIR", "VLLM_DEFAULT", "study_cache_root"]
+
+# execution.compile_cache_dir unset: the study's own cache, this folder of the study folder.
+STUDY_CACHE_DIR = "vllm-cache"
+# execution.compile_cache_dir: vllm-default leaves VLLM_CACHE_ROOT alone (vLLM's ~/.cache/vllm).
+VLLM_DEFAULT = "vllm-default"
 
 Cache = Literal["hit", "miss", "partial", "none"]
 
@@ -265,8 +270,11 @@ def check_cache_dir(value: str | None) -> str | None:
     if value is None:
         return None
     text = str(value).strip()
+    if text == VLLM_DEFAULT:
+        return text
     if not text:
-        raise ValueError("compile_cache_dir is empty; leave it out to use vLLM's default")
+        raise ValueError(f"compile_cache_dir is empty; leave it out for the study's own cache or "
+                         f"write {VLLM_DEFAULT} for vLLM's default")
     if not text.startswith(("/", "~", "$")):
         raise ValueError(_relative(value))
     return text
@@ -277,6 +285,8 @@ def expand_cache_dir(value: str, environ: Mapping[str, str], home: str) -> str:
     caller's, at the edge where the study is run); must then be absolute."""
 
     text = value.strip()
+    if text == VLLM_DEFAULT:
+        return text
     if text == "~" or text.startswith("~/"):
         text = home + text[1:]
 
@@ -293,6 +303,27 @@ def expand_cache_dir(value: str, environ: Mapping[str, str], home: str) -> str:
 
 
 _VAR_RE = re.compile(r"\$(?:\{(\w+)\}|(\w+))")
+
+
+def study_cache_root(setting: str | None, study_root: str, tuner_env: Mapping[str, str]) -> str | None:
+    """The cache root (VLLM_CACHE_ROOT) a study's servers get; None: leave it to them.
+
+    ``setting`` is ``execution.compile_cache_dir`` as expanded where the study runs: an
+    absolute path is used as it is; ``vllm-default`` means vLLM's own default; unset means
+    the study's own ``<study folder>/vllm-cache`` - unless the tuner runs with
+    VLLM_CACHE_ROOT in its environment ``tuner_env`` (the servers inherit that choice). A
+    study-level cache makes every compile-cache hit one the study earned itself (a trial
+    whose key an earlier trial of it compiled), so hits are attributable and a study's
+    startup figures do not depend on what ran on the node before it; the study's trials, its
+    confirmation re-runs and a resumed run still share it."""
+
+    if setting == VLLM_DEFAULT:
+        return None
+    if setting:
+        return setting
+    if tuner_env.get("VLLM_CACHE_ROOT"):
+        return None
+    return posixpath.join(study_root, STUDY_CACHE_DIR)
 
 
 def _relative(value: str) -> str:

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from tuner.vllm.effective_config import LogLine, excerpt, split_log_line, strip_ansi
 
 __all__ = [
+    "CONFIG_REASONS",
     "GENERIC_REASONS",
     "REASONS",
     "RUNTIME_REASONS",
@@ -41,6 +42,8 @@ __all__ = [
     "FatalSignature",
     "match_fatal_line",
     "scan_log",
+    "trial_reason",
+    "vllm_message",
 ]
 
 
@@ -117,10 +120,27 @@ GENERIC_REASONS = frozenset({"worker_failed", "engine_core_failed", "engine_dead
 # Reasons that still mean "the server is broken" once it serves requests.
 RUNTIME_REASONS = frozenset({"cuda_oom", "nccl_error", "cuda_error"}) | GENERIC_REASONS
 
+# Signatures that mean "vLLM refuses this configuration" (at argument parsing, config
+# building or engine init): a trial failing with one of them is told ``invalid_config``,
+# whatever the detail; the signature's own reason stays in the trial's outcome.
+CONFIG_REASONS = frozenset({"invalid_config", "unsupported_cudagraph_mode", "unsupported_speculative_method"})
+
 _QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
 _SHUTDOWN_RE = re.compile(r"^\[shutdown\] ")
 _READY = "Application startup complete."
 _SIGNATURE_LINE_WIDTH = 1000
+
+
+def trial_reason(signature: FatalSignature) -> str:
+    """The typed reason a trial that failed with ``signature`` is told with."""
+    return "invalid_config" if signature.reason in CONFIG_REASONS else signature.reason
+
+
+def vllm_message(signature: FatalSignature, width: int = 600) -> str:
+    """vLLM's own words on the fatal line: the line without its process tag and logger
+    header (``NotImplementedError: Unsupported speculative method: 'mtp'``)."""
+    text = split_log_line(signature.line).message.strip()
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def match_fatal_line(line: str) -> FatalSignature | None:

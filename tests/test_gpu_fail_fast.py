@@ -1,0 +1,159 @@
+"""GPU start failures from recorded vLLM 0.26.0 H200 logs, replayed by a stand-in server that
+prints the real lines and then hangs (as a vLLM API server can when its engine died): the
+launcher fails the start with the typed reason within 2 s of the fatal line, the trial's
+outcome carries vLLM's own message, and `tuner status` shows it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, free_port_block, wait_no_orphans
+from tuner.adapters.artifacts import StudyPaths
+from tuner.adapters.launcher import ServerProcess
+from tuner.errors import ServerFatalLog
+from tuner.status import _trial_row, format_status
+from tuner.study.outcome import TrialOutcome, TrialRequest
+from tuner.study.policy import told_for
+from tuner.study.scoring import outcome_attrs
+from tuner.study.trials import TrialRecord
+from tuner.worker import TrialWorker
+
+LOGS = ROOT / "tests" / "fixtures" / "vllm_logs"
+
+# Prints the log file's lines (as the server would, unbuffered), notes the wall-clock time
+# when the last one is out, then hangs until killed.
+REPLAY = """
+import sys, time
+lines = open(sys.argv[1], encoding="utf-8", errors="replace").read().splitlines(True)
+time.sleep(0.3)
+for line in lines:
+    sys.stdout.write(line)
+    sys.stdout.flush()
+with open(sys.argv[2], "w") as mark:
+    mark.write(repr(time.time()))
+time.sleep(120)
+"""
+
+CASES = [
+    # (log, trial reason, the fatal line's own reason, vLLM's words in the message)
+    ("h200-0.26.0/fail-gpu-memory-utilization.log", "gpu_memory_insufficient", "gpu_memory_insufficient",
+     "ValueError: Free memory on device cuda:0 (139.29/139.8 GiB) on startup is less than desired "
+     "GPU memory utilization (0.999, 139.66 GiB)."),
+    ("handwritten/fail-max-model-len-kv.log", "max_model_len_too_large", "max_model_len_too_large",
+     "ValueError: To serve at least one request with the models's max seq len (4096), (0.09 GiB KV "
+     "cache is needed, which is larger than the available KV cache memory (0.05 GiB)."),
+    ("h200-0.26.0/fail-spec-mtp-unsupported.log", "invalid_config", "unsupported_speculative_method",
+     "NotImplementedError: Unsupported speculative method: 'mtp'"),
+    ("h200-0.26.0/fail-bad-cudagraph-mode.log", "invalid_config", "invalid_config", "KeyError: 'BOGUS'"),
+]
+
+
+@pytest.fixture
+def marker(orphan_check: list[str]) -> str:
+    value = uuid.uuid4().hex[:12]
+    orphan_check.append(value)
+    return value
+
+
+def _replayer(tmp_path: Path, log: Path, marker: str) -> tuple[list[str], dict[str, str]]:
+    argv = [sys.executable, "-c", REPLAY, str(log), str(tmp_path / "printed")]
+    return argv, {"PATH": "/usr/bin:/bin", "TUNER_TEST_ID": marker, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.parametrize(("log", "reason", "detail", "words"), CASES)
+def test_fatal_line_then_hang_fails_within_two_seconds(tmp_path: Path, marker: str, log: str,
+                                                       reason: str, detail: str, words: str) -> None:
+    argv, env = _replayer(tmp_path, LOGS / log, marker)
+    port = free_port_block(1)
+    server = ServerProcess(argv, env, tmp_path / "server.log", host="127.0.0.1", port=port,
+                           served_model_name="smol", stop_grace_s=2.0)
+
+    async def scenario() -> tuple[ServerFatalLog, float]:
+        server.start()
+        try:
+            with pytest.raises(ServerFatalLog) as info:
+                await server.wait_ready(60)
+            return info.value, time.time()
+        finally:
+            await server.stop(2.0)
+
+    err, detected = asyncio.run(scenario())
+    printed = float((tmp_path / "printed").read_text())
+    assert err.reason == reason
+    assert err.signature is not None and err.signature["reason"] == detail
+    assert words in str(err), str(err)
+    # The process never exits by itself: only the log can have ended the wait, and a hang
+    # would have taken the 60 s startup timeout.
+    assert detected - printed < 2.0, f"detected {detected - printed:.2f}s after the fatal line"
+    assert not wait_no_orphans(marker)
+
+
+def test_a_generic_failure_with_no_root_cause_is_not_left_waiting(tmp_path: Path, marker: str) -> None:
+    log = tmp_path / "generic.log"
+    real = (LOGS / "h200-0.26.0" / "fail-gpu-memory-utilization.log").read_text(encoding="utf-8")
+    # The real log up to the engine's "EngineCore failed to start." and not a line further.
+    log.write_text(real[: real.index("EngineCore failed to start.") + len("EngineCore failed to start.\n")])
+    argv, env = _replayer(tmp_path, log, marker)
+    server = ServerProcess(argv, env, tmp_path / "server.log", host="127.0.0.1", port=free_port_block(1),
+                           served_model_name="smol", stop_grace_s=2.0)
+
+    async def scenario() -> tuple[ServerFatalLog, float]:
+        server.start()
+        try:
+            with pytest.raises(ServerFatalLog) as info:
+                await server.wait_ready(60)
+            return info.value, time.time()
+        finally:
+            await server.stop(2.0)
+
+    err, detected = asyncio.run(scenario())
+    assert err.reason == "engine_core_failed"
+    assert detected - float((tmp_path / "printed").read_text()) < 2.0
+    assert not wait_no_orphans(marker)
+
+
+def _request(tmp_path: Path, argv: list[str], env: dict[str, str]) -> dict:
+    return TrialRequest(
+        study="gpu-fail", number=3, values={"spec": "mtp"}, asked={"speculative_config.method": "mtp"},
+        argv=argv, env=env, host="127.0.0.1", port=free_port_block(1), served_model_name="smol",
+        trial_dir=str(tmp_path / "trial"), startup_timeout_s=60, stop_timeout_s=2, deadline_s=120,
+        # The start fails: neither the load nor the probe settings are ever read.
+        load={}, probe={}, ignore_eos=True).model_dump(mode="json")
+
+
+def test_rejected_configuration_reaches_outcome_and_status(tmp_path: Path, marker: str) -> None:
+    argv, env = _replayer(tmp_path, LOGS / "h200-0.26.0" / "fail-spec-mtp-unsupported.log", marker)
+    outcome = TrialOutcome.model_validate(asyncio.run(TrialWorker().run_trial(_request(tmp_path, argv, env))))
+    assert (outcome.status, outcome.reason, outcome.phase) == ("failed", "invalid_config", "start")
+    assert outcome.message == ("server printed a fatal line: the model does not support the requested "
+                               "speculative method: NotImplementedError: Unsupported speculative method: 'mtp'")
+    assert outcome.signature["reason"] == "unsupported_speculative_method"
+    # The start's breakdown says how far it got: past the imports (the replay waits 0.3 s
+    # before its first line), never to the engine process.
+    assert outcome.startup is not None and not outcome.startup["complete"]
+    assert outcome.startup["reached"] == "imports" and outcome.startup["phases"]["imports"] >= 0.3
+    saved = json.loads((tmp_path / "trial" / "outcome.json").read_text())
+    assert saved["reason"] == "invalid_config" and saved["signature"] == outcome.signature
+    assert json.loads((tmp_path / "trial" / "startup.json").read_text()) == outcome.startup
+
+    # What the study stores (the orchestrator's told_for) and what `tuner status` prints.
+    told = told_for(None, outcome, lambda: None)   # a failed outcome needs no spec
+    record = TrialRecord(number=3, state="FAIL", kind="run", params={"spec": "mtp"},
+                         attrs={"outcome": outcome_attrs(outcome), **told.attrs})
+    assert record.outcome == "failed:invalid_config"
+    row = _trial_row(record, StudyPaths(tmp_path / "s"))
+    text = format_status({"study": "s", "running_now": False, "target_trials": 1, "finished_trials": 1,
+                          "outcomes": {record.outcome: 1}, "failures": {"invalid_config": 1},
+                          "running": [], "skipped": {"duplicate": 0, "forbidden": 0}, "elapsed_s": 9.0,
+                          "time_left_s": None, "objectives": [{"label": "tok_s", "direction": "maximize"}],
+                          "baseline": None, "front": [], "trials": [row]})
+    assert "    3 failed:invalid_config" in text
+    assert "NotImplementedError: Unsupported speculative method: 'mtp'" in text
+    assert not wait_no_orphans(marker)

@@ -1,0 +1,108 @@
+"""scripts/gpu_scenarios.py: the scenario studies it builds are valid study files that run
+the intended configurations in the intended order, it judges outcomes as the scenarios
+require, and (slow) the whole script runs against the simulator with a stand-in
+nvidia-smi, finds every scenario as expected and leaves no process behind."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+from tests.test_gpu_study_file import H200_STUDY
+from tuner.study import policy, space
+from tuner.study.study_file import parse_study
+
+spec_ = importlib.util.spec_from_file_location("gpu_scenarios", ROOT / "scripts" / "gpu_scenarios.py")
+assert spec_ is not None and spec_.loader is not None
+scn = importlib.util.module_from_spec(spec_)
+sys.modules["gpu_scenarios"] = scn
+spec_.loader.exec_module(scn)
+
+
+@pytest.fixture
+def study() -> dict:
+    return yaml.safe_load(H200_STUDY)
+
+
+def test_combined_study_runs_d1_d2_c_b_and_d_shares_one_compile_key(study: dict) -> None:
+    data, points = scn.combined_study(study, {"b", "c", "d"}, dry_run=False)
+    assert list(points) == ["d1", "d2", "c", "b"]
+    spec = parse_study(yaml.safe_dump(data), "scenarios.yaml")     # what `tuner run` will read
+    assert spec.server.command == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert spec.server.gpus_per_trial == 1 and not spec.probe.enabled and spec.budget.n_trials == 4
+    assert "gpu_memory_utilization" not in spec.server.flags and spec.server.flags["max_model_len"] == 4096
+    assert spec.server.env["NCCL_NVLS_ENABLE"] == 0
+    # The queue the tuner builds from it: baseline d1, then d2 (the baseline's compile key:
+    # gpu_memory_utilization is outside it), c (compiled, its own key), b (eager) last.
+    study_ = optuna.create_study(directions=["maximize"])
+    Orchestrator.ensure_baseline(type("Host", (), {"spec": spec})(), study_)  # type: ignore[arg-type]
+    queued = [t.system_attrs["fixed_params"] for t in study_.get_trials(deepcopy=False)]
+    assert queued == [points[n] for n in ("d1", "d2", "c", "b")]
+    keys = {n: point_compile_key(spec, points[n]) for n in points}
+    assert keys["d1"] == keys["d2"] is not None and keys["c"] not in (None, keys["d1"]) and keys["b"] is None
+    # The memory scenario's KV cache is too small for one 4,096-token request of SmolLM2-135M
+    # (30 layers x 2 x 3 KV heads x 64 x 2 bytes = 23,040 bytes a token: 94 MB).
+    assert scn.KV_BYTES < 4096 * 23_040
+
+
+def test_only_some_scenarios(study: dict) -> None:
+    data, points = scn.combined_study(study, {"c"}, dry_run=True)
+    assert list(points) == ["c"] and data["baseline"] == {"spec_method": "mtp", "spec_k": 1}
+    assert data["server"]["command"] == ["{python}", "-m", "tuner.sim"] and data["server"]["gpus_per_trial"] == 0
+    busy = parse_study(yaml.safe_dump(scn.busy_study(study, dry_run=False)))
+    assert busy.execution.gpu_free_timeout == 10.0 and busy.budget.n_trials == 1
+    assert space.baseline_values(busy) == {"enforce_eager": True}
+
+
+def test_trials_are_matched_to_configurations_by_their_values() -> None:
+    points = {"d1": {"u": 0.5, "s": None}, "d2": {"u": 0.45, "s": None}, "c": {"u": 0.5, "s": "mtp", "k": 1}}
+    trials = {0: {"status": "completed"}, 1: {"status": "failed", "reason": "invalid_config"}, 2: {"status": "completed"}}
+    values = {0: {"u": 0.5, "s": None}, 1: {"u": 0.5, "s": "mtp", "k": 1}, 2: {"u": 0.45, "s": None}}
+    found = scn.match_trials(points, trials, values)
+    assert {n: g["trial"] for n, g in found.items()} == {"d1": 0, "c": 1, "d2": 2}
+
+
+def test_judging() -> None:
+    miss = {"status": "completed", "compile_cache": "miss", "startup_s": 90.0}
+    hit = {"status": "completed", "compile_cache": "hit", "startup_s": 50.0}
+    assert scn.judge("d1", miss, {}) and scn.judge("d2", hit, {"d1": miss})
+    assert not scn.judge("d2", {**hit, "startup_s": 95.0}, {"d1": miss}), "a hit must start faster"
+    assert not scn.judge("d2", {**hit, "compile_cache": "miss"}, {"d1": miss})
+    busy = {"reason": "gpus_not_free", "phase": "prepare",
+            "message": "the trial's GPUs are still in use after waiting 10s: pid 7 (python3, 20996 MiB); ..."}
+    assert scn.judge("a", busy, {}) and not scn.judge("a", {**busy, "phase": "start"}, {})
+    assert scn.judge("b", {"reason": "max_model_len_too_large", "phase": "start"}, {})
+    assert not scn.judge("b", {"reason": "startup_timeout", "phase": "start"}, {})
+    assert scn.judge("c", {"reason": "invalid_config",
+                           "message": "...: NotImplementedError: Unsupported speculative method: 'mtp'"}, {})
+
+
+@pytest.mark.slow
+def test_dry_run_end_to_end(tmp_path: Path, study: dict) -> None:
+    study_file = tmp_path / "smollm2-h200.yaml"
+    study_file.write_text(H200_STUDY)
+    out = tmp_path / "out"
+    rc = scn.main([str(study_file), "--out", str(out), "--work", str(tmp_path / "work"), "--dry-run"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert rc == 0, (out / "summary.txt").read_text()
+    assert summary["ok"] and summary["leftover_pids"] == []
+    assert summary["run_order"] == ["d1", "d2", "c", "b"]
+    got = {k: v["got"] for k, v in summary["scenarios"].items()}
+    assert got["a"]["reason"] == "gpus_not_free" and f"pid {got['a']['holder_pid']} " in got["a"]["message"]
+    assert got["a"]["gpu_wait_s"] >= 10.0
+    assert (got["d1"]["compile_cache"], got["d2"]["compile_cache"]) == ("miss", "hit")
+    assert got["c"]["signature"] == "unsupported_speculative_method"
+    assert got["b"]["reason"] == "max_model_len_too_large"
+    text = (out / "summary.txt").read_text()
+    assert "== smollm2-h200-scenarios.status.txt" in text and "(torch.compile cache hit)" in text
+    with tarfile.open(out / "scenarios.tar.gz") as tar:
+        names = tar.getnames()
+    assert any(n.endswith("trials/0001/startup.json") for n in names)
+    assert not any("vllm-cache" in n for n in names)

@@ -1,0 +1,294 @@
+"""Where a vLLM server's startup time goes, read from its log: the per-trial breakdown that
+``tuner status`` and the report show, plus the KV-cache size and graph-capture figures the
+log states.
+
+**Phases** (:data:`PHASES`, in the order a server goes through them). Each one ends at a log
+line vLLM prints (0.26 on an H200, 0.32 on the CPU build, the simulator); its length is the
+difference between the timestamps of consecutive end lines:
+
+============== ============================================ ===============================
+phase          ends at                                      what it is
+============== ============================================ ===============================
+imports        the first logger line (launcher clock)       Python imports of the API
+                                                            server process, argument parsing
+api_config     the API server's last line before the        engine arguments, model config
+               engine process logs
+engine_spawn   ``Initializing a V1 LLM engine``             the EngineCore process starts
+                                                            and imports torch/vLLM again
+weights        ``Model loading took`` (else ``Loading       device and distributed init,
+               weights took``)                              weight loading
+compile        ``torch.compile took .. s in total`` (CPU:   Dynamo + Inductor, or loading
+               ``Warming up done.``)                        them from the compile cache
+kv_cache       ``GPU KV cache size: N tokens``              profiling run, KV-cache sizing
+                                                            and allocation
+graph_capture  ``Graph capturing finished in``              CUDA graph capture
+warmup         ``init engine (...) took``                   kernel warm-up after capture
+api_start      ``Starting vLLM server on``                  the API server takes the engine
+serve          first ``/health`` 200 (launcher clock)       uvicorn start, readiness poll
+============== ============================================ ===============================
+
+A phase whose end line never appears (eager: no compile, no capture; CPU: no capture) is
+left out and its time falls into the next phase that has one. vLLM's timestamps have a
+resolution of one second, so a phase is exact to about a second; the first and last phases
+come from the launcher's own clock (``first_line_s`` and ``ready_s``, 0.1 s polling) and
+the phases add up to the measured startup. Where vLLM states a duration itself (weights,
+torch.compile, graph capture, init engine) that figure is kept as well, at its precision.
+
+A start that fails or is cut short has the phases up to the last end line seen
+(``reached``) and ``tail_s``, the seconds from there to the last log line.
+
+Pure: text in, record out (no clock, no file).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from tuner.vllm.compile_cache import parse_compile_log
+
+__all__ = ["PHASES", "PHASE_LABELS", "StartupRecord", "parse_startup", "summary_text", "figures_text",
+           "median_phases", "has_log_stamp"]
+
+PHASES: tuple[str, ...] = ("imports", "api_config", "engine_spawn", "weights", "compile", "kv_cache",
+                           "graph_capture", "warmup", "api_start", "serve")
+PHASE_LABELS: dict[str, str] = {
+    "imports": "imports", "api_config": "config", "engine_spawn": "engine process",
+    "weights": "weights", "compile": "compile", "kv_cache": "KV cache", "graph_capture": "graphs",
+    "warmup": "warm-up", "api_start": "API", "serve": "ready",
+}
+
+# The logger header vLLM puts before every record: level, then "MM-DD HH:MM:SS" (optionally
+# with fractions), then "[file.py:line]". Tagged lines carry "(Proc pid=N) " before it.
+_STAMP_RE = re.compile(r"(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (\d\d)-(\d\d) (\d\d):(\d\d):(\d\d)(\.\d+)? \[[^\]]*\] ?")
+
+# End lines of the phases measured from log timestamps; alternatives in order of preference
+# (the first one present in the log is used).
+_ENDS: dict[str, tuple[re.Pattern[str], ...]] = {
+    "engine_spawn": (re.compile(r"Initializing a V1 LLM engine"),),
+    "weights": (re.compile(r"Model loading took"), re.compile(r"Loading weights took")),
+    "compile": (re.compile(r"torch\.compile (?:took|takes) [\d.]+ s in total"),
+                re.compile(r"Warming up done\.")),
+    "kv_cache": (re.compile(r"\b[A-Z]+ KV cache size: [\d,]+ tokens"),),
+    "graph_capture": (re.compile(r"Graph capturing finished in"),),
+    "warmup": (re.compile(r"init engine \(profile, create kv cache, warmup model\) took"),),
+    "api_start": (re.compile(r"Starting vLLM server on"),),
+}
+_LOGGED = ("engine_spawn", "weights", "compile", "kv_cache", "graph_capture", "warmup", "api_start")
+
+_MODEL_LOADING_RE = re.compile(r"Model loading took ([\d.]+) GiB(?: memory)? and ([\d.]+) seconds")
+_LOADING_WEIGHTS_RE = re.compile(r"Loading weights took ([\d.]+) seconds")
+_KV_TOKENS_RE = re.compile(r"\b[A-Z]+ KV cache size: ([\d,]+) tokens")
+_KV_GIB_RE = re.compile(r"Available KV cache memory: ([\d.]+) GiB|Explicitly set \(([\d.]+)/[\d.]+\) GiB for KV cache")
+_CONCURRENCY_RE = re.compile(r"Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x")
+_CAPTURE_RE = re.compile(r"Graph capturing finished in ([\d.]+) secs?(?:, took ([\d.]+) GiB)?")
+
+
+@dataclass
+class StartupRecord:
+    """One server start, broken down (see the module docstring). Seconds throughout."""
+
+    phases: dict[str, float] = field(default_factory=dict)   # PHASES order; absent: no end line
+    reached: str | None = None       # the last phase whose end was seen
+    complete: bool = False           # the API server said it serves (api_start reached)
+    tail_s: float | None = None      # after ``reached``, to the last log line (failed/cut starts)
+    total_s: float | None = None     # spawn -> first /health 200 (the launcher's figure)
+    first_line_s: float | None = None
+    weights_s: float | None = None   # vLLM's own figures from here on
+    weights_gib: float | None = None
+    compile_cache: str | None = None  # CompileRecord.cache: hit, miss, partial, none, None
+    compile_s: float | None = None
+    kv_cache_tokens: int | None = None
+    kv_cache_gib: float | None = None
+    max_concurrency: float | None = None
+    max_concurrency_tokens: int | None = None
+    graph_capture_s: float | None = None
+    graph_capture_gib: float | None = None
+    init_engine_s: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any] | None) -> StartupRecord | None:
+        if not isinstance(data, Mapping):
+            return None
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+def has_log_stamp(text: str) -> bool:
+    """Whether ``text`` holds a vLLM logger line (the launcher stamps the arrival of the
+    first one: the end of the ``imports`` phase)."""
+
+    return _STAMP_RE.search(text) is not None
+
+
+def _stamp(line: str) -> float | None:
+    """Seconds of the line's logger timestamp on an arbitrary fixed year (only differences
+    are used); None for lines without one (tracebacks, tqdm bars, uvicorn)."""
+
+    m = _STAMP_RE.search(line)
+    if m is None:
+        return None
+    month, day, hour, minute, second = (int(g) for g in m.groups()[:5])
+    try:
+        # A fixed leap year (02-29 parses) and no time zone: only differences are used.
+        days = dt.date(2000, month, day).toordinal()
+    except ValueError:
+        return None
+    return days * 86400.0 + hour * 3600 + minute * 60 + second + (float(m.group(6)) if m.group(6) else 0.0)
+
+
+def _scan(text: str) -> tuple[list[tuple[float, str]], dict[str, list[tuple[int, float]]]]:
+    """Timestamped lines (time, message) and, per end pattern, where it first matched."""
+
+    stamped: list[tuple[float, str]] = []
+    first: dict[str, list[tuple[int, float]]] = {}
+    for raw in text.splitlines():
+        when = _stamp(raw)
+        if when is None:
+            continue
+        stamped.append((when, raw))
+        for phase in _LOGGED:
+            patterns = _ENDS[phase]
+            hits = first.setdefault(phase, [(-1, 0.0)] * len(patterns))
+            for i, pattern in enumerate(patterns):
+                if hits[i][0] < 0 and pattern.search(raw):
+                    hits[i] = (len(stamped) - 1, when)
+    return stamped, first
+
+
+def _ends(stamped: list[tuple[float, str]],
+          first: dict[str, list[tuple[int, float]]]) -> list[tuple[str, int, float]]:
+    """(phase, line index, time) of each phase end present, in phase order."""
+
+    ends: list[tuple[str, int, float]] = []
+    for phase in _LOGGED:
+        chosen = next(((i, t) for i, t in first.get(phase, []) if i >= 0), None)
+        if chosen is None:
+            continue
+        if phase == "engine_spawn" and chosen[0] > 0:
+            # The API server's part ends at its last line before the engine process logs.
+            ends.append(("api_config", chosen[0] - 1, stamped[chosen[0] - 1][0]))
+        ends.append((phase, *chosen))
+    return ends
+
+
+def _figures(text: str, rec: StartupRecord) -> None:
+    if m := _MODEL_LOADING_RE.search(text):
+        rec.weights_gib, rec.weights_s = float(m.group(1)), float(m.group(2))
+    elif m := _LOADING_WEIGHTS_RE.search(text):
+        rec.weights_s = float(m.group(1))
+    if m := _KV_TOKENS_RE.search(text):
+        rec.kv_cache_tokens = int(m.group(1).replace(",", ""))
+    if m := _KV_GIB_RE.search(text):
+        rec.kv_cache_gib = float(m.group(1) or m.group(2))
+    if m := _CONCURRENCY_RE.search(text):
+        rec.max_concurrency_tokens = int(m.group(1).replace(",", ""))
+        rec.max_concurrency = float(m.group(2))
+    if m := _CAPTURE_RE.search(text):
+        rec.graph_capture_s = float(m.group(1))
+        rec.graph_capture_gib = float(m.group(2)) if m.group(2) else None
+    compiled = parse_compile_log(text)
+    rec.compile_cache, rec.compile_s, rec.init_engine_s = compiled.cache, compiled.compile_s, compiled.init_engine_s
+
+
+def parse_startup(text: str, *, first_line_s: float | None = None,
+                  ready_s: float | None = None) -> StartupRecord:
+    """The startup record of one server log (any prefix of it).
+
+    ``first_line_s``: seconds from spawning the server to the arrival of its first logger
+    line (the launcher's clock); ``ready_s``: seconds from spawning to the first ``/health`` 200, None
+    when it never came."""
+
+    rec = StartupRecord(total_s=ready_s, first_line_s=first_line_s)
+    _figures(text, rec)
+    stamped, first = _scan(text)
+    if first_line_s is not None:
+        rec.phases["imports"] = round(max(0.0, first_line_s), 3)
+        rec.reached = "imports"
+    if not stamped:
+        return rec
+    start = previous = stamped[0][0]
+    for phase, _, when in _ends(stamped, first):
+        rec.phases[phase] = round(max(0.0, when - previous), 3)
+        rec.reached, previous = phase, max(previous, when)
+    rec.complete = rec.reached == "api_start"
+    logged = previous - start
+    if rec.complete and ready_s is not None and first_line_s is not None:
+        rec.phases["serve"] = round(max(0.0, ready_s - first_line_s - logged), 3)
+        rec.reached = "serve"
+    else:
+        rec.tail_s = round(max(0.0, stamped[-1][0] - previous), 3)
+    return rec
+
+
+def _secs(value: float) -> str:
+    # Phases read from log timestamps are whole seconds: no decimals pretending otherwise.
+    if value == int(value) or value >= 100:
+        return f"{value:.0f}"
+    return f"{value:.1f}"
+
+
+def summary_text(rec: Mapping[str, Any]) -> str:
+    """One line: ``startup 87s = imports 20 + config 0.0 + engine process 15 + ... (compile
+    cache miss)``; a failed start says how far it got."""
+
+    phases = rec.get("phases") or {}
+    parts = [f"{PHASE_LABELS.get(p, p)} {_secs(phases[p])}" for p in PHASES if phases.get(p) is not None]
+    total = rec.get("total_s")
+    if total is None:
+        head = "startup (never ready): "
+    elif rec.get("complete"):
+        head = f"startup {_secs(total)}s = "
+    else:
+        head = f"start stopped after {_secs(total)}s (never ready): "
+    text = head + " + ".join(parts) if parts else head + "no timestamped log lines"
+    cache = rec.get("compile_cache")
+    if cache not in (None, "none"):
+        text += f" (torch.compile cache {cache})"
+    if not rec.get("complete") and rec.get("reached") and rec.get("tail_s") is not None:
+        text += f"; log ends {_secs(rec['tail_s'])}s after {PHASE_LABELS.get(rec['reached'], rec['reached'])}"
+    return text
+
+
+def figures_text(rec: Mapping[str, Any]) -> str | None:
+    """``KV cache 3,226,544 tokens (69.23 GiB, 787.73x at 4,096 tokens), graph capture 3 s
+    (0.39 GiB)``, or None when the log states neither."""
+
+    parts = []
+    if rec.get("kv_cache_tokens") is not None:
+        extra = []
+        if rec.get("kv_cache_gib") is not None:
+            extra.append(f"{rec['kv_cache_gib']:.2f} GiB")
+        if rec.get("max_concurrency") is not None and rec.get("max_concurrency_tokens"):
+            extra.append(f"{rec['max_concurrency']:.2f}x at {rec['max_concurrency_tokens']:,} tokens")
+        parts.append(f"KV cache {rec['kv_cache_tokens']:,} tokens" + (f" ({', '.join(extra)})" if extra else ""))
+    if rec.get("graph_capture_s") is not None:
+        gib = rec.get("graph_capture_gib")
+        parts.append(f"graph capture {rec['graph_capture_s']:g} s" + (f" ({gib:.2f} GiB)" if gib is not None else ""))
+    return ", ".join(parts) or None
+
+
+def median_phases(records: list[Mapping[str, Any]]) -> dict[str, float]:
+    """Median seconds per phase over completed starts (a phase a start did not have counts
+    as 0 there, so the medians of compiled and eager trials are comparable), plus
+    ``total``: the median startup."""
+
+    done = [r for r in records if r.get("complete") and r.get("total_s") is not None]
+    if not done:
+        return {}
+
+    def median(values: list[float]) -> float:
+        ordered = sorted(values)
+        mid = len(ordered) // 2
+        return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+    out = {p: round(median([float((r.get("phases") or {}).get(p) or 0.0) for r in done]), 3)
+           for p in PHASES if any((r.get("phases") or {}).get(p) is not None for r in done)}
+    out["total"] = round(median([float(r["total_s"]) for r in done]), 3)
+    return out
