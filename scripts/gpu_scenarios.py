@@ -8,9 +8,10 @@ From the study file only ``server`` is used (command, model, flags, env, GPUs pe
 timeouts); each scenario is a small study of its own with the probe off and one short load
 level, run by ``python -m tuner.cli run`` (an argument vector, as a user would):
 
-a. **busy GPU**: a python3 process holds ``--hold-gib`` GiB on GPU 0 with torch; a one-trial
-   study with ``execution.gpu_free_timeout: 10s`` must fail ``gpus_not_free`` naming it,
-   without starting a server; then the holder is stopped.
+a. **busy GPU**: a python3 process holds ``--hold-gib`` GiB on GPU 0 with torch; the first
+   trial (``execution.gpu_free_timeout: 10s``) must fail ``gpus_not_free`` naming it,
+   without starting a server. The holder is stopped 3 s after that trial's outcome is
+   written, so the next trial shows the other half: it waits for the GPU, then starts.
 b. **too little memory**: ``--enforce-eager --kv-cache-memory-bytes 50000000`` (a KV cache
    that cannot hold one 4,096-token request) must fail fast with a typed memory reason
    (``max_model_len_too_large``), vLLM's message in the outcome.
@@ -20,9 +21,10 @@ d. **compile cache**: two trials that differ only in ``gpu_memory_utilization`` 
    vLLM's compile key) - the first compiles (miss), the second loads (hit); the startup
    drop is in both outcomes and in ``tuner status``.
 
-b, c and d run as one study (one Ray start): baseline d1, then d2, c, b in the order the
-tuner's compile-key grouping gives them. On an H200 with SmolLM2-135M the whole run takes
-about 4 minutes (a: ~30 s; d1 ~95 s and d2 ~55 s to start; b and c ~20-40 s each to fail).
+All of them run as one study (one Ray start, the tuner's own queue): a (the baseline), then
+d1, d2, c, b in the order the tuner's compile-key grouping gives them. On an H200 with
+SmolLM2-135M about 4 minutes (a: the 10 s wait; d1 ~90 s and d2 ~50 s to start; b and c
+~20-40 s each to fail); ``--only`` runs a subset.
 
 Output (``--out``, a few files so a device run can bring them back): ``summary.json`` (per
 scenario: expected, got, reason, vLLM's message, startup breakdown, seconds),
@@ -62,7 +64,8 @@ from tuner.adapters import proctree  # noqa: E402
 
 MARKER_VAR = "TUNER_SCENARIO_RUN"
 KV_BYTES = 50_000_000          # < 0.09 GiB: SmolLM2-135M needs ~94 MB for one 4,096-token request
-GPU_FREE_TIMEOUT = "10s"
+GPU_FREE_TIMEOUT = "10s"      # the busy trial's bounded wait
+RELEASE_DELAY_S = 3.0         # the holder goes this long after the busy trial failed
 STUDY_TIMEOUT_S = 420
 
 # Holds GiB of GPU 0 until killed (scenario a).
@@ -120,10 +123,13 @@ def _base(study: dict[str, Any], name: str, *, dry_run: bool) -> dict[str, Any]:
     }
 
 
-# Each configuration of the combined study (b, c, d): its scenario, its parameter values
-# (unlisted ones take the baseline's) and what it must show.
+# Each configuration of the study: its scenario, its parameter values (unlisted ones take
+# their defaults) and what it must show.
 CONFIGS = {
-    "d1": ("d", {}, "completed; torch.compile cache miss (compiles)"),
+    "a": ("a", {"enforce_eager": True},
+          "failed gpus_not_free in prepare after the bounded wait, naming the holder; no server started"),
+    "d1": ("d", {},
+           "completed; torch.compile cache miss (compiles); after a: waited for the GPU, then started"),
     "d2": ("d", {"gpu_memory_utilization": 0.45},
            "completed; torch.compile cache hit (same compile key as d1), startup below d1's"),
     "c": ("c", {"spec_method": "mtp", "spec_k": 1},
@@ -131,14 +137,16 @@ CONFIGS = {
     "b": ("b", {"enforce_eager": True, "kv_cache_memory_bytes": KV_BYTES},
           "failed fast with a memory reason (max_model_len_too_large) and vLLM's message"),
 }
+WHAT = {"a": "busy GPU", "b": "too little GPU memory", "c": "rejected configuration",
+        "d": "compile cache shared by two trials"}
 
 
-def combined_study(study: dict[str, Any], selected: set[str], *,
+def scenario_study(study: dict[str, Any], selected: set[str], *,
                    dry_run: bool) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """The study that runs b, c and d (those selected): its dict and, by configuration name
-    in the order they are listed (baseline first), each one's full parameter values."""
+    """The study that runs the selected scenarios: its dict and, by configuration name in
+    the order they are listed (the baseline first), each one's full parameter values."""
 
-    names = [n for n in ("d1", "d2", "c", "b") if CONFIGS[n][0] in selected]
+    names = [n for n in ("a", "d1", "d2", "c", "b") if CONFIGS[n][0] in selected]
     spec = _base(study, f"{study['name']}-scenarios", dry_run=dry_run)
     util = spec["server"]["flags"].pop("gpu_memory_utilization", 0.5)
     for key in ("enforce_eager", "kv_cache_memory_bytes", "speculative_config"):
@@ -154,24 +162,16 @@ def combined_study(study: dict[str, Any], selected: set[str], *,
         {"name": "spec_k", "flag": "speculative_config.num_speculative_tokens", "kind": "int",
          "low": 1, "high": 1, "when": {"spec_method": "mtp"}},
     ]
-    points = [CONFIGS[n][1] for n in names]
-    spec["baseline"] = points[0]
-    spec["starting_points"] = points[1:]
-    spec["budget"]["n_trials"] = len(points)
+    # Every value spelled out: a starting point's unlisted parameters take the baseline's.
     defaults = {"gpu_memory_utilization": float(util), "enforce_eager": False, "kv_cache_memory_bytes": None,
                 "spec_method": None}
-    return spec, {n: {**defaults, **CONFIGS[n][1]} for n in names}
-
-
-def busy_study(study: dict[str, Any], *, dry_run: bool) -> dict[str, Any]:
-    """Scenario a: one eager trial (cheap, should it ever start) that must wait for the held
-    GPU a bounded time and fail gpus_not_free."""
-
-    spec = _base(study, f"{study['name']}-busy", dry_run=dry_run)
-    spec["parameters"] = [{"name": "enforce_eager", "flag": "enforce_eager", "kind": "bool", "default": True}]
-    spec["server"]["flags"].pop("enforce_eager", None)
+    points = {n: {**defaults, **CONFIGS[n][1]} for n in names}
+    spec["baseline"] = points[names[0]]
+    spec["starting_points"] = [points[n] for n in names[1:]]
+    spec["budget"]["n_trials"] = len(points)
+    # Bounds the busy trial's wait (a) and covers the holder's release before the next one.
     spec["execution"]["gpu_free_timeout"] = GPU_FREE_TIMEOUT
-    return spec
+    return spec, points
 
 
 # -- judging what happened (pure) ---------------------------------------------------------
@@ -234,24 +234,47 @@ class Runner:
                 out.write(f"\n[gpu_scenarios] tuner {' '.join(args)} killed after {timeout:.0f}s\n")
                 return 124
 
-    def run_study(self, spec: dict[str, Any]) -> dict[str, Any]:
+    def run_study(self, spec: dict[str, Any], *, after_first: Any = None) -> dict[str, Any]:
+        """``tuner run`` the study; ``after_first`` is called once, ``RELEASE_DELAY_S`` after
+        the first trial's outcome is written (the busy-GPU holder's release: by then the next
+        trial is waiting for the GPU)."""
+
         name = spec["name"]
         path = self.work / "studies" / f"{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        first = self.results / name / "trials" / "0000" / "outcome.json"
         began = time.monotonic()
-        rc = self.tuner("run", str(path), "--results", str(self.results), log=self.work / f"{name}.run.log")
+        with open(self.work / f"{name}.run.log", "w") as out:
+            proc = subprocess.Popen([self.python, "-m", "tuner.cli", "run", str(path), "--results", str(self.results)],
+                                    cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            seen: float | None = None
+            while proc.poll() is None and time.monotonic() - began < STUDY_TIMEOUT_S:
+                if after_first is not None and seen is None and first.exists():
+                    seen = time.monotonic()
+                if after_first is not None and seen is not None and time.monotonic() - seen >= RELEASE_DELAY_S:
+                    after_first()
+                    after_first = None
+                time.sleep(0.2)
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)   # the tuner stops its servers on Ctrl-C
+                try:
+                    proc.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+                out.write(f"\n[gpu_scenarios] tuner run stopped after {STUDY_TIMEOUT_S}s\n")
+        if after_first is not None:
+            after_first()
         wall = time.monotonic() - began
         self.tuner("status", name, "--results", str(self.results), log=self.work / f"{name}.status.txt", timeout=120)
-        self.tuner("status", name, "--results", str(self.results), "--json",
-                   log=self.work / f"{name}.status.json", timeout=120)
         trials, values = {}, {}
         for outcome in sorted((self.results / name / "trials").glob("*/outcome.json")):
             with contextlib.suppress(OSError, ValueError):
                 trials[int(outcome.parent.name)] = json.loads(outcome.read_text())
                 values[int(outcome.parent.name)] = json.loads(
                     (outcome.parent / "command.json").read_text()).get("values", {})
-        return {"rc": rc, "wall_s": round(wall, 1), "trials": trials, "values": values}
+        return {"rc": proc.returncode, "wall_s": round(wall, 1), "trials": trials, "values": values}
 
     def smi_snapshot(self, label: str) -> None:
         smi = shutil.which("nvidia-smi", path=self.env.get("PATH"))
@@ -280,32 +303,34 @@ class Runner:
         return left
 
 
-@contextlib.contextmanager
-def held_gpu(runner: Runner, gib: float, holder_python: str):
-    """A process holding ``gib`` GiB on GPU 0 (a stand-in in a dry run) for the block's length."""
+class Holder:
+    """A process holding ``gib`` GiB on GPU 0 (a stand-in in a dry run) until ``release``."""
 
-    pidfile = runner.work / "holder.pid"
-    code = DRY_HOLDER if runner.dry_run else HOLDER
-    proc = subprocess.Popen([holder_python, "-c", code, str(gib)], env=runner.env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        pidfile.write_text(str(proc.pid))
-        first = proc.stdout.readline() if proc.stdout else ""
+    def __init__(self, runner: Runner, gib: float, python: str) -> None:
+        self.pidfile = runner.work / "holder.pid"
+        code = DRY_HOLDER if runner.dry_run else HOLDER
+        self.proc = subprocess.Popen([python, "-c", code, str(gib)], env=runner.env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        self.pid = self.proc.pid
+        self.pidfile.write_text(str(self.pid))
+        first = self.proc.stdout.readline() if self.proc.stdout else ""
         if not first.startswith("holding"):
-            rest = proc.stdout.read() if proc.stdout and proc.poll() is not None else ""
-            raise RuntimeError(f"the GPU holder did not start: {first}{rest}")
-        time.sleep(1.0)    # let nvidia-smi see it
-        yield proc.pid
-    finally:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
+            self.release()
+            raise RuntimeError(f"the GPU holder did not start: {first}")
+        self.released_at: float | None = None
+
+    def release(self) -> None:
+        if self.proc.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-        pidfile.unlink(missing_ok=True)
+                os.killpg(self.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(self.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            self.released_at = time.time()
+        self.pidfile.unlink(missing_ok=True)
 
 
 def _fake_nvidia_smi(runner: Runner) -> None:
@@ -319,40 +344,34 @@ def _fake_nvidia_smi(runner: Runner) -> None:
 
 def run_scenarios(study: dict[str, Any], selected: set[str], runner: Runner, *, hold_gib: float,
                   holder_python: str) -> dict[str, Any]:
-    summary: dict[str, Any] = {"study": study.get("name"), "dry_run": runner.dry_run, "scenarios": {},
-                               "studies": {}}
+    summary: dict[str, Any] = {"study": study.get("name"), "dry_run": runner.dry_run, "scenarios": {}}
     began = time.monotonic()
-    if "a" in selected:
-        spec = busy_study(study, dry_run=runner.dry_run)
-        runner.smi_snapshot("before-hold")
-        with held_gpu(runner, hold_gib, holder_python) as holder:
+    spec, points = scenario_study(study, selected, dry_run=runner.dry_run)
+    holder = None
+    runner.smi_snapshot("before")
+    try:
+        if "a" in selected:
+            holder = Holder(runner, hold_gib, holder_python)
+            time.sleep(1.0)    # let nvidia-smi see it
             runner.smi_snapshot("held")
-            result = runner.run_study(spec)
-        runner.smi_snapshot("after-hold")
-        got = _trial_summary(result["trials"].get(0))
-        got["holder_pid"] = holder
-        summary["studies"][spec["name"]] = {"rc": result["rc"], "wall_s": result["wall_s"]}
-        summary["scenarios"]["a"] = {"what": "busy GPU", "expected": "failed gpus_not_free in prepare "
-                                     "naming the holder, no server started", "got": got,
-                                     "ok": judge("a", got, {})}
-    rest = selected & {"b", "c", "d"}
-    if rest:
-        spec, points = combined_study(study, rest, dry_run=runner.dry_run)
-        result = runner.run_study(spec)
-        summary["studies"][spec["name"]] = {"rc": result["rc"], "wall_s": result["wall_s"]}
-        by_config = match_trials(points, result["trials"], result["values"])
-        summary["run_order"] = [name for _, name in sorted((g["trial"], n) for n, g in by_config.items())]
-        for name in points:
-            scenario, values, expected = CONFIGS[name]
-            got = by_config.get(name, {"status": "missing"})
-            summary["scenarios"][name] = {"what": {"b": "too little GPU memory", "c": "rejected configuration",
-                                                   "d": "compile cache shared by two trials"}[scenario],
-                                          "values": values, "expected": expected, "got": got,
-                                          "ok": judge(name, got, by_config)}
-        if "d1" in by_config and "d2" in by_config:
-            first, second = by_config["d1"].get("startup_s"), by_config["d2"].get("startup_s")
-            if first is not None and second is not None:
-                summary["startup_drop_s"] = round(first - second, 1)
+        result = runner.run_study(spec, after_first=holder.release if holder else None)
+    finally:
+        if holder is not None:
+            holder.release()
+    runner.smi_snapshot("after")
+    summary["study_run"] = {"name": spec["name"], "rc": result["rc"], "wall_s": result["wall_s"]}
+    by_config = match_trials(points, result["trials"], result["values"])
+    summary["run_order"] = [name for _, name in sorted((g["trial"], n) for n, g in by_config.items())]
+    for name in points:
+        scenario, values, expected = CONFIGS[name]
+        got = by_config.get(name, {"status": "missing"})
+        if name == "a" and holder is not None:
+            got["holder_pid"] = holder.pid
+        summary["scenarios"][name] = {"what": WHAT[scenario], "values": values, "expected": expected,
+                                      "got": got, "ok": judge(name, got, by_config)}
+    first, second = (by_config.get(n, {}).get("startup_s") for n in ("d1", "d2"))
+    if first is not None and second is not None:
+        summary["startup_drop_s"] = round(first - second, 1)
     summary["wall_s"] = round(time.monotonic() - began, 1)
     summary["leftover_pids"] = runner.leftovers()
     summary["ok"] = all(s["ok"] for s in summary["scenarios"].values()) and not summary["leftover_pids"]
@@ -374,6 +393,10 @@ def match_trials(points: dict[str, dict[str, Any]], trials: dict[int, dict[str, 
     return found
 
 
+def _s(value: Any) -> str:
+    return "-" if value is None else f"{float(value):.1f}s"
+
+
 def _write_outputs(out: Path, work: Path, summary: dict[str, Any]) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
@@ -383,9 +406,9 @@ def _write_outputs(out: Path, work: Path, summary: dict[str, Any]) -> None:
         got = item["got"]
         lines.append(f"[{key}] {item['what']}: {'ok' if item['ok'] else 'UNEXPECTED'}")
         lines.append(f"    expected: {item['expected']}")
-        lines.append(f"    got: {got.get('status')} {got.get('reason') or ''} (phase {got.get('phase')}), "
-                     f"startup {got.get('startup_s')}, compile cache {got.get('compile_cache')}, "
-                     f"gpu wait {got.get('gpu_wait_s')}")
+        lines.append(f"    got: trial {got.get('trial')} {got.get('status')} {got.get('reason') or ''} "
+                     f"(phase {got.get('phase')}), startup {_s(got.get('startup_s'))}, compile cache "
+                     f"{got.get('compile_cache')}, waited for the GPU {_s(got.get('gpu_wait_s'))}")
         if got.get("message"):
             lines.append(f"    message: {got['message']}")
     if "startup_drop_s" in summary:

@@ -31,34 +31,38 @@ def study() -> dict:
     return yaml.safe_load(H200_STUDY)
 
 
-def test_combined_study_runs_d1_d2_c_b_and_d_shares_one_compile_key(study: dict) -> None:
-    data, points = scn.combined_study(study, {"b", "c", "d"}, dry_run=False)
-    assert list(points) == ["d1", "d2", "c", "b"]
+def test_scenario_study_runs_a_then_d1_d2_c_b_and_d_shares_one_compile_key(study: dict) -> None:
+    data, points = scn.scenario_study(study, {"a", "b", "c", "d"}, dry_run=False)
+    assert list(points) == ["a", "d1", "d2", "c", "b"]
     spec = parse_study(yaml.safe_dump(data), "scenarios.yaml")     # what `tuner run` will read
     assert spec.server.command == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
-    assert spec.server.gpus_per_trial == 1 and not spec.probe.enabled and spec.budget.n_trials == 4
+    assert spec.server.gpus_per_trial == 1 and not spec.probe.enabled and spec.budget.n_trials == 5
+    assert spec.execution.gpu_free_timeout == 10.0
     assert "gpu_memory_utilization" not in spec.server.flags and spec.server.flags["max_model_len"] == 4096
     assert spec.server.env["NCCL_NVLS_ENABLE"] == 0
-    # The queue the tuner builds from it: baseline d1, then d2 (the baseline's compile key:
-    # gpu_memory_utilization is outside it), c (compiled, its own key), b (eager) last.
+    # The queue the tuner builds from it: the busy trial a (the baseline, eager: no compile
+    # key), then d1 and d2 (one key: gpu_memory_utilization is outside it), c (compiled, a key
+    # of its own), b (eager) last.
     study_ = optuna.create_study(directions=["maximize"])
     Orchestrator.ensure_baseline(type("Host", (), {"spec": spec})(), study_)  # type: ignore[arg-type]
     queued = [t.system_attrs["fixed_params"] for t in study_.get_trials(deepcopy=False)]
-    assert queued == [points[n] for n in ("d1", "d2", "c", "b")]
+    assert queued == [points[n] for n in ("a", "d1", "d2", "c", "b")]
     keys = {n: point_compile_key(spec, points[n]) for n in points}
-    assert keys["d1"] == keys["d2"] is not None and keys["c"] not in (None, keys["d1"]) and keys["b"] is None
+    assert keys["a"] is None and keys["b"] is None
+    assert keys["d1"] == keys["d2"] is not None and keys["c"] not in (None, keys["d1"])
     # The memory scenario's KV cache is too small for one 4,096-token request of SmolLM2-135M
     # (30 layers x 2 x 3 KV heads x 64 x 2 bytes = 23,040 bytes a token: 94 MB).
     assert scn.KV_BYTES < 4096 * 23_040
 
 
 def test_only_some_scenarios(study: dict) -> None:
-    data, points = scn.combined_study(study, {"c"}, dry_run=True)
-    assert list(points) == ["c"] and data["baseline"] == {"spec_method": "mtp", "spec_k": 1}
+    data, points = scn.scenario_study(study, {"c", "d"}, dry_run=True)
+    assert list(points) == ["d1", "d2", "c"] and data["baseline"] == points["d1"]
+    assert points["d1"] == {"gpu_memory_utilization": 0.5, "enforce_eager": False, "kv_cache_memory_bytes": None,
+                            "spec_method": None}
     assert data["server"]["command"] == ["{python}", "-m", "tuner.sim"] and data["server"]["gpus_per_trial"] == 0
-    busy = parse_study(yaml.safe_dump(scn.busy_study(study, dry_run=False)))
-    assert busy.execution.gpu_free_timeout == 10.0 and busy.budget.n_trials == 1
-    assert space.baseline_values(busy) == {"enforce_eager": True}
+    busy = parse_study(yaml.safe_dump(scn.scenario_study(study, {"a"}, dry_run=False)[0]))
+    assert busy.budget.n_trials == 1 and space.baseline_values(busy)["enforce_eager"] is True
 
 
 def test_trials_are_matched_to_configurations_by_their_values() -> None:
@@ -97,6 +101,8 @@ def test_dry_run_end_to_end(tmp_path: Path, study: dict) -> None:
     got = {k: v["got"] for k, v in summary["scenarios"].items()}
     assert got["a"]["reason"] == "gpus_not_free" and f"pid {got['a']['holder_pid']} " in got["a"]["message"]
     assert got["a"]["gpu_wait_s"] >= 10.0
+    # The holder went as soon as a's outcome was written: d1 waited for the GPU, then started.
+    assert got["d1"]["gpu_wait_s"] > 0 and got["d1"]["status"] == "completed"
     assert (got["d1"]["compile_cache"], got["d2"]["compile_cache"]) == ("miss", "hit")
     assert got["c"]["signature"] == "unsupported_speculative_method"
     assert got["b"]["reason"] == "max_model_len_too_large"

@@ -173,6 +173,18 @@ class TrialWorker:
         except OSError as exc:
             reason = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "artifact_write_failed"
             raise ArtifactWriteError(f"could not create {trial_dir}: {exc}", reason=reason) from exc
+        # What the trial is to run, written first: a trial that never gets its GPUs still
+        # says which configuration it was.
+        env_record = dict(request.env)
+        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
+            env_record["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
+        atomic_write_json(trial_dir / "command.json", {
+            "argv": request.argv,
+            "env": redact_env(env_record, request.secret_env),
+            "asked": request.asked,
+            "values": request.values,
+            "host": socket.gethostname(),
+        })
         # A previous trial's processes must be gone before the next server starts: first
         # the process tree (everywhere), then what nvidia-smi sees (where there is one).
         began = time.monotonic()
@@ -191,16 +203,6 @@ class TrialWorker:
         outcome.gpu_wait_s = round(waited, 3)
         if held:
             outcome.warnings.append(f"waited {waited:.1f}s for the GPUs to be free: {held.text()}")
-        env_record = dict(request.env)
-        if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
-            env_record["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
-        atomic_write_json(trial_dir / "command.json", {
-            "argv": request.argv,
-            "env": redact_env(env_record, request.secret_env),
-            "asked": request.asked,
-            "values": request.values,
-            "host": socket.gethostname(),
-        })
 
     async def _wait_group_free(self, request: TrialRequest, outcome: TrialOutcome) -> None:
         """No process of an earlier server of this group may still run on this node.
