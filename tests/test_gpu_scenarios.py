@@ -97,7 +97,7 @@ def test_dry_run_end_to_end(tmp_path: Path, study: dict) -> None:
     summary = json.loads((out / "summary.json").read_text())
     assert rc == 0, (out / "summary.txt").read_text()
     assert summary["ok"] and summary["leftover_pids"] == []
-    assert summary["run_order"] == ["d1", "d2", "c", "b"]
+    assert summary["run_order"] == ["a", "d1", "d2", "c", "b"]
     got = {k: v["got"] for k, v in summary["scenarios"].items()}
     assert got["a"]["reason"] == "gpus_not_free" and f"pid {got['a']['holder_pid']} " in got["a"]["message"]
     assert got["a"]["gpu_wait_s"] >= 10.0
