@@ -43,11 +43,9 @@ def test_scenario_study_runs_a_then_d1_d2_c_b_and_d_shares_one_compile_key(study
     # The queue the tuner builds from it: the busy trial a (the baseline, eager: no compile
     # key), then d1 and d2 (one key: gpu_memory_utilization is outside it), c (compiled, a key
     # of its own), b (eager) last.
-    study_ = optuna.create_study(directions=["maximize"])
-    Orchestrator.ensure_baseline(type("Host", (), {"spec": spec})(), study_)  # type: ignore[arg-type]
-    queued = [t.system_attrs["fixed_params"] for t in study_.get_trials(deepcopy=False)]
+    queued = [p.values for p in policy.first_points(spec, [])]
     assert queued == [points[n] for n in ("a", "d1", "d2", "c", "b")]
-    keys = {n: point_compile_key(spec, points[n]) for n in points}
+    keys = {n: space.point_compile_key(spec, points[n]) for n in points}
     assert keys["a"] is None and keys["b"] is None
     assert keys["d1"] == keys["d2"] is not None and keys["c"] not in (None, keys["d1"])
     # The memory scenario's KV cache is too small for one 4,096-token request of SmolLM2-135M

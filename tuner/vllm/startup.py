@@ -42,7 +42,6 @@ Pure: text in, record out (no clock, no file).
 
 from __future__ import annotations
 
-import datetime as dt
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -135,12 +134,14 @@ def _stamp(line: str) -> float | None:
     if m is None:
         return None
     month, day, hour, minute, second = (int(g) for g in m.groups()[:5])
-    try:
-        # A fixed leap year (02-29 parses) and no time zone: only differences are used.
-        days = dt.date(2000, month, day).toordinal()
-    except ValueError:
+    if not (1 <= month <= 12 and 1 <= day <= _MONTH_DAYS[month - 1]):
         return None
+    # Only differences are used: a fixed leap year (02-29 parses), no time zone.
+    days = sum(_MONTH_DAYS[: month - 1]) + day - 1
     return days * 86400.0 + hour * 3600 + minute * 60 + second + (float(m.group(6)) if m.group(6) else 0.0)
+
+
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
 def _scan(text: str) -> tuple[list[tuple[float, str]], dict[str, list[tuple[int, float]]]]:
