@@ -119,7 +119,8 @@ class StudyLoop:
     # -- the loop ------------------------------------------------------------------------
 
     def enqueue_first_points(self, study: optuna.Study) -> None:
-        for point in policy.first_points(self.spec, self.records(study)):
+        parallel = max(1, self.executor.n_groups)
+        for point in policy.first_points(self.spec, self.records(study), parallel=parallel):
             study.enqueue_trial(point.values, user_attrs=point.attrs)
 
     def run_loop(self, study: optuna.Study, *, elapsed_before: float = 0.0) -> str:

@@ -109,9 +109,9 @@ class Told:
 # -- what runs next ----------------------------------------------------------------------
 
 
-def first_points(spec: StudySpec, trials: Sequence[TrialRecord]) -> list[Enqueue]:
+def first_points(spec: StudySpec, trials: Sequence[TrialRecord], *, parallel: int = 1) -> list[Enqueue]:
     """The baseline, then the study's starting points, each once per study (a resumed study
-    finds them already queued or run)."""
+    finds them already queued or run). ``parallel``: GPU groups running trials at once."""
 
     out = []
     if not any(t.attrs.get("baseline") for t in trials):
@@ -122,7 +122,7 @@ def first_points(spec: StudySpec, trials: Sequence[TrialRecord]) -> list[Enqueue
     # own key first (vllm/compile_order.py): the second of a pair loads what the first
     # compiled into the study's cache.
     order = compile_order([space.point_compile_key(spec, v) for v in points],
-                          after=space.point_compile_key(spec, space.baseline_values(spec)))
+                          after=space.point_compile_key(spec, space.baseline_values(spec)), parallel=parallel)
     for i in order:
         if i not in queued:
             out.append(Enqueue(points[i], {"starting_point": i, "attempt": 1}))
