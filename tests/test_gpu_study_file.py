@@ -102,3 +102,13 @@ def test_a_searched_multicast_value_is_refused() -> None:
 ])
 def test_which_settings_turn_multicast_on(target: str, value: object, on: bool) -> None:
     assert (multicast_use(target, value) is not None) is on
+
+
+def test_a_searched_integer_switch_is_checked_without_building_its_range() -> None:
+    base = H200_STUDY.replace("    NCCL_NVLS_ENABLE: 0\n", "").replace("    TORCH_SYMM_MEM_DISABLE_MULTICAST: 1\n", "")
+    with pytest.raises(SpecError, match="NCCL_NVLS_ENABLE=1000000000000 enables"):
+        parse_study(base + "  - {name: nvls, env: NCCL_NVLS_ENABLE, kind: int, low: 0, high: 1000000000000}\n"
+                    "safety: {bounds: {parameter_values: 10000000000000}}\n")
+    with pytest.raises(SpecError, match="TORCH_SYMM_MEM_DISABLE_MULTICAST=0 re-enables"):
+        parse_study(base + "  - {name: mc, env: TORCH_SYMM_MEM_DISABLE_MULTICAST, kind: int, low: 0, high: 1}\n")
+    parse_study(base + "  - {name: nvls, env: NCCL_NVLS_ENABLE, kind: int, low: 0, high: 0}\n")

@@ -29,7 +29,7 @@ from tuner.probe.spec import ProbeSpec
 from tuner.study.study_name import check_study_name
 from tuner.vllm.compile_cache import check_cache_dir
 from tuner.vllm.knobs import check_target_name, check_value
-from tuner.vllm.multicast import multicast_use
+from tuner.vllm.multicast import MULTICAST_TARGETS, multicast_use
 
 __all__ = [
     "StudySpec",
@@ -484,7 +484,7 @@ class StudySpec(_Strict):
                 )
             _check_condition(f"parameter {p.name!r} 'when'", p.when, params, exclude=p.name)
             if not self.safety.allow_multicast:
-                for value in p.domain() or []:
+                for value in _multicast_candidates(p):
                     if why := multicast_use(p.target, value):
                         raise ValueError(
                             f"parameter {p.name!r}: value {value!r}: {why}: NVLink multicast is "
@@ -563,6 +563,19 @@ def _non_finite(value: Any, path: str = "") -> str | None:
         if found := _non_finite(child, where):
             return found
     return None
+
+
+def _multicast_candidates(param: Parameter) -> list[Any]:
+    """The values of ``param`` worth asking multicast_use about, without building a large
+    range: none for a target that cannot turn multicast on; for an integer range its ends
+    and the 0 and 1 inside it (the on/off values of those switches)."""
+
+    if param.target not in MULTICAST_TARGETS:
+        return []
+    if isinstance(param, IntParam):
+        inside = {v for v in (0, 1) if param.low <= v <= param.high}
+        return sorted({param.low, param.high} | inside)
+    return list(param.domain() or [])
 
 
 def _fixed_targets(server: ServerSpec) -> set[str]:
