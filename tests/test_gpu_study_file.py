@@ -111,4 +111,4 @@ def test_a_searched_integer_switch_is_checked_without_building_its_range() -> No
                     "safety: {bounds: {parameter_values: 10000000000000}}\n")
     with pytest.raises(SpecError, match="TORCH_SYMM_MEM_DISABLE_MULTICAST=0 re-enables"):
         parse_study(base + "  - {name: mc, env: TORCH_SYMM_MEM_DISABLE_MULTICAST, kind: int, low: 0, high: 1}\n")
-    parse_study(base + "  - {name: nvls, env: NCCL_NVLS_ENABLE, kind: int, low: 0, high: 0}\n")
+    parse_study(base + "  - {name: nvls, env: NCCL_NVLS_ENABLE, kind: int, low: 0, high: 0, default: 0}\n")
