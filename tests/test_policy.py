@@ -268,3 +268,5 @@ def test_a_record_reads_the_stored_verdict_and_derives_one_for_older_trials() ->
     older = record(1, BASE, told=(1.0, 1.0), constraints={"probe": 1.0})      # no verdict attribute
     assert older.outcome == "probe_failed"
     assert record(2, BASE, state="RUNNING", verdict="feasible").outcome == "running"
+    # load.on_unstable: infeasible - a level that never held steady is a violated constraint.
+    assert record(3, BASE, told=(1.0, 1.0), constraints={"unstable": 1.0}).outcome == "unstable"
