@@ -110,6 +110,15 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if spec.limits:
         _say("limits: " + ", ".join(l.label for l in spec.limits))
     _say(f"load: concurrency {list(spec.load.concurrency)}, api {spec.load.api}")
+    if spec.load.request_rates:
+        _say(f"open-loop levels: {list(spec.load.request_rates)} requests/s ({spec.load.arrival})")
+    if spec.slo is not None:
+        _say(f"slo: {spec.slo.text()} (goodput at every level)")
+    if spec.searches_max_rate:
+        rs = spec.load.rate_search
+        _say(f"max_rate@slo: searched in [{rs.low:g}, {rs.high:g}] requests/s to {rs.precision:.0%} "
+             f"in at most {rs.max_levels} rate levels per trial ({spec.load.arrival} arrivals, "
+             f"{spec.load.rate_duration_s:g} s levels)")
     timeout = f", wall-clock limit {format_duration(spec.budget.timeout)}" if spec.budget.timeout else ""
     _say(f"budget: {spec.budget.n_trials} trials{timeout}, {format_duration(spec.budget.trial_timeout)} per trial")
     _say("")

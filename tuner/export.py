@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from tuner import __version__
+from tuner.load.max_rate_text import max_rate_text
 from tuner.adapters.artifacts import is_secret_name
 from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text
 from tuner.study.pareto import Filter, pick_point
@@ -98,6 +99,19 @@ def _command(spec: StudySpec, record: TrialRecord) -> RenderedCommand:
     return replace(command, env=env)
 
 
+def _slo_lines(spec: StudySpec, record: TrialRecord) -> list[str]:
+    """Comment lines on the study's SLO and the trial's max_rate@slo search (none without an
+    SLO): what the exported configuration was measured to serve."""
+
+    if spec.slo is None:
+        return []
+    lines = [f"#   slo: {spec.slo.text()}"]
+    searched = record.attrs.get("outcome", {}).get("max_rate")
+    if searched:
+        lines.append(f"#   {max_rate_text(searched)}")
+    return lines
+
+
 def noise_notes(records: list[TrialRecord], labels: list[str], directions: list[str],
                 record: TrialRecord) -> list[str]:
     """The ties noise leaves around an exported point (tuner.study.noise), as sentences."""
@@ -138,12 +152,14 @@ def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: st
         "unstable_levels": record.unstable_levels,
         "ties": list(notes or []),
         "params": record.params,
+        "slo": None if spec.slo is None else spec.slo.model_dump(mode="json"),
+        "max_rate": record.attrs.get("outcome", {}).get("max_rate"),
         "tuner_version": __version__,
         "exported_unix": int(time.time()),
     }
     if fmt == "shell":
         header = [f"# tuner export: study {study_name}, trial {record.number} ({record.outcome})"]
-        header += _value_lines(record) + [f"#   {n}" for n in notes or []]
+        header += _value_lines(record) + _slo_lines(spec, record) + [f"#   {n}" for n in notes or []]
         header.append(f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
         return "\n".join(header) + "\n" + shell_line(command, redact=secrets) + "\n"
     if fmt == "env":
@@ -155,7 +171,7 @@ def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: st
         env = {k: (f"${{{k}}}" if k in secrets else v) for k, v in command.env.items()}
         return json.dumps({"argv": command.argv, "env": env, **meta}, indent=2) + "\n"
     if fmt == "systemd":
-        return _systemd_unit(study_name, record, command, secrets)
+        return _systemd_unit(study_name, record, command, secrets, _slo_lines(spec, record))
     if fmt == "yaml":
         return _config_yaml(spec, study_name, record, command, secrets)
     raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
@@ -171,6 +187,7 @@ def _config_yaml(spec: StudySpec, study: str, record: TrialRecord, command: Rend
     lines = [
         f"# tuner export: study {study}, trial {record.number} ({record.outcome})",
         *_value_lines(record),
+        *_slo_lines(spec, record),
         f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
         "# Start with (the environment is part of the measured configuration):",
         "#   " + " ".join(env_words + [shlex.quote(w) for w in prefix] + ["--config", "THIS_FILE.yaml"]),
@@ -191,10 +208,12 @@ def _systemd_word(word: str) -> str:
     return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
-def _systemd_unit(study: str, record: TrialRecord, command: RenderedCommand, secrets: tuple[str, ...]) -> str:
+def _systemd_unit(study: str, record: TrialRecord, command: RenderedCommand, secrets: tuple[str, ...],
+                  slo_lines: list[str] | None = None) -> str:
     lines = [
         f"# tuner export: study {study}, trial {record.number} ({record.outcome})",
         *_value_lines(record),
+        *(slo_lines or []),
         f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
         "[Unit]",
         f"Description=vLLM server (tuner study {study}, trial {record.number})",

@@ -27,6 +27,7 @@ from typing import Any
 import httpx
 
 from tuner.adapters.artifacts import atomic_write_json
+from tuner.load.max_rate_text import max_rate_text
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.server_calls import scrape_metrics
 from tuner.load.sweep import run_sweep
@@ -139,7 +140,8 @@ async def ameasure(
     if deadline_s is not None:
         remaining = max(1.0, deadline_s - (time.monotonic() - began))
     sweep = await run_sweep(_root(url), model, spec.load, ignore_eos=ignore_eos,
-                            deadline_s=remaining, headers=headers)
+                            deadline_s=remaining, headers=headers, slo=spec.slo,
+                            max_rate=spec.load.rate_search if spec.searches_max_rate else None)
     levels: dict[str, Any] = {}
     # Closed-loop levels are named by their concurrency, open-loop ones by their rate (r2.0).
     named = [(str(lv.concurrency), lv) for lv in sweep.levels]
@@ -174,6 +176,8 @@ async def ameasure(
         "api": spec.load.api,
         "probe": probe_summary,
         "levels": levels,
+        "slo": None if spec.slo is None else spec.slo.text(),
+        "max_rate": None if sweep.max_rate is None else sweep.max_rate.model_dump(mode="json"),
         "skipped_levels": sweep.skipped_levels,
         "warnings": notes + sweep.warnings,
         "out_dir": str(out_dir),
@@ -226,6 +230,14 @@ def _fmt(v: Any, digits: int = 1) -> str:
     return str(v)
 
 
+def _slo_cells(m: dict[str, Any]) -> list[str]:
+    met = m.get("slo_met")
+    attained = m.get("slo_attained")
+    return [_fmt(m.get("goodput_req_s"), 2),
+            "-" if attained is None else f"{attained:.0%}",
+            "-" if met is None else ("met" if met else "MISSED")]
+
+
 def format_summary(summary: dict[str, Any]) -> str:
     """Human-readable text of a :func:`measure` summary (what ``tuner measure`` prints)."""
     lines = [
@@ -239,6 +251,10 @@ def format_summary(summary: dict[str, Any]) -> str:
                      f"({p['accuracy']:.0%}) - {p['reason']}")
     header = ["level", "out tok/s", "run tok/s", "req/s", "TTFT p50", "TTFT p90", "TPOT p50",
               "TPOT mean", "ITL p50", "E2EL p50", "ok", "failed", "stab.", "±tok/s", "notes"]
+    slo = summary.get("slo")
+    if slo:
+        # Goodput columns before the notes: requests/s within the SLO, share within it.
+        header[-1:-1] = ["good req/s", "in SLO", "SLO"]
     rows = [header]
     for c, lv in summary["levels"].items():
         m = lv["metrics"]
@@ -264,6 +280,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             "inf" if lv["unstable"] and m["stability_ratio"] is None
             else _fmt(m["stability_ratio"], 2),
             _fmt(m.get("output_tok_s.ci95")),
+            *(_slo_cells(m) if slo else []),
             ", ".join(notes),
         ])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
@@ -275,6 +292,11 @@ def format_summary(summary: dict[str, Any]) -> str:
     lines.append("times in ms; out tok/s = steady-state window (±tok/s: its 95 % interval), run"
                  " tok/s = vLLM-style whole run;"
                  " level = concurrency, or rN = open loop at N requests/s")
+    if slo:
+        lines.append(f"SLO {slo}: good = a request within every bound (vllm bench serve "
+                     "--goodput); SLO = the level's statistics meet it")
+    if summary.get("max_rate"):
+        lines.append(max_rate_text(summary["max_rate"]))
     if summary["skipped_levels"]:
         lines.append(f"skipped levels (budget): {summary['skipped_levels']}")
     for w in summary["warnings"]:

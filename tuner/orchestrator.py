@@ -248,6 +248,8 @@ class StudyLoop:
             deadline_s=spec.budget.trial_timeout,
             load=spec.load, probe=self.probe,
             ignore_eos=bool(ignore_eos), reference=self.reference, early_stop=early_stop,
+            slo=spec.slo,
+            search_max_rate=spec.searches_max_rate,
         )
 
     # -- telling -------------------------------------------------------------------------

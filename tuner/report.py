@@ -21,6 +21,7 @@ from tuner.adapters.artifacts import atomic_write_text
 from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
 from tuner.export import ExportError, choose_record, noise_notes, render_export
+from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.plots import best_so_far_png, importance_png, pareto_png, startup_png
 from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points
@@ -71,10 +72,51 @@ def _fmt(value: Any) -> str:
     return "unset" if value is None else str(value)
 
 
+MAX_RATE = "max_rate@slo"
+
+
+def _value(r: TrialRecord, label: str) -> str:
+    """An objective's value as shown; max_rate@slo as its search says it (>=100: a lower
+    bound; 0 (slo_unmet))."""
+
+    record = r.attrs.get("outcome", {}).get("max_rate")
+    if label == MAX_RATE and record:
+        return max_rate_value_text(record)
+    return _fmt(r.values.get(label))
+
+
+def slo_section(slo_text: str, front: list[TrialRecord]) -> tuple[str, list[str]]:
+    """The report's SLO section as HTML and as Markdown lines: the SLO, then per front trial
+    its max_rate@slo search and the goodput it measured at each level."""
+
+    rows, md = [], ["", "## Latency SLO", "", f"SLO: `{slo_text}` (per request as `vllm bench serve "
+                    "--goodput`; the level's statistic for the verdict).", ""]
+    for r in front:
+        outcome = r.attrs.get("outcome", {})
+        levels = {**{f"c={c}": lv for c, lv in (outcome.get("levels") or {}).items()},
+                  **(outcome.get("rate_levels") or {})}
+        good = ", ".join(
+            f"{name}: {_fmt(lv.get('goodput_req_s'))} req/s, {_fmt(lv.get('goodput_tok_s'))} tok/s "
+            f"({_fmt(lv.get('slo_attained'))} within SLO)"
+            for name, lv in levels.items() if lv.get("goodput_req_s") is not None)
+        search = max_rate_text(outcome.get("max_rate")) if outcome.get("max_rate") else ""
+        rows.append(f"<tr><td>{r.number}</td><td>{html.escape(search)}</td>"
+                    f"<td>{html.escape(good)}</td></tr>")
+        md.append(f"- trial {r.number}: " + "; ".join(x for x in (search, "goodput " + good if good else "") if x))
+    table = ("<table><tr><th>trial</th><th>max_rate@slo search</th><th>goodput by level</th></tr>"
+             + "\n".join(rows) + "</table>")
+    page = (f"<h2>Latency SLO</h2><p>SLO: <code>{html.escape(slo_text)}</code> — a request is "
+            "good when it meets every term (as <code>vllm bench serve --goodput</code>); a level "
+            "meets the SLO when each term's statistic does.</p>" + table)
+    return page, md
+
+
 def _pm(r: TrialRecord, label: str) -> str:
     """A value with its 95 % half-width, e.g. ``8648 ± 210``."""
 
     value = r.values.get(label)
+    if label == MAX_RATE and r.attrs.get("outcome", {}).get("max_rate"):
+        return _value(r, label)       # as its search says it: >=high, 0 (slo_unmet)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return plus_minus(float(value), r.noise([label]).get(label), " ± ")
     return _fmt(value)
@@ -143,6 +185,8 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
             )
         if outcome.get("probe_passed") is False:
             notes.append("probe failed: " + html.escape(str(outcome.get("probe_reason"))))
+        if outcome.get("max_rate"):
+            notes.append(html.escape(max_rate_text(outcome["max_rate"])))
         failure = r.attrs.get("failure")
         if r.state == "FAIL" and failure:
             notes.append(f"{html.escape(str(failure.get('reason')))}: {html.escape(str(failure.get('message') or ''))}")
@@ -308,6 +352,9 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         f"{html.escape(_unstable(r))}: its numbers moved while they were measured.</p>"
         for r in unstable_front)
     head = "".join(f"<th>{html.escape(l)}</th>" for l in labels)
+    slo_html, slo_md = ("", [])
+    if handle.spec.slo is not None:
+        slo_html, slo_md = slo_section(handle.spec.slo.text(), front)
     imp_html = _img(figures["importance.png"], "knob importance") if importances else (
         f"<p>{html.escape(importance_note)}</p>")
     page = f"""<!doctype html>
@@ -326,6 +373,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 {f'<ul id="ties">{ties_html}</ul>' if ties_html else '<p id="ties">No ties within noise.</p>'}
 {separation}
 <p>Baseline: {"trial " + str(baseline.number) + " — " + ", ".join(f"{l}={_fmt(baseline.values.get(l))}" for l in labels) if baseline else "not measured"}.</p>
+{slo_html}
 <h2>Chosen configuration ({html.escape(pick)})</h2>
 <pre id="export">{html.escape(export_text)}</pre>
 <h2>Progress</h2>
@@ -353,6 +401,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
                   + " | " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items()) + " |")
     md += ["", "Values are ± their 95 % interval; differences inside it are ties."]
     md += [f"- {t}" for t in ties]
+    md += slo_md
     if confirmations:
         md += ["", "## Confirmation re-runs", ""]
         md += [f"- trial {n}: {summary_text(c)}" for n, c in sorted(confirmations.items())]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.adapters.artifacts import StudyPaths
+from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
 from tuner.study.noise import NoisyPoint, noisy_front, plus_minus
@@ -135,6 +136,7 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "startup": record.startup_record,
         "gpu_wait_s": outcome.get("gpu_wait_s"),
         "measured_levels": sorted(int(c) for c in (outcome.get("levels") or {})),
+        "max_rate": outcome.get("max_rate"),
         "checks": checks,
     }
 
@@ -278,6 +280,8 @@ def _stopped_values(row: dict[str, Any], labels: list[str], directions: list[str
         level = top if level_text == "max" else int(level_text) if level_text.isdigit() else None
         if bound is None:
             shown.append(f"{label}=not measured")
+        elif label == MAX_RATE and (row.get("max_rate") or {}).get("status") in ("stopped", None):
+            shown.append(f"{label}<={_fmt(bound)} (bound, search stopped)")
         elif level is not None and level not in measured:
             shown.append(f"{label}{'<=' if direction == 'maximize' else '>='}{_fmt(bound)} (bound, c={level} skipped)")
         else:
@@ -291,10 +295,17 @@ def _fmt(value: Any) -> str:
     return "unset" if value is None else str(value)
 
 
+MAX_RATE = "max_rate@slo"
+
+
 def _value(row: dict[str, Any], label: str) -> str:
-    """``label=value±noise`` (the 95 % half-width, when the value has one)."""
+    """``label=value±noise`` (the 95 % half-width, when the value has one); max_rate@slo as
+    its search says it."""
 
     value = row["values"].get(label)
+    if label == MAX_RATE and row.get("max_rate"):
+        # As its search says it: >=100 when only a lower bound, 0 (slo_unmet).
+        return f"{label}={max_rate_value_text(row['max_rate'])}"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{label}={plus_minus(float(value), (row.get('noise') or {}).get(label))}"
     return f"{label}={_fmt(value)}"
@@ -341,6 +352,8 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
         lines.append(f"  trial {row['trial']:>3}{' [baseline]' if row['baseline'] else ''}: {vals}{gain}"
                      f"{_unstable_text(row)}")
         lines.append(f"             {params}")
+        if row.get("max_rate"):
+            lines.append(f"             {max_rate_text(row['max_rate'])}")
         confirmation = status.get("confirmations", {}).get(str(row["trial"]))
         if confirmation is not None:
             lines.append(f"             {summary_text(confirmation)}")
@@ -393,6 +406,8 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
                 lines.append(_compile_line(row))
             if row.get("speculation"):
                 lines.append(_speculation_line(row))
+            if row.get("max_rate"):
+                lines.append(f"        {max_rate_text(row['max_rate'])}")
     return "\n".join(lines)
 
 

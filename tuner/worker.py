@@ -54,6 +54,12 @@ STARTUP_LOG_POLL_S = 1.0  # how often a starting server's log is checked for a d
 logger = logging.getLogger(__name__)
 
 
+def _json_flat(flat: dict[str, float]) -> dict[str, float | None]:
+    """Flat level metrics for the outcome: NaN marks "no sample" in metrics; JSON and the
+    Optuna storage want null."""
+    return {k: (None if v != v else v) for k, v in flat.items()}
+
+
 class TrialWorker:
     """Owns one GPU group; runs one trial at a time."""
 
@@ -378,24 +384,30 @@ class TrialWorker:
         began = time.monotonic()
         guard = guard or SweepGuard(None)
         guard.trial_metrics = {"startup_s": outcome.startup_s, "probe_s": outcome.probe_s}
+        slo = request.slo
         sweep = await run_sweep(
             self._server.base_url, request.served_model_name, spec,
             ignore_eos=request.ignore_eos, deadline_s=self._remaining(request),
             levels=guard.levels(spec.concurrency), after_level=guard.after_level,
             inside_level=guard.inside_level if guard.enabled else None,
+            slo=slo, max_rate=spec.rate_search if request.search_max_rate else None,
+            stop_search=guard.during_search if guard.enabled else None,
         )
         outcome.load_s = time.monotonic() - began
         for level in sweep.levels:
             key = str(level.concurrency)
-            # NaN marks "no sample" in metrics; JSON and the Optuna storage want null.
-            outcome.levels[key] = {k: (None if v != v else v) for k, v in level.metrics.flat().items()}
+            outcome.levels[key] = _json_flat(level.metrics.flat())
             if level.server_side is not None:
                 outcome.server_side[key] = level.server_side
             write_records_jsonl(trial_dir / f"requests-c{level.concurrency}.jsonl", level.records)
-        # Open-loop rate levels are measured and reported (metrics.json, records), not scored.
+        # Open-loop levels (load.request_rates and the max_rate@slo search's) by name (r2.0):
+        # objectives and limits read them with rate: <rate>.
         for level in sweep.rate_levels:
             name = rate_level_name(level.request_rate or 0.0)
+            outcome.rate_levels[name] = _json_flat(level.metrics.flat())
             write_records_jsonl(trial_dir / f"requests-{name}.jsonl", level.records)
+        if sweep.max_rate is not None:
+            outcome.max_rate = sweep.max_rate.model_dump(mode="json")
         # A level stopped at its last dispatch (early stop rule 4a) has its objective measured:
         # its output tok/s is recorded so the trial is told with it, like any completed one.
         for key, value in ((guard.record or {}).get("measured") or {}).items():

@@ -16,6 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tuner.load.rate_search import RateSearchSpec
+
 __all__ = ["Api", "Arrival", "LoadSpec", "OnUnstable", "Sizing", "WorkloadClass", "WorkloadKind",
            "WorkloadSpec", "rate_level_name"]
 
@@ -271,8 +273,8 @@ class LoadSpec(BaseModel):
         description=(
             "Open-loop levels in requests per second, strictly ascending, each > 0, measured "
             "after the concurrency levels: requests are sent at seeded arrival times computed "
-            "up front, however many are still in flight (measurement.md §2). Measured and "
-            "reported (level name r<rate>, e.g. r2.0), not usable in objectives or limits."
+            "up front, however many are still in flight (measurement.md §2). Level name "
+            "r<rate> (e.g. r2.0): objectives and limits read them with rate: <rate>."
         ),
     )
     arrival: Arrival = Field(
@@ -300,6 +302,14 @@ class LoadSpec(BaseModel):
             "Safety cap on in-flight requests at a rate level. When it binds, requests wait "
             "and the wait is recorded (client_queue_ms, cap_waits): a level that hits it "
             "measured a saturated client queue, not the intended arrival rate."
+        ),
+    )
+    rate_search: RateSearchSpec = Field(
+        default_factory=RateSearchSpec,
+        description=(
+            "Where and how precisely max_rate@slo is searched (used when an objective or a "
+            "limit names max_rate@slo): rate levels like request_rates', chosen by "
+            "tuner.load.rate_search."
         ),
     )
 

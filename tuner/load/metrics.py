@@ -31,6 +31,7 @@ from dataclasses import asdict
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.load.records import RequestRecord
+from tuner.load.slo import LevelSlo
 from tuner.load.stats import Stat
 from tuner.load.stats import percentile as _percentile
 from tuner.load.uncertainty import Z95, mean_ci, quantile_ci
@@ -228,6 +229,10 @@ class LevelMetrics(BaseModel):
     total_output_tokens: int = Field(description="Σ output tokens of completed requests.")
     total_prompt_tokens: int = Field(description="Σ prompt tokens of completed requests.")
     by_class: dict[str, ClassMetrics]
+    slo: LevelSlo | None = Field(
+        default=None,
+        description="Goodput and the SLO's verdict, when the study has an slo: section "
+        "(tuner.load.goodput.level_slo; flat keys tuner.load.slo.GOODPUT_KEYS).")
 
     def flat(self) -> dict[str, float]:
         """Scalar metrics under the stable :data:`FLAT_KEYS` then :data:`EXTRA_FLAT_KEYS`;
@@ -257,6 +262,8 @@ class LevelMetrics(BaseModel):
                 ci = floor if math.isnan(ci) else math.hypot(ci, floor)
             out[f"{key}.ci95"] = ci
             out[f"{key}.n"] = n
+        if self.slo is not None:
+            out.update(self.slo.flat())
         return out
 
     def flat_single(self) -> dict[str, float]:

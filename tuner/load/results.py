@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.load.load_spec import LoadSpec, rate_level_name
 from tuner.load.metrics import LevelMetrics
+from tuner.load.rate_search import MaxRateResult
 from tuner.load.records import RequestRecord
 
 __all__ = ["TOKEN_AGREEMENT_TOLERANCE", "LevelResult", "SweepResult", "TokenAgreement",
@@ -90,6 +91,10 @@ class SweepResult(BaseModel):
     stopped_rates: list[float] = Field(
         default_factory=list,
         description="Rate levels not run because early stop ended the sweep.")
+    max_rate: MaxRateResult | None = Field(
+        default=None,
+        description="The max_rate@slo search (tuner.load.max_rate): every probed rate, its "
+        "verdict, the bracket and the answer; its levels are in rate_levels.")
 
     def to_json(self, *, include_records: bool = True, indent: int | None = None) -> str:
         exclude = _NO_RECORDS if not include_records else None

@@ -3,7 +3,9 @@
 Per concurrency level: prompt fitting through ``/tokenize`` → warm-up with different
 prompts → ``/metrics`` scrape → measured level (× ``repeats``, fresh prompts each time) →
 scrape, so the server-side deltas cover the measured requests only. Open-loop rate levels
-(``LoadSpec.request_rates``) follow the concurrency levels.
+(``LoadSpec.request_rates``) follow the concurrency levels, then the ``max_rate@slo``
+search's rate levels (:mod:`tuner.load.max_rate`). With an SLO every level carries its
+goodput and verdict (:mod:`tuner.load.goodput`).
 """
 
 from __future__ import annotations
@@ -20,10 +22,13 @@ from typing import Any
 import httpx
 
 from tuner.load.closed_loop import run_level
+from tuner.load.goodput import level_slo
 from tuner.load.load_spec import LoadSpec, rate_level_name
 from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_repeats
+from tuner.load.max_rate import search_max_rate
 from tuner.load.open_loop import rate_level_metrics, run_rate_level
 from tuner.load.prometheus import MetricsSnapshot, server_side_metrics
+from tuner.load.rate_search import RateSearchSpec
 from tuner.load.records import RequestRecord
 from tuner.load.request import AUX_TIMEOUT_S, LevelContext
 from tuner.load.results import (
@@ -41,6 +46,7 @@ from tuner.load.server_calls import (
 )
 from tuner.load.steady import SteadyRule
 from tuner.load.steady_loop import SteadyRun, run_steady_level
+from tuner.load.slo import SloSpec
 from tuner.load.streams import LevelHalted
 from tuner.load.warmup import warm_up
 from tuner.load.window import SteadyWindow
@@ -70,6 +76,9 @@ async def run_sweep(
     levels: Sequence[int] | None = None,
     after_level: Callable[[dict[int, dict[str, float]], list[int]], bool] | None = None,
     inside_level: Callable[[int, dict[str, Any], list[int]], bool] | None = None,
+    slo: SloSpec | None = None,
+    max_rate: RateSearchSpec | None = None,
+    stop_search: Callable[[dict[int | str, dict[str, float]], float], bool] | None = None,
 ) -> SweepResult:
     """Warm up and measure every concurrency level of ``load_spec``.
 
@@ -110,7 +119,7 @@ async def run_sweep(
         can_fit, lengths = await _prompt_lengths(aux, base_url, model, load_spec, notes)
         sweep = _Sweep(
             aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes,
-            lengths,
+            lengths, slo,
         )
         results, skipped, stopped = await _concurrency_levels(
             sweep, order, after_level, inside_level)
@@ -127,6 +136,22 @@ async def run_sweep(
                 skipped_rates.append(rate)
             else:
                 rate_results.append(result)
+        searched = None
+        if max_rate is not None and not stopped:
+            def stop(bound: float, probed: list[LevelResult]) -> bool:
+                if stop_search is None:
+                    return False
+                flat: dict[int | str, dict[str, float]] = {
+                    lv.concurrency: lv.metrics.flat() for lv in results}
+                flat.update({rate_level_name(lv.request_rate or 0.0): lv.metrics.flat()
+                             for lv in (*rate_results, *probed)})
+                return stop_search(flat, bound)
+
+            searched, probed = await search_max_rate(
+                lambda rate: _sweep_rate_level(sweep, rate), max_rate,
+                hint=max((lv.metrics.request_per_s for lv in results), default=None),
+                known=rate_results, stop=stop)
+            rate_results.extend(probed)
     if skipped:
         notes.append(f"levels {skipped} skipped: sweep budget of {deadline_s}s exhausted")
     if skipped_rates:
@@ -146,6 +171,7 @@ async def run_sweep(
         rate_levels=rate_results,
         skipped_rates=skipped_rates,
         stopped_rates=stopped_rates,
+        max_rate=searched,
     )
 
 
@@ -185,7 +211,7 @@ async def _concurrency_levels(
             def check(view: dict[str, Any], c: int = c, later: list[int] = later) -> bool:
                 return inside_level(c, view, later)
         try:
-            result = await _sweep_level(sweep, c, check)
+            result = sweep.judged(await _sweep_level(sweep, c, check))
         except LevelHalted:
             return results, skipped, [c, *later]
         if result is None:
@@ -213,6 +239,15 @@ class _Sweep:
     headers: dict[str, str] | None
     notes: list[str]  # appended to
     lengths: LengthModel | None = None  # sizing: steady, calibrated through /tokenize
+    slo: SloSpec | None = None  # judged at every level
+
+    def judged(self, level: LevelResult | None) -> LevelResult | None:
+        """``level`` with its goodput and SLO verdict (unchanged without an SLO)."""
+        if level is None or self.slo is None:
+            return level
+        metrics = level.metrics.model_copy(
+            update={"slo": level_slo(level.records, level.metrics, self.slo)})
+        return level.model_copy(update={"metrics": metrics})
 
 
 async def _plan_for(sw: _Sweep, c: int, repeat: int) -> tuple[list[RequestPlan], bool]:
@@ -414,6 +449,11 @@ async def _rate_plan_for(sw: _Sweep, rate: float, repeat: int) -> tuple[list[Req
 
 
 async def _sweep_rate_level(sw: _Sweep, rate: float) -> LevelResult | None:
+    """With its goodput and SLO verdict (``_Sweep.judged``); see ``_rate_level``."""
+    return sw.judged(await _rate_level(sw, rate))
+
+
+async def _rate_level(sw: _Sweep, rate: float) -> LevelResult | None:
     """Fit → scrape → measure open loop (× repeats) → scrape for one rate level; None if
     out of budget before anything was measured. No warm-up of its own: rate levels run
     after the concurrency levels, on a server those already warmed (CUDA graphs, JIT),

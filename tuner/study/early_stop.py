@@ -4,7 +4,7 @@ A trial starts a server (minutes: weights, compile, graph capture), verifies the
 configuration, runs the correctness probe, then measures concurrency levels (e.g. 1, 4, 16,
 64; the top level costs more than the others together). This module decides, while the
 server starts, after each later step and during a level, whether the rest can be skipped.
-Four rules, each safe on its own:
+Five rules, each safe on its own:
 
 1. **Infeasible anyway**: a knob not applied, a failed correctness probe, or a limit missed
    at a level already measured (``infeasible_reason``). Such a trial is never on the front
@@ -38,6 +38,11 @@ Four rules, each safe on its own:
      level below it (latency does not fall, per-user speed does not rise with load);
    * trial-level metrics (``startup_s``, ``probe_s``: a third objective on startup time) are
      exact once known (``TRIAL_LEVEL``); ``trial_s`` is unbounded;
+   * goodput (``goodput_req_s``, ``goodput_tok_s``) at level C: the bound of the throughput
+     it is a part of (``request_per_s``, ``output_tok_s``) measured at a level below, as
+     above (good requests are a subset of the completed ones); ``slo_attained``: 1;
+   * open-loop levels (``metric@r<rate>``, level named ``r2.0``): exact once measured (they
+     run after every concurrency level), unbounded before;
    * anything else, or a level below every measured one: unbounded (never stops).
 
    The trial stops when one feasible point of the current front is at least as good as
@@ -51,7 +56,7 @@ front and the learned-ratio history) into each ``TrialRequest`` (none with
 ``execution.early_stop: false``); the worker consults a ``SweepGuard`` while the server
 starts, after verification, after the probe, during each level's measured run and after
 each load level (``tuner.load.sweep.run_sweep(levels=..., after_level=..., inside_level=...)``) and
-writes the guard's ``record`` into the outcome. A trial stopped by rule 1, 3 or 4b is told
+writes the guard's ``record`` into the outcome. A trial stopped by rule 1, 3, 4b or 5 is told
 with the ``early_stopped`` constraint violated (its measured objectives, else its bounds,
 else the worst values seen): never on the front, never exported without ``--force``. A
 ``dominated_exact`` stop (rules 2 and 4a) is a normal completed trial without its
@@ -90,6 +95,12 @@ informational levels (4a: its halted level carries only the output tok/s it was 
    measured whole); not used with ``repeats`` > 1 or sharded clients
    (``client_processes`` > 1).
 
+5. **During the max_rate@slo search** (``SweepGuard.during_search``): every other objective
+   is measured by then; ``max_rate@slo`` can at best be the lowest rate that missed the SLO
+   so far (or ``load.rate_search.high`` before any missed): the answer is the highest rate
+   met *below* it. A trial dominated with that bound stops its search (rule 3's argument),
+   and a limit ``max_rate@slo >= x`` with the bound below x makes it infeasible (rule 1).
+
 What "safe" rests on, and how it is checked: rules 1, 2 and 4a are exact. Rules 3 and 4b
 assume their bounds hold; ``benchmarks/search_efficiency.py --early-stop`` replays whole studies against
 the simulator's ground truth (with measurement noise) and counts stopped trials whose full
@@ -114,6 +125,9 @@ __all__ = ["Target", "Decision", "optimistic_values", "dominated", "infeasible_r
            "INSIDE_MARGIN", "AGGREGATE_METRICS", "DEFAULT_MARGIN", "DEFAULT_MIN_HISTORY"]
 
 AGGREGATE_METRICS = frozenset({"output_tok_s", "total_tok_s", "request_per_s"})
+# Goodput is the part of a throughput that met the SLO: bounded by that throughput's bound.
+GOODPUT_OF = {"goodput_req_s": "request_per_s", "goodput_tok_s": "output_tok_s"}
+MAX_RATE = "max_rate@slo"
 _LATENCY_PREFIXES = ("ttft_ms", "tpot_ms", "itl_ms", "e2el_ms")
 DEFAULT_MARGIN = 0.25
 DEFAULT_MIN_HISTORY = 3
@@ -127,15 +141,21 @@ INSIDE_SUBWINDOWS = 3
 # The pseudo-level of trial-level metrics (startup_s, probe_s, trial_s) in a plan's targets.
 TRIAL_LEVEL = 0
 
-Levels = Mapping[int, Mapping[str, float]]
+Levels = Mapping[int | str, Mapping[str, float]]
+
+
+def _level_key(level: Any) -> int | str:
+    """A plan's level back from JSON: concurrency levels are ints, open-loop ones names."""
+    return level if isinstance(level, str) and level.startswith("r") else int(level)
 
 
 @dataclass(frozen=True)
 class Target:
-    """One objective (or limit) read at one concurrency level."""
+    """One objective (or limit) read at one concurrency level (an int), an open-loop level
+    (its name, ``r2.0``) or the trial (``TRIAL_LEVEL``)."""
 
     metric: str
-    level: int
+    level: int | str
     direction: str          # "maximize" | "minimize"
 
 
@@ -163,7 +183,7 @@ def level_order(levels: Sequence[int], needed: Sequence[int]) -> list[int]:
 
 
 def _below(measured: Levels, level: int) -> int | None:
-    done = [c for c in measured if c < level]
+    done = [c for c in measured if isinstance(c, int) and c < level]
     return max(done) if done else None
 
 
@@ -192,6 +212,13 @@ def optimistic(target: Target, measured: Levels, history: Sequence[Levels], *,
     if target.level in measured:
         value = _noisy_best(measured[target.level], target)
         return unbounded if value is None else value
+    if isinstance(target.level, str):
+        return unbounded          # an open-loop level not measured yet
+    if target.metric in GOODPUT_OF and target.direction == "maximize":
+        return optimistic(Target(GOODPUT_OF[target.metric], target.level, "maximize"), measured,
+                          history, margin=margin, min_history=min_history, max_gap=max_gap)
+    if target.metric == "slo_attained" and target.direction == "maximize":
+        return 1.0
     low = _below(measured, target.level)
     if low is None:
         return unbounded
@@ -314,7 +341,7 @@ class PlanTarget(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     metric: str
-    level: int
+    level: int | str            # a concurrency level, an open-loop one's name (r2.0), TRIAL_LEVEL
     direction: Literal["maximize", "minimize"]
 
 
@@ -323,7 +350,7 @@ class PlanLimit(BaseModel):
 
     label: str
     metric: str
-    level: int
+    level: int | str
     max: float | None = None
     min: float | None = None
 
@@ -358,7 +385,8 @@ def sweep_plan(targets: Sequence[Target], limits: Sequence[Mapping[str, Any]], l
     measured all their objective levels. ``inside_margin``: rule 4's margin (None: never
     stop inside a level)."""
 
-    needed = [t.level for t in targets] + [int(lim["level"]) for lim in limits]
+    needed = [lv for lv in [*(t.level for t in targets), *(lim["level"] for lim in limits)]
+              if isinstance(lv, int)]
     return SweepPlan(
         targets=[PlanTarget(metric=t.metric, level=t.level, direction=t.direction)
                  for t in targets],
@@ -389,8 +417,8 @@ class SweepGuard:
         self.limits: list[dict[str, Any]] = [lim.model_dump() for lim in plan.limits]
         self.order = list(plan.order)
         self.front: list[tuple[float, ...]] = [tuple(p) for p in plan.front]
-        self.history: list[dict[int, dict[str, float]]] = [{int(c): dict(m) for c, m in h.items()}
-                                                           for h in plan.history]
+        self.history: list[dict[int | str, dict[str, float]]] = [
+            {_level_key(c): dict(m) for c, m in h.items()} for h in plan.history]
         self.require_applied = plan.require_applied
         self.margin = plan.margin
         self.min_history = plan.min_history
@@ -440,7 +468,9 @@ class SweepGuard:
     def _limit_violations(self, measured: Levels) -> dict[str, float]:
         out = {}
         for lim in self.limits:
-            level = int(lim["level"])
+            level = _level_key(lim["level"])
+            if lim["metric"] == MAX_RATE:
+                continue          # known only during its search (during_search)
             if level == TRIAL_LEVEL:
                 value = self.trial_metrics.get(str(lim["metric"]))
                 if value is None:
@@ -513,7 +543,8 @@ class SweepGuard:
         index = dominated(bounds, self.front, [t.direction for t in self.targets])
         if index is None:
             return False
-        exact = bool(partial.get("exact")) and not any(int(lim["level"]) == level for lim in self.limits)
+        exact = bool(partial.get("exact")) and not any(_level_key(lim["level"]) == level
+                                                        for lim in self.limits)
         if exact:
             # Rule 4a: the level's output tok/s is measured (its window is complete), so the
             # trial is told like any completed one (rule 2), with that value at this level:
@@ -534,4 +565,36 @@ class SweepGuard:
                        "inside": {k: partial.get(k) for k in ("output_tok_s", "exact", "window_s",
                                                                "first_wave_s", "completed", "planned")},
                        "skipped_levels": [level, *remaining]}
+        return True
+
+    def during_search(self, levels: Levels, bound: float) -> bool:
+        """During the max_rate@slo search (rule 5): ``levels`` are the flat metrics of every
+        level measured (concurrency levels by int, open-loop ones by name), ``bound`` the
+        largest answer the search can still give. True = end the search; the trial is told
+        stopped (its max_rate@slo as ``bound``), never on the front."""
+
+        if not self.enabled or self.stopped:
+            return self.stopped
+        after = f"max_rate@slo search (answer below {bound:g} req/s)"
+        violations = self._limit_violations(levels)
+        for lim in self.limits:
+            if lim["metric"] == MAX_RATE and lim.get("min") is not None:
+                violations[str(lim["label"])] = float(lim["min"]) - bound
+        reason = infeasible_reason(applied=True, probe_passed=True, limit_violations=violations)
+        if reason is not None:
+            self.record = {"reason": reason, "after": after, "bounds": None, "skipped_levels": [],
+                           "max_rate_bound": bound}
+            return True
+        trial = {k: v for k, v in self.trial_metrics.items() if v is not None}
+        measured: dict[int | str, Mapping[str, float]] = {
+            **levels, TRIAL_LEVEL: {**trial, MAX_RATE: bound}}
+        bounds = optimistic_values(self.targets, measured, self.history, margin=self.margin,
+                                   min_history=self.min_history, max_gap=self.max_gap)
+        index = dominated(bounds, self.front, [t.direction for t in self.targets])
+        if index is None:
+            return False
+        self.record = {"reason": "dominated", "after": after,
+                       "bounds": [b if math.isfinite(b) else None for b in bounds],
+                       "dominated_by": list(self.front[index]), "skipped_levels": [],
+                       "max_rate_bound": bound}
         return True

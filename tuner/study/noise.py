@@ -21,8 +21,9 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["NoisyPoint", "Tie", "better_beyond", "label_noise", "level_unstable",
+__all__ = ["NoisyPoint", "Tie", "better_beyond", "label_noise", "level_unstable", "max_rate_noise",
            "noisy_front", "pick_ties", "plus_minus", "resolve_level", "tie_text", "within"]
 
 
@@ -134,9 +135,20 @@ def label_noise(levels: Mapping[str, Mapping[str, float | None]], label: str) ->
     metrics; None for trial-level metrics (startup_s: one exact reading) or when unknown."""
     metric, sep, level = label.rpartition("@c")
     if not sep:
-        return None
+        metric, sep, level = label.rpartition("@")
+        if not (sep and level.startswith("r")):
+            return None       # not at a level; an open-loop level is named r2.0
     value = (levels.get(resolve_level(levels, level)) or {}).get(f"{metric}.ci95")
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
+
+
+def max_rate_noise(record: Mapping[str, Any] | None) -> float | None:
+    """How far max_rate@slo could be off: its search's bracket (lowest rate that missed −
+    the answer); None when the bracket is open (a lower bound, or not searched)."""
+    if not record:
+        return None
+    lo, hi = (list(record.get("bracket") or []) + [None, None])[:2]
+    return None if lo is None or hi is None else float(hi) - float(lo)
 
 
 def resolve_level(levels: Mapping[str, object], level: str) -> str:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.load.load_spec import LoadSpec
+from tuner.load.slo import SloSpec
 from tuner.probe.record import Reference
 from tuner.probe.spec import ProbeSpec
 from tuner.study.early_stop import SweepPlan
@@ -55,6 +56,12 @@ class TrialRequest(BaseModel):
     reference: Reference | None = Field(
         default=None, description="the study's recorded reference every trial's probe is "
         "compared with; None: known answers only")
+    slo: SloSpec | None = Field(
+        default=None, description="the study's SLO: goodput and the SLO verdict at every "
+        "level; None: no SLO")
+    search_max_rate: bool = Field(
+        default=False, description="search max_rate@slo after the other levels "
+        "(load.rate_search; an objective or limit names it)")
 
 
 class TrialOutcome(BaseModel):
@@ -78,6 +85,12 @@ class TrialOutcome(BaseModel):
     levels: dict[str, dict[str, float | None]] = Field(
         default_factory=dict, description="concurrency (as text) -> flat metrics"
     )
+    rate_levels: dict[str, dict[str, float | None]] = Field(
+        default_factory=dict, description="open-loop level name (r2.0) -> flat metrics: "
+        "load.request_rates and the max_rate@slo search's levels")
+    max_rate: dict[str, Any] | None = Field(
+        default=None, description="load.rate_search.MaxRateResult of the max_rate@slo search "
+        "(answer, status, bracket, every probed rate); None: not searched")
     server_side: dict[str, dict[str, Any]] = Field(default_factory=dict)
     applied: bool | None = None
     mismatches: list[dict[str, Any]] = Field(default_factory=list)

@@ -54,7 +54,8 @@ from tuner.study.outcome import TrialOutcome
 from tuner.study.pareto import Point, pareto_front
 from tuner.study.sampling import grid_points
 from tuner.study.scoring import TRIAL_METRICS, constraints, level_of, metric_value, stopped_told, stop_text
-from tuner.study.spec import StudySpec
+from tuner.load.load_spec import rate_level_name
+from tuner.study.spec import MAX_RATE, StudySpec
 from tuner.study.trials import (EARLY_STOPPED, KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, TrialRecord,
                                 outcome_word)
 from tuner.vllm.compile_order import compile_order
@@ -326,6 +327,17 @@ def told_for(spec: StudySpec, outcome: TrialOutcome, worst: Callable[[], list[fl
 # -- what a starting trial is told about the study ----------------------------------------
 
 
+def target_level(spec: StudySpec, item: Any) -> int | str:
+    """Where early stop reads an objective or limit: a concurrency level, an open-loop
+    level's name (r2.0), or the trial (early_stop.TRIAL_LEVEL: startup_s, max_rate@slo)."""
+
+    if item.metric in TRIAL_METRICS or item.metric == MAX_RATE:
+        return early_stop.TRIAL_LEVEL
+    if getattr(item, "rate", None) is not None:
+        return rate_level_name(item.rate)
+    return level_of(spec, item)
+
+
 def early_stop_plan(spec: StudySpec, trials: Sequence[TrialRecord]) -> early_stop.SweepPlan:
     """The ``TrialRequest.early_stop`` of a trial starting now (``early_stop.sweep_plan``).
 
@@ -335,13 +347,16 @@ def early_stop_plan(spec: StudySpec, trials: Sequence[TrialRecord]) -> early_sto
     """
 
     labels = [o.label for o in spec.objectives]
-    targets = [early_stop.Target(o.metric, early_stop.TRIAL_LEVEL if o.metric in TRIAL_METRICS
-                                 else level_of(spec, o), o.direction) for o in spec.objectives]
-    limits = [{"label": lim.label, "metric": lim.metric,
-               "level": early_stop.TRIAL_LEVEL if lim.metric in TRIAL_METRICS else level_of(spec, lim),
+    targets = [early_stop.Target(o.metric, target_level(spec, o), o.direction)
+               for o in spec.objectives]
+    limits = [{"label": lim.label, "metric": lim.metric, "level": target_level(spec, lim),
                "max": lim.max, "min": lim.min} for lim in spec.limits]
-    metrics = {t.metric for t in targets}
-    needed = {str(t.level) for t in targets if t.level != early_stop.TRIAL_LEVEL}
+    # Goodput is bounded through the throughput it is part of (early_stop.GOODPUT_OF): the
+    # learned-ratio history needs those metrics too.
+    metrics = {t.metric for t in targets} | {early_stop.GOODPUT_OF[t.metric] for t in targets
+                                             if t.metric in early_stop.GOODPUT_OF}
+    needed = {str(t.level) for t in targets
+              if isinstance(t.level, int) and t.level != early_stop.TRIAL_LEVEL}
     directions = [t.direction for t in targets]
     rows: list[tuple[float, ...]] = []
     history: list[dict[int, dict[str, float]]] = []

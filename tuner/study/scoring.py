@@ -12,11 +12,13 @@ from typing import Any
 from tuner.study.outcome import TrialOutcome
 from tuner.study.noise import NoisyPoint, level_unstable, noisy_front, resolve_level
 from tuner.study.pareto import pareto_front
-from tuner.study.spec import ObjectiveSpec, StudySpec
+from tuner.load.load_spec import rate_level_name
+from tuner.load.max_rate_text import max_rate_value_text
+from tuner.study.spec import MAX_RATE, ObjectiveSpec, StudySpec
 from tuner.study.trials import EARLY_STOPPED, KIND_RUN, TrialRecord, record_points
 
 __all__ = ["stopped_told", "stop_text", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs",
-           "pareto_payload", "result_text", "values_text", "TRIAL_METRICS"]
+           "pareto_payload", "result_text", "values_text", "TRIAL_METRICS", "max_rate_value"]
 
 
 def level_for(spec: StudySpec, concurrency: int | str) -> int:
@@ -39,10 +41,25 @@ def level_of(spec: StudySpec, item: ObjectiveSpec | Any) -> int:
 TRIAL_METRICS = ("startup_s", "probe_s", "trial_s")
 
 
+def max_rate_value(outcome: TrialOutcome) -> float | None:
+    """The trial's max_rate@slo: its search's answer (0.0 when the SLO was unmet at every
+    allowed rate); None when it was not searched or stopped early (told by its bound)."""
+
+    record = outcome.max_rate or {}
+    if record.get("status") == "stopped" or record.get("max_rate") is None:
+        return None
+    return float(record["max_rate"])
+
+
 def metric_value(spec: StudySpec, outcome: TrialOutcome, item: Any) -> float | None:
     if item.metric in TRIAL_METRICS:
         seconds = getattr(outcome, item.metric)
         return None if seconds is None else float(seconds)
+    if item.metric == MAX_RATE:
+        return max_rate_value(outcome)
+    if getattr(item, "rate", None) is not None:
+        value = outcome.rate_levels.get(rate_level_name(item.rate), {}).get(item.metric)
+        return None if value is None else float(value)
     level = outcome.levels.get(str(level_of(spec, item)), {})
     value = level.get(item.metric)
     return None if value is None else float(value)
@@ -66,6 +83,11 @@ def constraints(spec: StudySpec, outcome: TrialOutcome) -> dict[str, float]:
     if spec.load.on_unstable == "infeasible":
         # A level that never settled measured noise; the study asked not to rank on it.
         result["unstable"] = float(len(level_unstable(outcome.levels)))
+    if spec.searches_max_rate and (outcome.max_rate or {}).get("status") == "slo_unmet":
+        # Missed even at load.rate_search.low: the configuration cannot serve the SLO.
+        result["slo_unmet"] = 1.0
+    elif spec.searches_max_rate:
+        result["slo_unmet"] = 0.0
     for limit in spec.limits:
         value = metric_value(spec, outcome, limit)
         if value is None:
@@ -128,6 +150,8 @@ def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
         "probe_reason": outcome.probe_reason,
         "probe_coverage": outcome.probe_coverage,
         "levels": outcome.levels,
+        "rate_levels": outcome.rate_levels,
+        "max_rate": outcome.max_rate,
         "server_side": outcome.server_side,
         "started_unix": outcome.started_unix,
         "finished_unix": outcome.finished_unix,
@@ -170,6 +194,12 @@ def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
             "command": record.attrs.get("command"),
             "baseline": record.is_baseline,
         }
+        searched = (record.attrs.get("outcome") or {}).get("max_rate")
+        if searched:
+            # max_rate@slo's answer with how it was found: a lower bound (met at the highest
+            # allowed rate) must not read as a measured maximum.
+            entry["max_rate"] = {k: searched.get(k) for k in (
+                "max_rate", "status", "lower_bound", "bracket", "precision", "levels", "probes")}
         if baseline is not None:
             entry["vs_baseline"] = {
                 label: (v / baseline.values[label] if baseline.values.get(label) else None)
@@ -209,10 +239,13 @@ def values_text(values: dict[str, Any]) -> str:
 
 def result_text(labels: list[str], values: list[float | None], outcome: TrialOutcome,
                 violated: dict[str, float]) -> str:
-    parts = [f"{label}={value:.4g}" for label, value in zip(labels, values) if value is not None]
+    parts = [f"{label}={max_rate_value_text(outcome.max_rate)}" if label == MAX_RATE and outcome.max_rate
+             else f"{label}={value:.4g}" for label, value in zip(labels, values) if value is not None]
     probe = {True: "pass", False: "FAIL", None: "off"}[outcome.probe_passed]
     applied = {True: "yes", False: "NO", None: "?"}[outcome.applied]
     text = " ".join(parts) + f" probe={probe} applied={applied}"
+    if outcome.max_rate and MAX_RATE not in labels:
+        text += f" max_rate@slo={max_rate_value_text(outcome.max_rate)}"
     if violated.get("load_errors", 0) > 0:
         text += f" failed_requests={violated['load_errors']:.0f}"
     return text

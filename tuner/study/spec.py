@@ -24,7 +24,8 @@ from pydantic import (
 
 from tuner.study.bounds import bound_errors, unknown_bound_names
 from tuner.study.durations import parse_duration
-from tuner.load.load_spec import LoadSpec
+from tuner.load.load_spec import LoadSpec, rate_level_name
+from tuner.load.slo import GOODPUT_KEYS, SloSpec
 from tuner.probe.spec import ProbeSpec
 from tuner.study.study_name import check_study_name
 from tuner.vllm.compile_cache import check_cache_dir
@@ -47,6 +48,7 @@ __all__ = [
     "SamplerSpec",
     "VerifySpec",
     "SCHEMA_VERSION",
+    "MAX_RATE",
 ]
 
 SCHEMA_VERSION = 1
@@ -277,31 +279,43 @@ class ForbiddenSpec(_Strict):
 
 
 _METRIC = re.compile(r"^[a-z_]+(\.(mean|p50|p90|p99))?$")
+MAX_RATE = "max_rate@slo"
 TRIAL_METRICS = ("startup_s", "probe_s", "trial_s")
 
 
+def _level_label(metric: str, concurrency: int | str, rate: float | None) -> str:
+    if metric in TRIAL_METRICS or metric == MAX_RATE:
+        return metric
+    if rate is not None:
+        return f"{metric}@{rate_level_name(rate)}"
+    return f"{metric}@c{concurrency}"
+
+
 class ObjectiveSpec(_Strict):
-    metric: str = Field(description="e.g. output_tok_s, tpot_ms.mean, ttft_ms.p99, startup_s")
+    metric: str = Field(description="e.g. output_tok_s, tpot_ms.mean, ttft_ms.p99, startup_s, "
+                        "goodput_req_s, max_rate@slo")
     concurrency: int | Literal["max", "min"] = Field(
         "max", description="load level the metric is read at (ignored for trial-level metrics)"
     )
+    rate: float | None = Field(
+        None, gt=0, description="read at the open-loop level of this rate (one of "
+        "load.request_rates) instead of a concurrency level: label metric@r<rate>")
     direction: Literal["maximize", "minimize"]
 
     @field_validator("metric")
     @classmethod
     def _check_metric(cls, metric: str) -> str:
-        if not _METRIC.match(metric):
+        if metric != MAX_RATE and not _METRIC.match(metric):
             raise ValueError(
                 f"{metric!r} is not a metric name; use e.g. output_tok_s, request_per_s, "
-                "tpot_ms.mean, ttft_ms.p99, e2el_ms.p50, or one of " + ", ".join(TRIAL_METRICS)
+                "tpot_ms.mean, ttft_ms.p99, e2el_ms.p50, goodput_req_s, or one of "
+                + ", ".join((*TRIAL_METRICS, MAX_RATE))
             )
         return metric
 
     @property
     def label(self) -> str:
-        if self.metric in TRIAL_METRICS:
-            return self.metric
-        return f"{self.metric}@c{self.concurrency}"
+        return _level_label(self.metric, self.concurrency, self.rate)
 
 
 class LimitSpec(_Strict):
@@ -309,6 +323,7 @@ class LimitSpec(_Strict):
 
     metric: str
     concurrency: int | Literal["max", "min"] = "max"
+    rate: float | None = Field(None, gt=0)
     max: float | None = None
     min: float | None = None
 
@@ -323,8 +338,7 @@ class LimitSpec(_Strict):
     @property
     def label(self) -> str:
         bound = f"<={self.max}" if self.max is not None else f">={self.min}"
-        where = self.metric if self.metric in TRIAL_METRICS else f"{self.metric}@c{self.concurrency}"
-        return f"{where}{bound}"
+        return f"{_level_label(self.metric, self.concurrency, self.rate)}{bound}"
 
 
 class BudgetSpec(_Strict):
@@ -444,6 +458,9 @@ class StudySpec(_Strict):
         min_length=1,
     )
     limits: list[LimitSpec] = Field(default_factory=list)
+    slo: SloSpec | None = Field(
+        None, description="latency SLO, {metric.statistic: bound in ms}: goodput at every "
+        "level, and the search for max_rate@slo (tuner.load.slo)")
     load: LoadSpec = Field(default_factory=LoadSpec)
     probe: ProbeSpec = Field(default_factory=ProbeSpec)
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
@@ -521,18 +538,18 @@ class StudySpec(_Strict):
                 f"server.gpus_per_trial: {self.server.gpus_per_trial} is fewer than "
                 f"tensor_parallel_size x pipeline_parallel_size = {tp * pp}"
             )
-        levels = self.load.concurrency
         for where, items in (("objectives", self.objectives), ("limits", self.limits)):
             for item in items:
-                if isinstance(item.concurrency, int) and item.concurrency not in levels:
-                    raise ValueError(
-                        f"{where}: {item.metric} at concurrency {item.concurrency} is not a "
-                        f"measured level; load.concurrency is {list(levels)}"
-                    )
+                _check_level(where, item, self)
         labels = [o.label for o in self.objectives]
         if len(set(labels)) != len(labels):
             raise ValueError(f"objectives: the same objective is listed twice: {labels}")
         return self
+
+    @property
+    def searches_max_rate(self) -> bool:
+        """An objective or a limit names max_rate@slo: every trial searches it."""
+        return any(i.metric == MAX_RATE for i in (*self.objectives, *self.limits))
 
     def parameter(self, name: str) -> CategoricalParam | IntParam | FloatParam | BoolParam:
         for p in self.parameters:
@@ -563,6 +580,39 @@ def _non_finite(value: Any, path: str = "") -> str | None:
         if found := _non_finite(child, where):
             return found
     return None
+def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -> None:
+    """Where an objective or limit is read: a measured level, and what its metric needs."""
+    metric, explicit = item.metric, item.model_fields_set
+    if metric == MAX_RATE:
+        if spec.slo is None:
+            raise ValueError(f"{where}: {MAX_RATE} needs an slo: section (the latency SLO the "
+                             "rate must meet), e.g. slo: {{ttft_ms.p99: 2000}}")
+        if "concurrency" in explicit or item.rate is not None:
+            raise ValueError(f"{where}: {MAX_RATE} is one value per trial (the search over "
+                             "rates); remove concurrency/rate")
+        if isinstance(item, ObjectiveSpec) and item.direction != "maximize":
+            raise ValueError(f"{where}: {MAX_RATE} can only be maximized (a higher rate within "
+                             "the SLO is better)")
+        return
+    if metric in GOODPUT_KEYS and spec.slo is None:
+        raise ValueError(f"{where}: {metric} needs an slo: section (requests are good when "
+                         "they meet it), e.g. slo: {{ttft_ms.p99: 2000}}")
+    if item.rate is not None:
+        if "concurrency" in explicit:
+            raise ValueError(f"{where}: {metric}: give concurrency or rate, not both")
+        if metric in TRIAL_METRICS:
+            raise ValueError(f"{where}: {metric} is a trial-level metric; remove rate")
+        rates = spec.load.request_rates
+        if not any(abs(item.rate - r) <= 1e-9 * r for r in rates):
+            raise ValueError(f"{where}: {metric} at rate {item.rate} is not a measured level; "
+                             f"load.request_rates is {list(rates)}")
+        return
+    levels = spec.load.concurrency
+    if isinstance(item.concurrency, int) and item.concurrency not in levels:
+        raise ValueError(
+            f"{where}: {metric} at concurrency {item.concurrency} is not a "
+            f"measured level; load.concurrency is {list(levels)}"
+        )
 
 
 def _multicast_candidates(param: Parameter) -> list[Any]:

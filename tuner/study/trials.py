@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from tuner.study.noise import label_noise, level_unstable
+from tuner.study.noise import label_noise, level_unstable, max_rate_noise
 from tuner.study.pareto import Point, pareto_front
 
 __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "EARLY_STOPPED",
@@ -83,8 +83,11 @@ class TrialRecord:
     def noise(self, labels: list[str]) -> dict[str, float | None]:
         """The 95 % half-width of each objective value (None: unknown or exact)."""
 
-        levels = self.levels
-        return {label: label_noise(levels, label) for label in labels}
+        outcome = self.attrs.get("outcome") or {}
+        # Open-loop levels by name (r2.0), next to the concurrency levels: labels metric@r2.0.
+        levels = {**self.levels, **(outcome.get("rate_levels") or {})}
+        return {label: max_rate_noise(outcome.get("max_rate")) if label == "max_rate@slo"
+                else label_noise(levels, label) for label in labels}
 
     @property
     def compile_record(self) -> dict[str, Any] | None:

@@ -1,0 +1,166 @@
+"""Ground truth of ``max_rate@slo`` on the simulator: its model, evaluated without a server.
+
+For one point of a study's space (``tuner.sim.truth.Evaluator`` resolves it to the
+simulated engine configuration and calibrates the workload from the study's own requests),
+an open-loop level at rate λ is the simulator's open-loop model
+(:func:`tuner.sim.open_loop.simulate_open_loop`) fed with the load generator's own arrival
+schedule (:func:`tuner.load.workload.arrival_schedule`: the study's arrival process and
+burstiness, ``load.requests_for_rate(λ)`` requests); the level's statistics come from the
+tuner's own code (``tuner.load.stats.Stat``) and its verdict from
+``tuner.load.slo.level_verdict``, so nothing here re-implements what is being checked.
+
+**The true value** (``true_max_rate``): the rate where the SLO's statistics over
+``seeds`` independent levels of the study's size, pooled, reach their bounds, bisected to
+0.1 %. The seeds use common random numbers across rates (the same stream names at every
+rate: a gamma draw scales with 1/λ), so the pooled statistic moves smoothly with the rate.
+It is defined for the study's level size on purpose: near saturation a longer level lets a
+queue grow further, so "the highest rate that meets the SLO" depends on how long the SLO is
+watched; the tuner measures levels of that size, and this is what it estimates.
+
+**One measurement** (``measure_level``): a single level with the sweep's own seed stream
+for that rate (``rate_stream("measure", λ)``), i.e. exactly the requests and arrival times
+a trial sends, so it carries the sampling noise a real measurement has.
+
+Pure: no I/O, no clocks (simulated seconds).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.load.load_spec import LoadSpec
+from tuner.load.slo import SloSpec, SloVerdict, level_verdict
+from tuner.load.stats import Stat
+from tuner.load.workload import arrival_schedule, rate_stream
+from tuner.sim.args import ArgvError, parse_argv
+from tuner.sim.effective import ConfigError, resolve
+from tuner.sim.open_loop import OpenLoopRun, simulate_open_loop
+from tuner.sim.perf_config import PerfConfig
+from tuner.sim.perf_model import NGRAM_METHODS, Workload
+from tuner.sim.truth import Evaluator
+from tuner.study.spec import StudySpec
+
+__all__ = ["OpenLoopPoint", "level_flat", "measure_level", "model_clock", "open_loop_point",
+           "pooled_verdict", "true_max_rate"]
+
+TRUTH_SEEDS = 8
+TRUTH_PRECISION = 0.001
+
+
+def model_clock(spec: StudySpec) -> tuple[StudySpec, float]:
+    """``spec`` restated in the model's clock, and the served simulator's time scale.
+
+    A study against the served simulator runs its clock ``TUNER_SIM_TIME_SCALE`` times the
+    model's (0.1: ten times faster), so its SLO bounds are that much smaller and its rates
+    and level durations that much larger; the model here runs in simulated seconds. Rates
+    found in the model's clock are the study's times 1/scale."""
+    scale = float(spec.server.env.get("TUNER_SIM_TIME_SCALE") or 1.0)
+    if scale == 1.0 or spec.slo is None:
+        return spec, scale
+    load = spec.load
+    search = load.rate_search.model_copy(update={
+        "low": load.rate_search.low * scale, "high": load.rate_search.high * scale,
+        "start": None if load.rate_search.start is None else load.rate_search.start * scale})
+    load = load.model_copy(update={
+        "rate_duration_s": load.rate_duration_s / scale, "rate_search": search,
+        "request_rates": tuple(r * scale for r in load.request_rates)})
+    slo = SloSpec.model_validate({t.key: t.bound_ms / scale for t in spec.slo.terms})
+    return spec.model_copy(update={"load": load, "slo": slo}), scale
+
+
+@dataclass(frozen=True)
+class OpenLoopPoint:
+    """What the open-loop model needs of one point of the space."""
+
+    values: dict[str, Any]
+    perf: PerfConfig
+    workload: Workload
+
+
+def open_loop_point(ev: Evaluator, values: dict[str, Any]) -> OpenLoopPoint | None:
+    """The point's engine configuration and calibrated workload; None when it would fail to
+    start, not apply a knob, or fail the probe (no rate to speak of)."""
+    spec = ev.spec
+    command = ev.render(spec, values)
+    try:
+        eff = resolve(parse_argv(command.argv[len(spec.server.command):]), command.launch_env,
+                      ev.profile)
+    except (ArgvError, ConfigError):
+        return None
+    if eff.failure is not None or eff.corruption is not None:
+        return None
+    ignore_eos = spec.load.workload.ignore_eos
+    if ignore_eos == "auto":
+        ignore_eos = command.asked.get("speculative_config.method") is None
+    ngram = None
+    if eff.spec is not None and eff.spec.method in NGRAM_METHODS:
+        ngram = (eff.spec.num_spec_tokens, eff.spec.prompt_lookup_min, eff.spec.prompt_lookup_max)
+    # The request mix of rate levels is the study's workload, as at every level: calibrated
+    # from the requests of the top concurrency level (their mean lengths and n-gram hits).
+    workload = ev.workload(max(spec.load.concurrency), bool(ignore_eos), ngram)
+    return OpenLoopPoint(dict(values), eff.perf, workload)
+
+
+def _run(ev: Evaluator, point: OpenLoopPoint, rate: float, stream: str) -> OpenLoopRun:
+    load: LoadSpec = ev.spec.load
+    n = load.requests_for_rate(rate)
+    arrivals = arrival_schedule(n, rate, arrival=load.arrival, burstiness=load.burstiness,
+                                seed=load.seed, stream=stream)
+    return simulate_open_loop(ev.profile, point.perf, point.workload, arrivals)
+
+
+def level_flat(runs: Sequence[OpenLoopRun]) -> dict[str, float]:
+    """The flat latency statistics (``ttft_ms.p99`` ...) of one or more pooled levels."""
+    samples: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2el_ms": []}
+    for run in runs:
+        samples["ttft_ms"] += [x * 1000 for x in run.ttft_s]
+        samples["e2el_ms"] += [x * 1000 for x in run.e2el_s]
+        # As the tuner's level statistics: TPOT over requests with more than one token.
+        samples["tpot_ms"] += [x * 1000 for x, n in zip(run.tpot_s(), run.output_tokens, strict=True)
+                               if n > 1]
+    out: dict[str, float] = {"completed": float(sum(len(r.ttft_s) for r in runs)), "failed": 0.0}
+    for name, xs in samples.items():
+        stat = Stat.of(xs)
+        for field in ("mean", "p50", "p90", "p99"):
+            value = getattr(stat, field)
+            out[f"{name}.{field}"] = math.nan if value is None else float(value)
+    return out
+
+
+def measure_level(ev: Evaluator, point: OpenLoopPoint, rate: float, slo: SloSpec) -> SloVerdict:
+    """One rate level as a trial measures it (the sweep's seed stream for this rate)."""
+    return level_verdict(level_flat([_run(ev, point, rate, rate_stream("measure", rate))]), slo)
+
+
+def pooled_verdict(ev: Evaluator, point: OpenLoopPoint, rate: float, slo: SloSpec,
+                   seeds: int = TRUTH_SEEDS) -> SloVerdict:
+    """The SLO over ``seeds`` pooled levels at ``rate`` (common random numbers across rates)."""
+    runs = [_run(ev, point, rate, f"truth-{s}") for s in range(seeds)]
+    return level_verdict(level_flat(runs), slo)
+
+
+def true_max_rate(ev: Evaluator, point: OpenLoopPoint, slo: SloSpec, *, low: float, high: float,
+                  seeds: int = TRUTH_SEEDS, precision: float = TRUTH_PRECISION) -> float | None:
+    """The highest rate in [low, high] where the pooled SLO verdict holds, bisected to
+    ``precision`` (relative); ``high`` if it holds there, None if it misses at ``low``."""
+    holds: Callable[[float], bool] = lambda r: pooled_verdict(ev, point, r, slo, seeds).met  # noqa: E731
+    if holds(high):
+        return high
+    if not holds(low):
+        return None
+    lo, hi = low, high
+    while hi / lo - 1 > precision:
+        mid = math.sqrt(lo * hi)
+        if holds(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def probe_table(verdicts: Mapping[float, SloVerdict]) -> list[dict[str, Any]]:
+    """Rates and verdicts as JSON-ready rows (benchmarks)."""
+    return [{"rate": r, **v.as_dict()} for r, v in sorted(verdicts.items())]
