@@ -12,8 +12,9 @@ and pass the probe):
 * **search**: the tuner's own search (``tuner.load.rate_search.RateSearch``, the study's
   ``load.rate_search``), each level measured as a trial measures it: one level of the
   study's size with the sweep's seed stream for that rate, statistics and verdict from the
-  tuner's code (``tuner.sim.slo_truth.measure_level``); the first rate is the closed-loop
-  request rate at the top concurrency level, as in a trial.
+  tuner's code (``tuner.sim.slo_truth.measure_level``), extended by fresh runs while its
+  verdict is within noise, as a trial's; the first rate is the closed-loop request rate at
+  the top concurrency level, as in a trial.
 
 Pass: every search within 5 % of its truth in at most 7 rate levels. Rates are in the
 study's clock (the served simulator's, 1/TUNER_SIM_TIME_SCALE times the model's).
@@ -59,8 +60,13 @@ def one(ev: Evaluator, spec: Any, values: dict[str, Any], scale: float) -> dict[
     hint = closed["output_tok_s"] / point.workload.output_tokens
     search = RateSearch(search_spec, hint=hint)
     while (rate := search.next_rate()) is not None:
+        parts = 1
         verdict = measure_level(ev, point, rate, spec.slo)
-        search.observe(rate, verdict.met, verdict.margin, within_noise=verdict.within_noise)
+        while search.needs_more(verdict.within_noise, parts):
+            parts += 1
+            verdict = measure_level(ev, point, rate, spec.slo, parts)
+        search.observe(rate, verdict.met, verdict.margin, within_noise=verdict.within_noise,
+                       parts=parts)
     result = search.result()
     found = result.max_rate
     error = None if truth is None or not found else (found - truth) / truth
@@ -72,6 +78,7 @@ def one(ev: Evaluator, spec: Any, values: dict[str, Any], scale: float) -> dict[
         "lower_bound": result.lower_bound,
         "error": error,
         "levels": result.levels,
+        "parts": sum(p["parts"] for p in result.probes),
         "probes": [{**p, "rate": p["rate"] / scale} for p in result.probes],
         "bracket": [None if b is None else b / scale for b in result.bracket],
         "truth_cpu_s": round(truth_cpu, 2),
@@ -106,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         truth = "-" if row["truth"] is None else f"{row['truth']:.3g}"
         found = "-" if row["found"] is None else f"{row['found']:.3g}"
         print(f"{'ok ' if row['ok'] else 'BAD'} truth {truth:>6} found {found:>6} ({err:>6}) "
-              f"in {row['levels']} levels [{row['status']}]  {knobs}", flush=True)
+              f"in {row['levels']} levels ({row['parts']} runs) [{row['status']}]  {knobs}",
+              flush=True)
     ok = sum(r["ok"] for r in rows)
     errors = [abs(r["error"]) for r in rows if r["error"] is not None]
     summary = {

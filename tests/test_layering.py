@@ -28,6 +28,7 @@ PURE = [
     "tuner.core", "tuner.errors", "tuner.load", "tuner.load.live_window", "tuner.load.load_spec",
     "tuner.load.metrics", "tuner.load.prometheus", "tuner.load.protocol", "tuner.load.records",
     "tuner.load.results", "tuner.load.sse", "tuner.load.stats", "tuner.load.steady",
+    "tuner.load.slo", "tuner.load.goodput", "tuner.load.rate_search", "tuner.load.max_rate_text",
     "tuner.load.uncertainty", "tuner.load.window",
     "tuner.load.workload", "tuner.probe", "tuner.probe.bank", "tuner.probe.checks",
     "tuner.probe.compare", "tuner.probe.items", "tuner.probe.known_score",

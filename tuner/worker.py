@@ -391,7 +391,10 @@ class TrialWorker:
             levels=guard.levels(spec.concurrency), after_level=guard.after_level,
             inside_level=guard.inside_level if guard.enabled else None,
             slo=slo, max_rate=spec.rate_search if request.search_max_rate else None,
-            stop_search=guard.during_search if guard.enabled else None,
+            # A miss near the boundary may be noise: the bound early stop uses is the search's
+            # lowest miss widened by its precision (never stopped on a bound noise could cross).
+            stop_search=(lambda levels, bound: guard.during_search(
+                levels, bound * (1 + spec.rate_search.precision))) if guard.enabled else None,
         )
         outcome.load_s = time.monotonic() - began
         for level in sweep.levels:

@@ -11,14 +11,17 @@ From it, per level (closed or open loop):
   window fell back);
 * ``goodput_tok_s``: output tokens of good requests arriving inside the window, per second
   — ``output_tok_s`` over good requests only;
-* ``run_goodput_req_s``: good / the whole run (first dispatch → last request done), which is
-  ``vllm bench serve``'s ``request_goodput`` (its ``dur_s`` includes the ramp-up and the
-  drain): the figure to compare with vLLM's, as ``run_output_tok_s`` is for throughput;
+* ``run_goodput_req_s``: good / the whole run (the level's start → last request done),
+  which is ``vllm bench serve``'s ``request_goodput`` (its ``dur_s`` includes an open-loop
+  run's first gap, the ramp-up and the drain): the figure to compare with vLLM's, as
+  ``run_output_tok_s`` is for throughput;
 * ``slo_met`` (1/0) and ``slo_margin`` (max over terms of value/bound): the level's
-  verdict (``tuner.load.slo.level_verdict``).
+  verdict (``tuner.load.slo.records_verdict``), with each term's 95 % interval.
 
-With ``repeats`` the window figures are those of the representative repeat (the one whose
-detailed metrics the level shows), ``slo_attained`` pools every repeat.
+With ``repeats`` (or a rate level extended while its verdict was within noise) the window
+figures are those of the representative repeat (the one whose detailed metrics the level
+shows); ``slo_attained`` and the verdict pool every repeat's requests (a p90 over all of
+them, not the median of the repeats' p90s, which the level's own ``ttft_ms.p90`` is).
 
 Pure: no I/O, no clocks.
 """
@@ -26,11 +29,11 @@ Pure: no I/O, no clocks.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from tuner.load.metrics import LevelMetrics
 from tuner.load.records import RequestRecord, token_timeline
-from tuner.load.slo import LevelSlo, SloSpec, level_verdict, request_meets
+from tuner.load.slo import LevelSlo, SloSpec, records_verdict, request_meets
 
 __all__ = ["level_slo"]
 
@@ -39,15 +42,13 @@ def _representative(records: Sequence[RequestRecord], metrics: LevelMetrics) -> 
     return [r for r in records if r.repeat == rep]
 
 
-def level_slo(records: Sequence[RequestRecord], metrics: LevelMetrics, slo: SloSpec,
-              flat: Mapping[str, float] | None = None) -> LevelSlo:
+def level_slo(records: Sequence[RequestRecord], metrics: LevelMetrics, slo: SloSpec) -> LevelSlo:
     """Goodput and verdict of one level from its records and metrics.
 
     Args:
         records: the level's measured records (every repeat; failed ones included).
         metrics: the level's metrics (window, repeats).
         slo: the study's SLO.
-        flat: the metrics the verdict reads (default ``metrics.flat()``).
     """
     bounds = slo.bounds()
     # Counts over the measured requests (a level sized by time also has warm-up and drain
@@ -67,8 +68,12 @@ def level_slo(records: Sequence[RequestRecord], metrics: LevelMetrics, slo: SloS
         seconds = metrics.run_duration_s or 0.0
         finished = good_measured
         tokens = float(sum(r.n_output_tokens() for r in good if r.phase == "measure"))
-    run_s = metrics.run_duration_s
-    verdict = level_verdict(metrics.flat() if flat is None else flat, slo)
+    # vLLM's dur_s runs from the benchmark's start (before an open-loop run's first gap) to
+    # the last completion: records are timed from the level's start, so that is the last
+    # done_s. A level sized by time has no such run (warm-up first): its measured run.
+    run_s = (max((r.done_s for r in run), default=0.0) if metrics.sizing == "requests"
+             else metrics.run_duration_s)
+    verdict = records_verdict(measured, slo)
     return LevelSlo(
         slo=slo.model_dump(),
         good=good_all,

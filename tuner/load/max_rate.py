@@ -20,7 +20,7 @@ __all__ = ["search_max_rate"]
 
 logger = logging.getLogger(__name__)
 
-MeasureRate = Callable[[float], Awaitable[LevelResult | None]]
+MeasureRate = Callable[[float, int], Awaitable[LevelResult | None]]
 
 
 def _verdict(level: LevelResult) -> tuple[bool, float | None, bool]:
@@ -41,8 +41,11 @@ async def search_max_rate(
     """Search the highest rate that meets the SLO.
 
     Args:
-        measure: measures one rate level (with its SLO verdict); None when the trial's time
-            budget is spent (the search then ends with status ``budget``).
+        measure: ``measure(rate, part)`` measures part ``part`` of the level at ``rate``
+            (part 0 starts it) and returns the level with every part so far and its SLO
+            verdict; None when the trial's time budget is spent (the search then ends with
+            status ``budget``). A level is extended by parts while its verdict is within
+            noise (``RateSearch.needs_more``).
         spec: the study's ``load.rate_search``.
         hint: the first rate when ``spec.start`` is unset (the highest closed-loop
             request_per_s).
@@ -60,15 +63,21 @@ async def search_max_rate(
         search.observe(level.request_rate or 0.0, met, margin, within_noise=near, reused=True)
     measured: list[LevelResult] = []
     while (rate := search.next_rate()) is not None:
-        level = await measure(rate)
+        level = await measure(rate, 0)
         if level is None:
             search.ended = "budget"
             break
+        parts = 1
+        while search.needs_more(_verdict(level)[2], parts):
+            more = await measure(rate, parts)
+            if more is None:
+                break           # out of time: the verdict as it stands
+            level, parts = more, parts + 1
         measured.append(level)
         met, margin, near = _verdict(level)
-        search.observe(rate, met, margin, within_noise=near)
-        logger.info("max_rate@slo: r=%g %s (margin %s)", rate, "met" if met else "missed",
-                    "-" if margin is None else f"{margin:.3g}")
+        search.observe(rate, met, margin, within_noise=near, parts=parts)
+        logger.info("max_rate@slo: r=%g %s (margin %s, %d part(s))", rate,
+                    "met" if met else "missed", "-" if margin is None else f"{margin:.3g}", parts)
         if stop is not None and search.next_rate() is not None and stop(search.optimistic(), measured):
             search.ended = "stopped"
             break

@@ -32,9 +32,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 from tuner.load.records import RequestRecord
+from tuner.load.stats import percentile
+from tuner.load.uncertainty import mean_ci, quantile_ci
 
 __all__ = ["GOODPUT_KEYS", "SLO_METRICS", "SLO_STATS", "LevelSlo", "SloSpec", "SloTerm", "SloVerdict", "TermVerdict",
-           "good_count", "level_verdict", "request_latencies", "request_meets"]
+           "good_count", "level_verdict", "records_verdict", "request_latencies", "request_meets",
+           "term_samples"]
 
 SLO_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2el_ms")
 SLO_STATS: tuple[str, ...] = ("mean", "p50", "p90", "p99")
@@ -218,6 +221,47 @@ def level_verdict(flat: Mapping[str, Any], slo: SloSpec) -> SloVerdict:
     met = all(t.met for t in terms)
     return SloVerdict(met=met, margin=max(ratios) if ratios else None, terms=tuple(terms),
                       failed=failed, issued=issued, reason=None if met else "; ".join(reasons))
+
+
+def term_samples(records: Iterable[RequestRecord]) -> dict[str, list[float]]:
+    """Per SLO metric, the completed requests' values in ms as the level statistics take
+    them (tuner.load.metrics): TPOT only of requests with more than one output token."""
+    out: dict[str, list[float]] = {m: [] for m in SLO_METRICS}
+    for r in records:
+        lat = request_latencies(r)
+        if lat is None:
+            continue
+        out["ttft_ms"].append(lat["ttft_ms"])
+        out["e2el_ms"].append(lat["e2el_ms"])
+        if r.n_output_tokens() > 1:
+            out["tpot_ms"].append(lat["tpot_ms"])
+    return out
+
+
+def records_verdict(records: Iterable[RequestRecord], slo: SloSpec) -> SloVerdict:
+    """The SLO's verdict on requests pooled from one or more runs of a level (its repeats, or
+    the parts of a rate level extended while its verdict was within noise): each term's
+    statistic over all of them, with its 95 % interval (tuner.load.uncertainty: order
+    statistics for a percentile, Student's t for a mean)."""
+    records = list(records)
+    samples = {m: sorted(xs) for m, xs in term_samples(records).items()}
+    failed = sum(1 for r in records if not r.ok)
+    flat: dict[str, float] = {"failed": float(failed), "completed": float(len(records) - failed)}
+    for t in slo.terms:
+        xs = samples[t.metric]
+        if not xs:
+            continue
+        if t.stat == "mean":
+            flat[t.key] = math.fsum(xs) / len(xs)
+            ci = mean_ci(xs)
+        else:
+            q = _QUANTILE[t.stat]
+            flat[t.key] = percentile(xs, q)
+            band = quantile_ci(xs, q / 100)
+            ci = None if band is None else max(flat[t.key] - band[0], band[1] - flat[t.key])
+        if ci is not None:
+            flat[f"{t.key}.ci95"] = ci
+    return level_verdict(flat, slo)
 
 
 def good_count(records: Iterable[RequestRecord], slo: SloSpec) -> int:

@@ -15,7 +15,7 @@ import logging
 from collections import Counter
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -148,7 +148,7 @@ async def run_sweep(
                 return stop_search(flat, bound)
 
             searched, probed = await search_max_rate(
-                lambda rate: _sweep_rate_level(sweep, rate), max_rate,
+                _SearchLevels(sweep).measure, max_rate,
                 hint=max((lv.metrics.request_per_s for lv in results), default=None),
                 known=rate_results, stop=stop)
             rate_results.extend(probed)
@@ -453,64 +453,105 @@ async def _sweep_rate_level(sw: _Sweep, rate: float) -> LevelResult | None:
     return sw.judged(await _rate_level(sw, rate))
 
 
+@dataclass
+class _RateRuns:
+    """The runs of one rate level so far (its repeats, or the parts of a search level
+    extended while its verdict was within noise), with the scrape before the first."""
+
+    rate: float
+    before: MetricsSnapshot | None = None
+    runs: list[LevelMetrics] = field(default_factory=list)
+    records: list[RequestRecord] = field(default_factory=list)
+    fitted: bool = True
+    deadline_hit: bool = False
+
+
 async def _rate_level(sw: _Sweep, rate: float) -> LevelResult | None:
     """Fit → scrape → measure open loop (× repeats) → scrape for one rate level; None if
     out of budget before anything was measured. No warm-up of its own: rate levels run
     after the concurrency levels, on a server those already warmed (CUDA graphs, JIT),
     and their prompts come from their own seed streams (no prefix-cache warming)."""
     spec = sw.spec
-    name = rate_level_name(rate)
-    if sw.budget() is None:
-        return None
-    before = None
-    records: list[RequestRecord] = []
-    runs: list[LevelMetrics] = []
-    fitted = True
-    deadline_hit = False
+    acc = _RateRuns(rate)
     for repeat in range(spec.repeats):
-        plan, fitted_r = await _rate_plan_for(sw, rate, repeat)
-        fitted = fitted and fitted_r
-        level_budget = sw.budget()
-        if level_budget is None:
-            if not runs:
+        if not await _rate_run(sw, acc, repeat):
+            if not acc.runs:
                 return None
-            sw.notes.append(
-                f"{name}: {len(runs)} of {spec.repeats} repeats measured before the budget ran out"
-            )
+            sw.notes.append(f"{rate_level_name(rate)}: {len(acc.runs)} of {spec.repeats} "
+                            "repeats measured before the budget ran out")
             break
-        if before is None:
-            before = await scrape_metrics(sw.aux, sw.base_url)
-        purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
-        schedule = arrival_schedule(
-            len(plan), rate, arrival=spec.arrival, burstiness=spec.burstiness,
-            seed=spec.seed, stream=rate_stream(purpose, rate),
+    return await _rate_result(sw, acc)
+
+
+async def _rate_run(sw: _Sweep, acc: _RateRuns, repeat: int) -> bool:
+    """Measure run ``repeat`` of a rate level into ``acc`` (its own seed streams: repeat 0
+    ``measure``, then ``measure-r1`` ...); False when the budget is spent."""
+    spec, rate = sw.spec, acc.rate
+    name = rate_level_name(rate)
+    plan, fitted_r = await _rate_plan_for(sw, rate, repeat)
+    level_budget = sw.budget()
+    if level_budget is None:
+        return False
+    acc.fitted = acc.fitted and fitted_r
+    if acc.before is None:
+        acc.before = await scrape_metrics(sw.aux, sw.base_url)
+    purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
+    schedule = arrival_schedule(
+        len(plan), rate, arrival=spec.arrival, burstiness=spec.burstiness,
+        seed=spec.seed, stream=rate_stream(purpose, rate),
+    )
+    run = await run_rate_level(
+        sw.base_url, sw.model, plan, schedule,
+        api=spec.api, deadline_s=level_budget, request_timeout_s=spec.request_timeout_s,
+        max_in_flight=spec.max_in_flight, headers=sw.headers,
+    )
+    if run.cap_waits:
+        sw.notes.append(
+            f"{name}: {run.cap_waits} requests waited for the in-flight cap "
+            f"(max_in_flight={spec.max_in_flight}); the arrival rate was not held"
         )
-        run = await run_rate_level(
-            sw.base_url, sw.model, plan, schedule,
-            api=spec.api, deadline_s=level_budget, request_timeout_s=spec.request_timeout_s,
-            max_in_flight=spec.max_in_flight, headers=sw.headers,
-        )
-        if run.cap_waits:
-            sw.notes.append(
-                f"{name}: {run.cap_waits} requests waited for the in-flight cap "
-                f"(max_in_flight={spec.max_in_flight}); the arrival rate was not held"
-            )
-        deadline_hit = deadline_hit or len(run.records) < len(plan)
-        runs.append(rate_level_metrics(run, rate, cap=spec.max_in_flight, planned=len(plan)))
-        recs = run.records
-        if repeat:
-            recs = [r.model_copy(update={"repeat": repeat}) for r in recs]
-        records.extend(recs)
-    server, agreement = await _server_view(sw, before, records, name)
+    acc.deadline_hit = acc.deadline_hit or len(run.records) < len(plan)
+    acc.runs.append(rate_level_metrics(run, rate, cap=spec.max_in_flight, planned=len(plan)))
+    recs = run.records
+    if repeat:
+        recs = [r.model_copy(update={"repeat": repeat}) for r in recs]
+    acc.records.extend(recs)
+    return True
+
+
+async def _rate_result(sw: _Sweep, acc: _RateRuns) -> LevelResult:
+    """The level of every run in ``acc`` (scraped now, so the server-side deltas cover them)."""
+    spec = sw.spec
+    server, agreement = await _server_view(sw, acc.before, acc.records,
+                                           rate_level_name(acc.rate))
     return LevelResult(
         concurrency=spec.max_in_flight,
-        request_rate=rate,
-        prompts_fitted=fitted,
-        deadline_hit=deadline_hit,
+        request_rate=acc.rate,
+        prompts_fitted=acc.fitted,
+        deadline_hit=acc.deadline_hit,
         warmup=WarmupSummary(requests=0, completed=0, failed=0, failure_reasons={},
                              duration_s=0.0),
-        metrics=summarize_repeats(runs).model_copy(update={"noise_floor": spec.noise_floor}),
+        metrics=summarize_repeats(acc.runs).model_copy(update={"noise_floor": spec.noise_floor}),
         server_side=server,
         token_agreement=agreement,
-        records=records,
+        records=list(acc.records),
     )
+
+
+class _SearchLevels:
+    """The max_rate@slo search's levels: ``measure(rate, part)`` runs part ``part`` of the
+    level at ``rate`` (part 0 starts it) and returns it with every part so far, judged;
+    None when the budget is spent. A search level is one run per part (``load.repeats``
+    does not apply: parts are added while the verdict is within noise)."""
+
+    def __init__(self, sw: _Sweep) -> None:
+        self.sw = sw
+        self.levels: dict[float, _RateRuns] = {}
+
+    async def measure(self, rate: float, part: int) -> LevelResult | None:
+        acc = self.levels.setdefault(rate, _RateRuns(rate))
+        if part == 0:
+            acc = self.levels[rate] = _RateRuns(rate)
+        if not await _rate_run(self.sw, acc, part):
+            return None         # the budget is spent (the search keeps what it has)
+        return self.sw.judged(await _rate_result(self.sw, acc))

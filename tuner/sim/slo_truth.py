@@ -17,9 +17,10 @@ It is defined for the study's level size on purpose: near saturation a longer le
 queue grow further, so "the highest rate that meets the SLO" depends on how long the SLO is
 watched; the tuner measures levels of that size, and this is what it estimates.
 
-**One measurement** (``measure_level``): a single level with the sweep's own seed stream
-for that rate (``rate_stream("measure", λ)``), i.e. exactly the requests and arrival times
-a trial sends, so it carries the sampling noise a real measurement has.
+**One measurement** (``measure_level``): a level with the sweep's own seed streams for that
+rate (``rate_stream("measure", λ)``, then its repeats' for each extra part), i.e. exactly
+the requests and arrival times a trial sends, so it carries the sampling noise a real
+measurement has.
 
 Pure: no I/O, no clocks (simulated seconds).
 """
@@ -34,6 +35,7 @@ from typing import Any
 from tuner.load.load_spec import LoadSpec
 from tuner.load.slo import SloSpec, SloVerdict, level_verdict
 from tuner.load.stats import Stat
+from tuner.load.uncertainty import mean_ci, quantile_ci
 from tuner.load.workload import arrival_schedule, rate_stream
 from tuner.sim.args import ArgvError, parse_argv
 from tuner.sim.effective import ConfigError, resolve
@@ -124,15 +126,28 @@ def level_flat(runs: Sequence[OpenLoopRun]) -> dict[str, float]:
     out: dict[str, float] = {"completed": float(sum(len(r.ttft_s) for r in runs)), "failed": 0.0}
     for name, xs in samples.items():
         stat = Stat.of(xs)
+        ordered = sorted(xs)
         for field in ("mean", "p50", "p90", "p99"):
             value = getattr(stat, field)
             out[f"{name}.{field}"] = math.nan if value is None else float(value)
+            # The 95 % interval as the tuner's verdict takes it (tuner.load.slo.records_verdict).
+            if field == "mean":
+                ci = mean_ci(ordered)
+            else:
+                band = quantile_ci(ordered, int(field[1:]) / 100) if ordered else None
+                ci = None if band is None or value is None else max(value - band[0], band[1] - value)
+            if ci is not None:
+                out[f"{name}.{field}.ci95"] = ci
     return out
 
 
-def measure_level(ev: Evaluator, point: OpenLoopPoint, rate: float, slo: SloSpec) -> SloVerdict:
-    """One rate level as a trial measures it (the sweep's seed stream for this rate)."""
-    return level_verdict(level_flat([_run(ev, point, rate, rate_stream("measure", rate))]), slo)
+def measure_level(ev: Evaluator, point: OpenLoopPoint, rate: float, slo: SloSpec,
+                  parts: int = 1) -> SloVerdict:
+    """One rate level as a trial measures it: ``parts`` runs with the sweep's seed streams
+    for this rate (``measure``, then ``measure-r1``, ... as its repeats), pooled."""
+    runs = [_run(ev, point, rate, rate_stream("measure" if k == 0 else f"measure-r{k}", rate))
+            for k in range(parts)]
+    return level_verdict(level_flat(runs), slo)
 
 
 def pooled_verdict(ev: Evaluator, point: OpenLoopPoint, rate: float, slo: SloSpec,

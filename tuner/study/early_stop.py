@@ -98,7 +98,8 @@ informational levels (4a: its halted level carries only the output tok/s it was 
 5. **During the max_rate@slo search** (``SweepGuard.during_search``): every other objective
    is measured by then; ``max_rate@slo`` can at best be the lowest rate that missed the SLO
    so far (or ``load.rate_search.high`` before any missed): the answer is the highest rate
-   met *below* it. A trial dominated with that bound stops its search (rule 3's argument),
+   met *below* it; the worker widens that bound by the search's precision, since a miss
+   near the boundary may be noise. A trial dominated with it stops its search (rule 3's argument),
    and a limit ``max_rate@slo >= x`` with the bound below x makes it infeasible (rule 1).
 
 What "safe" rests on, and how it is checked: rules 1, 2 and 4a are exact. Rules 3 and 4b
@@ -424,7 +425,7 @@ class SweepGuard:
         self.min_history = plan.min_history
         self.max_gap = plan.max_gap
         self.inside_margin = plan.inside_margin
-        self._measured: dict[int, dict[str, float]] = {}
+        self._measured: dict[int | str, dict[str, float]] = {}
         self.record: dict[str, Any] | None = None
         # Trial-level metrics known before the sweep (startup_s, probe_s): objectives on
         # them are planned at level 0 (scoring.early_stop_plan) and exact from the start.
@@ -535,7 +536,7 @@ class SweepGuard:
         bound += float(partial.get("output_tok_s_ci95") or 0.0)
         if not math.isfinite(bound):
             return False
-        measured: dict[int, dict[str, float]] = {**self._measured, level: {"output_tok_s": bound}}
+        measured: dict[int | str, dict[str, float]] = {**self._measured, level: {"output_tok_s": bound}}
         if any(t.level == TRIAL_LEVEL for t in self.targets):
             measured[TRIAL_LEVEL] = {k: v for k, v in self.trial_metrics.items() if v is not None}
         bounds = optimistic_values(self.targets, measured, self.history, margin=self.margin,

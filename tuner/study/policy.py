@@ -359,7 +359,7 @@ def early_stop_plan(spec: StudySpec, trials: Sequence[TrialRecord]) -> early_sto
               if isinstance(t.level, int) and t.level != early_stop.TRIAL_LEVEL}
     directions = [t.direction for t in targets]
     rows: list[tuple[float, ...]] = []
-    history: list[dict[int, dict[str, float]]] = []
+    history: list[dict[int | str, dict[str, float]]] = []
     for t in trials:
         told = t.ordered_values(labels)
         if t.state != "COMPLETE" or told is None or t.kind != KIND_RUN:

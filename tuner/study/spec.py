@@ -549,7 +549,8 @@ class StudySpec(_Strict):
     @property
     def searches_max_rate(self) -> bool:
         """An objective or a limit names max_rate@slo: every trial searches it."""
-        return any(i.metric == MAX_RATE for i in (*self.objectives, *self.limits))
+        return (any(o.metric == MAX_RATE for o in self.objectives)
+                or any(lim.metric == MAX_RATE for lim in self.limits))
 
     def parameter(self, name: str) -> CategoricalParam | IntParam | FloatParam | BoolParam:
         for p in self.parameters:
