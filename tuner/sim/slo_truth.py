@@ -33,9 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.load.load_spec import LoadSpec
-from tuner.load.slo import SloSpec, SloVerdict, level_verdict
-from tuner.load.stats import Stat
-from tuner.load.uncertainty import mean_ci, quantile_ci
+from tuner.load.slo import SloSpec, SloVerdict, level_verdict, term_ci
 from tuner.load.workload import arrival_schedule, rate_stream
 from tuner.sim.args import ArgvError, parse_argv
 from tuner.sim.effective import ConfigError, resolve
@@ -115,27 +113,24 @@ def _run(ev: Evaluator, point: OpenLoopPoint, rate: float, stream: str) -> OpenL
 
 
 def level_flat(runs: Sequence[OpenLoopRun]) -> dict[str, float]:
-    """The flat latency statistics (``ttft_ms.p99`` ...) of one or more pooled levels."""
-    samples: dict[str, list[float]] = {"ttft_ms": [], "tpot_ms": [], "e2el_ms": []}
+    """The flat latency statistics (``ttft_ms.p99`` ...) of one or more pooled levels, with
+    the 95 % half-widths the tuner's verdict takes (``tuner.load.slo.term_ci``)."""
+    samples: dict[str, list[list[float]]] = {"ttft_ms": [], "tpot_ms": [], "e2el_ms": []}
     for run in runs:
-        samples["ttft_ms"] += [x * 1000 for x in run.ttft_s]
-        samples["e2el_ms"] += [x * 1000 for x in run.e2el_s]
-        # As the tuner's level statistics: TPOT over requests with more than one token.
-        samples["tpot_ms"] += [x * 1000 for x, n in zip(run.tpot_s(), run.output_tokens, strict=True)
-                               if n > 1]
+        # In arrival order (the batch-means interval cuts each run into consecutive blocks);
+        # TPOT, as the tuner's statistics, over requests with more than one token.
+        samples["ttft_ms"].append([x * 1000 for x in run.ttft_s])
+        samples["e2el_ms"].append([x * 1000 for x in run.e2el_s])
+        samples["tpot_ms"].append([x * 1000 for x, n in zip(run.tpot_s(), run.output_tokens,
+                                                            strict=True) if n > 1])
     out: dict[str, float] = {"completed": float(sum(len(r.ttft_s) for r in runs)), "failed": 0.0}
-    for name, xs in samples.items():
-        stat = Stat.of(xs)
-        ordered = sorted(xs)
+    for name, per_run in samples.items():
         for field in ("mean", "p50", "p90", "p99"):
-            value = getattr(stat, field)
-            out[f"{name}.{field}"] = math.nan if value is None else float(value)
-            # The 95 % interval as the tuner's verdict takes it (tuner.load.slo.records_verdict).
-            if field == "mean":
-                ci = mean_ci(ordered)
-            else:
-                band = quantile_ci(ordered, int(field[1:]) / 100) if ordered else None
-                ci = None if band is None or value is None else max(value - band[0], band[1] - value)
+            found = term_ci(per_run, field)
+            if found is None:
+                out[f"{name}.{field}"] = math.nan
+                continue
+            out[f"{name}.{field}"], ci = found
             if ci is not None:
                 out[f"{name}.{field}.ci95"] = ci
     return out
