@@ -224,8 +224,8 @@ def test_the_cli_expands_the_cache_dir_where_the_study_runs(monkeypatch: pytest.
     assert on_this_host(spec).execution.compile_cache_dir == str(tmp_path / "x")
     assert spec.execution.compile_cache_dir == "$TUNER_C/x"
     monkeypatch.delenv("TUNER_C")
-    with pytest.raises(SpecError, match="compile_cache_dir.*unset variable"):
-        on_this_host(spec)
+    with pytest.raises(SpecError, match="^s.yaml: execution.compile_cache_dir.*unset variable"):
+        on_this_host(spec, source="s.yaml")
 
 
 def test_compiled_engine_without_cache_lines_is_unknown_not_none() -> None:

@@ -45,7 +45,7 @@ def load_spec_file(path: str) -> StudySpec:
     from tuner.study.study_file import parse_study
 
     file = Path(path)
-    spec = on_this_host(parse_study(read_text_bounded(file), str(file)))
+    spec = on_this_host(parse_study(read_text_bounded(file), str(file)), source=str(file))
     # Prompts files (known answers, reference) are relative to the study file, and read and
     # checked now: a bad file must stop the study before any server starts.
     from tuner.referencing import resolve_probe_files
@@ -53,7 +53,7 @@ def load_spec_file(path: str) -> StudySpec:
     return spec.model_copy(update={"probe": resolve_probe_files(spec.probe, file.parent.resolve())})
 
 
-def on_this_host(spec: StudySpec) -> StudySpec:
+def on_this_host(spec: StudySpec, *, source: str | None = None) -> StudySpec:
     """``spec`` with its paths as this machine names them: ``execution.compile_cache_dir``
     with ``~`` and ``$VARS`` expanded from this process's environment. The study file and
     the spec model keep what the user wrote; only here, where the study is run, is the
@@ -67,7 +67,8 @@ def on_this_host(spec: StudySpec) -> StudySpec:
     try:
         path = expand_cache_dir(raw, os.environ, str(Path.home()))
     except ValueError as exc:
-        raise SpecError(f"execution.compile_cache_dir: {exc}") from exc
+        where = f"{source}: " if source else ""
+        raise SpecError(f"{where}execution.compile_cache_dir: {exc}") from exc
     execution = spec.execution.model_copy(update={"compile_cache_dir": path})
     return spec.model_copy(update={"execution": execution})
 
@@ -224,7 +225,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     from tuner.study.store import open_existing
 
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
-    handle.spec = on_this_host(handle.spec)
+    handle.spec = on_this_host(handle.spec, source=str(handle.paths.spec_yaml))
     cfg = handle.spec.confirm
     repeats = args.repeats or cfg.repeats
     tolerance = args.tolerance if args.tolerance is not None else cfg.tolerance
@@ -279,7 +280,7 @@ def cmd_resume(args: argparse.Namespace) -> int:
     from tuner.study.store import open_existing
 
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
-    handle.spec = on_this_host(handle.spec)
+    handle.spec = on_this_host(handle.spec, source=str(handle.paths.spec_yaml))
     timeout_s = _option_duration(args.timeout, "--timeout")
     return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)
 
