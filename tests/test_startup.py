@@ -145,3 +145,28 @@ def test_status_shows_each_trials_startup_and_the_median(tmp_path: Path) -> None
     at = text.index("        " + summary_text(miss.to_json()))
     assert text[at + 1] == "          " + figures_text(miss.to_json())
     assert "          waited 4.2s for the GPUs before starting" in text
+
+
+TUNER_H200 = LOGS / "h200-0.26.0-tuner"
+
+
+def test_h200_cache_hit_start_recorded_by_the_tuner() -> None:
+    # A FULL_AND_PIECEWISE server started by `tuner run` on the H200 after the same key had
+    # been compiled into the study's cache dir: "Directly load the compiled graph(s) ... from
+    # the cache", torch.compile 5.83 s (14.32 s on the miss above) and a 1 s warm-up where
+    # the miss spent 12 s. first_line_s and ready_s are the launcher's own figures of that run
+    # (results/examples/smollm2-h200-smoke/trials/0000/startup.json).
+    rec = parse_startup(_log(TUNER_H200 / "cudagraph-full_and_piecewise-cache-hit.log"),
+                        first_line_s=20.389, ready_s=63.567)
+    assert (rec.compile_cache, rec.compile_s) == ("hit", 5.83)
+    assert rec.phases["compile"] == 6.0 and rec.phases["warmup"] == 1.0
+    assert rec.complete and sum(rec.phases.values()) == pytest.approx(63.567)
+    assert (rec.kv_cache_tokens, rec.kv_cache_gib) == (3_228_880, 69.28)
+    assert (rec.graph_capture_s, rec.graph_capture_gib) == (5.0, 0.39)
+
+
+def test_h200_eager_starts_recorded_by_the_tuner() -> None:
+    for name in ("reference-eager.log", "eager-hf-overrides-rope.log"):
+        rec = parse_startup(_log(TUNER_H200 / name))
+        assert rec.compile_cache == "none" and rec.graph_capture_s is None, name
+        assert "compile" not in rec.phases and rec.kv_cache_tokens is not None, name
