@@ -55,8 +55,9 @@ def test_neighbours_change_one_knob(glm5) -> None:
 
 
 def test_make_sampler_defaults_and_overrides(glm5) -> None:
-    s = samplers.make_sampler(glm5)
-    assert isinstance(s, samplers.ParetoLocalSampler)
+    assert isinstance(samplers.make_sampler(glm5), samplers.PlannedSampler)
+    tpe = glm5.model_copy(update={"sampler": glm5.sampler.model_copy(update={"name": "tpe"})})
+    assert isinstance(samplers.make_sampler(tpe), samplers.ParetoLocalSampler)
     nsga = glm5.model_copy(update={"sampler": glm5.sampler.model_copy(update={"name": "nsga2"})})
     assert isinstance(samplers.make_sampler(nsga), optuna.samplers.NSGAIISampler)
     rnd = glm5.model_copy(update={"sampler": glm5.sampler.model_copy(update={"name": "random"})})

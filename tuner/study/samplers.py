@@ -46,13 +46,13 @@ from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, Trial, TrialState
 
-from tuner.study import space
+from tuner.study import planner, space
 from tuner.study.pareto import Point, pareto_front
 from tuner.study.sampling import neighbours
 from tuner.study.spec import BoolParam, CategoricalParam, IntParam, StudySpec
 
-__all__ = ["make_sampler", "suggest", "distribution", "AvoidSeenSampler", "ParetoLocalSampler", "STARTUP_TRIALS",
-           "HISTORY_LIMIT"]
+__all__ = ["make_sampler", "suggest", "distribution", "AvoidSeenSampler", "ParetoLocalSampler", "PlannedSampler",
+           "observations", "STARTUP_TRIALS", "HISTORY_LIMIT"]
 
 STARTUP_TRIALS = 10
 LOCAL_SHARE = 0.5
@@ -67,17 +67,30 @@ LOCAL_SHARE = 0.5
 # the newest half from the start 52.5 - trimming early hurts, hence the 300-trial floor.
 HISTORY_LIMIT = 300
 HISTORY_SHARE = 0.5     # ... and never fewer than this share of the finished trials
-def make_sampler(spec: StudySpec, *, design_size: int = 0) -> optuna.samplers.BaseSampler:
+def make_sampler(spec: StudySpec, *, design_size: int = 0, budget: int | None = None) -> optuna.samplers.BaseSampler:
     """The study's sampler.
+
+    'auto' (the default): ``PlannedSampler`` - an initial design sized from the space and the
+    budget (``tuner.study.planner``), then in an enumerable space the unmeasured point with
+    the largest expected improvement; in a space that cannot be enumerated, after the design,
+    the 'tpe' sampler below with no random start-up of its own.
 
     'tpe': ``ParetoLocalSampler`` (half of the trials after the first ``STARTUP_TRIALS``: an
     unmeasured one-knob change of a current front point) around a univariate TPE with
     constant_liar (parallel groups are not handed the same proposal). ``design_size``:
     points enqueued before the sampler's own proposals (baseline + any initial design); TPE
     then needs that many fewer random start-up trials.
+
+    ``budget``: the study's trial budget when it differs from the file's (``--n-trials``);
+    the design's share is taken of it.
     """
 
     s = spec.sampler
+    if s.name == "auto":
+        tpe = optuna.samplers.TPESampler(seed=s.seed, constant_liar=True,
+                                         n_startup_trials=s.n_startup_trials or 0)
+        local = ParetoLocalSampler(tpe, spec, local=LOCAL_SHARE, min_trials=0, seed=s.seed)
+        return PlannedSampler(spec, budget=budget, seed=s.seed, fallback=local)
     if s.name == "tpe":
         startup = s.n_startup_trials if s.n_startup_trials is not None else max(0, STARTUP_TRIALS - design_size)
         tpe = optuna.samplers.TPESampler(seed=s.seed, constant_liar=True, n_startup_trials=startup)
@@ -390,3 +403,99 @@ class _StudyView:
     @property
     def trials(self) -> list[FrozenTrial]:
         return self._get_trials()
+
+
+# Constraints that say a trial was stopped early on a bound (the orchestrator's
+# ``early_stopped``; the simulated study's ``dominated``): not infeasibility.
+_STOP_CONSTRAINTS = frozenset({"early_stopped", "dominated"})
+
+
+def observation_of(t: FrozenTrial) -> planner.Observation | None:
+    """A trial as the planner sees it (None: not a run of the point, e.g. a told repeat or
+    a forbidden proposal, or a trial still waiting in the queue)."""
+
+    values = t.user_attrs.get("values", t.params)
+    if t.user_attrs.get("kind", "run") != "run" or not values or t.state == TrialState.WAITING:
+        return None
+    if t.state == TrialState.RUNNING:
+        return planner.Observation(values, planner.RUNNING)
+    if t.state != TrialState.COMPLETE or t.values is None or t.user_attrs.get("placeholder_values"):
+        return planner.Observation(values, planner.FAILED)
+    violated = {k for k, v in t.constraints.items() if v > 0}
+    if violated - _STOP_CONSTRAINTS:
+        return planner.Observation(values, planner.INFEASIBLE, tuple(t.values))
+    status = planner.STOPPED if violated else planner.FEASIBLE
+    return planner.Observation(values, status, tuple(t.values))
+
+
+def observations(trials: Sequence[FrozenTrial]) -> list[planner.Observation]:
+    return [o for o in map(observation_of, trials) if o is not None]
+
+
+class PlannedSampler(BaseSampler):
+    """Proposes whole points chosen by ``tuner.study.planner`` (initial design, then the
+    unmeasured point with the largest expected improvement); enqueued trials (baseline,
+    starting points, grid) keep their values. Once every allowed point is known it hands
+    the proposal to ``fallback`` (the orchestrator tells such a repeat the earlier result
+    and stops when nothing new comes)."""
+
+    def __init__(self, spec: StudySpec, *, budget: int | None = None, seed: int | None = None,
+                 fallback: BaseSampler | None = None, design_share: float = planner.DESIGN_SHARE) -> None:
+        self._spec = spec
+        self._design_share = design_share
+        self._budget = budget
+        self._seed = seed or 0
+        self._planner: planner.Planner | None = None
+        self._fallback = fallback or optuna.samplers.RandomSampler(seed=seed)
+        self._plans: dict[int, dict[str, Any]] = {}
+        self._finished: dict[int, planner.Observation | None] = {}
+
+    def _observations(self, study: Study) -> list[planner.Observation]:
+        out = []
+        for t in study._get_trials(deepcopy=False, use_cache=True):
+            if t.number in self._finished:
+                o = self._finished[t.number]
+            else:
+                o = observation_of(t)
+                if t.state.is_finished():
+                    self._finished[t.number] = o    # a finished trial no longer changes
+            if o is not None:
+                out.append(o)
+        return out
+
+    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
+        if not (trial.params or trial.system_attrs.get("fixed_params")):
+            if self._planner is None:
+                self._planner = planner.Planner(self._spec, budget=self._budget, design_share=self._design_share)
+            # Seeded by the study's seed and size: a resumed study makes the same choice.
+            plan = self._planner.plan(self._observations(study), seed=self._seed * 1_000_003 + trial.number)
+            if plan is not None:
+                self._plans[trial.number] = plan
+                return
+        self._fallback.before_trial(study, trial)
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        if trial.number in self._plans:
+            return {}
+        return self._fallback.infer_relative_search_space(study, trial)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if trial.number in self._plans:
+            return {}
+        return self._fallback.sample_relative(study, trial, search_space)
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        plan = self._plans.get(trial.number)
+        if plan is not None and param_name in plan:
+            return plan[param_name]
+        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._plans.pop(trial.number, None)
+        self._fallback.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._fallback.reseed_rng()

@@ -349,9 +349,12 @@ class BudgetSpec(_Strict):
 
 
 class SamplerSpec(_Strict):
-    name: Literal["tpe", "nsga2", "random", "grid"] = "tpe"
+    name: Literal["auto", "tpe", "nsga2", "random", "grid"] = Field(
+        "auto", description="auto: an initial design sized from the space, then the unmeasured point "
+        "with the largest expected improvement (TPE + local search where the space cannot be enumerated); "
+        "tpe: the earlier default (TPE + local search after random start-up trials)")
     seed: int = 0
-    n_startup_trials: int | None = Field(None, ge=0, description="random trials before TPE models")
+    n_startup_trials: int | None = Field(None, ge=0, description="tpe: random trials before TPE models")
 
 
 class VerifySpec(_Strict):

@@ -1,0 +1,315 @@
+"""Anytime quality of the search on every landscape: how much of the true front's hypervolume a
+study has found after k measured trials (issue 17).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/anytime.py                  # everything
+    PYTHONPATH=. .venv/bin/python benchmarks/anytime.py --landscapes smollm2-engine --seeds 5
+
+Landscapes: the simulator's spaces (ground truth from benchmarks/truth.py: the simulator's
+performance model at every allowed point) and the real ones (benchmarks/landscapes/*.json:
+every allowed point of a grid study measured by the tuner on the real vLLM CPU build, read by
+tuner.sim.landscape). Every study is replayed through the orchestrator's ask / suggest / tell
+logic (tuner.sim.study: baseline first, repeats told again and not counted, forbidden points
+told infeasible) with multiplicative lognormal measurement noise, one GPU group, no early
+stop, until the budget or until every allowed point is known.
+
+Samplers: "default" (what a study file without a sampler: section runs,
+tuner.study.samplers.make_sampler), "tpe + local (previous default)" (ParetoLocalSampler
+around univariate TPE after 10 start-up trials: the default before issue 17), "random"
+(Optuna's RandomSampler) and "grid, file order" (every allowed point once, in the order of
+the study file's nested loops: the fixed-order sweep a grid tool runs).
+
+For each (landscape, sampler) over the seeds: hypervolume (true values of the truly feasible
+points measured so far, over the true front's) after k = 4, 8, 16, 32, 64 finished trials
+(median, 25th and 75th percentile; a study that ran out of points keeps its last value) and
+the trials to 95 % of it. The issue's targets, checked per landscape: median trials to 95 %
+at most half of random's, and the median HV at k = 8 at least random's at k = 16.
+
+Writes benchmarks/results/anytime.json and docs/anytime.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import optuna  # noqa: E402
+
+from tuner.sim.landscape import ground_truth  # noqa: E402
+from tuner.sim.study import run_study  # noqa: E402
+from tuner.sim.truth import GroundTruth  # noqa: E402
+from tuner.study import samplers  # noqa: E402
+from tuner.study.spec import SamplerSpec, StudySpec  # noqa: E402
+from tuner.study.study_file import parse_study  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+LANDSCAPES = ROOT / "benchmarks" / "landscapes"
+SIM_SPACES = {"glm5": "search_spaces/glm5-8xpcie.yaml", "glm5-large": "search_spaces/glm5-8xpcie-large.yaml"}
+KS = (4, 8, 16, 32, 64)
+TARGET = 0.95
+# Trials per simulated study on the simulator's spaces (real landscapes: all their points).
+SIM_BUDGET = 100
+RANDOM_FACTOR = 4          # random and the grid run longer so that their median is a number
+
+
+# ------------------------------------------------------------------------------- landscapes
+
+
+def landscape_names() -> list[str]:
+    return [*SIM_SPACES, *sorted(p.stem for p in LANDSCAPES.glob("*.json"))]
+
+
+_CACHE: dict[str, tuple[StudySpec, GroundTruth, str]] = {}
+
+
+def load(name: str) -> tuple[StudySpec, GroundTruth, str]:
+    """(spec, ground truth, kind) of a landscape: 'simulator' or 'real'."""
+
+    if name not in _CACHE:
+        if name in SIM_SPACES:
+            import truth as truth_mod
+
+            path = ROOT / SIM_SPACES[name]
+            _CACHE[name] = (truth_mod.load_spec(path), truth_mod.build(path, jobs=1), "simulator")
+        else:
+            data = json.loads((LANDSCAPES / f"{name}.json").read_text(encoding="utf-8"))
+            path = ROOT / data["study_file"]
+            spec = parse_study(path.read_text(encoding="utf-8"), str(path))
+            _CACHE[name] = (spec, ground_truth(spec, data), "real")
+    return _CACHE[name]
+
+
+# ------------------------------------------------------------------------------- samplers
+
+
+@dataclass(frozen=True)
+class Sampler:
+    name: str
+    grid: str | None = None      # None, or "file" (the study file's order)
+    long: bool = False           # runs RANDOM_FACTOR x the budget on the simulator's spaces
+
+    def make(self, spec: StudySpec, seed: int, budget: int) -> optuna.samplers.BaseSampler:
+        if self.name == "default":
+            return samplers.make_sampler(_seeded(spec, seed, "auto"), budget=budget)
+        if self.name == "tpe + local (previous default)":
+            return samplers.make_sampler(_seeded(spec, seed, "tpe"), budget=budget)
+        return optuna.samplers.RandomSampler(seed=seed)
+
+
+def _seeded(spec: StudySpec, seed: int, name: str) -> StudySpec:
+    return spec.model_copy(update={"sampler": SamplerSpec(name=name, seed=seed)})
+
+
+SAMPLERS = [Sampler("default"), Sampler("tpe + local (previous default)"),
+            Sampler("random", long=True), Sampler("grid, file order", grid="file", long=True)]
+
+
+# ------------------------------------------------------------------------------- one study
+
+
+@dataclass(frozen=True)
+class Job:
+    landscape: str
+    sampler: Sampler
+    seed: int
+    noise: float
+
+
+def budget_of(name: str, sampler: Sampler) -> int:
+    spec, truth, kind = load(name)
+    if kind == "real":
+        return len(truth.points)
+    return SIM_BUDGET * (RANDOM_FACTOR if sampler.long else 1)
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    warnings.filterwarnings("ignore")
+    spec, truth, _ = load(job.landscape)
+    budget = budget_of(job.landscape, job.sampler)
+    began = time.monotonic()
+    if job.sampler.grid == "file":
+        # A sweep in the study file's order: every point enqueued up front, so nothing
+        # is left to the sampler.
+        from tuner.study.sampling import grid_points
+
+        initial = grid_points(spec)
+        run = run_study(spec, truth, lambda s, seed: optuna.samplers.RandomSampler(seed=seed),
+                        n_trials=budget, seed=job.seed, noise=job.noise, initial=initial)
+    else:
+        run = run_study(spec, truth, lambda s, seed: job.sampler.make(s, seed, budget),
+                        n_trials=budget, seed=job.seed, noise=job.noise)
+    curve = [h / truth.hypervolume for h in run.hv_curve(truth)]
+    t95 = next((i + 1 for i, h in enumerate(curve) if h >= TARGET - 1e-12), None)
+    return {"landscape": job.landscape, "sampler": job.sampler.name, "seed": job.seed,
+            "curve": [round(h, 4) for h in curve], "t95": t95, "trials": len(run.trials),
+            "proposals": run.proposals, "duplicates": run.duplicates, "forbidden": run.forbidden,
+            "repeats_while_unmeasured": _repeats_while_unmeasured(run, len(truth.points)),
+            "wall_s": round(time.monotonic() - began, 2)}
+
+
+def _repeats_while_unmeasured(run: Any, size: int) -> int:
+    """Proposals that repeated a known point although unknown allowed points remained:
+    every told duplicate, since a study only stops asking once all points are known
+    (tuner.sim.study stops after a long run of rejected proposals, or at the budget)."""
+
+    return run.duplicates if len(run.trials) < size else 0
+
+
+# ------------------------------------------------------------------------------- stats
+
+
+def pct(values: list[float], q: float) -> float:
+    vals = sorted(values)
+    pos = (len(vals) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(vals) - 1)
+    if math.isinf(vals[lo]) or math.isinf(vals[hi]):
+        return vals[hi] if pos - lo > 0 else vals[lo]
+    return vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+
+
+def hv_at(row: dict[str, Any], k: int) -> float:
+    curve = row["curve"]
+    return curve[min(k, len(curve)) - 1] if curve else 0.0
+
+
+def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    t95 = [r["t95"] if r["t95"] is not None else math.inf for r in rows]
+    hv = {str(k): {"median": pct([hv_at(r, k) for r in rows], 0.5), "p25": pct([hv_at(r, k) for r in rows], 0.25),
+                   "p75": pct([hv_at(r, k) for r in rows], 0.75)} for k in KS}
+    longest = max(len(r["curve"]) for r in rows)
+    curve = [pct([r["curve"][min(i, len(r["curve"]) - 1)] for r in rows], 0.5) for i in range(longest)]
+    return {"seeds": len(rows), "t95": {"median": pct(t95, 0.5), "p25": pct(t95, 0.25), "p75": pct(t95, 0.75),
+                                        "reached": sum(math.isfinite(v) for v in t95)},
+            "hv_at": hv, "curve_median": curve,
+            "duplicates_median": statistics.median(r["duplicates"] for r in rows),
+            "repeats_while_unmeasured": sum(r["repeats_while_unmeasured"] for r in rows),
+            "per_seed": [{"seed": r["seed"], "t95": r["t95"], "trials": r["trials"],
+                          **{f"hv@{k}": hv_at(r, k) for k in KS}} for r in rows]}
+
+
+def verdict(info: dict[str, Any]) -> dict[str, Any]:
+    """The issue's two targets for one landscape."""
+
+    d, r = info["samplers"]["default"], info["samplers"]["random"]
+    ratio = d["t95"]["median"] / r["t95"]["median"] if math.isfinite(r["t95"]["median"]) else 0.0
+    return {"t95_ratio_vs_random": round(ratio, 3), "t95_ok": ratio <= 0.5,
+            "hv8_default": d["hv_at"]["8"]["median"], "hv16_random": r["hv_at"]["16"]["median"],
+            "hv8_ok": d["hv_at"]["8"]["median"] >= r["hv_at"]["16"]["median"] - 1e-12}
+
+
+# ------------------------------------------------------------------------------- output
+
+
+def fmt(v: float) -> str:
+    return ">budget" if not math.isfinite(v) else f"{v:.0f}" if float(v).is_integer() else f"{v:.1f}"
+
+
+def print_table(results: dict[str, Any]) -> None:
+    for name, info in results["landscapes"].items():
+        print(f"\n{name} ({info['kind']}, {info['points']} points, true front {info['front_points']}, "
+              f"{info['seeds']} seeds, noise {results['noise']})")
+        print(f"  {'sampler':<32} {'t95 med':>7} {'p25-p75':>11} " + " ".join(f"{'HV@' + str(k):>11}" for k in KS)
+              + f" {'dups':>5}")
+        for sname, s in info["samplers"].items():
+            t = s["t95"]
+            hv = " ".join(f"{s['hv_at'][str(k)]['median']:>5.2f}({s['hv_at'][str(k)]['p25']:.2f})" for k in KS)
+            print(f"  {sname:<32} {fmt(t['median']):>7} {fmt(t['p25']) + '-' + fmt(t['p75']):>11} {hv}"
+                  f" {s['duplicates_median']:>5}")
+        v = info["verdict"]
+        print(f"  default vs random: trials to 95 % {v['t95_ratio_vs_random']:.2f}x "
+              f"({'ok' if v['t95_ok'] else 'MISSED'}, target <= 0.5x); HV@8 {v['hv8_default']:.3f} vs random's "
+              f"HV@16 {v['hv16_random']:.3f} ({'ok' if v['hv8_ok'] else 'MISSED'})")
+    print("\n  HV@k: median (25th percentile) share of the true hypervolume after k finished trials; "
+          "dups: median repeats proposed (told again, not run)")
+
+
+def plot(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(results["landscapes"])
+    fig, axes = plt.subplots(1, len(names), figsize=(4.6 * len(names), 4.2), squeeze=False)
+    styles = {"default": ("black", "-", 2.2), "tpe + local (previous default)": ("tab:red", "--", 1.5),
+              "random": ("tab:gray", ":", 1.8), "grid, file order": ("tab:blue", "-.", 1.3)}
+    for ax, name in zip(axes[0], names):
+        info = results["landscapes"][name]
+        limit = min(64, max(len(s["curve_median"]) for s in info["samplers"].values()))
+        for sname, s in info["samplers"].items():
+            color, style, width = styles.get(sname, ("tab:green", "-", 1.0))
+            med = s["curve_median"][:limit]
+            ax.plot(range(1, len(med) + 1), med, color=color, linestyle=style, linewidth=width,
+                    label=f"{sname} ({fmt(s['t95']['median'])})")
+        ax.axhline(TARGET, color="black", linewidth=0.6, linestyle="--")
+        ax.set_title(f"{name} ({info['kind']}): {info['points']} points", fontsize=9)
+        ax.set_xlabel("finished trials (baseline = 1)")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6.5, loc="lower right", title="median trials to 95 %", title_fontsize=6.5)
+    axes[0][0].set_ylabel("hypervolume found / true (median over seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--landscapes", default=",".join(landscape_names()))
+    ap.add_argument("--samplers", default="", help="sampler names separated by ; (default all)")
+    ap.add_argument("--seeds", type=int, default=20)
+    ap.add_argument("--real-seeds", type=int, default=50, help="seeds on the real landscapes (cheap)")
+    ap.add_argument("--noise", type=float, default=0.03, help="lognormal sigma of a measurement")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--out", type=Path, default=RESULTS / "anytime.json")
+    ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "anytime.png")
+    args = ap.parse_args()
+    names = [n for n in args.landscapes.split(",") if n]
+    chosen = [s for s in SAMPLERS if not args.samplers or s.name in args.samplers.split(";")]
+    for name in names:      # ground truths built or loaded once, before forking
+        spec, truth, kind = load(name)
+        print(f"[landscape] {name} ({kind}): {len(truth.points)} points, front {len(truth.front)}", flush=True)
+    jobs = [Job(n, s, seed, args.noise) for n in names for s in chosen
+            for seed in range(args.real_seeds if load(n)[2] == "real" else args.seeds)]
+    began = time.monotonic()
+    rows = []
+    with ProcessPoolExecutor(args.jobs) as pool:
+        for i, row in enumerate(pool.map(run_job, jobs, chunksize=4), 1):
+            rows.append(row)
+            if i % 25 == 0 or i == len(jobs):
+                print(f"  [{i}/{len(jobs)} {time.monotonic() - began:.0f}s]", flush=True)
+    results: dict[str, Any] = {"noise": args.noise, "target": TARGET, "ks": list(KS), "landscapes": {}}
+    for name in names:
+        spec, truth, kind = load(name)
+        info = {"kind": kind, "points": len(truth.points), "front_points": len(truth.front),
+                "seeds": args.real_seeds if kind == "real" else args.seeds,
+                "samplers": {s.name: summarise([r for r in rows if r["landscape"] == name and r["sampler"] == s.name])
+                             for s in chosen}}
+        if {"default", "random"} <= set(info["samplers"]):
+            info["verdict"] = verdict(info)
+        results["landscapes"][name] = info
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1, default=float) + "\n", encoding="utf-8")
+    if all("verdict" in i for i in results["landscapes"].values()):
+        print_table(results)
+        plot(results, args.plot)
+    print(f"[out] {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

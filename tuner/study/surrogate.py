@@ -1,0 +1,212 @@
+"""What the measured trials say about the points not yet measured: an additive model of each
+objective and of feasibility over the knobs' values.
+
+Why additive: on the tuner's spaces a knob's effect barely depends on the others (NCCL LL
+lowers TPOT with or without speculation, n-gram speculation helps concurrency 1 whether the
+engine is compiled or eager), so a point's objectives are close to the baseline's plus one
+effect per changed value. In log units the effects are relative ("+12 % throughput"), so one
+prior scale fits throughput and latency alike. The model is Bayesian linear regression on a
+one-hot encoding of the active values (plus a trend for ordered numeric knobs, so k=4 is
+expected between k=3 and k=5): a value never measured keeps its prior uncertainty, which is
+what sends the search to it, and a value measured once is known up to the noise.
+
+Feasibility (probe passed, knob applied, limits met, the server started) is a logistic model
+on the same features: a value that made every trial with it infeasible (a CUDA-graph mode
+the platform silently downgrades) drags the probability of every point with it down.
+
+Pure: numpy only, no Optuna, no I/O.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tuner.study import space
+from tuner.study.spec import StudySpec
+
+__all__ = ["Encoder", "Fit", "fit", "feasibility", "to_model_units", "PRIOR_SCALE", "NOISE", "STOPPED_NOISE"]
+
+# Prior standard deviation of one value's effect, in log units: a knob value typically moves
+# an objective by a few percent to a factor of two (log 2 = 0.69).
+PRIOR_SCALE = 0.5
+# Measurement noise of a told objective in log units (~5 %: the level noise the load
+# generator reports on shared machines), and of an optimistic bound told by a trial stopped
+# early (it can be well above what the trial would have measured).
+NOISE = 0.05
+STOPPED_NOISE = 0.25
+# Logistic feasibility: prior scale of a value's log-odds, and the prior log-odds of any
+# point (most points of a study file are expected to run).
+FEASIBLE_PRIOR_SCALE = 2.0
+FEASIBLE_PRIOR_LOGIT = 1.5
+_NEWTON_STEPS = 12
+
+
+class Encoder:
+    """Feature vectors of the points of a study's space: an intercept, one indicator per
+    (parameter, value) and, for a parameter whose values are ordered numbers, its position
+    between the lowest and the highest value (0..1) while it is active."""
+
+    def __init__(self, spec: StudySpec) -> None:
+        self.params = space.ordered_parameters(spec)
+        self._index: dict[tuple[str, str], int] = {}
+        self._trend: dict[str, tuple[int, float, float]] = {}
+        n = 1
+        for param in self.params:
+            domain = param.domain() or []
+            for value in domain:
+                self._index[(param.name, _text(value))] = n
+                n += 1
+            numbers = [v for v in domain if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            if len(numbers) >= 3:
+                self._trend[param.name] = (n, float(min(numbers)), float(max(numbers)))
+                n += 1
+        self.width = n
+
+    def feature_ids(self, values: Mapping[str, Any]) -> list[int]:
+        """Indices of the indicator features a point switches on (intercept included)."""
+
+        out = [0]
+        for name, value in values.items():
+            index = self._index.get((name, _text(value)))
+            if index is not None:
+                out.append(index)
+        return out
+
+    def encode(self, points: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        """One row per point."""
+
+        x = np.zeros((len(points), self.width))
+        for row, values in enumerate(points):
+            x[row, self.feature_ids(values)] = 1.0
+            for name, (col, low, high) in self._trend.items():
+                value = values.get(name)
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and high > low:
+                    x[row, col] = (float(value) - low) / (high - low)
+        return x
+
+
+def _text(value: Any) -> str:
+    return repr(value)
+
+
+def to_model_units(rows: np.ndarray, directions: Sequence[str]) -> tuple[np.ndarray, list[bool]]:
+    """Objective values turned into 'larger is better' model units: log of a positive
+    objective (effects are relative), else the value over the spread seen. Returns the
+    transformed rows and, per objective, whether the log was taken."""
+
+    out = np.empty_like(rows, dtype=float)
+    logs = []
+    for j, direction in enumerate(directions):
+        col = rows[:, j].astype(float)
+        use_log = bool(len(col)) and bool(np.all(col > 0))
+        if use_log:
+            col = np.log(col)
+        else:
+            spread = float(np.max(col) - np.min(col)) if len(col) else 0.0
+            col = col / (spread if spread > 0 else max(1.0, float(np.max(np.abs(col))) if len(col) else 1.0))
+        out[:, j] = col if direction == "maximize" else -col
+        logs.append(use_log)
+    return out, logs
+
+
+@dataclass
+class Fit:
+    """The posterior of every objective's effects: mean (width x objectives) and the
+    Cholesky factor of the precision matrix (shared: same features, same noise model)."""
+
+    mean: np.ndarray
+    chol: np.ndarray
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        """Posterior mean of each objective at each row of ``x`` (rows x objectives)."""
+
+        return x @ self.mean
+
+    def sample(self, x: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
+        """``draws`` joint posterior draws of every objective at the rows of ``x``:
+        an array (rows x draws x objectives)."""
+
+        width, n_obj = self.mean.shape
+        z = rng.standard_normal((width, draws * n_obj))
+        # precision = L L^T, so L^-T z has the posterior covariance.
+        dev = np.linalg.solve(self.chol.T, z).reshape(width, draws, n_obj)
+        weights = self.mean[:, None, :] + dev
+        return np.einsum("rw,wdo->rdo", x, weights)
+
+    def std(self, x: np.ndarray) -> np.ndarray:
+        """Posterior standard deviation of the model at each row of ``x`` (same for every
+        objective)."""
+
+        half = np.linalg.solve(self.chol, x.T)
+        return np.sqrt(np.sum(half * half, axis=0))
+
+
+def fit(x: np.ndarray, y: np.ndarray, noise: np.ndarray) -> Fit:
+    """Bayesian linear regression of every column of ``y`` (model units) on ``x``:
+    effects ~ N(0, PRIOR_SCALE^2), the intercept around the mean of what was seen, each row
+    with its own noise standard deviation."""
+
+    width = x.shape[1]
+    center = y.mean(axis=0) if len(y) else np.zeros(y.shape[1])
+    prior = np.full(width, 1.0 / PRIOR_SCALE ** 2)
+    prior[0] = 1.0 / 4.0     # the intercept is free to move (2 log units)
+    w = 1.0 / np.square(noise)
+    precision = (x.T * w) @ x + np.diag(prior)
+    chol = np.linalg.cholesky(precision)
+    rhs = (x.T * w) @ (y - center)
+    mean = np.linalg.solve(chol.T, np.linalg.solve(chol, rhs))
+    mean[0] += center
+    return Fit(mean, chol)
+
+
+def feasibility(x: np.ndarray, feasible: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """Probability that each candidate row runs feasibly, from a logistic model fitted to the
+    measured rows ``x`` (``feasible``: 1 or 0), at the posterior mode (Newton steps)."""
+
+    width = x.shape[1]
+    prior = np.full(width, 1.0 / FEASIBLE_PRIOR_SCALE ** 2)
+    prior[0] = 1.0
+    w = np.zeros(width)
+    w[0] = FEASIBLE_PRIOR_LOGIT
+    if len(x):
+        target = feasible.astype(float)
+        for _ in range(_NEWTON_STEPS):
+            p = _sigmoid(x @ w)
+            grad = x.T @ (target - p) - prior * (w - _prior_mean(width))
+            hess = (x.T * (p * (1 - p))) @ x + np.diag(prior)
+            step = np.linalg.solve(hess, grad)
+            w = w + step
+            if float(np.max(np.abs(step))) < 1e-6:
+                break
+    return _sigmoid(candidates @ w)
+
+
+def _prior_mean(width: int) -> np.ndarray:
+    mean = np.zeros(width)
+    mean[0] = FEASIBLE_PRIOR_LOGIT
+    return mean
+
+
+def _sigmoid(z: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
+
+
+def expected_gain(draws: np.ndarray, front: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For posterior draws (rows x draws x objectives, larger is better) against the current
+    front (points x objectives): the expected additive-epsilon improvement of each row (by how
+    much, in model units, a draw beats every front point in its best objective; 0 when
+    dominated) and the mean margin (the same without the floor at 0: how close a row comes).
+    With no front yet every draw improves by 1 model unit."""
+
+    if len(front) == 0:
+        ones = np.ones(draws.shape[0])
+        return ones, ones
+    margin = np.full(draws.shape[:2], math.inf)
+    for point in front:
+        margin = np.minimum(margin, np.max(draws - point, axis=2))
+    return np.mean(np.maximum(margin, 0.0), axis=1), np.mean(margin, axis=1)
