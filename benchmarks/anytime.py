@@ -48,7 +48,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import optuna  # noqa: E402
 
 from tuner.sim.landscape import ground_truth  # noqa: E402
-from tuner.sim.study import run_study  # noqa: E402
+from tuner.sim.study import EarlyStopPolicy, run_study  # noqa: E402
 from tuner.sim.truth import GroundTruth  # noqa: E402
 from tuner.study import samplers  # noqa: E402
 from tuner.study.spec import SamplerSpec, StudySpec  # noqa: E402
@@ -125,6 +125,28 @@ class Job:
     sampler: Sampler
     seed: int
     noise: float
+    early_stop: bool | None = None     # None: the anytime study; else the early-stop study's arm
+
+
+# What the tuner does (tuner/worker.py + study.early_stop): infeasible while starting / at
+# verification / after the probe / on a missed limit, objective levels first, dominated exact
+# or on a bound, and inside a level on its window so far.
+EARLY_STOP = EarlyStopPolicy(reorder=True, streaming_verify=True, inside=True)
+_EVALUATORS: dict[str, Any] = {}
+
+
+def _verdict(name: str) -> Any:
+    """When a not-applied knob shows in the simulated server's log (simulator spaces only:
+    a real landscape's verdicts came after the whole start, which its startup_s includes)."""
+
+    if load(name)[2] != "simulator":
+        return None
+    if name not in _EVALUATORS:
+        from tuner.sim.profile import load_profile
+        from tuner.sim.truth import Evaluator
+
+        _EVALUATORS[name] = Evaluator(load(name)[0], load_profile("glm5-8xpcie"))
+    return _EVALUATORS[name].verdict_s
 
 
 def budget_of(name: str, sampler: Sampler) -> int:
@@ -140,6 +162,8 @@ def run_job(job: Job) -> dict[str, Any]:
     spec, truth, _ = load(job.landscape)
     budget = budget_of(job.landscape, job.sampler)
     began = time.monotonic()
+    if job.early_stop is not None:
+        return _early_stop_job(job, spec, truth, budget, began)
     if job.sampler.grid == "file":
         # A sweep in the study file's order: every point enqueued up front, so nothing
         # is left to the sampler.
@@ -158,6 +182,55 @@ def run_job(job: Job) -> dict[str, Any]:
             "proposals": run.proposals, "duplicates": run.duplicates, "forbidden": run.forbidden,
             "repeats_while_unmeasured": _repeats_while_unmeasured(run, len(truth.points)),
             "wall_s": round(time.monotonic() - began, 2)}
+
+
+def _early_stop_job(job: Job, spec: StudySpec, truth: GroundTruth, budget: int, began: float) -> dict[str, Any]:
+    """One arm of the early-stop study: the whole budget, early stop on or off, the torch.compile
+    cache shared by the study's servers (simulator spaces; the real landscapes' starts are what
+    they measured)."""
+
+    run = run_study(spec, truth, lambda s, seed: job.sampler.make(s, seed, budget), n_trials=budget,
+                    seed=job.seed, noise=job.noise, policy=EARLY_STOP if job.early_stop else None,
+                    verdict=_verdict(job.landscape) if job.early_stop else None, compile_cache=True)
+    curve = [h / truth.hypervolume for h in run.hv_curve(truth)]
+    stopped = [t for t in run.trials if t.stopped]
+    return {"landscape": job.landscape, "sampler": job.sampler.name, "seed": job.seed, "early_stop": job.early_stop,
+            "seconds": run.total_seconds, "trials": len(run.trials), "final_hv": curve[-1] if curve else 0.0,
+            "t95": next((i + 1 for i, h in enumerate(curve) if h >= TARGET - 1e-12), None),
+            "stopped": {r: sum(1 for t in stopped if t.stopped == r) for r in sorted({t.stopped for t in stopped})},
+            "wrong_stops": sum(1 for t in stopped if t.would_enter_front),
+            "true_front_stopped": sum(1 for t in stopped if t.true_front),
+            "wall_s": round(time.monotonic() - began, 2)}
+
+
+def early_stop_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per landscape: study time saved by early stopping (same sampler, seeds and budget),
+    per seed, and what it cost (stops that would have entered the front, true front points
+    stopped before their objectives were measured, final hypervolume)."""
+
+    off = {r["seed"]: r for r in rows if not r["early_stop"]}
+    on = {r["seed"]: r for r in rows if r["early_stop"]}
+    seeds = sorted(set(off) & set(on))
+    per_seed = [round(1 - on[s]["seconds"] / off[s]["seconds"], 4) for s in seeds]
+    return {"seeds": len(seeds),
+            "time_saved": round(1 - sum(on[s]["seconds"] for s in seeds) / sum(off[s]["seconds"] for s in seeds), 4),
+            "time_saved_per_seed": per_seed,
+            "wrong_stops": sum(on[s]["wrong_stops"] for s in seeds),
+            "true_front_stopped": sum(on[s]["true_front_stopped"] for s in seeds),
+            "final_hv_median": {"off": statistics.median(off[s]["final_hv"] for s in seeds),
+                                "on": statistics.median(on[s]["final_hv"] for s in seeds)},
+            "stopped": {k: sum(on[s]["stopped"].get(k, 0) for s in seeds)
+                        for k in sorted({k for s in seeds for k in on[s]["stopped"]})}}
+
+
+def print_early_stop(results: dict[str, Any]) -> None:
+    print("\nearly stop (default sampler, whole budget, same seeds with and without):")
+    for name, e in results["early_stop"].items():
+        seeds = e["time_saved_per_seed"]
+        print(f"  {name:<16} saved {100 * e['time_saved']:5.1f}%  per seed "
+              + " ".join(f"{100 * v:.1f}" for v in seeds)
+              + f"  | wrong stops {e['wrong_stops']}, true front points stopped {e['true_front_stopped']}, "
+              f"final HV {e['final_hv_median']['off']:.3f} -> {e['final_hv_median']['on']:.3f}  {e['stopped']}")
 
 
 def _repeats_while_unmeasured(run: Any, size: int) -> int:
@@ -275,6 +348,9 @@ def main() -> int:
     ap.add_argument("--real-seeds", type=int, default=50, help="seeds on the real landscapes (cheap)")
     ap.add_argument("--noise", type=float, default=0.03, help="lognormal sigma of a measurement")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--early-stop", action="store_true",
+                    help="also the early-stop study: default sampler with and without tuner.study.early_stop")
+    ap.add_argument("--early-stop-only", action="store_true")
     ap.add_argument("--out", type=Path, default=RESULTS / "anytime.json")
     ap.add_argument("--plot", type=Path, default=ROOT / "docs" / "anytime.png")
     args = ap.parse_args()
@@ -283,8 +359,14 @@ def main() -> int:
     for name in names:      # ground truths built or loaded once, before forking
         spec, truth, kind = load(name)
         print(f"[landscape] {name} ({kind}): {len(truth.points)} points, front {len(truth.front)}", flush=True)
-    jobs = [Job(n, s, seed, args.noise) for n in names for s in chosen
-            for seed in range(args.real_seeds if load(n)[2] == "real" else args.seeds)]
+    def seeds(n: str) -> range:
+        return range(args.real_seeds if load(n)[2] == "real" else args.seeds)
+
+    jobs = [] if args.early_stop_only else [Job(n, s, seed, args.noise) for n in names for s in chosen
+                                            for seed in seeds(n)]
+    if args.early_stop or args.early_stop_only:
+        jobs += [Job(n, SAMPLERS[0], seed, args.noise, early_stop=on) for n in names for seed in seeds(n)
+                 for on in (False, True)]
     began = time.monotonic()
     rows = []
     with ProcessPoolExecutor(args.jobs) as pool:
@@ -292,21 +374,28 @@ def main() -> int:
             rows.append(row)
             if i % 25 == 0 or i == len(jobs):
                 print(f"  [{i}/{len(jobs)} {time.monotonic() - began:.0f}s]", flush=True)
-    results: dict[str, Any] = {"noise": args.noise, "target": TARGET, "ks": list(KS), "landscapes": {}}
-    for name in names:
+    results: dict[str, Any] = json.loads(args.out.read_text()) if args.out.exists() else {}
+    results.update(noise=args.noise, target=TARGET, ks=list(KS))
+    results.setdefault("landscapes", {})
+    if args.early_stop or args.early_stop_only:
+        results["early_stop"] = {n: early_stop_summary([r for r in rows if r["landscape"] == n and "early_stop" in r])
+                                 for n in names}
+    for name in [] if args.early_stop_only else names:
         spec, truth, kind = load(name)
         info = {"kind": kind, "points": len(truth.points), "front_points": len(truth.front),
                 "seeds": args.real_seeds if kind == "real" else args.seeds,
-                "samplers": {s.name: summarise([r for r in rows if r["landscape"] == name and r["sampler"] == s.name])
-                             for s in chosen}}
+                "samplers": {s.name: summarise([r for r in rows if r["landscape"] == name and r["sampler"] == s.name
+                                            and "early_stop" not in r]) for s in chosen}}
         if {"default", "random"} <= set(info["samplers"]):
             info["verdict"] = verdict(info)
         results["landscapes"][name] = info
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1, default=float) + "\n", encoding="utf-8")
-    if all("verdict" in i for i in results["landscapes"].values()):
+    if not args.early_stop_only and all("verdict" in i for i in results["landscapes"].values()):
         print_table(results)
         plot(results, args.plot)
+    if "early_stop" in results:
+        print_early_stop(results)
     print(f"[out] {args.out}")
     return 0
 

@@ -157,9 +157,12 @@ def variants(names: list[str] | None) -> list[Variant]:
         Variant("random", random_factory, budget_factor=4, note="RandomSampler"),
         Variant("grid (shuffled)", random_factory, grid=True, budget_factor=4,
                 note="every point once, random order"),
-        Variant("default", default_factory("tpe"),
-                note="what `sampler: {name: tpe}` runs (tuner.study.samplers.make_sampler): "
-                     "ParetoLocalSampler(univariate TPE, constant_liar), local share 0.5"),
+        Variant("default", default_factory("auto"),
+                note="what a study without a sampler: section runs (tuner.study.samplers.make_sampler, "
+                     "'auto'): initial design, then the largest expected improvement (tuner.study.planner)"),
+        Variant("tpe + local (previous default)", default_factory("tpe"),
+                note="`sampler: {name: tpe}`: ParetoLocalSampler(univariate TPE, constant_liar), local share 0.5, "
+                     "after 10 random start-up trials"),
         Variant("tpe multivariate (old default)", tpe_factory(**MV),
                 note="the earlier default: multivariate, group, constant_liar, 10 random start-up"),
         Variant("nsga2", default_factory("nsga2"), note="tuner.study.samplers.make_sampler population"),

@@ -350,7 +350,7 @@ class Orchestrator(StudyLoop):
             study_name=self.handle.name,
             storage=make_storage(self.handle.storage_url),
             directions=self.directions,
-            sampler=make_sampler(self.spec),
+            sampler=make_sampler(self.spec, budget=self.n_trials),
             load_if_exists=True,
         )
         if not study.metric_names:

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,14 @@ DESIGN_SHARE = 0.4
 # the TPE-based sampler.
 MAX_POINTS = 20_000
 # Posterior draws per ranking: enough for a stable expectation at a few milliseconds.
-DRAWS = 48
+DRAWS = 32
+# Only points whose optimistic value (posterior mean + OPTIMISM standard deviations) would
+# join the front are drawn for; the others cannot expect an improvement worth the draws.
+OPTIMISM = 3.0
+# Below this probability of being feasible a point ranks after every likelier one (its
+# score is scaled by DOUBTFUL).
+P_FEASIBLE_MIN = 0.25
+DOUBTFUL = 1e-6
 
 # Observation statuses: measured and feasible; measured but infeasible (probe failed, a knob
 # not applied, a limit missed, failed requests); stopped early on a bound (feasible as far as
@@ -60,11 +67,17 @@ FEASIBLE, INFEASIBLE, STOPPED, FAILED, RUNNING = "feasible", "infeasible", "stop
 @dataclass(frozen=True)
 class Observation:
     """One trial as the planner sees it: its point, what became of it, and the objective
-    values it was told (feasible and stopped trials)."""
+    values it was told (measured trials, feasible or not, and stopped ones)."""
 
     values: dict[str, Any]
     status: str
     objectives: tuple[float, ...] | None = None
+    key: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if not self.key:
+            # Computed once: a study of 1,000 trials asks for every key at every proposal.
+            object.__setattr__(self, "key", space.params_key(self.values))
 
 
 def enumerable(spec: StudySpec) -> bool:
@@ -93,13 +106,14 @@ class Planner:
         self.x = self.encoder.encode(self.points)
         self.budget = budget if budget is not None else spec.budget.n_trials
         self.design_limit = int(self.budget * design_share)
+        self._feasible_w: np.ndarray | None = None     # the last feasibility fit (warm start)
 
     # -- the decision --------------------------------------------------------------------
     def plan(self, observations: Sequence[Observation], *, seed: int) -> dict[str, Any] | None:
         """The next point to run; None when every allowed point is known (or, in a space
         that is not enumerable, once the design is done)."""
 
-        known = {space.params_key(o.values) for o in observations}
+        known = {o.key for o in observations}
         rng = np.random.default_rng(seed)
         finished = sum(1 for o in observations if o.status != RUNNING)
         design = self._design_moves(observations, known) if finished < self.design_limit else []
@@ -117,7 +131,7 @@ class Planner:
         """Every unknown allowed point with its score (expected improvement x probability
         of being feasible), best first: what the model phase would run, in order."""
 
-        known = {space.params_key(o.values) for o in observations}
+        known = {o.key for o in observations}
         remaining = [i for i, k in enumerate(self.keys) if k not in known]
         scores = self._scores(observations, remaining, np.random.default_rng(seed))
         order = sorted(range(len(remaining)), key=lambda j: (-scores[j, 0], -scores[j, 1]))
@@ -148,26 +162,27 @@ class Planner:
         return [rows[i][0] for i in _front_rows(y)]
 
     # -- model -------------------------------------------------------------------------------
-    def _encode(self, points: Sequence[dict[str, Any]]) -> np.ndarray:
-        """Feature rows of ``points``: the precomputed row of an allowed point, else encoded."""
+    def _encode(self, observations: Sequence[Observation]) -> np.ndarray:
+        """Feature rows of the observed points: the precomputed row of an allowed point."""
 
-        rows = [self._row.get(space.params_key(p)) for p in points]
+        rows = [self._row.get(o.key) for o in observations]
         if all(r is not None for r in rows):
             return self.x[rows] if rows else np.zeros((0, self.x.shape[1]))
-        return self.encoder.encode(points)
+        return self.encoder.encode([o.values for o in observations])
 
     def _scores(self, observations: Sequence[Observation], pool: list[int],
                 rng: np.random.Generator) -> np.ndarray:
-        """Per row of ``pool``: (expected improvement x P(feasible), mean margin x
-        P(feasible)); the second ranks rows when the model expects no improvement anywhere."""
+        """Per row of ``pool``: (expected improvement x P(feasible), closeness x
+        P(feasible)); the second ranks rows when the model expects no improvement anywhere
+        (closeness: exp of the predicted margin, 1 for a row predicted to join the front)."""
 
         if not pool:
             return np.zeros((0, 2))
         cand = self.x[pool]
         tried = [o for o in observations if o.status != RUNNING]
-        p_ok = surrogate.feasibility(
-            self._encode([o.values for o in tried]),
-            np.array([o.status in (FEASIBLE, STOPPED) for o in tried]), cand)
+        self._feasible_w = surrogate.feasibility_weights(
+            self._encode(tried), np.array([o.status in (FEASIBLE, STOPPED) for o in tried]), self._feasible_w)
+        p_ok = surrogate.probability(cand, self._feasible_w)
         # Every measurement informs the performance model, infeasible ones too: a knob the
         # platform silently ignores measured what the server really ran (so the model stops
         # expecting a change from it), and a failed probe does not make the speed unreal.
@@ -176,35 +191,50 @@ class Planner:
         if not told:
             # Nothing measured yet: every point is as good as any other; prefer the feasible.
             return np.stack([p_ok, p_ok], axis=1)
-        rows = np.array([o.objectives for o in told], dtype=float)
-        y, _ = surrogate.to_model_units(rows, self.directions)
+        y, _ = surrogate.to_model_units(np.array([o.objectives for o in told], dtype=float), self.directions)
         noise = np.array([surrogate.STOPPED_NOISE if o.status == STOPPED else surrogate.NOISE for o in told])
-        model = surrogate.fit(self._encode([o.values for o in told]), y, noise)
+        model = surrogate.fit(self._encode(told), y, noise)
         front = y[_front_rows(y, [o.status == FEASIBLE for o in told])]
-        running = [o.values for o in observations if o.status == RUNNING]
+        running = [o for o in observations if o.status == RUNNING]
         if running:
             # Pending trials count as if they had measured what the model expects
             # (kriging believer): a parallel group is not sent next to a running one.
-            front = np.vstack([front, model.predict(self._encode(running))]) if len(front) else \
-                model.predict(self._encode(running))
+            front = np.vstack([front, model.predict(self._encode(running))])
             front = front[_front_rows(front)]
-        draws = model.sample(cand, DRAWS, rng)
-        gain, margin = surrogate.expected_gain(draws, front)
-        return np.stack([gain * p_ok, np.exp(np.minimum(margin, 0.0)) * p_ok], axis=1)
+        mean = model.predict(cand)
+        hopeful = np.flatnonzero(surrogate.margin(mean + OPTIMISM * model.std(cand)[:, None], front) > 0)
+        gain = np.zeros(len(pool))
+        if len(hopeful):
+            gain[hopeful] = surrogate.expected_gain(model.sample(cand[hopeful], DRAWS, rng), front)
+        close = np.exp(np.minimum(surrogate.margin(mean, front), 0.0))
+        # A point that is probably infeasible comes after every other, whatever its expected
+        # gain: its values are often ones that never measured anything (a knob the platform
+        # does not apply stops at startup), so the performance model knows nothing of them
+        # and expects much.
+        doubtful = np.where(p_ok < P_FEASIBLE_MIN, DOUBTFUL, 1.0)
+        return np.stack([gain * p_ok * doubtful, close * p_ok * doubtful], axis=1)
 
 
 def _front_rows(y: np.ndarray, eligible: Sequence[bool] | None = None) -> list[int]:
     """Indices of the non-dominated rows of ``y`` (larger is better) among the eligible, in
-    row order. Sorted best-first, a row's dominators all come before it, so each row is
-    compared with the front found so far only."""
+    row order; identical rows are all kept. With two objectives a sort and a running maximum
+    leave only the candidates (a row below the best second objective of the rows ahead of it
+    in the first is dominated); those are then compared pairwise."""
 
-    rows = [(tuple(float(v) for v in y[i]), i) for i in range(len(y)) if eligible is None or eligible[i]]
-    rows.sort(key=lambda r: tuple(-v for v in r[0]))
-    front: list[tuple[tuple[float, ...], int]] = []
-    for values, i in rows:
-        if not any(all(f >= v for f, v in zip(fv, values)) and fv != values for fv, _ in front):
-            front.append((values, i))
-    return sorted(i for _, i in front)
+    idx = np.arange(len(y)) if eligible is None else np.flatnonzero(np.asarray(eligible, dtype=bool))
+    if len(idx) == 0:
+        return []
+    z = y[idx]
+    if z.shape[1] == 2:
+        order = np.lexsort((-z[:, 1], -z[:, 0]))
+        ahead = np.maximum.accumulate(np.concatenate([[-np.inf], z[order[:-1], 1]]))
+        cand = order[z[order, 1] >= ahead]
+    else:
+        cand = np.arange(len(z))
+    c = z[cand]
+    dominated = np.any(np.all(c[None, :, :] >= c[:, None, :], axis=2) & np.any(c[None, :, :] > c[:, None, :], axis=2),
+                       axis=1)
+    return sorted(int(i) for i in idx[cand[~dominated]])
 
 
 def _argmax(scores: np.ndarray, rng: np.random.Generator) -> int:

@@ -29,7 +29,8 @@ import numpy as np
 from tuner.study import space
 from tuner.study.spec import StudySpec
 
-__all__ = ["Encoder", "Fit", "fit", "feasibility", "to_model_units", "PRIOR_SCALE", "NOISE", "STOPPED_NOISE"]
+__all__ = ["Encoder", "Fit", "fit", "feasibility", "feasibility_weights", "probability", "margin", "expected_gain",
+           "to_model_units", "PRIOR_SCALE", "NOISE", "STOPPED_NOISE"]
 
 # Prior standard deviation of one value's effect, in log units: a knob value typically moves
 # an objective by a few percent to a factor of two (log 2 = 0.69).
@@ -41,7 +42,7 @@ NOISE = 0.05
 STOPPED_NOISE = 0.25
 # Logistic feasibility: prior scale of a value's log-odds, and the prior log-odds of any
 # point (most points of a study file are expected to run).
-FEASIBLE_PRIOR_SCALE = 2.0
+FEASIBLE_PRIOR_SCALE = 4.0
 FEASIBLE_PRIOR_LOGIT = 1.5
 _NEWTON_STEPS = 12
 
@@ -116,11 +117,12 @@ def to_model_units(rows: np.ndarray, directions: Sequence[str]) -> tuple[np.ndar
 
 @dataclass
 class Fit:
-    """The posterior of every objective's effects: mean (width x objectives) and the
-    Cholesky factor of the precision matrix (shared: same features, same noise model)."""
+    """The posterior of every objective's effects: mean (width x objectives) and a square root
+    of the covariance (``half @ half.T``), shared by the objectives (same features, same
+    noise model)."""
 
     mean: np.ndarray
-    chol: np.ndarray
+    half: np.ndarray
 
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Posterior mean of each objective at each row of ``x`` (rows x objectives)."""
@@ -132,18 +134,21 @@ class Fit:
         an array (rows x draws x objectives)."""
 
         width, n_obj = self.mean.shape
-        z = rng.standard_normal((width, draws * n_obj))
-        # precision = L L^T, so L^-T z has the posterior covariance.
-        dev = np.linalg.solve(self.chol.T, z).reshape(width, draws, n_obj)
-        weights = self.mean[:, None, :] + dev
-        return np.einsum("rw,wdo->rdo", x, weights)
+        dev = (self.half @ rng.standard_normal((width, draws * n_obj))).reshape(width, draws, n_obj)
+        return np.einsum("rw,wdo->rdo", x, self.mean[:, None, :] + dev)
 
     def std(self, x: np.ndarray) -> np.ndarray:
         """Posterior standard deviation of the model at each row of ``x`` (same for every
         objective)."""
 
-        half = np.linalg.solve(self.chol, x.T)
-        return np.sqrt(np.sum(half * half, axis=0))
+        return np.sqrt(np.sum(np.square(np.einsum("nf,fg->ng", x, self.half)), axis=1))
+
+
+def _gram(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """x^T diag(w) x. einsum, not BLAS: OpenBLAS spreads a product this small over threads,
+    which on a shared, busy machine costs 50 times the arithmetic in waiting."""
+
+    return np.einsum("ni,n,nj->ij", x, w, x)
 
 
 def fit(x: np.ndarray, y: np.ndarray, noise: np.ndarray) -> Fit:
@@ -156,34 +161,61 @@ def fit(x: np.ndarray, y: np.ndarray, noise: np.ndarray) -> Fit:
     prior = np.full(width, 1.0 / PRIOR_SCALE ** 2)
     prior[0] = 1.0 / 4.0     # the intercept is free to move (2 log units)
     w = 1.0 / np.square(noise)
-    precision = (x.T * w) @ x + np.diag(prior)
-    chol = np.linalg.cholesky(precision)
-    rhs = (x.T * w) @ (y - center)
-    mean = np.linalg.solve(chol.T, np.linalg.solve(chol, rhs))
+    precision = _gram(x, w) + np.diag(prior)
+    half = np.linalg.inv(np.linalg.cholesky(precision)).T      # precision = L L^T, cov = L^-T L^-1
+    rhs = np.einsum("ni,n,no->io", x, w, y - center)
+    mean = half @ (half.T @ rhs)
     mean[0] += center
-    return Fit(mean, chol)
+    return Fit(mean, half)
 
 
-def feasibility(x: np.ndarray, feasible: np.ndarray, candidates: np.ndarray) -> np.ndarray:
-    """Probability that each candidate row runs feasibly, from a logistic model fitted to the
-    measured rows ``x`` (``feasible``: 1 or 0), at the posterior mode (Newton steps)."""
+def feasibility_weights(x: np.ndarray, feasible: np.ndarray, start: np.ndarray | None = None) -> np.ndarray:
+    """Log-odds weights of the logistic feasibility model fitted to the measured rows ``x``
+    (``feasible``: 1 or 0), at the posterior mode (Newton steps from ``start``: the last
+    fit, one trial ago, is a few steps from this one)."""
 
     width = x.shape[1]
     prior = np.full(width, 1.0 / FEASIBLE_PRIOR_SCALE ** 2)
     prior[0] = 1.0
-    w = np.zeros(width)
-    w[0] = FEASIBLE_PRIOR_LOGIT
-    if len(x):
-        target = feasible.astype(float)
-        for _ in range(_NEWTON_STEPS):
-            p = _sigmoid(x @ w)
-            grad = x.T @ (target - p) - prior * (w - _prior_mean(width))
-            hess = (x.T * (p * (1 - p))) @ x + np.diag(prior)
-            step = np.linalg.solve(hess, grad)
-            w = w + step
-            if float(np.max(np.abs(step))) < 1e-6:
+    w = _prior_mean(width) if start is None or start.shape != (width,) else start.copy()
+    if not len(x):
+        return _prior_mean(width)
+    target = feasible.astype(float)
+    mu = _prior_mean(width)
+
+    def log_post(v: np.ndarray) -> float:
+        z = x @ v
+        # log p = -log(1 + e^-z), log(1 - p) = -log(1 + e^z)
+        return float(-np.sum(target * np.logaddexp(0.0, -z) + (1 - target) * np.logaddexp(0.0, z))
+                     - 0.5 * np.sum(prior * (v - mu) ** 2))
+
+    current = log_post(w)
+    for _ in range(_NEWTON_STEPS):
+        p = _sigmoid(x @ w)
+        grad = x.T @ (target - p) - prior * (w - mu)
+        hess = _gram(x, p * (1 - p)) + np.diag(prior)
+        step = np.linalg.solve(hess, grad)
+        # Newton overshoots where the sigmoid saturates (a value that was always infeasible):
+        # halve the step until the posterior improves.
+        for _ in range(20):
+            trial = log_post(w + step)
+            if trial >= current:
                 break
-    return _sigmoid(candidates @ w)
+            step = step / 2
+        w, current = w + step, max(current, trial)
+        if float(np.max(np.abs(step))) < 1e-4:     # log-odds: far below what matters
+            break
+    return w
+
+
+def feasibility(x: np.ndarray, feasible: np.ndarray, candidates: np.ndarray) -> np.ndarray:
+    """Probability that each candidate row runs feasibly (``feasibility_weights``)."""
+
+    return _sigmoid(candidates @ feasibility_weights(x, feasible))
+
+
+def probability(candidates: np.ndarray, weights: np.ndarray) -> np.ndarray:
+    return _sigmoid(candidates @ weights)
 
 
 def _prior_mean(width: int) -> np.ndarray:
@@ -196,17 +228,22 @@ def _sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
 
 
-def expected_gain(draws: np.ndarray, front: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """For posterior draws (rows x draws x objectives, larger is better) against the current
-    front (points x objectives): the expected additive-epsilon improvement of each row (by how
-    much, in model units, a draw beats every front point in its best objective; 0 when
-    dominated) and the mean margin (the same without the floor at 0: how close a row comes).
-    With no front yet every draw improves by 1 model unit."""
+def margin(values: np.ndarray, front: np.ndarray) -> np.ndarray:
+    """Additive-epsilon margin of each value vector (last axis: objectives, larger is better)
+    over the front (points x objectives): by how much, in model units, it beats every front
+    point in its best objective - positive when it would join the front, negative when
+    dominated (how far it falls short). No front: 1 everywhere."""
 
     if len(front) == 0:
-        ones = np.ones(draws.shape[0])
-        return ones, ones
-    margin = np.full(draws.shape[:2], math.inf)
+        return np.ones(values.shape[:-1])
+    out = np.full(values.shape[:-1], math.inf)
     for point in front:
-        margin = np.minimum(margin, np.max(draws - point, axis=2))
-    return np.mean(np.maximum(margin, 0.0), axis=1), np.mean(margin, axis=1)
+        out = np.minimum(out, np.max(values - point, axis=-1))
+    return out
+
+
+def expected_gain(draws: np.ndarray, front: np.ndarray) -> np.ndarray:
+    """Expected additive-epsilon improvement of each row of posterior draws (rows x draws x
+    objectives) over the front: the mean of the margin floored at 0."""
+
+    return np.mean(np.maximum(margin(draws, front), 0.0), axis=1)
