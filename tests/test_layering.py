@@ -38,7 +38,8 @@ PURE = [
     "tuner.probe.wire", "tuner.study",
     "tuner.study.command", "tuner.study.confirmation", "tuner.study.confirmation_text",
     "tuner.study.bounds", "tuner.study.durations", "tuner.study.early_stop", "tuner.study.outcome", "tuner.study.pareto",
-    "tuner.study.policy", "tuner.study.safe_yaml", "tuner.study.sampling", "tuner.study.scoring",
+    "tuner.study.planner", "tuner.study.policy", "tuner.study.safe_yaml", "tuner.study.sampling",
+    "tuner.study.scoring", "tuner.study.surrogate",
     "tuner.study.space", "tuner.study.spec", "tuner.study.study_file", "tuner.study.study_name",
     "tuner.study.noise", "tuner.study.ties", "tuner.study.trials", "tuner.vllm",
     "tuner.vllm.compile_cache", "tuner.vllm.compile_order", "tuner.vllm.effective_config",
@@ -59,6 +60,7 @@ ALLOWED_EXTERNAL = {
     "posixpath",  # path strings only (no file system, no current directory)
     "random", "re", "shlex", "statistics", "string", "sys", "textwrap", "typing", "unicodedata",
     "pydantic", "yaml",
+    "numpy",    # arithmetic only (the planner's model); numpy reads no files unless asked to
 }
 # Attribute reads that are I/O, a clock or the environment, as (object name, attribute).
 FORBIDDEN_ATTRS = {

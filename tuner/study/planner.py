@@ -166,8 +166,9 @@ class Planner:
         """Feature rows of the observed points: the precomputed row of an allowed point."""
 
         rows = [self._row.get(o.key) for o in observations]
-        if all(r is not None for r in rows):
-            return self.x[rows] if rows else np.zeros((0, self.x.shape[1]))
+        known = [r for r in rows if r is not None]
+        if len(known) == len(rows):
+            return self.x[known] if known else np.zeros((0, self.x.shape[1]))
         return self.encoder.encode([o.values for o in observations])
 
     def _scores(self, observations: Sequence[Observation], pool: list[int],

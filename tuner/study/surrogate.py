@@ -127,7 +127,7 @@ class Fit:
     def predict(self, x: np.ndarray) -> np.ndarray:
         """Posterior mean of each objective at each row of ``x`` (rows x objectives)."""
 
-        return x @ self.mean
+        return np.asarray(x @ self.mean, dtype=float)
 
     def sample(self, x: np.ndarray, draws: int, rng: np.random.Generator) -> np.ndarray:
         """``draws`` joint posterior draws of every objective at the rows of ``x``:
@@ -135,20 +135,20 @@ class Fit:
 
         width, n_obj = self.mean.shape
         dev = (self.half @ rng.standard_normal((width, draws * n_obj))).reshape(width, draws, n_obj)
-        return np.einsum("rw,wdo->rdo", x, self.mean[:, None, :] + dev)
+        return np.asarray(np.einsum("rw,wdo->rdo", x, self.mean[:, None, :] + dev), dtype=float)
 
     def std(self, x: np.ndarray) -> np.ndarray:
         """Posterior standard deviation of the model at each row of ``x`` (same for every
         objective)."""
 
-        return np.sqrt(np.sum(np.square(np.einsum("nf,fg->ng", x, self.half)), axis=1))
+        return np.asarray(np.sqrt(np.sum(np.square(np.einsum("nf,fg->ng", x, self.half)), axis=1)), dtype=float)
 
 
 def _gram(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """x^T diag(w) x. einsum, not BLAS: OpenBLAS spreads a product this small over threads,
     which on a shared, busy machine costs 50 times the arithmetic in waiting."""
 
-    return np.einsum("ni,n,nj->ij", x, w, x)
+    return np.asarray(np.einsum("ni,n,nj->ij", x, w, x), dtype=float)
 
 
 def fit(x: np.ndarray, y: np.ndarray, noise: np.ndarray) -> Fit:
@@ -225,7 +225,7 @@ def _prior_mean(width: int) -> np.ndarray:
 
 
 def _sigmoid(z: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
+    return np.asarray(1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0))), dtype=float)
 
 
 def margin(values: np.ndarray, front: np.ndarray) -> np.ndarray:
@@ -246,4 +246,4 @@ def expected_gain(draws: np.ndarray, front: np.ndarray) -> np.ndarray:
     """Expected additive-epsilon improvement of each row of posterior draws (rows x draws x
     objectives) over the front: the mean of the margin floored at 0."""
 
-    return np.mean(np.maximum(margin(draws, front), 0.0), axis=1)
+    return np.asarray(np.mean(np.maximum(margin(draws, front), 0.0), axis=1), dtype=float)
