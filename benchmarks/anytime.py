@@ -51,7 +51,7 @@ from tuner.sim.landscape import ground_truth  # noqa: E402
 from tuner.sim.study import EarlyStopPolicy, run_study  # noqa: E402
 from tuner.sim.truth import GroundTruth  # noqa: E402
 from tuner.study import samplers  # noqa: E402
-from tuner.study.spec import SamplerSpec, StudySpec  # noqa: E402
+from tuner.study.spec import ExecutionSpec, SamplerSpec, StudySpec  # noqa: E402
 from tuner.study.study_file import parse_study  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -86,7 +86,10 @@ def load(name: str) -> tuple[StudySpec, GroundTruth, str]:
         else:
             data = json.loads((LANDSCAPES / f"{name}.json").read_text(encoding="utf-8"))
             path = ROOT / data["study_file"]
-            spec = parse_study(path.read_text(encoding="utf-8"), str(path))
+            measured = parse_study(path.read_text(encoding="utf-8"), str(path))
+            # The grid study that measured it, replayed as a user would run the space: the
+            # sampler and early stop of a study file that does not set them.
+            spec = measured.model_copy(update={"sampler": SamplerSpec(), "execution": ExecutionSpec()})
             _CACHE[name] = (spec, ground_truth(spec, data), "real")
     return _CACHE[name]
 

@@ -25,6 +25,7 @@ import platform
 import re
 import statistics
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -132,17 +133,32 @@ def _machine() -> dict[str, Any]:
             "python": platform.python_version()}
 
 
-def record(folder: Path, study_file: Path, loadavg: Path | None) -> dict[str, Any]:
-    spec = parse_study(study_file.read_text(encoding="utf-8"), str(study_file))
-    load = _loadavg(loadavg)
-    points = []
+def _points(spec: Any, folder: Path, load: list[tuple[float, float]]) -> list[dict[str, Any]]:
+    out = []
     for trial_dir in sorted((folder / "trials").iterdir()):
         point = point_of(spec, trial_dir, load)
         if point is not None:
-            points.append(point)
+            point["study"] = folder.name
+            out.append(point)
+    return out
+
+
+def record(folder: Path, study_file: Path, loadavg: Path | None, also: Sequence[Path] = ()) -> dict[str, Any]:
+    spec = parse_study(study_file.read_text(encoding="utf-8"), str(study_file))
+    load = _loadavg(loadavg)
     # A grid study runs each point once; a re-run (interrupted, resumed) keeps the last.
-    by_key = {space.params_key(p["values"]): p for p in points}
-    points = sorted(by_key.values(), key=lambda p: p["trial"])
+    by_key = {space.params_key(p["values"]): p for p in _points(spec, folder, load)}
+    replaced = []
+    for extra in also:
+        # Points measured again by another study (same settings): they replace the grid's
+        # trials of the same points, which are kept in the record's "replaced" list.
+        for point in _points(spec, extra, load):
+            key = space.params_key(point["values"])
+            if key in by_key:
+                old = by_key[key]
+                replaced.append({k: old[k] for k in ("study", "trial", "values", "status", "reason", "message")})
+            by_key[key] = point
+    points = sorted(by_key.values(), key=lambda p: (p["started_unix"] or 0))
     starts = [p["started_unix"] for p in points if p["started_unix"]]
     ends = [p["finished_unix"] for p in points if p["finished_unix"]]
     during = [v for t, v in load if starts and min(starts) <= t <= max(ends)]
@@ -163,6 +179,7 @@ def record(folder: Path, study_file: Path, loadavg: Path | None) -> dict[str, An
         },
         "objectives": [o.model_dump(mode="json") for o in spec.objectives],
         "load": spec.load.model_dump(mode="json"),
+        "replaced": replaced,
         "points": points,
     }
     truth = ground_truth(spec, landscape)    # refuses a landscape that does not cover the space
@@ -176,8 +193,13 @@ def main() -> int:
     ap.add_argument("study_file", type=Path)
     ap.add_argument("--loadavg", type=Path)
     ap.add_argument("--out", type=Path)
+    ap.add_argument("--also", type=Path, action="append", default=[],
+                    help="a study folder whose trials replace the grid's trials of the same points")
+    ap.add_argument("--note", default="", help="added to the landscape's note (why points were replaced)")
     args = ap.parse_args()
-    landscape = record(args.folder, args.study_file.resolve(), args.loadavg)
+    landscape = record(args.folder, args.study_file.resolve(), args.loadavg, args.also)
+    if args.note:
+        landscape["note"] += " " + args.note
     out = args.out or ROOT / "benchmarks" / "landscapes" / f"{landscape['name']}.json"
     out.write_text(json.dumps(landscape, indent=1) + "\n", encoding="utf-8")
     feasible = sum(p["feasible"] for p in landscape["points"])
@@ -185,8 +207,8 @@ def main() -> int:
           f"vLLM {landscape['vllm_version']}, trials {landscape['measured']['trial_seconds_total']:.0f} s")
     for p in landscape["points"]:
         objs = ", ".join(f"{k}={v:.2f}" if v is not None else f"{k}=-" for k, v in p["objectives"].items())
-        print(f"  {p['trial']:>3} {'ok ' if p['feasible'] else 'NO '} {objs}  {p['trial_s'] or 0:.0f}s "
-              f"load {p['loadavg_1m']}  {p['values']}")
+        print(f"  {p['study']:<22} {p['trial']:>3} {'ok ' if p['feasible'] else 'NO '} {objs}  "
+              f"{p['trial_s'] or 0:.0f}s load {p['loadavg_1m']}  {p['values']}")
     return 0
 
 

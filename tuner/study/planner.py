@@ -9,9 +9,11 @@ proposals in a 16-point space are most of the study. Here:
 2. *Design*: one-knob-at-a-time moves from the best points known so far (the current
    feasible front), each bringing a knob value no trial has had yet, until every value of
    every knob that can be reached this way has been seen once (children of a branch at
-   the values of their first activating parent): as many trials as the condition tree has
-   values beyond the baseline's, at most ``DESIGN_SHARE`` of the budget. Among the moves
-   available, the one with the largest expected improvement goes first.
+   their default or middle value): as many trials as the condition tree has values beyond
+   the baseline's, at most ``DESIGN_SHARE`` of the budget. Among the moves available, the
+   one with the largest expected improvement goes first. Every other proposal of this phase
+   is the model's own pick (3.): where the front lies several knobs away from the baseline,
+   one-knob moves alone would walk there one step at a time.
 3. *Model*: every allowed point not yet known, ranked by the expected improvement the
    additive model (``tuner.study.surrogate``) predicts for it times the probability that it
    runs feasibly. A value never measured keeps its prior spread, so the ranking explores
@@ -119,6 +121,11 @@ class Planner:
         design = self._design_moves(observations, known) if finished < self.design_limit else []
         if not self.enumerable:
             return dict(design[int(rng.integers(len(design)))]) if design else None
+        if len(observations) % 2 == 0:
+            # Every other proposal is the model's: where the front lies several knobs away from
+            # the baseline (compiled + bfloat16 + n-gram on the CPU build), one-knob moves
+            # alone would walk there one step at a time.
+            design = []
         pool = [self._row[space.params_key(p)] for p in design]
         if not pool:
             pool = [i for i, k in enumerate(self.keys) if k not in known]
@@ -194,7 +201,7 @@ class Planner:
             return np.stack([p_ok, p_ok], axis=1)
         y, _ = surrogate.to_model_units(np.array([o.objectives for o in told], dtype=float), self.directions)
         noise = np.array([surrogate.STOPPED_NOISE if o.status == STOPPED else surrogate.NOISE for o in told])
-        model = surrogate.fit(self._encode(told), y, noise)
+        model = surrogate.fit(self._encode(told), y, noise, self.encoder.prior_scale)
         front = y[_front_rows(y, [o.status == FEASIBLE for o in told])]
         running = [o for o in observations if o.status == RUNNING]
         if running:

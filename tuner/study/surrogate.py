@@ -19,6 +19,7 @@ Pure: numpy only, no Optuna, no I/O.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,37 +46,55 @@ STOPPED_NOISE = 0.25
 FEASIBLE_PRIOR_SCALE = 4.0
 FEASIBLE_PRIOR_LOGIT = 1.5
 _NEWTON_STEPS = 12
+# A conditional parameter's per-branch effects, relative to PRIOR_SCALE (see Encoder).
+BRANCH_SCALE = 0.5
 
 
 class Encoder:
     """Feature vectors of the points of a study's space: an intercept, one indicator per
     (parameter, value) and, for a parameter whose values are ordered numbers, its position
-    between the lowest and the highest value (0..1) while it is active."""
+    between the lowest and the highest value (0..1) while it is active.
+
+    A conditional parameter also gets indicators of its own for each value of the
+    parameters its condition names, with a smaller prior (``BRANCH_SCALE``): k=4 under n-gram
+    speculation and k=4 under MTP share what they have in common (longer drafts cost more
+    verification) while the model can still learn where they differ (n-gram drafts are free
+    and often rejected, MTP's are accepted more and cost a forward pass)."""
 
     def __init__(self, spec: StudySpec) -> None:
         self.params = space.ordered_parameters(spec)
-        self._index: dict[tuple[str, str], int] = {}
-        self._trend: dict[str, tuple[int, float, float]] = {}
-        n = 1
+        self._parents = {p.name: tuple(p.when) for p in self.params}
+        self._index: dict[tuple[str, tuple[tuple[str, str], ...], str], int] = {}
+        self._trend: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[int, float, float]] = {}
+        scales = [1.0]
         for param in self.params:
             domain = param.domain() or []
-            for value in domain:
-                self._index[(param.name, _text(value))] = n
-                n += 1
             numbers = [v for v in domain if isinstance(v, (int, float)) and not isinstance(v, bool)]
-            if len(numbers) >= 3:
-                self._trend[param.name] = (n, float(min(numbers)), float(max(numbers)))
-                n += 1
-        self.width = n
+            branches = [()] + (_branches(param) if param.when and BRANCH_SCALE > 0 else [])
+            for branch in branches:
+                scale = PRIOR_SCALE * (BRANCH_SCALE if branch else 1.0)
+                for value in domain:
+                    self._index[(param.name, branch, _text(value))] = len(scales)
+                    scales.append(scale)
+                if len(numbers) >= 3:
+                    self._trend[(param.name, branch)] = (len(scales), float(min(numbers)), float(max(numbers)))
+                    scales.append(scale)
+        self.width = len(scales)
+        # Prior standard deviation of each feature's effect (the intercept's is fit's).
+        self.prior_scale = np.array(scales)
+
+    def _branch(self, name: str, values: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+        return tuple((parent, _text(values.get(parent))) for parent in self._parents.get(name, ()))
 
     def feature_ids(self, values: Mapping[str, Any]) -> list[int]:
         """Indices of the indicator features a point switches on (intercept included)."""
 
         out = [0]
         for name, value in values.items():
-            index = self._index.get((name, _text(value)))
-            if index is not None:
-                out.append(index)
+            for branch in ((), self._branch(name, values)) if self._parents.get(name) else ((),):
+                index = self._index.get((name, branch, _text(value)))
+                if index is not None:
+                    out.append(index)
         return out
 
     def encode(self, points: Sequence[Mapping[str, Any]]) -> np.ndarray:
@@ -84,11 +103,21 @@ class Encoder:
         x = np.zeros((len(points), self.width))
         for row, values in enumerate(points):
             x[row, self.feature_ids(values)] = 1.0
-            for name, (col, low, high) in self._trend.items():
+            for (name, branch), (col, low, high) in self._trend.items():
                 value = values.get(name)
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and high > low:
+                if (isinstance(value, (int, float)) and not isinstance(value, bool) and high > low
+                        and branch in ((), self._branch(name, values))):
                     x[row, col] = (float(value) - low) / (high - low)
         return x
+
+
+def _branches(param: Any) -> list[tuple[tuple[str, str], ...]]:
+    """Every combination of the values that the parameters in ``param``'s condition take
+    when it is active (one empty branch for an unconditional parameter)."""
+
+    options = [[(parent, _text(v)) for v in (want if isinstance(want, list) else [want])]
+               for parent, want in param.when.items()]
+    return [tuple(combo) for combo in itertools.product(*options)]
 
 
 def _text(value: Any) -> str:
@@ -151,14 +180,14 @@ def _gram(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     return np.asarray(np.einsum("ni,n,nj->ij", x, w, x), dtype=float)
 
 
-def fit(x: np.ndarray, y: np.ndarray, noise: np.ndarray) -> Fit:
+def fit(x: np.ndarray, y: np.ndarray, noise: np.ndarray, scale: np.ndarray | None = None) -> Fit:
     """Bayesian linear regression of every column of ``y`` (model units) on ``x``:
-    effects ~ N(0, PRIOR_SCALE^2), the intercept around the mean of what was seen, each row
-    with its own noise standard deviation."""
+    effects ~ N(0, scale^2) (default PRIOR_SCALE; ``Encoder.prior_scale``), the intercept
+    around the mean of what was seen, each row with its own noise standard deviation."""
 
     width = x.shape[1]
     center = y.mean(axis=0) if len(y) else np.zeros(y.shape[1])
-    prior = np.full(width, 1.0 / PRIOR_SCALE ** 2)
+    prior = 1.0 / np.square(scale) if scale is not None else np.full(width, 1.0 / PRIOR_SCALE ** 2)
     prior[0] = 1.0 / 4.0     # the intercept is free to move (2 log units)
     w = 1.0 / np.square(noise)
     precision = _gram(x, w) + np.diag(prior)
