@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
 import pytest
 
@@ -17,7 +18,7 @@ from tuner.load.rate_search import RateSearchSpec
 from tuner.load.results import LevelResult, TokenAgreement, WarmupSummary
 from tuner.load.slo import SloSpec
 from tuner.study.early_stop import MAX_RATE, TRIAL_LEVEL, SweepGuard, sweep_plan, Target
-from tuner.study.outcome import TrialOutcome
+from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.policy import told_for
 from tuner.study.scoring import constraints, metric_value, stopped_told
 from tuner.study.study_file import parse_study
@@ -211,3 +212,44 @@ def test_goodput_is_bounded_by_the_throughput_it_is_part_of() -> None:
     assert optimistic(t, measured, []) == pytest.approx(400.0)
     assert optimistic(Target("slo_attained", 16, "maximize"), measured, []) == 1.0
     assert math.isinf(optimistic(Target("goodput_tok_s", "r2.0", "maximize"), measured, []))
+
+
+def test_a_trial_whose_max_rate_cannot_reach_the_front_stops_its_search(tmp_path: Path) -> None:
+    # A real trial (TrialWorker against the simulator): the front holds a point with 1000
+    # req/s within the SLO, beyond this search's highest rate (20), so after its first rate
+    # level the trial is dominated whatever it finds; it stops there, recorded, and is told
+    # with its bound (never on the front).
+    from tests.test_search_early_stop_worker import _run
+    from tuner.cli import load_spec_file
+    from tuner.study.policy import early_stop_plan
+    from tuner.study.space import trial_command
+    from tests.conftest import write_study
+
+    study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": 0.002}, updates={
+        "slo": {"ttft_ms.p90": 300, "tpot_ms.p90": 10},
+        "objectives": [{"metric": "max_rate@slo", "direction": "maximize"},
+                       {"metric": "tpot_ms.mean", "concurrency": 1, "direction": "minimize"}],
+        "load.rate_duration_s": 4, "load.rate_search": {"low": 0.5, "high": 20, "max_levels": 5},
+        "server.startup_timeout": "120s", "budget.trial_timeout": "5m"})
+    spec = load_spec_file(str(study))
+    values = {"enforce_eager": True, "nccl_proto": None, "spec_method": None}
+    command = trial_command(spec, values, port=spec.server.port)
+    plan = early_stop_plan(spec, []).model_copy(update={"front": [[1000.0, 1e-3]]})
+    request = TrialRequest(
+        study=study.stem, number=0, values=values, asked=command.asked, argv=command.argv,
+        env=command.launch_env, host=spec.server.host, port=spec.server.port,
+        served_model_name=spec.server.served_model_name, trial_dir=str(tmp_path / "trial"),
+        startup_timeout_s=120, stop_timeout_s=10, deadline_s=300, load=spec.load,
+        probe=spec.probe, ignore_eos=True, early_stop=plan, slo=spec.slo,
+        search_max_rate=spec.searches_max_rate)
+    out = _run(request.model_dump(mode="json"))
+    assert out.status == "completed" and out.probe_passed is True
+    assert out.early_stop is not None and out.early_stop["reason"] == "dominated"
+    assert "max_rate@slo search" in out.early_stop["after"]
+    assert out.max_rate is not None and out.max_rate["status"] == "stopped"
+    assert out.max_rate["levels"] == 1
+    bound = out.early_stop["max_rate_bound"]
+    assert bound == pytest.approx(min(out.max_rate["probes"][0]["rate"] if not
+                                      out.max_rate["probes"][0]["met"] else 20.0, 20.0) * 1.05)
+    values_told, violated, _ = stopped_told(spec, out, None)
+    assert values_told[0] == pytest.approx(bound) and violated["early_stopped"] == 1.0

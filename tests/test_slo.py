@@ -218,3 +218,20 @@ def test_goodput_counts_good_requests_in_the_window_and_over_the_run() -> None:
     flat = metrics.model_copy(update={"slo": got}).flat()
     assert flat["slo_met"] == 0.0 and flat["goodput_req_s"] == got.goodput_req_s
     assert flat["slo_attained"] == pytest.approx(30 / 41)
+
+
+def test_a_saved_slo_study_validates_again() -> None:
+    # results/NAME/spec.yaml is the validated spec dumped with every field (defaults too):
+    # reading it back must give the same study (tuner report / status / resume read it).
+    import yaml
+
+    from tuner.study.study_file import parse_study
+
+    for name in ("glm5-8xpcie-slo.yaml", "smollm2-cpu-slo.yaml"):
+        spec = parse_study((ROOT / "search_spaces" / name).read_text())
+        again = parse_study(yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+        assert again == spec
+    objectives = ("objectives:\n  - {metric: max_rate@slo, direction: maximize}\n"
+                  "  - {metric: ttft_ms.p90, rate: 2.0, direction: minimize}\n")
+    spec = parse_study(study("slo: {ttft_ms.p90: 900}", objectives, "  request_rates: [2.0]\n"))
+    assert parse_study(yaml.safe_dump(spec.model_dump(mode="json"))) == spec

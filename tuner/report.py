@@ -85,6 +85,10 @@ def _value(r: TrialRecord, label: str) -> str:
     return _fmt(r.values.get(label))
 
 
+def _share(value: Any) -> str:
+    return "-" if not isinstance(value, (int, float)) else f"{value:.0%}"
+
+
 def slo_section(slo_text: str, front: list[TrialRecord]) -> tuple[str, list[str]]:
     """The report's SLO section as HTML and as Markdown lines: the SLO, then per front trial
     its max_rate@slo search and the goodput it measured at each level."""
@@ -97,7 +101,7 @@ def slo_section(slo_text: str, front: list[TrialRecord]) -> tuple[str, list[str]
                   **(outcome.get("rate_levels") or {})}
         good = ", ".join(
             f"{name}: {_fmt(lv.get('goodput_req_s'))} req/s, {_fmt(lv.get('goodput_tok_s'))} tok/s "
-            f"({_fmt(lv.get('slo_attained'))} within SLO)"
+            f"({_share(lv.get('slo_attained'))} within SLO)"
             for name, lv in levels.items() if lv.get("goodput_req_s") is not None)
         search = max_rate_text(outcome.get("max_rate")) if outcome.get("max_rate") else ""
         rows.append(f"<tr><td>{r.number}</td><td>{html.escape(search)}</td>"

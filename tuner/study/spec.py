@@ -586,12 +586,15 @@ def _non_finite(value: Any, path: str = "") -> str | None:
     return None
 def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -> None:
     """Where an objective or limit is read: a measured level, and what its metric needs."""
-    metric, explicit = item.metric, item.model_fields_set
+    metric = item.metric
+    # A saved spec (results/NAME/spec.yaml) lists every field, defaults included: only a
+    # concurrency other than the default counts as given.
+    concurrency_given = item.concurrency != "max"
     if metric == MAX_RATE:
         if spec.slo is None:
             raise ValueError(f"{where}: {MAX_RATE} needs an slo: section (the latency SLO the "
                              "rate must meet), e.g. slo: {{ttft_ms.p99: 2000}}")
-        if "concurrency" in explicit or item.rate is not None:
+        if concurrency_given or item.rate is not None:
             raise ValueError(f"{where}: {MAX_RATE} is one value per trial (the search over "
                              "rates); remove concurrency/rate")
         if isinstance(item, ObjectiveSpec) and item.direction != "maximize":
@@ -602,7 +605,7 @@ def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -
         raise ValueError(f"{where}: {metric} needs an slo: section (requests are good when "
                          "they meet it), e.g. slo: {{ttft_ms.p99: 2000}}")
     if item.rate is not None:
-        if "concurrency" in explicit:
+        if concurrency_given:
             raise ValueError(f"{where}: {metric}: give concurrency or rate, not both")
         if metric in TRIAL_METRICS:
             raise ValueError(f"{where}: {metric} is a trial-level metric; remove rate")
