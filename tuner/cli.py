@@ -73,6 +73,19 @@ def on_this_host(spec: StudySpec, *, source: str | None = None) -> StudySpec:
     return spec.model_copy(update={"execution": execution})
 
 
+def _with_secrets(spec: StudySpec) -> StudySpec:
+    """``spec`` with every secret given as ``${NAME}`` read from this process's environment:
+    what a study saves holds references only, so a resumed study (and one whose file uses
+    references) gets its secrets here, where it runs (docs/study-file.md, Secrets)."""
+
+    from tuner.secrets import resolve_server
+
+    try:
+        return spec.model_copy(update={"server": resolve_server(spec.server, os.environ)})
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
 # -- validate ---------------------------------------------------------------------
 
 
@@ -80,10 +93,12 @@ def _command_text(spec: StudySpec, values: dict[str, Any]) -> str:
     from tuner.vllm.knobs import RenderedCommand, shell_line
     from tuner.study.space import trial_command
 
-    # What a trial starts: the measurement env (NCCL_DEBUG to read NCCL's choices back) too.
-    command = trial_command(spec, values, python="python")
-    return shell_line(RenderedCommand(command.argv, command.launch_env),
-                      redact=tuple(spec.server.secret_env))
+    from tuner.secrets import public_spec
+
+    # What a trial starts: the measurement env (NCCL_DEBUG to read NCCL's choices back) too;
+    # secrets as the references they are everywhere the tuner writes.
+    command = trial_command(public_spec(spec), values, python="python")
+    return shell_line(RenderedCommand(command.argv, command.launch_env))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -150,6 +165,7 @@ def _study_executor(handle: Any, args: argparse.Namespace) -> Iterator[Any]:
     from tuner.runfile import clean_up_previous_run, clear_run, record_run
     from tuner.study.store import StudyLock
 
+    handle.spec = _with_secrets(handle.spec)
     spec = handle.spec
     with StudyLock(handle.paths):
         stale = clean_up_previous_run(handle.paths.root)

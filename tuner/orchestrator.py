@@ -30,7 +30,7 @@ import optuna
 from optuna.trial import Trial, TrialState
 
 from tuner import recovery
-from tuner.adapters.artifacts import atomic_write_json, is_secret_name
+from tuner.adapters.artifacts import atomic_write_json
 from tuner.confirming import confirm_trials
 from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError
 from tuner.execution import Executor, Finished, JobHost, NoWorkersLeft
@@ -49,6 +49,7 @@ from tuner.study.scoring import outcome_attrs, pareto_payload, result_text, stop
 from tuner.study.spec import StudySpec
 from tuner.study.store import StudyHandle, make_storage
 from tuner.study.trials import KIND_RUN, TrialRecord, record_points
+from tuner.secrets import Redactor, known_values
 from tuner.vllm.compile_cache import study_cache_root
 from tuner.vllm.knobs import RenderedCommand, shell_line
 
@@ -218,8 +219,11 @@ class StudyLoop:
             early_stop=policy.early_stop_plan(self.spec, records) if self.spec.execution.early_stop else None)
         trial.set_user_attr("kind", KIND_RUN)
         trial.set_user_attr("attempt", int(trial.user_attrs.get("attempt", 1)))
-        redact = tuple(n for n in request.env if is_secret_name(n))
-        trial.set_user_attr("command", shell_line(RenderedCommand(request.argv, request.env), redact=redact))
+        # The request's argv and env hold the secrets' values (the server needs them); the
+        # storage gets them as references.
+        redactor = Redactor(request.secrets)
+        trial.set_user_attr("command", shell_line(RenderedCommand(redactor.data(request.argv),
+                                                                  redactor.data(request.env))))
         self._in_flight[trial.number] = trial
         self.executor.submit(group, request.model_dump(mode="json"),
                              deadline_s=self.spec.budget.trial_timeout + self.spec.server.stop_timeout + 15)
@@ -239,9 +243,13 @@ class StudyLoop:
         ignore_eos = spec.load.workload.ignore_eos
         if ignore_eos == "auto":
             ignore_eos = command.asked.get("speculative_config.method") is None
+        secrets = known_values(spec.server)
         return TrialRequest(
-            study=self.name, number=number, values=values, asked=command.asked, argv=pinned(command.argv),
-            env=command.launch_env, secret_env=list(spec.server.secret_env), host=spec.server.host,
+            # asked is what verification compares with the server's log, which the worker
+            # writes with secrets as references: so asked holds them as references too.
+            study=self.name, number=number, values=values, asked=Redactor(secrets).data(command.asked),
+            argv=pinned(command.argv), env=command.launch_env, secret_env=list(spec.server.secret_env),
+            secrets=secrets, host=spec.server.host,
             port=port, served_model_name=spec.server.served_model_name or spec.server.model,
             trial_dir=str(trial_dir.resolve()), startup_timeout_s=spec.server.startup_timeout,
             stop_timeout_s=spec.server.stop_timeout, gpu_free_timeout_s=spec.execution.gpu_free_timeout,

@@ -37,8 +37,9 @@ import yaml
 from optuna.storages import RDBStorage
 
 from tuner import __version__
-from tuner.adapters.artifacts import (StudyPaths, atomic_write_json, atomic_write_text, read_text_bounded,
-                                     redact_url)
+from tuner.adapters.artifacts import (StudyPaths, atomic_write_json, atomic_write_text, make_private_dir,
+                                     open_private, read_text_bounded, redact_url)
+from tuner.secrets import public_spec
 from tuner.study.spec import StudySpec
 from tuner.study.study_file import parse_study
 from tuner.errors import SpecError, StorageUnavailable, StudyError
@@ -53,7 +54,8 @@ _T = TypeVar("_T")
 def spec_digest(spec: StudySpec) -> str:
     """A digest of what decides the measurements (not the budget, which resume may extend)."""
 
-    data = spec.model_dump(mode="json", exclude={"budget", "description", "execution"})
+    # Secrets as references: the saved spec never holds their values, the study file may.
+    data = public_spec(spec).model_dump(mode="json", exclude={"budget", "description", "execution"})
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -254,9 +256,13 @@ def create_or_open(spec: StudySpec, results_root: Path, *, name: str | None = No
                 f"use `tuner resume {name}` to continue it, or --study NEW_NAME for a new study"
             )
         return StudyHandle(name, paths, handle.storage_url, spec)
-    paths.root.mkdir(parents=True, exist_ok=True)
+    make_private_dir(paths.root)
     url = storage_url or paths.default_storage_url()
-    atomic_write_text(paths.spec_yaml, yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    if storage_url is None and not paths.sqlite.exists():
+        # SQLite creates the file with the umask's mode; it keeps an existing file's.
+        open_private(paths.sqlite, "ab").close()
+    atomic_write_text(paths.spec_yaml,
+                      yaml.safe_dump(public_spec(spec).model_dump(mode="json"), sort_keys=False))
     meta = {
         "name": name,
         "storage": redact_url(url),
@@ -311,8 +317,8 @@ class StudyLock:
         self._fd: int | None = None
 
     def __enter__(self) -> StudyLock:
-        self.paths.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        make_private_dir(self.paths.root)
+        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
