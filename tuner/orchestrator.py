@@ -47,7 +47,7 @@ from tuner.tie_runs import separate_ties
 from tuner.study.samplers import make_sampler, suggest
 from tuner.study.scoring import outcome_attrs, pareto_payload, result_text, stop_text, values_text
 from tuner.study.spec import StudySpec
-from tuner.study.store import StudyHandle, make_storage
+from tuner.study.store import StudyHandle, check_storage_covers_folder, make_storage
 from tuner.study.trials import KIND_RUN, TrialRecord, record_points
 from tuner.secrets import Redactor, known_values
 from tuner.vllm.compile_cache import study_cache_root
@@ -212,6 +212,11 @@ class StudyLoop:
         return trial.number
 
     def _dispatch(self, trial: Trial, values: dict[str, Any], records: list[TrialRecord]) -> None:
+        if (self.trials_root / f"{trial.number:04d}" / "outcome.json").exists():
+            # The last line of defence (Orchestrator.open_study checks the whole folder):
+            # a finished trial's files are never written again.
+            raise StudyError(f"trial {trial.number} already has finished files in {self.trials_root}; "
+                             "the storage does not match the study folder, so the study stops here")
         group = self.executor.idle_groups()[0]
         request = self.trial_request(
             trial.number, values, group=group, trial_dir=self.trials_root / f"{trial.number:04d}",
@@ -363,6 +368,9 @@ class Orchestrator(StudyLoop):
         )
         if not study.metric_names:
             study.set_metric_names(self.labels)
+        # A storage behind the folder (lost, restored from a backup) would number the next
+        # trials as finished ones and overwrite their files: refuse before anything starts.
+        check_storage_covers_folder(study, self.handle.paths, self.handle.storage_url)
         return study
 
     def reconcile(self, study: optuna.Study) -> None:

@@ -36,6 +36,7 @@ __all__ = [
     "redact_url",
     "make_private_dir",
     "open_private",
+    "saved_budget",
     "read_text_bounded",
 ]
 
@@ -223,3 +224,12 @@ class StudyPaths:
 
     def default_storage_url(self) -> str:
         return f"sqlite:///{self.sqlite.resolve()}"
+
+
+def saved_budget(meta: dict[str, Any]) -> tuple[int | None, float | None]:
+    """(n_trials, timeout seconds) last given on the command line, or None for each."""
+
+    budget = meta.get("budget_override") if isinstance(meta.get("budget_override"), dict) else {}
+    n_trials, timeout = budget.get("n_trials"), budget.get("timeout_s")
+    return (n_trials if type(n_trials) is int and n_trials > 0 else None,
+            float(timeout) if type(timeout) in (int, float) and 0 < timeout < float("inf") else None)

@@ -275,6 +275,52 @@ def create_or_open(spec: StudySpec, results_root: Path, *, name: str | None = No
     return StudyHandle(name, paths, url, spec)
 
 
+def finished_trial_numbers(paths: StudyPaths) -> list[int]:
+    """Trials whose folder holds an outcome: measured (or failed) and final, never to be
+    written again."""
+
+    root = paths.root / "trials"
+    if not root.is_dir():
+        return []
+    return sorted(int(d.name) for d in root.iterdir()
+                  if d.name.isdigit() and (d / "outcome.json").is_file())
+
+
+def check_storage_covers_folder(study: optuna.Study, paths: StudyPaths, storage_url: str) -> None:
+    """Refuse a storage that knows fewer trials than the folder holds finished ones: the
+    next trial numbers would be those folders', and their files would be overwritten.
+
+    Raises:
+        StudyError: one line naming the first such trial and what to do.
+    """
+
+    known = len(study.get_trials(deepcopy=False))
+    beyond = [n for n in finished_trial_numbers(paths) if n >= known]
+    if beyond:
+        raise StudyError(
+            f"the study storage {redact_url(storage_url)} knows {known} trial(s), but "
+            f"{paths.trial_dir(beyond[0])} holds a finished one: the storage is older than the folder "
+            "(restored, or another study's). Nothing was started and no trial file was touched; "
+            "restore the matching storage, or move optuna.db away and `tuner resume` rebuilds it "
+            "from the trial files")
+
+
+def remember_budget(paths: StudyPaths, *, n_trials: int | None, timeout_s: float | None) -> None:
+    """Keep --n-trials/--timeout given to `run` or `resume` in study.json, so a later
+    `resume` without them, and `tuner status`, use the same budget."""
+
+    if n_trials is None and timeout_s is None:
+        return
+    meta = read_study_json(paths)
+    budget = dict(meta.get("budget_override") or {})
+    if n_trials is not None:
+        budget["n_trials"] = n_trials
+    if timeout_s is not None:
+        budget["timeout_s"] = timeout_s
+    meta["budget_override"] = budget
+    atomic_write_json(paths.study_json, meta)
+
+
 def read_study_json(paths: StudyPaths) -> dict[str, Any]:
     """study.json as a mapping, or StudyError in one line when it is damaged."""
 
