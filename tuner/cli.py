@@ -204,7 +204,8 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
 
     # --n-trials/--timeout given now are kept for later resumes and for `tuner status`;
     # without them, those given last time apply (then the study file's budget).
-    remember_budget(handle.paths, n_trials=n_trials, timeout_s=timeout_s)
+    if warning := remember_budget(handle.paths, n_trials=n_trials, timeout_s=timeout_s):
+        _say(f"[warning] {warning}")
     saved_trials, saved_timeout = saved_budget(read_study_json(handle.paths))
     n_trials = n_trials or saved_trials
     timeout_s = timeout_s if timeout_s is not None else saved_timeout

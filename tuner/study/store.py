@@ -42,7 +42,7 @@ from tuner.adapters.artifacts import (StudyPaths, atomic_write_json, atomic_writ
 from tuner.secrets import public_spec
 from tuner.study.spec import StudySpec
 from tuner.study.study_file import parse_study
-from tuner.errors import SpecError, StorageUnavailable, StudyError
+from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
 
 __all__ = ["StudyHandle", "create_or_open", "open_existing", "StudyLock", "make_storage", "spec_digest",
            "RetryPolicy", "RetryingRDBStorage", "is_transient_storage_error"]
@@ -305,12 +305,13 @@ def check_storage_covers_folder(study: optuna.Study, paths: StudyPaths, storage_
             "from the trial files")
 
 
-def remember_budget(paths: StudyPaths, *, n_trials: int | None, timeout_s: float | None) -> None:
+def remember_budget(paths: StudyPaths, *, n_trials: int | None, timeout_s: float | None) -> str | None:
     """Keep --n-trials/--timeout given to `run` or `resume` in study.json, so a later
-    `resume` without them, and `tuner status`, use the same budget."""
+    `resume` without them, and `tuner status`, use the same budget. Best effort: a file
+    that cannot be written (a full disk) is no reason not to run; the warning is returned."""
 
     if n_trials is None and timeout_s is None:
-        return
+        return None
     meta = read_study_json(paths)
     budget = dict(meta.get("budget_override") or {})
     if n_trials is not None:
@@ -318,7 +319,11 @@ def remember_budget(paths: StudyPaths, *, n_trials: int | None, timeout_s: float
     if timeout_s is not None:
         budget["timeout_s"] = timeout_s
     meta["budget_override"] = budget
-    atomic_write_json(paths.study_json, meta)
+    try:
+        atomic_write_json(paths.study_json, meta)
+    except ArtifactWriteError as err:
+        return f"the budget given on the command line is not kept for later resumes ({err.reason}): {err}"
+    return None
 
 
 def read_study_json(paths: StudyPaths) -> dict[str, Any]:
