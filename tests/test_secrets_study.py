@@ -68,13 +68,14 @@ def test_the_study_ran_and_the_secret_flag_was_verified(study: dict) -> None:
 
 def test_no_planted_secret_anywhere_only_references(study: dict) -> None:
     folder = study["results"] / study["name"]
+    outputs = _outputs(study)      # first: the report writes its files into the folder
     grep = subprocess.run(["grep", "-r", "-a", "-l", "-F", "-e", HF_TOKEN, "-e", API_KEY, "-e", PASSED,
                            str(folder)], capture_output=True, text=True)
     assert grep.stdout == "", f"secrets on disk in: {grep.stdout}"
     refs = subprocess.run(["grep", "-r", "-a", "-o", "-h", "-F", "-e", "${HF_TOKEN}", "-e", "${API_KEY}",
                            str(folder)], capture_output=True, text=True).stdout.split()
     assert "${API_KEY}" in refs and "${HF_TOKEN}" in refs   # written, as references
-    outputs = _outputs(study)
+    assert (folder / "report" / "report.html").exists()
     for label, text in outputs.items():
         for secret in PLANTED:
             assert secret not in text, (label, secret)
