@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, copy_cpu_example, run_tuner, write_study
+from tests.conftest import ROOT, copy_cpu_example, write_study
+from tuner.cli import main as tuner_main
 
 DEMO = yaml.safe_load((ROOT / "search_spaces" / "demo.yaml").read_text())
 
@@ -60,6 +61,22 @@ def assert_one_line(stderr: str) -> str:
     assert len(lines) == 1, stderr[-3000:]
     assert len(lines[0]) < 600, lines[0][:1000]
     return lines[0]
+
+
+def run_tuner(*args: str, timeout: float = 0) -> subprocess.CompletedProcess[str]:
+    """`tuner ARGS` in this process (a fresh interpreter per case costs seconds on a busy
+    machine); what it printed, as a subprocess would return it."""
+
+    import contextlib
+    import io
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = tuner_main(list(args))
+        except SystemExit as exc:   # argparse
+            code = int(exc.code or 0)
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
 
 
 def write(tmp_path: Path, text: str | bytes, name: str = "study.yaml") -> Path:

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The pure layer, by module name (packages too: their __init__ is a docstring). A module
 # joins when it passes the checks below.
 PURE = [
-    "tuner.core", "tuner.errors", "tuner.load", "tuner.load.live_window", "tuner.load.load_spec",
+    "tuner.core", "tuner.errors", "tuner.export_formats", "tuner.load", "tuner.load.live_window", "tuner.load.load_spec",
     "tuner.load.metrics", "tuner.load.prometheus", "tuner.load.protocol", "tuner.load.records",
     "tuner.load.results", "tuner.load.sse", "tuner.load.stats", "tuner.load.steady",
     "tuner.load.slo", "tuner.load.goodput", "tuner.load.rate_search", "tuner.load.max_rate_text",
@@ -35,7 +35,7 @@ PURE = [
     "tuner.probe.numerics", "tuner.probe.plan_score", "tuner.probe.prompts_file",
     "tuner.probe.record", "tuner.probe.reference_score", "tuner.probe.sample",
     "tuner.probe.selection", "tuner.probe.shapes", "tuner.probe.spec", "tuner.probe.verdict",
-    "tuner.probe.wire", "tuner.study",
+    "tuner.probe.wire", "tuner.secrets", "tuner.study",
     "tuner.study.command", "tuner.study.confirmation", "tuner.study.confirmation_text",
     "tuner.study.bounds", "tuner.study.durations", "tuner.study.early_stop", "tuner.study.outcome", "tuner.study.pareto",
     "tuner.study.planner", "tuner.study.policy", "tuner.study.safe_yaml", "tuner.study.sampling",

@@ -2,7 +2,8 @@
 prints and chooses exit codes.
 
 Exit codes: 0 done, 1 unexpected error, 2 invalid input (study file, arguments),
-3 the study cannot run (locked, missing, mismatched), 130 interrupted (resumable).
+3 the study cannot run (locked, missing, mismatched), 4 the study ran but has no feasible
+configuration (every trial failed or was infeasible), 130 interrupted (resumable).
 """
 
 from __future__ import annotations
@@ -73,6 +74,19 @@ def on_this_host(spec: StudySpec, *, source: str | None = None) -> StudySpec:
     return spec.model_copy(update={"execution": execution})
 
 
+def _with_secrets(spec: StudySpec) -> StudySpec:
+    """``spec`` with every secret given as ``${NAME}`` read from this process's environment:
+    what a study saves holds references only, so a resumed study (and one whose file uses
+    references) gets its secrets here, where it runs (docs/study-file.md, Secrets)."""
+
+    from tuner.secrets import resolve_server
+
+    try:
+        return spec.model_copy(update={"server": resolve_server(spec.server, os.environ)})
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
 # -- validate ---------------------------------------------------------------------
 
 
@@ -80,10 +94,12 @@ def _command_text(spec: StudySpec, values: dict[str, Any]) -> str:
     from tuner.vllm.knobs import RenderedCommand, shell_line
     from tuner.study.space import trial_command
 
-    # What a trial starts: the measurement env (NCCL_DEBUG to read NCCL's choices back) too.
-    command = trial_command(spec, values, python="python")
-    return shell_line(RenderedCommand(command.argv, command.launch_env),
-                      redact=tuple(spec.server.secret_env))
+    from tuner.secrets import public_spec
+
+    # What a trial starts: the measurement env (NCCL_DEBUG to read NCCL's choices back) too;
+    # secrets as the references they are everywhere the tuner writes.
+    command = trial_command(public_spec(spec), values, python="python")
+    return shell_line(RenderedCommand(command.argv, command.launch_env))
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -150,8 +166,15 @@ def _study_executor(handle: Any, args: argparse.Namespace) -> Iterator[Any]:
     from tuner.runfile import clean_up_previous_run, clear_run, record_run
     from tuner.study.store import StudyLock
 
+    handle.spec = _with_secrets(handle.spec)
     spec = handle.spec
     with StudyLock(handle.paths):
+        from tuner.study.folder import restore_storage
+
+        rebuilt = restore_storage(handle)
+        if rebuilt:
+            _say(f"[resume] the study storage was missing: rebuilt it from the trial files ({rebuilt} "
+                 f"trials); new trials continue after them")
         stale = clean_up_previous_run(handle.paths.root)
         if stale:
             _say(f"[resume] stopped {len(stale)} process(es) left by an earlier, killed run")
@@ -176,7 +199,16 @@ def _study_executor(handle: Any, args: argparse.Namespace) -> Iterator[Any]:
 def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None) -> int:
     from tuner.orchestrator import Orchestrator
     from tuner.status import build_status, format_status
+    from tuner.adapters.artifacts import saved_budget
+    from tuner.study.store import read_study_json, remember_budget
 
+    # --n-trials/--timeout given now are kept for later resumes and for `tuner status`;
+    # without them, those given last time apply (then the study file's budget).
+    if warning := remember_budget(handle.paths, n_trials=n_trials, timeout_s=timeout_s):
+        _say(f"[warning] {warning}")
+    saved_trials, saved_timeout = saved_budget(read_study_json(handle.paths))
+    n_trials = n_trials or saved_trials
+    timeout_s = timeout_s if timeout_s is not None else saved_timeout
     with _study_executor(handle, args) as executor:
         orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s, progress=_say)
         _say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU group(s); "
@@ -184,11 +216,17 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
         summary = orchestrator.run()
     study = handle.load()
     _say("")
-    _say(format_status(build_status(handle, study), verbose=False))
+    status = build_status(handle, study)
+    _say(format_status(status, verbose=False))
     _say(f"\npareto front written to {handle.paths.pareto_json}")
     if summary.stopped_because == "interrupted":
         _say(f"interrupted: continue with `tuner resume {handle.name}`")
         return 130
+    if not status["front"]:
+        # A script must not take "ran" for "found a configuration".
+        print(f"error: study {handle.name} has no feasible configuration: every trial failed or was "
+              f"infeasible (see `tuner status {handle.name}`)", file=sys.stderr)
+        return 4
     return 0
 
 

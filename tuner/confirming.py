@@ -17,7 +17,7 @@ from typing import Any
 
 import optuna
 
-from tuner.adapters.artifacts import atomic_write_json
+from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.study.confirmation import Confirmation, RunResult, judge, summary_text
 from tuner.study.outcome import TrialOutcome
 from tuner.errors import ArtifactWriteError, StudyError
@@ -117,7 +117,7 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
             while queue and executor.idle_groups():
                 job = queue.pop(0)
                 group = executor.idle_groups()[0]
-                job.folder.mkdir(parents=True, exist_ok=True)
+                make_private_dir(job.folder)
                 values = by_number[job.trial].attrs.get("values", by_number[job.trial].params)
                 request = host.request(job.number, values, group, job.folder)
                 executor.submit(group, request.model_dump(mode="json"), deadline_s=deadline)

@@ -18,10 +18,12 @@ waits on all outstanding refs together (``ray.wait``), and
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,7 +68,42 @@ def init_ray(*, address: str | None, gpus_needed: int, cpus_needed: float) -> No
     # "local", not None: with None, Ray joins whatever cluster the machine last started
     # (/tmp/ray/ray_current_cluster, or RAY_ADDRESS), e.g. someone else's `ray start`.
     # Joining a cluster is what --ray-address is for.
-    ray.init(address="local", **kwargs)
+    with _loopback_only():
+        ray.init(address="local", **kwargs)
+    node = ray.nodes()[0].get("NodeManagerAddress") if ray.nodes() else None
+    if node != LOOPBACK:
+        logger.warning("the local Ray node runs on %s, not %s: its ports may be reachable from the "
+                       "network", node, LOOPBACK)
+
+
+LOOPBACK = "127.0.0.1"
+# Ray's single-machine mode (the one it uses on macOS and Windows): the node's address is
+# the loopback address, and Ray's gRPC servers (GCS, raylet, workers) then listen on it
+# alone instead of on every interface. Read by every Ray process at import.
+_SINGLE_MACHINE_ENV = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+@contextlib.contextmanager
+def _loopback_only() -> Iterator[None]:
+    """While a local Ray starts: the processes it starts (GCS, raylet, agents, workers)
+    inherit the single-machine switch through the environment, and this process - which
+    imported Ray before - sees it through Ray's constant. Both are restored afterwards, so
+    this process could still join a cluster later (its node address is fixed by then)."""
+
+    from ray._private import ray_constants   # the module that read the switch at import
+
+    previous_env = os.environ.get(_SINGLE_MACHINE_ENV)
+    previous = ray_constants.ENABLE_RAY_CLUSTER
+    os.environ[_SINGLE_MACHINE_ENV] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = previous
+        if previous_env is None:
+            os.environ.pop(_SINGLE_MACHINE_ENV, None)
+        else:
+            os.environ[_SINGLE_MACHINE_ENV] = previous_env
 
 
 @dataclass

@@ -1,34 +1,33 @@
 """Turn a chosen trial into something that starts the server exactly as it was measured.
 
 Every format comes from ``trial_command`` (the renderer the trial runner used), so the
-exported flags and environment are the measured ones. Secret variables are exported as
-references (``$HF_TOKEN``), never as values.
+exported flags and environment are the measured ones; the formats themselves (quoting,
+what each can carry) are ``tuner.export_formats``. Secrets (``tuner.secrets``) are
+exported as references (``${HF_TOKEN}``, ``${API_KEY}``), never as values: the command is
+rendered from the study's public server section, where every secret value is its
+reference already.
 """
 
 from __future__ import annotations
 
-import json
-import shlex
 import time
-from dataclasses import replace
 from typing import Any
 
 from tuner import __version__
 from tuner.load.max_rate_text import max_rate_text
-from tuner.adapters.artifacts import is_secret_name
+from tuner.export_formats import (FORMATS, Exported, ExportFormatError, env_text, json_text, shell_text,
+                                  systemd_text, yaml_text)
+from tuner.secrets import MARK, as_reference, public_server, secret_slots
 from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text
-from tuner.study.pareto import Filter, pick_point
-import yaml
-
 from tuner.study.confirmation import blocks_export
-from tuner.vllm.knobs import PYTHON_PLACEHOLDER, RenderedCommand, mismatch_text, shell_line
-from tuner.study.spec import StudySpec
+from tuner.study.pareto import Filter, pick_point
 from tuner.study.space import trial_command
+from tuner.study.spec import StudySpec
 from tuner.study.trials import TrialRecord, record_points
+from tuner.vllm.knobs import PYTHON_PLACEHOLDER, mismatch_text
 
 __all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]
 
-FORMATS = ("shell", "env", "json", "systemd", "yaml")
 
 class ExportError(Exception):
     """The requested point cannot be exported (message says why and what to do)."""
@@ -88,28 +87,19 @@ def _why(record: TrialRecord) -> str:
     return record.outcome
 
 
-def _command(spec: StudySpec, record: TrialRecord) -> RenderedCommand:
-    # 'python' rather than this machine's interpreter path: the export is for another box.
-    # The configuration's own environment, all of it: what the tuner adds only to measure
-    # (NCCL_DEBUG, VLLM_CACHE_ROOT) is the render's measurement_env, never part of this.
-    command = trial_command(spec, record.params, python="python")
-    env = dict(command.env)
-    for name in spec.server.secret_env:
-        env.setdefault(name, "")
-    return replace(command, env=env)
+def _arg_words(key: str, value: Any) -> list[str]:
+    """One engine argument as the renderer writes it on a command line (render_command)."""
 
+    import json
 
-def _slo_lines(spec: StudySpec, record: TrialRecord) -> list[str]:
-    """Comment lines on the study's SLO and the trial's max_rate@slo search (none without an
-    SLO): what the exported configuration was measured to serve."""
-
-    if spec.slo is None:
-        return []
-    lines = [f"#   slo: {spec.slo.text()}"]
-    searched = record.attrs.get("outcome", {}).get("max_rate")
-    if searched:
-        lines.append(f"#   {max_rate_text(searched)}")
-    return lines
+    flag = "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + key.replace("_", "-")]
+    if isinstance(value, dict):
+        return [flag, json.dumps(value, separators=(",", ":"))]
+    if isinstance(value, list):
+        return [flag, *(str(v) for v in value)]
+    return [flag, str(value)]
 
 
 def noise_notes(records: list[TrialRecord], labels: list[str], directions: list[str],
@@ -125,24 +115,64 @@ def noise_notes(records: list[TrialRecord], labels: list[str], directions: list[
     return [tie_text(t) for t in ties if record.number in t.trials]
 
 
+def _slo_lines(spec: StudySpec, record: TrialRecord) -> list[str]:
+    """Header lines on the study's SLO and the trial's max_rate@slo search (none without an
+    SLO): what the exported configuration was measured to serve."""
+
+    if spec.slo is None:
+        return []
+    lines = [f"  slo: {spec.slo.text()}"]
+    searched = record.attrs.get("outcome", {}).get("max_rate")
+    if searched:
+        lines.append(f"  {max_rate_text(searched)}")
+    return lines
+
+
 def _value_lines(record: TrialRecord) -> list[str]:
-    """``#   label = value ± noise`` per objective, and a loud line for an unstable trial."""
+    """``  label = value ± noise`` per objective, and a loud line for an unstable trial."""
 
     noise = record.noise(list(record.values))
-    lines = [f"#   {k} = {plus_minus(float(v), noise.get(k), ' ± ')}"
+    lines = [f"  {k} = {plus_minus(float(v), noise.get(k), ' ± ')}"
              + (" (95 %)" if noise.get(k) is not None else "") for k, v in record.values.items()]
     if record.unstable_levels:
-        lines.append("#   UNSTABLE: level(s) " + ", ".join(f"c={c}" for c in record.unstable_levels)
+        lines.append("  UNSTABLE: level(s) " + ", ".join(f"c={c}" for c in record.unstable_levels)
                      + " never met the stability rule; these numbers moved while measured")
     return lines
 
 
-def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: str,
-                  notes: list[str] | None = None) -> str:
-    """The exported configuration in ``fmt``; ``notes``: ties noise leaves around it
-    (:func:`noise_notes`), carried in the metadata."""
-    command = _command(spec, record)
-    secrets = tuple(n for n in command.env if is_secret_name(n) or n in spec.server.secret_env)
+def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
+                     notes: list[str] | None = None) -> Exported:
+    """The trial's command for export: rendered from the public server section, secret
+    references marked, the metadata every format shows (``notes``: ties noise leaves
+    around it, :func:`noise_notes`)."""
+
+    public = spec.model_copy(update={"server": public_server(spec.server)})
+    # 'python' rather than this machine's interpreter path: the export is for another box.
+    # The configuration's own environment, all of it: what the tuner adds only to measure
+    # (NCCL_DEBUG, VLLM_CACHE_ROOT) is the render's measurement_env, never part of this.
+    command = trial_command(public, record.params, python="python")
+    refs = sorted({slot.ref for slot in secret_slots(public.server)}, key=len, reverse=True)
+
+    def mark(word: str) -> str:
+        for ref in refs:
+            word = word.replace(as_reference(ref), MARK + ref + MARK)
+        return word
+
+    env = {k: mark(v) for k, v in command.env.items()}
+    for name in spec.server.secret_env:
+        env.setdefault(name, MARK + name + MARK)   # passed through where the study ran
+    config: dict[str, Any] = {}
+    config_argv: list[str] = []
+    for key, value in command.args.items():
+        words = [mark(w) for w in _arg_words(key, value)]
+        if any(MARK in w for w in words):
+            config_argv += words       # vLLM cannot read a variable from its config file
+        else:
+            config[key.replace("_", "-")] = value
+    title = f"tuner study {study_name}, trial {record.number}"
+    header = [f"tuner export: study {study_name}, trial {record.number} ({record.outcome})"]
+    header += _value_lines(record) + _slo_lines(spec, record) + [f"  {n}" for n in notes or []]
+    header.append(f"  tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
     meta = {
         "study": study_name,
         "trial": record.number,
@@ -157,94 +187,26 @@ def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: st
         "tuner_version": __version__,
         "exported_unix": int(time.time()),
     }
-    if fmt == "shell":
-        header = [f"# tuner export: study {study_name}, trial {record.number} ({record.outcome})"]
-        header += _value_lines(record) + _slo_lines(spec, record) + [f"#   {n}" for n in notes or []]
-        header.append(f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
-        return "\n".join(header) + "\n" + shell_line(command, redact=secrets) + "\n"
-    if fmt == "env":
-        lines = [f"# tuner export: study {study_name}, trial {record.number}"]
-        for name, value in command.env.items():
-            lines.append(f"{name}=${{{name}}}" if name in secrets else f"{name}={shlex.quote(value)}")
-        return "\n".join(lines) + "\n"
-    if fmt == "json":
-        env = {k: (f"${{{k}}}" if k in secrets else v) for k, v in command.env.items()}
-        return json.dumps({"argv": command.argv, "env": env, **meta}, indent=2) + "\n"
-    if fmt == "systemd":
-        return _systemd_unit(study_name, record, command, secrets, _slo_lines(spec, record))
-    if fmt == "yaml":
-        return _config_yaml(spec, study_name, record, command, secrets)
-    raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
-
-
-def _config_yaml(spec: StudySpec, study: str, record: TrialRecord, command: RenderedCommand,
-                 secrets: tuple[str, ...]) -> str:
-    """A vLLM ``--config`` file: engine arguments only (vLLM reads no environment from it)."""
-
-    mapping = {key.replace("_", "-"): value for key, value in command.args.items()}
     prefix = ["python" if w == PYTHON_PLACEHOLDER else w for w in spec.server.command]
-    env_words = [f'{n}="${{{n}}}"' if n in secrets else f"{n}={shlex.quote(v)}" for n, v in command.env.items()]
-    lines = [
-        f"# tuner export: study {study}, trial {record.number} ({record.outcome})",
-        *_value_lines(record),
-        *_slo_lines(spec, record),
-        f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        "# Start with (the environment is part of the measured configuration):",
-        "#   " + " ".join(env_words + [shlex.quote(w) for w in prefix] + ["--config", "THIS_FILE.yaml"]),
-    ]
-    return "\n".join(lines) + "\n" + yaml.safe_dump(mapping, sort_keys=False, default_flow_style=False)
+    return Exported(argv=[mark(w) for w in command.argv], env=env, header=header, study=study_name,
+                    title=title, prefix=prefix, config=config, config_argv=config_argv, meta=meta)
 
 
-def _systemd_word(word: str) -> str:
-    """Quote one ExecStart/Environment word for systemd (not a shell: its own rules).
-
-    systemd expands ``%`` specifiers and ``$VAR`` in ExecStart, so both are doubled;
-    words with spaces or quotes are double-quoted with C-style escapes.
-    """
-
-    word = word.replace("%", "%%").replace("$", "$$")
-    if word and not any(c in word for c in " \t\"'\\;"):
-        return word
-    return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
+_WRITERS = {"shell": shell_text, "env": env_text, "json": json_text, "systemd": systemd_text, "yaml": yaml_text}
 
 
-def _systemd_unit(study: str, record: TrialRecord, command: RenderedCommand, secrets: tuple[str, ...],
-                  slo_lines: list[str] | None = None) -> str:
-    lines = [
-        f"# tuner export: study {study}, trial {record.number} ({record.outcome})",
-        *_value_lines(record),
-        *(slo_lines or []),
-        f"#   tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}",
-        "[Unit]",
-        f"Description=vLLM server (tuner study {study}, trial {record.number})",
-        "After=network-online.target",
-        "Wants=network-online.target",
-        "",
-        "[Service]",
-        "Type=simple",
-    ]
-    for name, value in command.env.items():
-        if name not in secrets:
-            lines.append(f"Environment={_systemd_word(f'{name}={value}')}")
-    if secrets:
-        lines.append(f"# {', '.join(secrets)}: put them in the file below (NAME=value lines, mode 0600)")
-        lines.append(f"EnvironmentFile=/etc/vllm/{study}.secrets")
-    argv = list(command.argv)
-    if argv and "/" not in argv[0]:
-        argv = ["/usr/bin/env", *argv]  # ExecStart needs an absolute path or a PATH lookup
-    lines += [
-        "ExecStart=" + " ".join(_systemd_word(a) for a in argv),
-        "Restart=on-failure",
-        "RestartSec=10",
-        # vLLM handles SIGTERM; its workers share the group, which control-group kill covers.
-        "KillMode=control-group",
-        "TimeoutStopSec=60",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-        "",
-    ]
-    return "\n".join(lines)
+def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: str,
+                  notes: list[str] | None = None) -> str:
+    """The trial in format ``fmt``; ExportError when the format cannot carry it.
+    ``notes``: ties noise leaves around it (:func:`noise_notes`), in the metadata."""
+
+    writer = _WRITERS.get(fmt)
+    if writer is None:
+        raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
+    try:
+        return writer(exported_command(spec, study_name, record, notes))
+    except ExportFormatError as exc:
+        raise ExportError(f"{fmt}: {exc}") from None
 
 
 def summary(record: TrialRecord) -> dict[str, Any]:

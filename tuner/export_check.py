@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.export_formats import read_shell, read_systemd_exec
 from tuner.study.spec import StudySpec
 
 __all__ = ["CheckResult", "vllm_python_for", "argv_from_export", "check_arguments", "env_from_export",
@@ -94,17 +94,9 @@ def argv_from_export(fmt: str, text: str, spec: StudySpec) -> tuple[list[str], P
     if fmt == "json":
         return json.loads(text)["argv"][prefix:], None
     if fmt == "shell":
-        line = next(l for l in text.splitlines() if l and not l.startswith("#"))
-        words = shlex.split(line)
-        while words and "=" in words[0] and not words[0].startswith("-"):
-            words.pop(0)  # NAME=value environment prefix
-        return words[prefix:], None
+        return read_shell(text)[0][prefix:], None
     if fmt == "systemd":
-        line = next(l for l in text.splitlines() if l.startswith("ExecStart="))
-        words = shlex.split(line[len("ExecStart="):].replace("$$", "$").replace("%%", "%"))
-        if words and words[0] == "/usr/bin/env":
-            words = words[1:]
-        return words[prefix:], None
+        return read_systemd_exec(text)[prefix:], None
     if fmt == "yaml":
         handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)  # noqa: SIM115
         with handle:
@@ -162,15 +154,9 @@ def vllm_message(raw: str) -> str:
 
 
 def env_from_export(text: str) -> dict[str, str]:
-    """The variables an ``env`` export sets (``NAME=value`` lines, shell-quoted values)."""
+    """The variables an ``env`` export sets (shell assignments; a quoted value may span lines)."""
 
-    env: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip() or line.lstrip().startswith("#"):
-            continue
-        words = shlex.split(line)
-        if len(words) != 1 or "=" not in words[0]:
-            raise ValueError(f"not a NAME=value line: {line!r}")
-        name, value = words[0].split("=", 1)
-        env[name] = value
+    argv, env = read_shell(text)
+    if argv:
+        raise ValueError(f"not a NAME=value assignment: {argv[0]!r}")
     return env

@@ -26,7 +26,7 @@ from typing import Any
 
 import httpx
 
-from tuner.adapters.artifacts import atomic_write_json
+from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.load.max_rate_text import max_rate_text
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.server_calls import scrape_metrics
@@ -116,7 +116,7 @@ async def ameasure(
             )
         detected = await _speculative(client, url) if speculative is None else speculative
     # Created only once the server answered, so an unreachable server leaves no empty folder.
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(out_dir)
     if detected is None:
         notes.append("speculative decoding unknown (no /metrics): assumed off for ignore_eos")
     ignore_eos = spec.load.workload.resolve_ignore_eos(speculative=bool(detected))

@@ -30,7 +30,7 @@ import optuna
 from optuna.trial import Trial, TrialState
 
 from tuner import recovery
-from tuner.adapters.artifacts import atomic_write_json, is_secret_name
+from tuner.adapters.artifacts import atomic_write_json
 from tuner.confirming import confirm_trials
 from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError
 from tuner.execution import Executor, Finished, JobHost, NoWorkersLeft
@@ -47,8 +47,9 @@ from tuner.tie_runs import separate_ties
 from tuner.study.samplers import make_sampler, suggest
 from tuner.study.scoring import outcome_attrs, pareto_payload, result_text, stop_text, values_text
 from tuner.study.spec import StudySpec
-from tuner.study.store import StudyHandle, make_storage
+from tuner.study.store import StudyHandle, check_storage_covers_folder, make_storage
 from tuner.study.trials import KIND_RUN, TrialRecord, record_points
+from tuner.secrets import Redactor, known_values
 from tuner.vllm.compile_cache import study_cache_root
 from tuner.vllm.knobs import RenderedCommand, shell_line
 
@@ -211,6 +212,11 @@ class StudyLoop:
         return trial.number
 
     def _dispatch(self, trial: Trial, values: dict[str, Any], records: list[TrialRecord]) -> None:
+        if (self.trials_root / f"{trial.number:04d}" / "outcome.json").exists():
+            # The last line of defence (Orchestrator.open_study checks the whole folder):
+            # a finished trial's files are never written again.
+            raise StudyError(f"trial {trial.number} already has finished files in {self.trials_root}; "
+                             "the storage does not match the study folder, so the study stops here")
         group = self.executor.idle_groups()[0]
         request = self.trial_request(
             trial.number, values, group=group, trial_dir=self.trials_root / f"{trial.number:04d}",
@@ -218,8 +224,11 @@ class StudyLoop:
             early_stop=policy.early_stop_plan(self.spec, records) if self.spec.execution.early_stop else None)
         trial.set_user_attr("kind", KIND_RUN)
         trial.set_user_attr("attempt", int(trial.user_attrs.get("attempt", 1)))
-        redact = tuple(n for n in request.env if is_secret_name(n))
-        trial.set_user_attr("command", shell_line(RenderedCommand(request.argv, request.env), redact=redact))
+        # The request's argv and env hold the secrets' values (the server needs them); the
+        # storage gets them as references.
+        redactor = Redactor(request.secrets)
+        trial.set_user_attr("command", shell_line(RenderedCommand(redactor.data(request.argv),
+                                                                  redactor.data(request.env))))
         self._in_flight[trial.number] = trial
         self.executor.submit(group, request.model_dump(mode="json"),
                              deadline_s=self.spec.budget.trial_timeout + self.spec.server.stop_timeout + 15)
@@ -239,9 +248,13 @@ class StudyLoop:
         ignore_eos = spec.load.workload.ignore_eos
         if ignore_eos == "auto":
             ignore_eos = command.asked.get("speculative_config.method") is None
+        secrets = known_values(spec.server)
         return TrialRequest(
-            study=self.name, number=number, values=values, asked=command.asked, argv=pinned(command.argv),
-            env=command.launch_env, secret_env=list(spec.server.secret_env), host=spec.server.host,
+            # asked is what verification compares with the server's log, which the worker
+            # writes with secrets as references: so asked holds them as references too.
+            study=self.name, number=number, values=values, asked=Redactor(secrets).data(command.asked),
+            argv=pinned(command.argv), env=command.launch_env, secret_env=list(spec.server.secret_env),
+            secrets=secrets, host=spec.server.host,
             port=port, served_model_name=spec.server.served_model_name or spec.server.model,
             trial_dir=str(trial_dir.resolve()), startup_timeout_s=spec.server.startup_timeout,
             stop_timeout_s=spec.server.stop_timeout, gpu_free_timeout_s=spec.execution.gpu_free_timeout,
@@ -355,6 +368,9 @@ class Orchestrator(StudyLoop):
         )
         if not study.metric_names:
             study.set_metric_names(self.labels)
+        # A storage behind the folder (lost, restored from a backup) would number the next
+        # trials as finished ones and overwrite their files: refuse before anything starts.
+        check_storage_covers_folder(study, self.handle.paths, self.handle.storage_url)
         return study
 
     def reconcile(self, study: optuna.Study) -> None:

@@ -31,16 +31,34 @@ __all__ = ["stop_leftover_servers", "kill_servers_now", "read_outcome", "write_d
 
 
 def _ours(record: dict[str, Any]) -> int | None:
-    """The recorded process group if it is alive on this host and still our server."""
+    """The recorded process group if it is alive on this host and still our server.
+
+    Never init's group (1), never this process's own group, never a process whose
+    identity the file does not establish: with ``start_ticks`` (written since the launcher
+    records it) the leader must have started at that very tick - a reused pid starts
+    later; an older file needs its non-empty argv to be the leader's command line, whole
+    (or the same script started through its interpreter).
+    """
 
     if record.get("host") != socket.gethostname():
         return None
-    pgid = int(record["pgid"])
-    leader = proctree.cmdline(pgid)
+    try:
+        pgid = int(record["pgid"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    if pgid <= 1 or pgid in (os.getpgrp(), os.getpid()) or not proctree.group_members(pgid):
+        return None
+    if proctree.process_group(pgid) != pgid:
+        return None   # the pid is no longer a group leader: not the server that was started
+    if record.get("start_ticks") is not None:
+        return pgid if proctree.start_ticks(pgid) == record["start_ticks"] else None
     argv = record.get("argv") or []
-    if proctree.group_members(pgid) and leader and leader[: len(argv)] == argv[: len(leader)]:
-        return pgid
-    return None
+    leader = proctree.cmdline(pgid)
+    if not argv or not leader:
+        return None
+    through_interpreter = (len(leader) == len(argv) + 1 and leader[2:] == argv[1:]
+                           and Path(leader[1]).name == Path(argv[0]).name)
+    return pgid if leader == argv or through_interpreter else None
 
 
 def _read(pid_file: Path) -> dict[str, Any] | None:

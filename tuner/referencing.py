@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.adapters.artifacts import atomic_write_json, is_secret_name
+from tuner.adapters.artifacts import atomic_write_json
 from tuner.probe.client import load_probe_items
 from tuner.probe.record import Reference
 from tuner.probe.recording import load_reference_sources
@@ -26,6 +26,7 @@ from tuner.errors import ArtifactWriteError, StudyError
 from tuner.execution import Finished, JobHost, NoWorkersLeft
 from tuner.study.command import ReferenceConfiguration, reference_configuration
 from tuner.study.outcome import TrialOutcome, TrialRequest
+from tuner.secrets import Redactor, known_values
 from tuner.vllm.knobs import RenderedCommand, shell_line
 
 __all__ = ["Prepared", "prepare_reference", "resolve_probe_files", "pinned", "study_probe", "REFERENCE_JOB",
@@ -165,10 +166,11 @@ def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference 
         # The reference server is judged by the absolute bar (min_accuracy): a
         # reference accuracy, even one set in the study file, is what it establishes.
         probe = probe.model_copy(update={"reference_accuracy": None})
+        secrets = known_values(spec.server)
         request = TrialRequest(
             study=host.name, number=REFERENCE_JOB, kind="reference", values=config.values,
-            asked=config.asked, argv=config.argv, env=config.env,
-            secret_env=list(spec.server.secret_env), host=spec.server.host, port=port,
+            asked=Redactor(secrets).data(config.asked), argv=config.argv, env=config.env,
+            secret_env=list(spec.server.secret_env), secrets=secrets, host=spec.server.host, port=port,
             served_model_name=served, trial_dir=str(host.paths.reference_dir.resolve()),
             startup_timeout_s=spec.server.startup_timeout, stop_timeout_s=stop_grace,
             gpu_free_timeout_s=spec.execution.gpu_free_timeout,
@@ -218,8 +220,8 @@ def _keep_reference(host: JobHost, item: Finished, config: ReferenceConfiguratio
         "problem": problem,
         "label": config.label,
         "values": config.values,
-        "command": shell_line(RenderedCommand(config.argv, config.env),
-                              redact=tuple(n for n in config.env if is_secret_name(n))),
+        "command": shell_line(RenderedCommand(*Redactor(known_values(host.spec.server)).data(
+            [config.argv, config.env]))),
         "startup_s": outcome.startup_s,
         "probe_s": outcome.probe_s,
         "record_seconds": None if reference is None else reference.record_seconds,

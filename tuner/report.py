@@ -17,7 +17,7 @@ from typing import Any
 
 import optuna
 
-from tuner.adapters.artifacts import atomic_write_text
+from tuner.adapters.artifacts import atomic_write_text, make_private_dir, open_private
 from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
 from tuner.export import ExportError, choose_record, noise_notes, render_export
@@ -294,7 +294,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
     records = read_records(study)
     labels = list(study.metric_names or [])
     directions = [d.name.lower() for d in study.directions]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(out_dir)
     figures = {
         "pareto.png": pareto_png(records, labels, directions),
         "best_so_far.png": best_so_far_png(records, labels, directions),
@@ -309,7 +309,8 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
     for name, data in figures.items():
         path = out_dir / name
         tmp = path.with_suffix(".tmp")
-        tmp.write_bytes(data)
+        with open_private(tmp, "wb") as fh:
+            fh.write(data)
         tmp.replace(path)
         paths[name] = path
 

@@ -45,7 +45,8 @@ def record_run(study_root: Path, *, local_ray: bool) -> bool:
             "driver_cmdline": proctree.cmdline(me),
             "host": socket.gethostname(),
             "started_unix": time.time(),
-            "local_processes": [{"pid": p, "cmdline": proctree.cmdline(p)} for p in pids],
+            "local_processes": [{"pid": p, "cmdline": proctree.cmdline(p), "start_ticks": proctree.start_ticks(p)}
+                                for p in pids],
         })
     except ArtifactWriteError as err:
         logger.warning("run file not written (%s): cleanup after a kill -9 will miss the Ray processes", err)
@@ -69,9 +70,17 @@ def clean_up_previous_run(study_root: Path) -> list[int]:
         return []  # still running: the study lock will refuse this run anyway
     stopped = []
     for item in record.get("local_processes", []):
-        pid = int(item["pid"])
-        # Only a process whose command line is unchanged is ours: pids get reused.
-        if proctree.process_alive(pid) and proctree.cmdline(pid) == item.get("cmdline"):
+        try:
+            pid = int(item["pid"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if pid <= 1 or pid == os.getpid() or pid == os.getpgrp() or not item.get("cmdline"):
+            continue   # an empty command line matches any kernel thread or exited process
+        # Only a process that started when the recorded one did (or, in an older run file,
+        # whose command line is unchanged) is ours: pids get reused.
+        ticks = item.get("start_ticks")
+        same = (proctree.start_ticks(pid) == ticks) if ticks is not None else True
+        if same and proctree.process_alive(pid) and proctree.cmdline(pid) == item.get("cmdline"):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
                 stopped.append(pid)

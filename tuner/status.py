@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import fcntl
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.adapters.artifacts import StudyPaths
+from tuner.adapters.artifacts import StudyPaths, saved_budget
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
@@ -146,8 +147,19 @@ def build_status(handle: StudyHandle, study: optuna.Study) -> dict[str, Any]:
     # every trial into a FrozenTrial first (about 1 s at 1,000 trials).
     stored = StoredStudy(handle.name, study.metric_names, [d.name.lower() for d in study.directions],
                          study.user_attrs, read_records_direct(study))
-    return _status(handle.paths, stored, handle.spec.budget.n_trials, handle.spec.budget.timeout,
-                   name=handle.name)
+    meta: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        meta = json.loads(handle.paths.study_json.read_text())
+    n_trials, timeout = _target(meta, handle.spec.budget.n_trials, handle.spec.budget.timeout)
+    return _status(handle.paths, stored, n_trials, timeout, name=handle.name)
+
+
+def _target(meta: Any, n_trials: int, timeout: float | None) -> tuple[int, float | None]:
+    """The budget the study runs to: --n-trials/--timeout last given (study.json), else
+    the spec's."""
+
+    saved_trials, saved_timeout = saved_budget(meta if isinstance(meta, dict) else {})
+    return saved_trials or n_trials, saved_timeout if saved_timeout is not None else timeout
 
 
 def status_from_folder(results_root: Path, name: str) -> dict[str, Any] | None:
@@ -174,7 +186,7 @@ def status_from_folder(results_root: Path, name: str) -> dict[str, Any] | None:
     stored = read_sqlite_study(paths.sqlite, name)
     if stored is None:
         return None
-    return _status(paths, stored, *budget, name=name)
+    return _status(paths, stored, *_target(meta, *budget), name=name)
 
 
 def _saved_budget(spec_yaml: Path) -> tuple[int, float | None] | None:

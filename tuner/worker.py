@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from tuner.adapters import gpu
-from tuner.adapters.artifacts import atomic_write_json, redact_env
+from tuner.adapters.artifacts import atomic_write_json, make_private_dir
+from tuner.secrets import Redactor
 from tuner.adapters import proctree
 from tuner.adapters.launcher import TAG_VAR, ServerProcess
 from tuner.load.record_files import write_records_jsonl
@@ -71,6 +72,7 @@ class TrialWorker:
         # What a reference job recorded, by request number, for run_reference to return
         # (run_trial's result is the outcome alone).
         self._jobs: dict[int, dict[str, Any]] = {}
+        self._redactor = Redactor()
 
     def describe(self) -> dict[str, Any]:
         node = None
@@ -99,6 +101,10 @@ class TrialWorker:
 
     async def run_trial(self, request_data: dict[str, Any]) -> dict[str, Any]:
         request = TrialRequest.model_validate(request_data)
+        # Everything this job writes or returns goes through the redactor: the study's own
+        # secrets and those passed through from this node's environment become ${REF}.
+        self._redactor = Redactor({**request.secrets,
+                                   **{name: os.environ.get(name) for name in request.secret_env}})
         outcome = TrialOutcome(
             number=request.number, status="failed", host=socket.gethostname(),
             started_unix=time.time(),
@@ -154,7 +160,7 @@ class TrialWorker:
         self._write_outcome(trial_dir, outcome, began)
         if cancelled:
             raise asyncio.CancelledError(f"trial {request.number} cancelled")
-        return outcome.model_dump(mode="json")
+        return self._redactor.data(outcome.model_dump(mode="json"))
 
     async def run_reference(self, request_data: dict[str, Any]) -> dict[str, Any]:
         """The study's reference job: start the reference configuration like a trial,
@@ -169,13 +175,13 @@ class TrialWorker:
         number = int(request_data["number"])
         self._jobs.pop(number, None)
         outcome = await self.run_trial(request_data)
-        return {"outcome": outcome, **self._jobs.pop(number, {})}
+        return {"outcome": outcome, **self._redactor.data(self._jobs.pop(number, {}))}
 
     # -- phases -----------------------------------------------------------------
 
     async def _prepare(self, request: TrialRequest, trial_dir: Path, outcome: TrialOutcome) -> None:
         try:
-            trial_dir.mkdir(parents=True, exist_ok=True)
+            make_private_dir(trial_dir)
         except OSError as exc:
             reason = "disk_full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else "artifact_write_failed"
             raise ArtifactWriteError(f"could not create {trial_dir}: {exc}", reason=reason) from exc
@@ -184,9 +190,9 @@ class TrialWorker:
         env_record = dict(request.env)
         if os.environ.get("CUDA_VISIBLE_DEVICES") is not None:
             env_record["CUDA_VISIBLE_DEVICES"] = os.environ["CUDA_VISIBLE_DEVICES"]
-        atomic_write_json(trial_dir / "command.json", {
+        self._write_json(trial_dir / "command.json", {
             "argv": request.argv,
-            "env": redact_env(env_record, request.secret_env),
+            "env": env_record,
             "asked": request.asked,
             "values": request.values,
             "host": socket.gethostname(),
@@ -251,6 +257,7 @@ class TrialWorker:
             pid_file=trial_dir / "server.pid",
             tag=self.server_tag(request.study),
             stop_grace_s=request.stop_timeout_s,
+            redactor=self._redactor,
         )
         self._server.start()
         if guard is None or not guard.enabled:
@@ -281,8 +288,8 @@ class TrialWorker:
         self._capture_sizes = list(effective.cudagraph_capture_sizes or [])
         self._boundaries = log_boundaries(self._server.log_text())
         result = verify(request.asked, effective)
-        atomic_write_json(trial_dir / "effective_config.json", effective.model_dump(mode="json"))
-        atomic_write_json(trial_dir / "verification.json", result.model_dump(mode="json"))
+        self._write_json(trial_dir / "effective_config.json", effective.model_dump(mode="json"))
+        self._write_json(trial_dir / "verification.json", result.model_dump(mode="json"))
         outcome.applied = result.applied
         outcome.mismatches = [c.model_dump(mode="json") for c in result.mismatches()]
 
@@ -304,7 +311,7 @@ class TrialWorker:
         outcome.probe_passed = result.passed
         outcome.probe_reason = result.reason
         outcome.probe_coverage = None if result.coverage is None else result.coverage.short()
-        atomic_write_json(trial_dir / "probe.json", result.model_dump(mode="json"))
+        self._write_json(trial_dir / "probe.json", result.model_dump(mode="json"))
 
     async def _record_reference(self, request: TrialRequest, outcome: TrialOutcome) -> None:
         """Record the study's reference from this (reference-configuration) server and
@@ -416,7 +423,7 @@ class TrialWorker:
         for key, value in ((guard.record or {}).get("measured") or {}).items():
             outcome.levels.setdefault(str(key), dict(value))
         outcome.warnings.extend(sweep.warnings)
-        atomic_write_json(trial_dir / "metrics.json", sweep.summary())
+        self._write_json(trial_dir / "metrics.json", sweep.summary())
 
     def _remaining(self, request: TrialRequest) -> float:
         assert self._began is not None
@@ -483,8 +490,7 @@ class TrialWorker:
         self._record_startup(server, request, outcome)
         return interrupted
 
-    @staticmethod
-    def _record_compile(server: ServerProcess, request: TrialRequest, outcome: TrialOutcome) -> None:
+    def _record_compile(self, server: ServerProcess, request: TrialRequest, outcome: TrialOutcome) -> None:
         """What the server's log says about torch.compile and vLLM's compile cache (hit,
         miss, none, or unknown when the log stops before the engine was up), with compile,
         graph capture and init-engine seconds: ``compile_cache.json`` in the trial folder
@@ -496,7 +502,7 @@ class TrialWorker:
             outcome.warnings.append(f"could not read the server log for the compile record: {exc}")
             return
         with contextlib.suppress(TrialError):   # a missing side file must not fail the trial
-            atomic_write_json(Path(request.trial_dir) / "compile_cache.json", record)
+            self._write_json(Path(request.trial_dir) / "compile_cache.json", record)
         outcome.compile = record
 
     @staticmethod
@@ -527,12 +533,14 @@ class TrialWorker:
         outcome.log_excerpt = err.log_excerpt or None
         outcome.signature = err.signature
 
-    @staticmethod
-    def _write_outcome(trial_dir: Path, outcome: TrialOutcome, began: float) -> None:
+    def _write_json(self, path: Path, data: Any) -> None:
+        atomic_write_json(path, self._redactor.data(data))
+
+    def _write_outcome(self, trial_dir: Path, outcome: TrialOutcome, began: float) -> None:
         outcome.trial_s = time.monotonic() - began
         outcome.finished_unix = time.time()
         try:
-            atomic_write_json(trial_dir / "outcome.json", outcome.model_dump(mode="json"))
+            self._write_json(trial_dir / "outcome.json", outcome.model_dump(mode="json"))
         except TrialError as err:
             # The outcome still reaches the driver, which records it in the storage.
             outcome.warnings.append(str(err))

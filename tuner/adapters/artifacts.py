@@ -33,26 +33,43 @@ __all__ = [
     "StudyPaths",
     "atomic_write_text",
     "atomic_write_json",
-    "redact_env",
-    "is_secret_name",
     "redact_url",
+    "make_private_dir",
+    "open_private",
+    "saved_budget",
     "read_text_bounded",
 ]
 
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|CREDENTIAL|PRIVATE_?KEY|AUTH)", re.I)
+# Study folders hold what a study measured and how its servers were started: readable by
+# their owner only (0700 folders, 0600 files), whatever the umask.
+DIR_MODE = 0o700
+FILE_MODE = 0o600
 
 
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
+def make_private_dir(path: Path) -> None:
+    """Create ``path`` and any missing parent as owner-only folders (mkdir's ``parents``
+    would create the parents with the umask's mode)."""
+
+    missing = []
+    node = path
+    while not node.exists():
+        missing.append(node)
+        if node.parent == node:
+            break
+        node = node.parent
+    for folder in reversed(missing):
+        with contextlib.suppress(FileExistsError):
+            folder.mkdir(mode=DIR_MODE)
+            os.chmod(folder, DIR_MODE)   # mkdir's mode is filtered by the umask
 
 
-def redact_env(env: dict[str, str], extra_secret_names: tuple[str, ...] | list[str] = ()) -> dict[str, str]:
-    """A copy of ``env`` whose secret-looking values are replaced by '<redacted>'."""
+def open_private(path: Path, mode: str) -> Any:
+    """``open(path, mode)`` for a file created owner-only (0600); binary files unbuffered."""
 
-    return {
-        k: ("<redacted>" if (is_secret_name(k) or k in extra_secret_names) else v)
-        for k, v in env.items()
-    }
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if "a" in mode else os.O_TRUNC)
+    fd = os.open(path, flags, FILE_MODE)
+    os.fchmod(fd, FILE_MODE)   # a file left by an earlier run keeps its mode otherwise
+    return os.fdopen(fd, mode, buffering=0) if "b" in mode else os.fdopen(fd, mode, encoding="utf-8")
 
 
 def redact_url(url: str) -> str:
@@ -67,10 +84,11 @@ def atomic_write_text(path: Path, text: str) -> None:
     A full disk raises ArtifactWriteError and leaves the previous file untouched.
     """
 
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.is_dir():
+        make_private_dir(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as fh:
+        with open_private(tmp, "w") as fh:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
@@ -206,3 +224,12 @@ class StudyPaths:
 
     def default_storage_url(self) -> str:
         return f"sqlite:///{self.sqlite.resolve()}"
+
+
+def saved_budget(meta: dict[str, Any]) -> tuple[int | None, float | None]:
+    """(n_trials, timeout seconds) last given on the command line, or None for each."""
+
+    budget = meta.get("budget_override") if isinstance(meta.get("budget_override"), dict) else {}
+    n_trials, timeout = budget.get("n_trials"), budget.get("timeout_s")
+    return (n_trials if type(n_trials) is int and n_trials > 0 else None,
+            float(timeout) if type(timeout) in (int, float) and 0 < timeout < float("inf") else None)

@@ -10,6 +10,7 @@ server costs a poll interval, not the startup timeout.
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import errno
 import json
@@ -19,14 +20,18 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from tuner.adapters import proctree
+from tuner.adapters.artifacts import open_private
+from tuner.secrets import Redactor
 from tuner.vllm.failure_signatures import FatalLineScanner, FatalSignature, trial_reason, vllm_message
 from tuner.vllm.startup import has_log_stamp
 from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerStartTimeout
@@ -102,6 +107,7 @@ class ServerProcess:
         pid_file: Path | None = None,
         tag: str | None = None,
         stop_grace_s: float = 30.0,
+        redactor: Redactor | None = None,
     ) -> None:
         self.argv = list(argv)
         self.env = dict(env)
@@ -114,6 +120,10 @@ class ServerProcess:
         self.port = port
         self.served_model_name = served_model_name
         self.pid_file = pid_file
+        # With secrets to hide, the server's output reaches its log through a relay that
+        # writes every secret as ${REF} (it never lands on disk); without, straight to file.
+        self.redactor = redactor if redactor else None
+        self._relay: threading.Thread | None = None
         self.process: asyncio.subprocess.Process | None = None
         self._popen_pid: int | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
@@ -136,18 +146,25 @@ class ServerProcess:
     def start(self) -> None:
         check_port_free(self.host, self.port)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_path, "ab", buffering=0)  # noqa: SIM115 - handed to the child
+        log = open_private(self.log_path, "ab")  # handed to the child, or to the relay
         try:
             proc = subprocess.Popen(  # argument vector only, never a shell
                 self.argv,
                 env=self.env,
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=subprocess.PIPE if self.redactor else log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
             )
-        finally:
+        except BaseException:
+            log.close()
+            raise
+        if self.redactor and proc.stdout is not None:
+            self._relay = threading.Thread(target=_relay_redacted, args=(proc.stdout, log, self.redactor),
+                                           name=f"log-relay-{proc.pid}", daemon=True)
+            self._relay.start()
+        else:
             log.close()
         self._proc = proc
         self._popen_pid = proc.pid
@@ -156,14 +173,18 @@ class ServerProcess:
         if self.pid_file is not None:
             record = {
                 "pgid": proc.pid,
-                "argv": self.argv,
+                # The start time identifies the process beyond its (reusable) pid; the argv,
+                # secrets as references, is for people and for pid files of older versions.
+                "start_ticks": proctree.start_ticks(proc.pid),
+                "argv": self.redactor.data(self.argv) if self.redactor else self.argv,
                 "host": socket.gethostname(),
                 "started_unix": time.time(),
                 "port": self.port,
                 "tag": self.tag,
             }
             tmp = self.pid_file.with_suffix(".tmp")
-            tmp.write_text(json.dumps(record))
+            with open_private(tmp, "w") as fh:
+                fh.write(json.dumps(record))
             os.replace(tmp, self.pid_file)
         logger.info("started server pid=%d port=%d", proc.pid, self.port)
 
@@ -316,6 +337,7 @@ class ServerProcess:
                 break
             await asyncio.sleep(0.02)
         self._stop_watchdog()
+        self._join_relay()
         leftovers = sorted(set(proctree.group_members(pgid)) | set(self._escaped()))
         if self.pid_file is not None and not leftovers:
             with contextlib.suppress(FileNotFoundError):
@@ -336,6 +358,46 @@ class ServerProcess:
                 self._proc.wait(timeout=5)
         self._stop_watchdog()
 
+    def _join_relay(self) -> None:
+        # The relay ends at EOF, when every process holding the pipe has exited; one that
+        # escaped the group and keeps it open must not hold up the stop.
+        if self._relay is not None:
+            self._relay.join(timeout=5)
+
     @staticmethod
     def _group_alive(pgid: int) -> bool:
         return bool(proctree.group_members(pgid))
+
+
+def _relay_redacted(source: Any, log: Any, redactor: Redactor) -> None:
+    """Copy the server's output to its log with every secret replaced by its reference.
+
+    A value may be split across reads: the last ``longest - 1`` characters stay behind
+    until more arrives (a value cannot start earlier and still be incomplete), except
+    after a newline when no secret contains one. Runs until EOF; closes ``log``.
+    """
+
+    keep = max(redactor.longest - 1, 0)
+    pending = ""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="surrogateescape")
+    try:
+        while True:
+            chunk = os.read(source.fileno(), 65536)
+            pending += decoder.decode(chunk, final=not chunk)
+            pending = redactor.text(pending)
+            if not chunk:
+                break
+            cut = max(len(pending) - keep, 0)
+            newline = pending.rfind("\n")
+            if newline >= 0 and not redactor.has_newline:
+                cut = max(cut, newline + 1)
+            if cut:
+                log.write(pending[:cut].encode("utf-8", errors="surrogateescape"))
+                pending = pending[cut:]
+        if pending:
+            log.write(pending.encode("utf-8", errors="surrogateescape"))
+    except OSError:
+        logger.warning("server log relay stopped", exc_info=True)
+    finally:
+        log.close()
+        source.close()

@@ -12,7 +12,7 @@ import signal
 from pathlib import Path
 
 __all__ = ["group_members", "signal_group", "listening_pids", "cmdline", "process_alive", "descendants",
-           "pids_with_env", "parent_pid"]
+           "pids_with_env", "parent_pid", "start_ticks", "process_group"]
 
 _PROC = Path("/proc")
 
@@ -117,6 +117,20 @@ def descendants(pid: int) -> list[int]:
         out.append(child)
         stack.extend(children.get(child, []))
     return out
+
+
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot (proc(5) field 22): with the pid it
+    names one process for good, since a reused pid gets a later start. None if unknown."""
+
+    fields = _stat_fields(_PROC / str(pid))
+    # fields[0] is field 3 (state), so field 22 (starttime) is fields[19].
+    return int(fields[19]) if fields and len(fields) > 19 and fields[19].isdigit() else None
+
+
+def process_group(pid: int) -> int | None:
+    fields = _stat_fields(_PROC / str(pid))
+    return int(fields[2]) if fields and len(fields) > 2 else None
 
 
 def parent_pid(pid: int) -> int | None:

@@ -25,7 +25,7 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.adapters.artifacts import StudyPaths, read_text_bounded
+from tuner.adapters.artifacts import StudyPaths, open_private, read_text_bounded
 from tuner.study import samplers, space
 from tuner.study.outcome import TrialOutcome
 from tuner.vllm.knobs import RenderedCommand, shell_line
@@ -36,9 +36,10 @@ from tuner.study.trials import KIND_RUN
 from tuner.study.policy import told_for, worst_values
 from tuner.study.records import read_records
 from tuner.study.scoring import outcome_attrs
-from tuner.study.store import StudyHandle, open_existing
+from tuner.study.store import StudyHandle, finished_trial_numbers, make_storage, open_existing
 
-__all__ = ["FolderStudyHandle", "open_for_reading", "study_from_trial_files", "KIND_NOT_IN_FOLDER"]
+__all__ = ["FolderStudyHandle", "open_for_reading", "study_from_trial_files", "KIND_NOT_IN_FOLDER",
+           "restore_storage"]
 
 KIND_NOT_IN_FOLDER = "not_in_folder"
 FOLDER_STORAGE = "trial-files"  # StudyHandle.storage_url of a folder-backed handle
@@ -75,6 +76,30 @@ def open_for_reading(results_root: Path, name: str, *, storage_url: str | None =
     except SpecError as exc:
         raise StudyError(f"the saved spec of study {name!r} no longer validates: {exc}") from None
     return FolderStudyHandle(paths.root.name, paths, FOLDER_STORAGE, spec)
+
+
+def restore_storage(handle: StudyHandle) -> int:
+    """Rebuild a lost default SQLite storage from the trial files, before a run; the
+    number of trials it now holds (0: nothing to do).
+
+    Only the study's own SQLite file, only when it is missing (or holds no study of this
+    name) and the folder has finished trials: those are then told exactly as the run told
+    them (``study_from_trial_files``), numbered as their folders, so the run continues
+    after the last one instead of starting again at trial 0 over their files.
+    """
+
+    paths = handle.paths
+    if handle.storage_url != paths.default_storage_url() or not finished_trial_numbers(paths):
+        return 0
+    if paths.sqlite.exists() and paths.sqlite.stat().st_size > 0:
+        if handle.name in optuna.study.get_all_study_names(make_storage(handle.storage_url)):
+            return 0
+    elif not paths.sqlite.exists():
+        open_private(paths.sqlite, "ab").close()
+    rebuilt = study_from_trial_files(paths, handle.spec, handle.name)
+    optuna.copy_study(from_study_name=handle.name, from_storage=rebuilt._storage,
+                      to_storage=make_storage(handle.storage_url))
+    return len(rebuilt.trials)
 
 
 def _when(unix: float | None) -> dt.datetime | None:

@@ -32,6 +32,9 @@ class TrialRequest(BaseModel):
     argv: list[str]
     env: dict[str, str] = Field(description="variables the study sets (on top of the worker's)")
     secret_env: list[str] = Field(default_factory=list)
+    secrets: dict[str, str] = Field(
+        default_factory=dict, description="reference -> value of the study's own secrets (the "
+        "worker keeps them, and secret_env values from its environment, out of every file it writes)")
     host: str
     port: int
     served_model_name: str

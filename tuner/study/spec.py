@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from tuner.secrets import is_secret_name
 from tuner.study.bounds import bound_errors, unknown_bound_names
 from tuner.study.durations import parse_duration
 from tuner.load.load_spec import LoadSpec, rate_level_name
@@ -84,9 +85,40 @@ class ServerSpec(_Strict):
     env: dict[str, Scalar] = Field(default_factory=dict, description="fixed environment")
     secret_env: list[str] = Field(
         default_factory=list,
-        description="names of variables passed through from the tuner's environment "
-        "(tokens, keys); their values are never written anywhere",
+        description="names of variables whose values are secrets: passed through from the "
+        "tuner's environment, or given in env (also as '${NAME}': read where the study "
+        "runs); their values are never written anywhere (docs/study-file.md, Secrets)",
     )
+    secret_flags: list[str] = Field(
+        default_factory=list,
+        description="flags (or dotted config fields) in flags whose values are secrets, "
+        "besides those with secret-looking names (api_key, *_token, *password*, ...)",
+    )
+
+    @model_validator(mode="after")
+    def _check_secrets(self) -> ServerSpec:
+        from tuner.secrets import MIN_SECRET_CHARS, reference_name, secret_slots
+
+        targets = {t for key, value in self.flags.items() for t, _ in _leaves(key, value)} | set(self.flags)
+        for name in self.secret_flags:
+            if name not in targets:
+                raise ValueError(f"secret_flags: {name!r} is not in server.flags; flags: "
+                                 f"{', '.join(sorted(targets)) or 'none'}")
+        for name in self.secret_env:
+            if error := check_target_name(f"env:{name}"):
+                raise ValueError(f"secret_env: {error}")
+        refs: dict[str, str | None] = {}
+        for slot in secret_slots(self):
+            where = slot.where.removeprefix("env:")
+            if slot.value is not None and reference_name(slot.value) is None \
+                    and len(slot.value) < MIN_SECRET_CHARS:
+                raise ValueError(f"{where}: a secret must have at least {MIN_SECRET_CHARS} characters "
+                                 "(shorter ones cannot be told apart from ordinary text in server logs)")
+            if slot.ref in refs and refs[slot.ref] != slot.value:
+                raise ValueError(f"{where}: two different secrets would both be written as ${{{slot.ref}}}; "
+                                 f"give one of them as a reference with its own name, e.g. ${{OTHER_{slot.ref}}}")
+            refs[slot.ref] = slot.value
+        return self
 
     @field_validator("flags")
     @classmethod
@@ -482,8 +514,8 @@ class StudySpec(_Strict):
     def _check_study(self) -> StudySpec:
         # Sizes and finiteness first: the checks below build parameter domains, and the
         # rest of the tuner sizes buffers and waits by these numbers.
-        if where := _non_finite(self):
-            raise ValueError(f"{where} is not a finite number; give an ordinary number")
+        if problem := _unusable(self):
+            raise ValueError(problem)
         if errors := bound_errors(self, self.safety.bounds):
             more = f" (and {len(errors) - 1} more value(s) above their bounds)" if len(errors) > 1 else ""
             raise ValueError(errors[0] + more)
@@ -493,6 +525,11 @@ class StudySpec(_Strict):
             raise ValueError(f"parameters: name {dup[0]!r} is used twice")
         targets: dict[str, str] = {}
         for p in self.parameters:
+            secret_target = p.target.removeprefix("env:")
+            if is_secret_name(secret_target.split(".")[-1]) or secret_target in self.server.secret_env \
+                    or p.target in self.server.secret_flags:
+                raise ValueError(f"parameters: {p.name!r} searches {p.target}, a secret; a searched value "
+                                 "is shown everywhere, so a secret can only be fixed (server.flags/env)")
             if p.target in targets:
                 raise ValueError(
                     f"parameters: {p.name!r} and {targets[p.target]!r} both set {p.target}"
@@ -562,15 +599,22 @@ class StudySpec(_Strict):
         raise KeyError(name)
 
 
-def _non_finite(value: Any, path: str = "") -> str | None:
-    """The path of the first NaN or infinity anywhere in a validated spec, else None.
+def _unusable(value: Any, path: str = "") -> str | None:
+    """What is wrong with the first NaN, infinity or NUL character anywhere in a validated
+    spec, else None.
 
-    The study's own models refuse them (allow_inf_nan); this also covers the sections
-    defined elsewhere (load, probe) and free-form values (flags, conditions).
+    The study's own models refuse non-finite numbers (allow_inf_nan); this also covers the
+    sections defined elsewhere (load, probe) and free-form values (flags, env,
+    conditions). A NUL cannot be in an argument, a variable or a file name (exec and the
+    kernel end a string there), so a server would never run the value that was measured.
     """
 
+    where = path or "(top level)"
     if isinstance(value, float):
-        return None if math.isfinite(value) else (path or "(top level)")
+        return None if math.isfinite(value) else f"{where} is not a finite number; give an ordinary number"
+    if isinstance(value, str):
+        return None if "\0" not in value else (
+            f"{where} contains a NUL character, which no command line, environment or file can carry")
     if isinstance(value, BaseModel):
         items: Any = ((k, getattr(value, k)) for k in type(value).model_fields)
     elif isinstance(value, dict):
@@ -580,8 +624,10 @@ def _non_finite(value: Any, path: str = "") -> str | None:
     else:
         return None
     for key, child in items:
-        where = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
-        if found := _non_finite(child, where):
+        if isinstance(key, str) and "\0" in key:
+            return f"{where}: a key contains a NUL character"
+        child_path = f"{path}[{key}]" if isinstance(key, int) else (f"{path}.{key}" if path else str(key))
+        if found := _unusable(child, child_path):
             return found
     return None
 def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -> None:

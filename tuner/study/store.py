@@ -37,11 +37,12 @@ import yaml
 from optuna.storages import RDBStorage
 
 from tuner import __version__
-from tuner.adapters.artifacts import (StudyPaths, atomic_write_json, atomic_write_text, read_text_bounded,
-                                     redact_url)
+from tuner.adapters.artifacts import (StudyPaths, atomic_write_json, atomic_write_text, make_private_dir,
+                                     open_private, read_text_bounded, redact_url)
+from tuner.secrets import public_spec
 from tuner.study.spec import StudySpec
 from tuner.study.study_file import parse_study
-from tuner.errors import SpecError, StorageUnavailable, StudyError
+from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
 
 __all__ = ["StudyHandle", "create_or_open", "open_existing", "StudyLock", "make_storage", "spec_digest",
            "RetryPolicy", "RetryingRDBStorage", "is_transient_storage_error"]
@@ -53,7 +54,8 @@ _T = TypeVar("_T")
 def spec_digest(spec: StudySpec) -> str:
     """A digest of what decides the measurements (not the budget, which resume may extend)."""
 
-    data = spec.model_dump(mode="json", exclude={"budget", "description", "execution"})
+    # Secrets as references: the saved spec never holds their values, the study file may.
+    data = public_spec(spec).model_dump(mode="json", exclude={"budget", "description", "execution"})
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -254,9 +256,13 @@ def create_or_open(spec: StudySpec, results_root: Path, *, name: str | None = No
                 f"use `tuner resume {name}` to continue it, or --study NEW_NAME for a new study"
             )
         return StudyHandle(name, paths, handle.storage_url, spec)
-    paths.root.mkdir(parents=True, exist_ok=True)
+    make_private_dir(paths.root)
     url = storage_url or paths.default_storage_url()
-    atomic_write_text(paths.spec_yaml, yaml.safe_dump(spec.model_dump(mode="json"), sort_keys=False))
+    if storage_url is None and not paths.sqlite.exists():
+        # SQLite creates the file with the umask's mode; it keeps an existing file's.
+        open_private(paths.sqlite, "ab").close()
+    atomic_write_text(paths.spec_yaml,
+                      yaml.safe_dump(public_spec(spec).model_dump(mode="json"), sort_keys=False))
     meta = {
         "name": name,
         "storage": redact_url(url),
@@ -267,6 +273,57 @@ def create_or_open(spec: StudySpec, results_root: Path, *, name: str | None = No
     }
     atomic_write_json(paths.study_json, meta)
     return StudyHandle(name, paths, url, spec)
+
+
+def finished_trial_numbers(paths: StudyPaths) -> list[int]:
+    """Trials whose folder holds an outcome: measured (or failed) and final, never to be
+    written again."""
+
+    root = paths.root / "trials"
+    if not root.is_dir():
+        return []
+    return sorted(int(d.name) for d in root.iterdir()
+                  if d.name.isdigit() and (d / "outcome.json").is_file())
+
+
+def check_storage_covers_folder(study: optuna.Study, paths: StudyPaths, storage_url: str) -> None:
+    """Refuse a storage that knows fewer trials than the folder holds finished ones: the
+    next trial numbers would be those folders', and their files would be overwritten.
+
+    Raises:
+        StudyError: one line naming the first such trial and what to do.
+    """
+
+    known = len(study.get_trials(deepcopy=False))
+    beyond = [n for n in finished_trial_numbers(paths) if n >= known]
+    if beyond:
+        raise StudyError(
+            f"the study storage {redact_url(storage_url)} knows {known} trial(s), but "
+            f"{paths.trial_dir(beyond[0])} holds a finished one: the storage is older than the folder "
+            "(restored, or another study's). Nothing was started and no trial file was touched; "
+            "restore the matching storage, or move optuna.db away and `tuner resume` rebuilds it "
+            "from the trial files")
+
+
+def remember_budget(paths: StudyPaths, *, n_trials: int | None, timeout_s: float | None) -> str | None:
+    """Keep --n-trials/--timeout given to `run` or `resume` in study.json, so a later
+    `resume` without them, and `tuner status`, use the same budget. Best effort: a file
+    that cannot be written (a full disk) is no reason not to run; the warning is returned."""
+
+    if n_trials is None and timeout_s is None:
+        return None
+    meta = read_study_json(paths)
+    budget = dict(meta.get("budget_override") or {})
+    if n_trials is not None:
+        budget["n_trials"] = n_trials
+    if timeout_s is not None:
+        budget["timeout_s"] = timeout_s
+    meta["budget_override"] = budget
+    try:
+        atomic_write_json(paths.study_json, meta)
+    except ArtifactWriteError as err:
+        return f"the budget given on the command line is not kept for later resumes ({err.reason}): {err}"
+    return None
 
 
 def read_study_json(paths: StudyPaths) -> dict[str, Any]:
@@ -311,8 +368,8 @@ class StudyLock:
         self._fd: int | None = None
 
     def __enter__(self) -> StudyLock:
-        self.paths.root.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        make_private_dir(self.paths.root)
+        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
