@@ -41,6 +41,10 @@ def study_copy(tmp_path: Path) -> tuple[Path, str, str]:
         data["server"]["command"][0] = str(VENV_PYTHON)
     if MODELS != ROOT / ".models":
         data["server"]["model"] = str(MODEL_DIR)
+    # A smaller probe bank than the shipped study's (which records ~90 reference prompts,
+    # 5 min on two busy cores): this test is about the SLO search, the probe has its own.
+    data["probe"]["bank"] = {"per_stratum": 1, "max_prompt_tokens": 256,
+                             "prompt_token_budget": 512, "open_prompts": 1}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path, name, marker
