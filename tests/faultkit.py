@@ -35,6 +35,9 @@ FAST = {
     "server.startup_timeout": f"{STARTUP_TIMEOUT_S}s", "server.stop_timeout": f"{STOP_TIMEOUT_S}s",
     "budget.trial_timeout": f"{TRIAL_TIMEOUT_S}s", "sampler": {"name": "grid", "seed": 0},
     "forbidden": [],
+    # Every case measured in full: a fault in the load phase must show in the trial's record,
+    # not be cut short by early stopping's verdict on the first level.
+    "execution.early_stop": False,
 }
 SIM_ENV = {"TUNER_SIM_STARTUP_SCALE": 0.002, "TUNER_SIM_TIME_SCALE": 0.05}
 

@@ -45,16 +45,20 @@ pytestmark = pytest.mark.slow
 
 # -- the server fault matrix -------------------------------------------------------------
 
+# Load-phase faults count the load generator's (streamed) requests only, so they land in the
+# measured levels whatever the probe sends first.
+IN_LOAD = {"counting": "streamed"}
+
 MATRIX: dict[int, tuple[str, list[dict[str, Any]]]] = {
     256: ("clean (baseline)", []),
     257: ("crash at start", [{"fault": "crash_at_start"}]),
     258: ("out-of-memory log at start", [{"fault": "oom_at_start"}]),
     259: ("hang at start", [{"fault": "hang_at_start"}]),
-    260: ("crash mid-load", [{"fault": "crash_mid_load", "after_requests": 10}]),
-    261: ("hang mid-stream", [{"fault": "hang_mid_stream", "after_requests": 9}]),
+    260: ("crash mid-load", [{"fault": "crash_mid_load", "after_requests": 2, **IN_LOAD}]),
+    261: ("hang mid-stream", [{"fault": "hang_mid_stream", "after_requests": 2, **IN_LOAD}]),
     262: ("ignores SIGTERM", [{"fault": "ignore_sigterm"}]),
-    263: ("garbage SSE", [{"fault": "garbage_sse", "after_requests": 13}]),
-    264: ("HTTP 5xx burst", [{"fault": "http_5xx", "after_requests": 12, "count": 2}]),
+    263: ("garbage SSE", [{"fault": "garbage_sse", "after_requests": 2, **IN_LOAD}]),
+    264: ("HTTP 5xx burst", [{"fault": "http_5xx", "after_requests": 2, "count": 2, **IN_LOAD}]),
     # Started slowly (1500 simulated s x 0.002 = 3 s) so the worker can be killed mid-trial.
     265: ("trial worker SIGKILLed", [{"fault": "slow_start", "seconds": 1500}]),
 }

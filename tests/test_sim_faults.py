@@ -45,6 +45,23 @@ def test_request_count_faults(start):
         json.loads(lines[0][6:])
 
 
+def test_streamed_counting_skips_unstreamed_requests(start):
+    # counting "streamed": the probe's plain requests never move a load-phase fault.
+    sim = start(TUNER_SIM_FAULTS=faults(
+        {"fault": "http_5xx", "after_requests": 1, "count": 1, "counting": "streamed"}))
+    for _ in range(3):
+        assert chat(sim.url, "What is 1 + 1?")["choices"][0]["message"]["content"] == "2"
+
+    def streamed() -> int:
+        with httpx.stream("POST", sim.url + "/v1/completions", json={
+                "prompt": "Tell me a story.", "max_tokens": 3, "stream": True}) as resp:
+            resp.read()
+            return resp.status_code
+
+    assert [streamed(), streamed(), streamed()] == [200, 500, 200]
+    assert chat(sim.url, "What is 1 + 1?")["choices"][0]["message"]["content"] == "2"
+
+
 def test_config_matched_faults_hang_stream_and_batch_garbage(start):
     # `when` selects the asked configuration: only the eager server gets the faults.
     spec = faults({"fault": "hang_mid_stream", "after_requests": 0,

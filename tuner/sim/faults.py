@@ -47,6 +47,10 @@ class Fault(BaseModel):
     seconds: float | None = None        # slow_start: extra simulated startup seconds
     after_requests: int = 0             # request-count faults: the first N requests are fine
     count: int = 1                      # http_5xx: how many requests get a 500
+    # Which requests after_requests / count count: all of them, or streamed ones only (the
+    # load generator streams, the probe does not), so a fault aimed at the load phase stays
+    # there however many requests the probe sends.
+    counting: Literal["all", "streamed"] = "all"
     tokens: int | None = None           # diverge_after_tokens / garbage_when_prompt_gt
     batch: int | None = None            # garbage_when_batch_gt / _lt / _eq (lt 2: size 1 only)
     # Shape- and prompt-dependent corruption (issue 14: real kernels, graphs and caches are

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from tuner.sim.effective import Effective
 from tuner.sim.engine import Chunk, Engine, GenRequest
-from tuner.sim.faults import ActiveFaults
+from tuner.sim.faults import ActiveFaults, Fault
 from tuner.sim.logs import VERSION
 from tuner.sim.model import TOKENIZER, chat_prompt, plan_output, prompt_logprobs
 
@@ -81,6 +81,14 @@ def _lp_token(piece: str, tid: int, as_id: bool = False) -> str:
     return piece if piece else TOKENIZER.piece(tid)
 
 
+def _reached(f: Fault, idx: tuple[int, int | None], bound: int | None = None) -> bool:
+    """Whether a request at ``idx`` (its place among all requests, and among streamed ones;
+    None when it is not streamed) is at or past ``bound`` (default: the fault's
+    ``after_requests``) in the count the fault uses."""
+    place = idx[0] if f.counting == "all" else idx[1]
+    return place is not None and place >= (f.after_requests if bound is None else bound)
+
+
 class SimServer:
     def __init__(self, eff: Effective, engine: Engine, faults: ActiveFaults,
                  on_crash: Callable[[], None]) -> None:
@@ -89,6 +97,7 @@ class SimServer:
         self.faults = faults
         self.on_crash = on_crash
         self.n_requests = 0
+        self.n_streamed = 0
         self.created = int(time.time())
         self.app = Starlette(routes=[
             Route("/health", self.health), Route("/ping", self.health, methods=["GET", "POST"]),
@@ -184,19 +193,20 @@ class SimServer:
             return error(400, str(exc), "BadRequestError")
         if (bad := self._check_model(parsed.model)) is not None:
             return bad
-        idx = self.n_requests
+        idx = (self.n_requests, self.n_streamed if parsed.stream else None)
         self.n_requests += 1
-        if (f := self.faults.get("crash_mid_load")) and idx >= f.after_requests:
+        self.n_streamed += bool(parsed.stream)
+        if (f := self.faults.get("crash_mid_load")) and _reached(f, idx):
             self.on_crash()
         for f in self.faults.all("http_5xx"):
-            if f.after_requests <= idx < f.after_requests + f.count:
+            if _reached(f, idx) and not _reached(f, idx, f.after_requests + f.count):
                 return error(500, "Internal Server Error", "InternalServerError")
         parsed.__dict__["_idx"] = idx
         return parsed
 
-    def _fault_active(self, name: str, idx: int) -> bool:
+    def _fault_active(self, name: str, idx: tuple[int, int | None]) -> bool:
         f = self.faults.get(name)
-        return f is not None and idx >= f.after_requests
+        return f is not None and _reached(f, idx)
 
     def _requests(self, prompts: list[tuple[str, list[int]]], body: _Body, max_tokens: int | None,
                   logprobs: int | None, read_cache: bool) -> list[GenRequest] | Response:
@@ -382,7 +392,7 @@ class SimServer:
 
     async def _respond_full(self, body: _Body, reqs: list[GenRequest], chat: bool, rid: str,
                             name: str, obj: str, stops: list[str], hang: bool,
-                            idx: int) -> Response:
+                            idx: tuple[int, int | None]) -> Response:
         as_ids = bool(body.return_tokens_as_token_ids)
         texts: dict[int, list[str]] = {r.index: [] for r in reqs}
         lps: dict[int, list[Any]] = {r.index: [] for r in reqs}
