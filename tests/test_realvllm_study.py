@@ -263,9 +263,15 @@ def check_confirmation(results: Path, name: str) -> None:
     assert outcome["probe_passed"] is True and outcome.get("early_stop") is None
     assert json.loads((rerun / "probe.json").read_text())["reference"]["passed"] is True
     assert all(c["median"] > 0 for c in verdict["objectives"])
-    # Same server, same load, minutes apart on the same cores: within 25 %.
-    assert verdict["verdict"] == "reproduced", verdict
-    assert best["confirmation"]["verdict"] == "reproduced"
+    # The verdict follows the numbers it records: reproduced exactly when every objective's
+    # re-run median is within the tolerance of the trial, either way. (Whether it is within
+    # 25 % depends on the machine: on a shared 2-core CI runner a re-run once came out 37 %
+    # slower, and then not_reproducible is the honest verdict.)
+    within = all(abs(c["change"]) <= verdict["tolerance"] for c in verdict["objectives"])
+    assert verdict["verdict"] == ("reproduced" if within else "not_reproducible"), verdict
+    assert best["confirmation"]["verdict"] == verdict["verdict"]
+    if not within:
+        assert "by more than 25%" in verdict["reason"], verdict["reason"]
     assert not (rerun / "server.pid").exists()
 
 
