@@ -168,7 +168,7 @@ def variants(names: list[str] | None) -> list[Variant]:
         Variant("nsga2", default_factory("nsga2"), note="tuner.study.samplers.make_sampler population"),
         Variant("tpe independent", tpe_factory(constant_liar=True), note="univariate TPE, 10 start-up"),
         Variant("tpe + OFAT design", tpe_factory(design="top", **MV), design="top",
-                note="baseline, one knob at a time (tuner/core/sampling.initial_design), then multivariate TPE"),
+                note="baseline, one knob at a time (tuner/study/sampling.initial_design), then multivariate TPE"),
         Variant("tpe multivariate + local", Local(tpe_factory(**MV)),
                 note="ParetoLocalSampler around the old multivariate TPE"),
         Variant("default, 2 workers", default_factory("tpe"), workers=2),

@@ -15,6 +15,7 @@ mid-stream (vLLM reports engine errors that way after the 200 status is sent).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,8 +128,8 @@ class SSEParser:
             data = b"\n".join(data)
         if event is not None and event not in (b"message", b""):
             if event == b"error":
-                text = data.decode("utf-8", "replace") if data is not None else ""
-                out.append(SSEError("server_error", _error_text(text)))
+                message = data.decode("utf-8", "replace") if data is not None else ""
+                out.append(SSEError("server_error", _error_text(message)))
                 return
             # Other named events (none sent by vLLM) are not part of the token stream.
             return
@@ -137,6 +138,7 @@ class SSEParser:
         if data == b"[DONE]":
             self.done = True
             return
+        text: str | None
         try:
             text = data.decode("utf-8")
         except UnicodeDecodeError:
@@ -163,7 +165,9 @@ class SSEParser:
             out.append(obj)
 
 
-_scan_once = json.JSONDecoder().scan_once  # the C scanner: one JSON value at an index
+# The C scanner: one JSON value at an index (an attribute the decoder sets in __init__,
+# which typeshed does not declare).
+_scan_once: Callable[[str, int], tuple[Any, int]] = getattr(json.JSONDecoder(), "scan_once")
 
 
 def _fast_chunk(text: str) -> dict[str, Any] | None:

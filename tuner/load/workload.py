@@ -545,7 +545,7 @@ def _copy_heavy(rng: random.Random, target_tokens: int) -> PromptDraft:
         )
         tail = "\n\nThe corrected list:\n"
         want = _body_words(target_tokens, head + tail)
-        lines = []
+        lines: list[str] = []
         words = 0
         while words < want:
             line = (

@@ -38,12 +38,15 @@ Api = Literal["chat", "completions"]
 ALL_FAMILIES: tuple[Family, ...] = ("lookup", "arithmetic", "copy", "number_words", "capital")
 
 
+# How a built-in open prompt is asked: as a chat turn, or as raw text to continue.
+OpenForm = Literal["chat", "text"]
+
 # Built-in open-ended prompts of the reference-agreement check: ("chat" | "text", prompt).
 # Known-answer questions get short answers; these get long continuations, so a bug that
 # only shows after a few decoded tokens (spec-decode rejection, KV-cache paging, graph
 # replay at a later sequence length) still has positions to show up in. Mixed chat and
 # raw-text, prose and code, because drafters and kernels behave differently on each.
-OPEN_PROMPTS: tuple[tuple[Api, str], ...] = (
+OPEN_PROMPTS: tuple[tuple[OpenForm, str], ...] = (
     ("chat", "Write a short paragraph about why the sky is blue."),
     ("text", "The history of the printing press begins in"),
     ("chat", "Explain in a few sentences how a bicycle works."),
