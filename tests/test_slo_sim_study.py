@@ -16,7 +16,7 @@ import yaml
 
 from tests.conftest import ROOT, free_port_block, run_tuner
 from tuner.sim.profile import load_profile
-from tuner.sim.slo_truth import model_clock, open_loop_point, true_max_rate
+from tuner.sim.slo_truth import COARSE_SEEDS, model_clock, open_loop_point, true_max_rate
 from tuner.sim.truth import Evaluator
 from tuner.study.study_file import parse_study
 
@@ -52,8 +52,10 @@ def test_glm5_slo_study_on_the_simulator(tmp_path: Path) -> None:
             continue
         point = open_loop_point(ev, values)
         assert point is not None
+        # The coarse truth (8 seeds, a few percent off the 64-seed one) is plenty for a
+        # 25 % band, and 10x cheaper.
         truth = true_max_rate(ev, point, spec.slo, low=spec.load.rate_search.low,
-                              high=spec.load.rate_search.high) / scale
+                              high=spec.load.rate_search.high, seeds=COARSE_SEEDS) / scale
         print(f"trial {trial_dir.name}: served {record['max_rate']} truth {truth:.3g}")
         assert abs(record["max_rate"] - truth) / truth <= 0.25, (record, truth)
         checked += 1

@@ -44,7 +44,7 @@ from tuner.sim.perf_model import NGRAM_METHODS, Workload
 from tuner.sim.truth import Evaluator
 from tuner.study.spec import StudySpec
 
-__all__ = ["OpenLoopPoint", "level_flat", "measure_level", "model_clock", "open_loop_point",
+__all__ = ["COARSE_SEEDS", "OpenLoopPoint", "TRUTH_SEEDS", "level_flat", "measure_level", "model_clock", "open_loop_point",
            "pooled_verdict", "true_max_rate"]
 
 TRUTH_SEEDS = 64
