@@ -14,6 +14,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import run_tuner, write_study
 
@@ -25,6 +26,9 @@ FAULTS = [
 ]
 # Known only to the storage: proposals that never ran, and the run's own clock.
 STORAGE_ONLY = {"skipped", "elapsed_s", "time_left_s"}
+# Known only to the run record (study.json, left out of the copy below): the --n-trials given
+# to `tuner run`. Without it the target is the study file's own budget.
+RUN_RECORD_ONLY = {"target_trials"}
 
 
 def _status(results: Path, name: str) -> dict:
@@ -52,8 +56,10 @@ def test_folder_without_storage_reads_back_like_the_storage(tmp_path: Path, orph
     outcomes = {row["outcome"] for row in original["trials"]}
     assert "feasible" in outcomes and any(o.startswith("failed:") for o in outcomes) \
         and outcomes & {"probe_failed", "not_applied"}, f"the faults should give varied outcomes: {outcomes}"
-    for key in original.keys() - STORAGE_ONLY:
+    for key in original.keys() - STORAGE_ONLY - RUN_RECORD_ONLY:
         assert rebuilt[key] == original[key], key
+    assert original["target_trials"] == 8
+    assert rebuilt["target_trials"] == yaml.safe_load(study.read_text())["budget"]["n_trials"]
 
     for pick in ("knee", "best-throughput", "lowest-latency"):
         a = run_tuner("export", name, "--results", str(results), "--pick", pick, "--format", "json")
