@@ -81,12 +81,10 @@ def _lp_token(piece: str, tid: int, as_id: bool = False) -> str:
     return piece if piece else TOKENIZER.piece(tid)
 
 
-def _reached(f: Fault, idx: tuple[int, int | None], bound: int | None = None) -> bool:
-    """Whether a request at ``idx`` (its place among all requests, and among streamed ones;
-    None when it is not streamed) is at or past ``bound`` (default: the fault's
-    ``after_requests``) in the count the fault uses."""
-    place = idx[0] if f.counting == "all" else idx[1]
-    return place is not None and place >= (f.after_requests if bound is None else bound)
+def _place(f: Fault, idx: tuple[int, int | None]) -> int | None:
+    """A request's place in the count ``f`` uses: among all requests, or among streamed
+    ones (None: a request that is not streamed does not count)."""
+    return idx[0] if f.counting == "all" else idx[1]
 
 
 class SimServer:
@@ -196,17 +194,21 @@ class SimServer:
         idx = (self.n_requests, self.n_streamed if parsed.stream else None)
         self.n_requests += 1
         self.n_streamed += bool(parsed.stream)
-        if (f := self.faults.get("crash_mid_load")) and _reached(f, idx):
+        if self._fault_active("crash_mid_load", idx):
             self.on_crash()
         for f in self.faults.all("http_5xx"):
-            if _reached(f, idx) and not _reached(f, idx, f.after_requests + f.count):
+            place = _place(f, idx)
+            if place is not None and f.after_requests <= place < f.after_requests + f.count:
                 return error(500, "Internal Server Error", "InternalServerError")
         parsed.__dict__["_idx"] = idx
         return parsed
 
     def _fault_active(self, name: str, idx: tuple[int, int | None]) -> bool:
         f = self.faults.get(name)
-        return f is not None and _reached(f, idx)
+        if f is None:
+            return False
+        place = _place(f, idx)
+        return place is not None and place >= f.after_requests
 
     def _requests(self, prompts: list[tuple[str, list[int]]], body: _Body, max_tokens: int | None,
                   logprobs: int | None, read_cache: bool) -> list[GenRequest] | Response:
