@@ -113,3 +113,18 @@ def test_probe_cost_settings_are_checked_with_field_value_and_allowed() -> None:
     text = str(err.value)
     assert "probe.single_stream: Input should be 'subset' or 'full' (got 'some')" in text
     assert "probe.reference.forced_prompts: Input should be 'open' or 'all' (got 'known')" in text
+
+
+@pytest.mark.parametrize("name", ["smollm2-h200.yaml", "smollm2-cpu.yaml"])
+def test_unset_probe_rules_stay_unset_through_the_saved_spec(name: str) -> None:
+    """A run and a resume judge trials with the spec loaded back from spec.yaml, where every
+    field is written out. The bank's "no exact-answer rule" and "force every prompt the
+    reference forced" must survive that: on the H200 the exact rule, switched on by the
+    round trip, rejected full CUDA graphs whose every divergence was a near tie."""
+    from tuner.secrets import public_spec
+
+    spec = parse_study((ROOT / "search_spaces" / name).read_text(), name)
+    saved = yaml.safe_dump(public_spec(spec).model_dump(mode="json"), sort_keys=False)
+    again = parse_study(saved, "spec.yaml").probe.reference
+    assert again.min_exact_fraction is None and again.forced_prompts == "open"
+    assert again == spec.probe.reference

@@ -21,7 +21,7 @@ from tuner.probe.record import (
     ReferenceSource,
     truncate_generation,
 )
-from tuner.probe.reference_score import ReferenceAnswer, score_reference
+from tuner.probe.reference_score import ReferenceAnswer, score_reference, template_exact_bar
 from tuner.probe.selection import (
     forced_prompt_ids,
     reference_sources,
@@ -104,7 +104,8 @@ def test_reference_spec_defaults_and_validation():
     ref = spec.reference
     assert ref.enabled and ref.max_tokens == 16 and ref.top_k == 5
     assert ref.conservative and ref.values == {}
-    assert ref.min_close_fraction == 1.0 and ref.min_exact_fraction == 0.66
+    assert ref.min_close_fraction == 1.0 and ref.min_exact_fraction is None
+    assert template_exact_bar(ref) == 0.66
     assert ref.min_prompt_top1 == 0.98 and ref.concurrency == (1, 8)
     assert ReferenceSpec(concurrency=(8, 1)).concurrency == (1, 8)
     with pytest.raises(ValidationError, match="selects no prompts"):

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.probe.compare import Verdict, compare_forced, compare_generation
 from tuner.probe.record import ForcedStep, Generation, Reference, ReferencePrompt
 from tuner.probe.selection import forced_prompt_ids
-from tuner.probe.spec import ReferenceSpec
+from tuner.probe.spec import TEMPLATE_EXACT_FRACTION, ReferenceSpec
 
 __all__ = [
     "PromptScore",
@@ -299,6 +299,11 @@ def _level_rows(
     return rows, decode_gaps, forced
 
 
+def template_exact_bar(spec: ReferenceSpec) -> float:
+    """The template probe's exact-answer bar: the study's, else vLLM's 66 % heuristic."""
+    return spec.min_exact_fraction if spec.min_exact_fraction is not None else TEMPLATE_EXACT_FRACTION
+
+
 def _level_failures(
     level: ReferenceLevel,
     rows: Sequence[PromptScore],
@@ -321,10 +326,11 @@ def _level_failures(
     # different batch legitimately changes low-order bits and so near-tie choices
     # (vllm-knobs.md §6), and on a few chosen prompts the fraction means nothing (the long
     # continuations a single-stream subset favours are where near ties flip).
-    if exact_level and level.exact_fraction < spec.min_exact_fraction - _EPS:
+    exact_bar = template_exact_bar(spec)
+    if exact_level and level.exact_fraction < exact_bar - _EPS:
         out.append(
             f"only {level.exact}/{n} prompts identical at concurrency {level.concurrency} "
-            f"({level.exact_fraction:.2f} < {spec.min_exact_fraction:.2f})"
+            f"({level.exact_fraction:.2f} < {exact_bar:.2f})"
         )
     if level.forced_close is not None and level.forced_close < spec.min_prompt_top1 - _EPS:
         extra = f"; errors: {'; '.join(forced.errors[:3])}" if forced.errors else ""
@@ -434,7 +440,7 @@ def score_reference(
         scores=scores,
         thresholds={
             "min_close_fraction": spec.min_close_fraction,
-            "min_exact_fraction": spec.min_exact_fraction,
+            "min_exact_fraction": template_exact_bar(spec),
             "min_prompt_top1": spec.min_prompt_top1 if spec.teacher_forced else None,
             "max_gap_median": spec.max_gap_median,
             "max_gap": spec.max_gap,

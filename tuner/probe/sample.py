@@ -185,17 +185,17 @@ def plan_trial(
 
 
 def _forced(sample: Sequence[ReferencePrompt], spec: ProbeSpec) -> tuple[str, ...]:
-    """Teacher-forced prompts: every sampled prompt the reference forced, unless the study
-    sets ``forced_prompts``: ``open`` - the open (and custom) ones, or all when none is."""
+    """Teacher-forced prompts among the sampled ones the reference forced: with
+    ``forced_prompts: open`` (the default) the open (and custom) ones, or all when none is;
+    with ``all`` every one."""
     ref = spec.reference
     if not ref.teacher_forced:
         return ()
     recorded = [p for p in sample if p.forced is not None]
-    # The bank forces every sampled prompt the reference forced (prefill only: a few
-    # thousand tokens on a CPU), so the numerics rule judges hundreds of positions past
-    # any decode divergence; a study that sets forced_prompts: open keeps it to those.
-    if "forced_prompts" not in ref.model_fields_set:
-        return tuple(dict.fromkeys(p.id for p in recorded))
+    # 'open' (the default) forces the sampled open prompts, whose long continuations are
+    # where a decode divergence cuts the decode comparison short (on the H200 they carried
+    # the FULL-graph corruption, 41 positions); 'all' adds every known-answer prompt's
+    # prefill, a cost a CPU trial feels.
     if ref.forced_prompts == "open":
         open_ = [p for p in recorded if p.source != "known_answer"]
         recorded = open_ or recorded
