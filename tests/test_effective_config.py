@@ -24,7 +24,9 @@ from tuner.vllm.effective_config import (
 )
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
-ALL_LOGS = sorted(LOGS.glob("*/*.log"))
+# Every recorded log, the trial folders of h200-0.26.0-study/ included.
+ALL_LOGS = sorted(LOGS.rglob("*.log"))
+ALL_IDS = [str(p.relative_to(LOGS)) for p in ALL_LOGS]
 
 
 def read(name: str) -> str:
@@ -145,7 +147,7 @@ def test_fixture_fields_and_evidence(name: str, fields: dict[str, Any], evidence
         assert text in eff.evidence[key], (key, eff.evidence.get(key))
 
 
-@pytest.mark.parametrize("path", ALL_LOGS, ids=[p.name for p in ALL_LOGS])
+@pytest.mark.parametrize("path", ALL_LOGS, ids=ALL_IDS)
 def test_every_evidence_is_a_short_line_excerpt(path: Path) -> None:
     eff = parse_effective_config(path.read_text(encoding="utf-8"))
     for key, line in eff.evidence.items():
@@ -159,7 +161,7 @@ def test_every_evidence_is_a_short_line_excerpt(path: Path) -> None:
     assert eff.warnings == []
 
 
-@pytest.mark.parametrize("path", ALL_LOGS, ids=[p.name for p in ALL_LOGS])
+@pytest.mark.parametrize("path", ALL_LOGS, ids=ALL_IDS)
 def test_json_round_trip(path: Path) -> None:
     eff = parse_effective_config(path.read_text(encoding="utf-8"))
     dumped = eff.model_dump(mode="json")

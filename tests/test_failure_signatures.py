@@ -27,6 +27,11 @@ SUCCESSFUL = [
     "h200-0.26.0/cudagraph-full_decode_only.log",
     "h200-0.26.0/cudagraph-piecewise.log",
     "h200-0.26.0/spec-ngram-k4.log",
+    *(f"h200-0.26.0-study/study/{trial}/server.log" for trial in (
+        "0000-eager", "0001-full_and_piecewise", "0002-full_decode_only", "0003-piecewise", "0004-full",
+        "0005-none", "0006-eager-ngram-k4")),
+    "h200-0.26.0-study/scenarios/d1-compile-cache/server.log",
+    "h200-0.26.0-study/scenarios/d2-compile-cache/server.log",
     "handwritten/tp4-pcie-nccl-debug.log",
     "handwritten/tp2-nvlink-allreduce.log",
     "handwritten/cpu-0.32-compiled.log",
@@ -37,6 +42,10 @@ FAILED = [
     ("h200-0.26.0/fail-gpu-memory-utilization.log", "gpu_memory_insufficient",
      "ValueError: Free memory on device cuda:0 (139.29/139.8 GiB) on startup is less than desired"),
     ("h200-0.26.0/fail-spec-mtp-unsupported.log", "unsupported_speculative_method",
+     "NotImplementedError: Unsupported speculative method: 'mtp'"),
+    ("h200-0.26.0-study/scenarios/b-kv-cache-too-small/server.log", "max_model_len_too_large",
+     "ValueError: To serve at least one request with the model's max seq len (4096)"),
+    ("h200-0.26.0-study/scenarios/c-spec-mtp/server.log", "unsupported_speculative_method",
      "NotImplementedError: Unsupported speculative method: 'mtp'"),
     ("handwritten/fail-worker-cuda-oom.log", "cuda_oom", "torch.OutOfMemoryError: CUDA out of memory."),
 ]

@@ -46,8 +46,9 @@ CASES = [
     ("h200-0.26.0/fail-gpu-memory-utilization.log", "gpu_memory_insufficient", "gpu_memory_insufficient",
      "ValueError: Free memory on device cuda:0 (139.29/139.8 GiB) on startup is less than desired "
      "GPU memory utilization (0.999, 139.66 GiB)."),
-    ("handwritten/fail-max-model-len-kv.log", "max_model_len_too_large", "max_model_len_too_large",
-     "ValueError: To serve at least one request with the models's max seq len (4096), (0.09 GiB KV "
+    ("h200-0.26.0-study/scenarios/b-kv-cache-too-small/server.log", "max_model_len_too_large",
+     "max_model_len_too_large",
+     "ValueError: To serve at least one request with the model's max seq len (4096), (0.09 GiB KV "
      "cache is needed, which is larger than the available KV cache memory (0.05 GiB)."),
     ("h200-0.26.0/fail-spec-mtp-unsupported.log", "invalid_config", "unsupported_speculative_method",
      "NotImplementedError: Unsupported speculative method: 'mtp'"),
