@@ -19,7 +19,11 @@ c. **rejected configuration**: ``speculative_config.method: mtp`` on a model wit
    layers must fail ``invalid_config`` with vLLM's own message.
 d. **compile cache**: two trials that differ only in ``gpu_memory_utilization`` (outside
    vLLM's compile key) - the first compiles (miss), the second loads (hit); the startup
-   drop is in both outcomes and in ``tuner status``.
+   drop is in both outcomes and in ``tuner status``. The study gets a torch.compile cache
+   of its own, emptied first (``execution.compile_cache_dir``: ``<work>/vllm-cache``): the
+   tuner passes it to every server as VLLM_CACHE_ROOT, over any VLLM_CACHE_ROOT this
+   script's environment carries, so d1 compiles whatever ran on the box before (on
+   2026-12-02 an inherited root holding the main study's cache made d1 a hit).
 
 All of them run as one study (one Ray start, the tuner's own queue): a (the baseline), then
 d1, d2, c, b in the order the tuner's compile-key grouping gives them. On an H200 with
@@ -67,6 +71,7 @@ KV_BYTES = 50_000_000          # < 0.09 GiB: SmolLM2-135M needs ~94 MB for one 4
 GPU_FREE_TIMEOUT = "10s"      # the busy trial's bounded wait
 RELEASE_DELAY_S = 3.0         # the holder goes this long after the busy trial failed
 STUDY_TIMEOUT_S = 420
+CACHE_DIR = "vllm-cache"       # the scenario study's torch.compile cache, in the work folder
 
 # Holds GiB of GPU 0 until killed (scenario a).
 HOLDER = """
@@ -98,7 +103,9 @@ else:
 def _base(study: dict[str, Any], name: str, *, dry_run: bool) -> dict[str, Any]:
     server = dict(study["server"])
     server["flags"] = dict(server.get("flags") or {})
-    server["env"] = dict(server.get("env") or {})
+    # A cache root of the study file's own would win over execution.compile_cache_dir
+    # (render_command leaves a configured VLLM_CACHE_ROOT alone): scenario d needs its own.
+    server["env"] = {k: v for k, v in (server.get("env") or {}).items() if k != "VLLM_CACHE_ROOT"}
     server["startup_timeout"] = server.get("startup_timeout", "10m")
     if dry_run:
         server["command"] = ["{python}", "-m", "tuner.sim"]
@@ -141,10 +148,11 @@ WHAT = {"a": "busy GPU", "b": "too little GPU memory", "c": "rejected configurat
         "d": "compile cache shared by two trials"}
 
 
-def scenario_study(study: dict[str, Any], selected: set[str], *,
-                   dry_run: bool) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+def scenario_study(study: dict[str, Any], selected: set[str], *, dry_run: bool,
+                   cache_dir: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """The study that runs the selected scenarios: its dict and, by configuration name in
-    the order they are listed (the baseline first), each one's full parameter values."""
+    the order they are listed (the baseline first), each one's full parameter values.
+    ``cache_dir`` (absolute, empty): the study's torch.compile cache (scenario d)."""
 
     names = [n for n in ("a", "d1", "d2", "c", "b") if CONFIGS[n][0] in selected]
     spec = _base(study, f"{study['name']}-scenarios", dry_run=dry_run)
@@ -171,6 +179,7 @@ def scenario_study(study: dict[str, Any], selected: set[str], *,
     spec["budget"]["n_trials"] = len(points)
     # Bounds the busy trial's wait (a) and covers the holder's release before the next one.
     spec["execution"]["gpu_free_timeout"] = GPU_FREE_TIMEOUT
+    spec["execution"]["compile_cache_dir"] = cache_dir
     return spec, points
 
 
@@ -346,7 +355,10 @@ def run_scenarios(study: dict[str, Any], selected: set[str], runner: Runner, *, 
                   holder_python: str) -> dict[str, Any]:
     summary: dict[str, Any] = {"study": study.get("name"), "dry_run": runner.dry_run, "scenarios": {}}
     began = time.monotonic()
-    spec, points = scenario_study(study, selected, dry_run=runner.dry_run)
+    cache = (runner.work / CACHE_DIR).resolve()
+    shutil.rmtree(cache, ignore_errors=True)     # a --work folder reused: d1 must still compile
+    cache.mkdir(parents=True)
+    spec, points = scenario_study(study, selected, dry_run=runner.dry_run, cache_dir=str(cache))
     holder = None
     runner.smi_snapshot("before")
     try:
@@ -419,7 +431,7 @@ def _write_outputs(out: Path, work: Path, summary: dict[str, Any]) -> None:
     (out / "summary.txt").write_text("\n".join(lines) + "\n")
     with tarfile.open(out / "scenarios.tar.gz", "w:gz") as tar:
         tar.add(work, arcname="gpu-scenarios",
-                filter=lambda info: None if "/vllm-cache" in info.name or "/fake-bin" in info.name else info)
+                filter=lambda info: None if f"/{CACHE_DIR}" in info.name or "/fake-bin" in info.name else info)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,6 +18,7 @@ from tests.conftest import ROOT
 from tests.test_gpu_study_file import H200_STUDY
 from tuner.study import policy, space
 from tuner.study.study_file import parse_study
+from tuner.vllm.compile_cache import study_cache_root
 
 spec_ = importlib.util.spec_from_file_location("gpu_scenarios", ROOT / "scripts" / "gpu_scenarios.py")
 assert spec_ is not None and spec_.loader is not None
@@ -26,13 +27,16 @@ sys.modules["gpu_scenarios"] = scn
 spec_.loader.exec_module(scn)
 
 
+CACHE = "/work/gpu-scenarios/vllm-cache"
+
+
 @pytest.fixture
 def study() -> dict:
     return yaml.safe_load(H200_STUDY)
 
 
 def test_scenario_study_runs_a_then_d1_d2_c_b_and_d_shares_one_compile_key(study: dict) -> None:
-    data, points = scn.scenario_study(study, {"a", "b", "c", "d"}, dry_run=False)
+    data, points = scn.scenario_study(study, {"a", "b", "c", "d"}, dry_run=False, cache_dir=CACHE)
     assert list(points) == ["a", "d1", "d2", "c", "b"]
     spec = parse_study(yaml.safe_dump(data), "scenarios.yaml")     # what `tuner run` will read
     assert spec.server.command == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
@@ -54,13 +58,33 @@ def test_scenario_study_runs_a_then_d1_d2_c_b_and_d_shares_one_compile_key(study
 
 
 def test_only_some_scenarios(study: dict) -> None:
-    data, points = scn.scenario_study(study, {"c", "d"}, dry_run=True)
+    data, points = scn.scenario_study(study, {"c", "d"}, dry_run=True, cache_dir=CACHE)
     assert list(points) == ["d1", "d2", "c"] and data["baseline"] == points["d1"]
     assert points["d1"] == {"gpu_memory_utilization": 0.5, "enforce_eager": False, "kv_cache_memory_bytes": None,
                             "spec_method": None}
     assert data["server"]["command"] == ["{python}", "-m", "tuner.sim"] and data["server"]["gpus_per_trial"] == 0
-    busy = parse_study(yaml.safe_dump(scn.scenario_study(study, {"a"}, dry_run=False)[0]))
+    busy = parse_study(yaml.safe_dump(scn.scenario_study(study, {"a"}, dry_run=False, cache_dir=CACHE)[0]))
     assert busy.budget.n_trials == 1 and space.baseline_values(busy)["enforce_eager"] is True
+
+
+def test_the_compile_cache_scenario_has_a_cache_of_its_own_whatever_the_environment(study: dict) -> None:
+    # On 2026-12-02 the script ran with VLLM_CACHE_ROOT exported to the cache the main study
+    # had filled: the scenario study inherited it and d1 loaded the study's graphs (a hit).
+    study["server"]["env"]["VLLM_CACHE_ROOT"] = "/in/the/study/file"
+    data, points = scn.scenario_study(study, {"d"}, dry_run=False, cache_dir=CACHE)
+    spec = parse_study(yaml.safe_dump(data), "scenarios.yaml")
+    assert spec.execution.compile_cache_dir == CACHE and "VLLM_CACHE_ROOT" not in spec.server.env
+    # The orchestrator keeps an explicit compile_cache_dir over the tuner's own environment...
+    root = study_cache_root(spec.execution.compile_cache_dir, "/results/smollm2-h200-scenarios",
+                            {"VLLM_CACHE_ROOT": "/tmp/tuner-h200-compile-cache"})
+    assert root == CACHE
+    # ...and each trial's server gets it as VLLM_CACHE_ROOT in the env the worker lays over
+    # its own environment (worker.TrialWorker._start: os.environ, then the request's env).
+    for name in ("d1", "d2"):
+        command = space.trial_command(spec, points[name], port=18400, compile_cache_dir=root)
+        assert command.launch_env["VLLM_CACHE_ROOT"] == CACHE
+        assert {**{"VLLM_CACHE_ROOT": "/tmp/tuner-h200-compile-cache"}, **command.launch_env}[
+            "VLLM_CACHE_ROOT"] == CACHE
 
 
 def test_trials_are_matched_to_configurations_by_their_values() -> None:
@@ -87,10 +111,14 @@ def test_judging() -> None:
 
 
 @pytest.mark.slow
-def test_dry_run_end_to_end(tmp_path: Path, study: dict) -> None:
+def test_dry_run_end_to_end(tmp_path: Path, study: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     study_file = tmp_path / "smollm2-h200.yaml"
     study_file.write_text(H200_STUDY)
     out = tmp_path / "out"
+    # A cache root in the environment (as on the GPU box) must not reach the scenario
+    # study's servers: the simulator writes its compile cache under VLLM_CACHE_ROOT.
+    inherited = tmp_path / "inherited-cache"
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(inherited))
     rc = scn.main([str(study_file), "--out", str(out), "--work", str(tmp_path / "work"), "--dry-run"])
     summary = json.loads((out / "summary.json").read_text())
     assert rc == 0, (out / "summary.txt").read_text()
@@ -102,6 +130,8 @@ def test_dry_run_end_to_end(tmp_path: Path, study: dict) -> None:
     # The holder went as soon as a's outcome was written: d1 waited for the GPU, then started.
     assert got["d1"]["gpu_wait_s"] > 0 and got["d1"]["status"] == "completed"
     assert (got["d1"]["compile_cache"], got["d2"]["compile_cache"]) == ("miss", "hit")
+    assert not inherited.exists()
+    assert list((tmp_path / "work" / "vllm-cache" / "torch_compile_cache").glob("torch_aot_compile/*/rank_0_0/model"))
     assert got["c"]["signature"] == "unsupported_speculative_method"
     assert got["b"]["reason"] == "max_model_len_too_large"
     text = (out / "summary.txt").read_text()
