@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import ROOT, free_port_block, wait_no_orphans
 from tuner.adapters.artifacts import StudyPaths
-from tuner.adapters.launcher import ServerProcess
+from tuner.adapters.launcher import FATAL_STOP_GRACE_S, ServerProcess
 from tuner.errors import ServerFatalLog
 from tuner.status import _trial_row, format_status
 from tuner.study.outcome import TrialOutcome, TrialRequest
@@ -30,7 +30,9 @@ LOGS = ROOT / "tests" / "fixtures" / "vllm_logs"
 # Prints the log file's lines (as the server would, unbuffered), notes the wall-clock time
 # when the last one is out, then hangs until killed.
 REPLAY = """
-import sys, time
+import signal, sys, time
+if sys.argv[3:] == ["ignore_sigterm"]:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 lines = open(sys.argv[1], encoding="utf-8", errors="replace").read().splitlines(True)
 time.sleep(0.3)
 for line in lines:
@@ -63,8 +65,8 @@ def marker(orphan_check: list[str]) -> str:
     return value
 
 
-def _replayer(tmp_path: Path, log: Path, marker: str) -> tuple[list[str], dict[str, str]]:
-    argv = [sys.executable, "-c", REPLAY, str(log), str(tmp_path / "printed")]
+def _replayer(tmp_path: Path, log: Path, marker: str, *extra: str) -> tuple[list[str], dict[str, str]]:
+    argv = [sys.executable, "-c", REPLAY, str(log), str(tmp_path / "printed"), *extra]
     return argv, {"PATH": "/usr/bin:/bin", "TUNER_TEST_ID": marker, "PYTHONPATH": str(ROOT)}
 
 
@@ -93,6 +95,32 @@ def test_fatal_line_then_hang_fails_within_two_seconds(tmp_path: Path, marker: s
     # The process never exits by itself: only the log can have ended the wait, and a hang
     # would have taken the 60 s startup timeout.
     assert detected - printed < 2.0, f"detected {detected - printed:.2f}s after the fatal line"
+    assert not wait_no_orphans(marker)
+
+
+def test_a_server_that_printed_a_fatal_line_and_ignores_sigterm_is_killed_soon(
+        tmp_path: Path, marker: str) -> None:
+    """As scenario b's real server did on the H200: the fatal line, then SIGTERM ignored.
+    The study's 30 s stop timeout is for servers with something to shut down; this one
+    is SIGKILLed after the short fatal-line grace and gives the GPU back."""
+    log = LOGS / "h200-0.26.0-study/scenarios/b-kv-cache-too-small/server.log"
+    argv, env = _replayer(tmp_path, log, marker, "ignore_sigterm")
+    server = ServerProcess(argv, env, tmp_path / "server.log", host="127.0.0.1", port=free_port_block(1),
+                           served_model_name="smol", stop_grace_s=30.0)
+
+    async def scenario():
+        server.start()
+        try:
+            with pytest.raises(ServerFatalLog):
+                await server.wait_ready(60)
+        finally:
+            report = await server.stop(30.0)
+        return report
+
+    report = asyncio.run(scenario())
+    assert report.signal_used == "SIGKILL"
+    assert FATAL_STOP_GRACE_S <= report.seconds < FATAL_STOP_GRACE_S + 3.0, report
+    assert FATAL_STOP_GRACE_S < 30.0
     assert not wait_no_orphans(marker)
 
 

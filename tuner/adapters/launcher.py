@@ -46,6 +46,10 @@ POLL_S = 0.1  # readiness and exit polling period: detection latency after a cra
 # (the traceback that follows within milliseconds when vLLM prints one) before the start is
 # failed with the generic reason: a server that hangs after it must not cost the timeout.
 PENDING_GRACE_S = 1.0
+# A server that printed a fatal line has no state worth a clean shutdown, and vLLM's API
+# server can then ignore SIGTERM: on the H200 (KV cache too small) it held the GPU for the
+# whole 30 s stop timeout after the fatal line, against under 1 s to detect it.
+FATAL_STOP_GRACE_S = 5.0
 TAG_VAR = "TUNER_SERVER_GROUP"  # in the server's environment: "<study>:<group>"
 WATCHDOG_TAG_VAR = "TUNER_WATCHDOG_OF"  # the same tag, in the watchdog's environment
 
@@ -299,10 +303,13 @@ class ServerProcess:
             return False
 
     async def stop(self, grace_s: float) -> StopReport:
-        """SIGTERM the group, wait ``grace_s``, SIGKILL the group, reap, confirm it is gone."""
+        """SIGTERM the group, wait ``grace_s`` (at most :data:`FATAL_STOP_GRACE_S` once the
+        log showed a fatal line), SIGKILL the group, reap, confirm it is gone."""
 
         if self._popen_pid is None:
             return StopReport("none", 0.0, None)
+        if self._scanner.signature is not None:
+            grace_s = min(grace_s, FATAL_STOP_GRACE_S)
         began = time.monotonic()
         pgid = self._popen_pid
         used = "none"
