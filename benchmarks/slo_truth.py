@@ -14,7 +14,9 @@ and pass the probe):
   study's size with the sweep's seed stream for that rate, statistics and verdict from the
   tuner's code (``tuner.sim.slo_truth.measure_level``), extended by fresh runs while its
   verdict is within noise, as a trial's; the first rate is the closed-loop request rate at
-  the top concurrency level, as in a trial.
+  the top concurrency level, as in a trial. The answer is the search's own
+  (``MaxRateResult.max_rate``; ``answer`` says whether the verdicts or, their bracket
+  being within noise, the boundary fit through the levels' margins gave it).
 
 Pass: every search within 5 % of its truth in at most 7 rate levels. Rates are in the
 study's clock (the served simulator's, 1/TUNER_SIM_TIME_SCALE times the model's).
@@ -75,6 +77,8 @@ def one(ev: Evaluator, spec: Any, values: dict[str, Any], scale: float) -> dict[
         "truth": None if truth is None else truth / scale,
         "found": None if found is None else found / scale,
         "status": result.status,
+        "answer": result.answer,
+        "fit": result.fit,
         "lower_bound": result.lower_bound,
         "error": error,
         "levels": result.levels,

@@ -11,7 +11,7 @@ from collections.abc import Callable
 import pytest
 from pydantic import ValidationError
 
-from tuner.load.rate_search import RateSearch, RateSearchSpec, round_rate
+from tuner.load.rate_search import RateSearch, RateSearchSpec, boundary_fit, round_rate
 
 Curve = Callable[[float], float]       # rate -> latency / bound (margin); <= 1 meets
 
@@ -208,3 +208,128 @@ def test_levels_on_many_curve_shapes(shape: str) -> None:
         assert abs(result.max_rate - truth) / truth <= 0.05
         levels.append(result.levels)
     assert sum(levels) / len(levels) < 5.6
+
+
+# -- the boundary fit (verdicts within noise) ------------------------------------------------
+
+def test_boundary_fit_finds_the_crossing_of_a_power_law() -> None:
+    # margin = (rate/4)**0.8: log margin is a line in log rate, crossing 1 at 4.0.
+    points = [(r, (r / 4.0) ** 0.8, 1) for r in (3.5, 3.8, 4.3, 4.6)]
+    fit = boundary_fit(points)
+    assert fit is not None
+    assert fit.rate == pytest.approx(4.0) and fit.slope == pytest.approx(0.8)
+    assert fit.levels == 4 and fit.runs == 4
+
+
+def test_boundary_fit_leaves_out_margins_off_the_boundary() -> None:
+    near = [(r, (r / 4.0) ** 0.8, 1) for r in (3.6, 4.4)]
+    # A blown-up queue (x20) and an idle level (x0.1) lie on other parts of the curve.
+    fit = boundary_fit(near + [(9.0, 20.0, 1), (0.5, 0.1, 1)])
+    assert fit is not None and fit.rate == pytest.approx(4.0) and fit.levels == 2
+
+
+def test_boundary_fit_weighs_a_level_by_its_runs() -> None:
+    # Three runs pooled at one rate weigh as three levels there.
+    pooled = boundary_fit([(3.6, 0.9, 3), (4.4, 1.1, 1), (4.0, 1.05, 1)])
+    copies = boundary_fit([(3.6, 0.9, 1)] * 3 + [(4.4, 1.1, 1), (4.0, 1.05, 1)])
+    single = boundary_fit([(3.6, 0.9, 1), (4.4, 1.1, 1), (4.0, 1.05, 1)])
+    assert pooled is not None and copies is not None and single is not None
+    assert pooled.rate == pytest.approx(copies.rate) and pooled.runs == 5
+    assert pooled.rate > single.rate        # the heavier met level pulls the crossing up
+
+
+def test_boundary_fit_needs_two_rates_and_a_rising_line() -> None:
+    assert boundary_fit([(4.0, 0.95, 3)]) is None
+    assert boundary_fit([(4.0, 0.95, 1), (4.0, 1.05, 1)]) is None       # one rate twice
+    assert boundary_fit([(3.0, 1.05, 1), (5.0, 0.95, 1)]) is None       # falling
+    assert boundary_fit([(3.0, 0.99, 1), (5.0, 1.0, 1)]) is None        # too flat to place it
+    assert boundary_fit([(3.0, 3.0, 1), (5.0, 5.0, 1)]) is None         # out of the band
+
+
+def noisy_search(*probes: tuple[float, bool, float, bool, int]) -> RateSearch:
+    search = RateSearch(RateSearchSpec(low=0.1, high=100))
+    for rate, met, margin, near, parts in probes:
+        search.observe(rate, met, margin, within_noise=near, parts=parts)
+    return search
+
+
+def test_a_bracket_within_noise_takes_the_fit_between_the_clear_verdicts() -> None:
+    # Clear verdicts: met at 6.0, missed at 12.0. The bracket 7.0-7.3 is within noise on
+    # both ends; the margins say the SLO's statistic reaches its bound at ~7.5.
+    search = noisy_search((12.0, False, 1.4, False, 1), (6.0, True, 0.85, False, 1),
+                          (7.3, False, 1.01, True, 3), (7.0, True, 0.97, True, 3),
+                          (7.9, False, 1.05, True, 3))
+    result = search.result()
+    assert result.bracket == (7.0, 7.3)
+    assert result.answer == "fit" and result.fit is not None
+    assert result.max_rate == round_rate(result.fit["rate"])
+    assert 7.3 < result.max_rate < 12.0
+    assert search.optimistic() == 12.0      # the answer may pass the miss within noise
+
+
+def test_clear_verdicts_keep_the_verdicts_answer() -> None:
+    # The same margins with clear verdicts: the highest met below the lowest missed.
+    search = noisy_search((12.0, False, 1.4, False, 1), (6.0, True, 0.85, False, 1),
+                          (7.3, False, 1.01, False, 3), (7.0, True, 0.97, False, 3),
+                          (7.9, False, 1.05, False, 3))
+    result = search.result()
+    assert result.answer == "verdicts" and result.max_rate == 7.0
+    assert search.optimistic() == 7.3
+
+
+def test_a_fit_beyond_a_clear_verdict_is_not_taken() -> None:
+    # Flat margins below a wall: the line crosses 1 at ~7.48, above the clear miss at 7.4
+    # (its margin 1.5 is off the fit's band): the verdicts answer.
+    search = noisy_search((7.4, False, 1.5, False, 1), (7.0, True, 0.97, True, 3),
+                          (7.2, False, 1.001, True, 3), (6.0, True, 0.95, False, 1))
+    result = search.result()
+    assert result.fit is not None and result.fit["rate"] > 7.4
+    assert result.answer == "verdicts" and result.max_rate == 7.0
+
+
+def test_clear_verdicts_that_disagree_keep_the_verdicts_answer() -> None:
+    # A clear meet above a clear miss: nothing bounds a fit, so none is used.
+    search = noisy_search((7.0, False, 1.1, False, 1), (8.0, True, 0.95, False, 1),
+                          (6.5, True, 0.98, True, 3), (6.8, False, 1.01, True, 3))
+    result = search.result()
+    assert result.answer == "verdicts" and result.max_rate == 6.5
+    assert search.optimistic() == 6.8
+
+
+def test_levels_left_after_a_noisy_bracket_go_to_the_fit() -> None:
+    # The bracket 7.0-7.3 is within the 5 % precision but both ends are within noise:
+    # instead of stopping, the search measures where the margins' line crosses 1 ...
+    search = noisy_search((12.0, False, 1.4, False, 1), (6.0, True, 0.85, False, 1),
+                          (7.3, False, 1.01, True, 3), (7.0, True, 0.97, True, 3))
+    fit = boundary_fit([(p.rate, p.margin, p.parts) for p in search.probes])
+    assert fit is not None
+    nxt = search.next_rate()
+    assert nxt == round_rate(fit.rate) and 6.0 < nxt < 12.0
+    # ... then beside it when that rate was measured already ...
+    search.observe(nxt, nxt < fit.rate, fit.rate / nxt, within_noise=True, parts=3)
+    beside = search.next_rate()
+    assert beside is not None and beside != nxt and abs(beside / nxt - 1) < 0.05
+    # ... until max_levels (7 by default): the answer is then the fit's, status found.
+    while (rate := search.next_rate()) is not None:
+        search.observe(rate, True, 0.99, within_noise=True, parts=3)
+    result = search.result()
+    assert result.levels == 7 and result.status == "found" and result.answer == "fit"
+
+
+def test_a_clear_bracket_stops_at_the_precision() -> None:
+    search = noisy_search((12.0, False, 1.4, False, 1), (6.0, True, 0.85, False, 1),
+                          (7.3, False, 1.01, False, 1), (7.0, True, 0.97, False, 1))
+    assert search.next_rate() is None
+    result = search.result()
+    assert result.status == "found" and result.levels == 4 and result.max_rate == 7.0
+
+
+def test_the_status_line_says_when_the_answer_is_the_fit() -> None:
+    from tuner.load.max_rate_text import max_rate_text
+    noisy = noisy_search((12.0, False, 1.4, False, 1), (6.0, True, 0.85, False, 1),
+                         (7.3, False, 1.01, True, 3), (7.0, True, 0.97, True, 3))
+    noisy.ended = "budget"
+    text = max_rate_text(noisy.result().model_dump(mode="json"))
+    assert "margins of 4 levels (8 runs) cross 1" in text, text
+    clear = noisy_search((12.0, False, 1.4, False, 1), (7.0, True, 0.97, False, 1))
+    assert "cross 1" not in max_rate_text(clear.result().model_dump(mode="json"))

@@ -93,9 +93,14 @@ def test_noisy_verdicts_near_the_boundary(setup) -> None:
         result = search(ev_s, point, spec.slo, spec.load.rate_search, hint=truth * 1.5).result()
         lo, hi = result.bracket
         misses = [p["rate"] for p in result.probes if not p["met"]]
-        assert result.levels <= 7 and lo == result.max_rate
-        assert all(lo < m for m in misses)
-        assert abs(lo - truth) / truth <= 0.15, (seed, lo, truth, result.probes)
+        clear_misses = [p["rate"] for p in result.probes if not p["met"] and not p["within_noise"]]
+        assert result.levels <= 7 and all(lo < m for m in misses)
+        # The verdicts' answer, or (their bracket within noise) the boundary fit, which
+        # never passes a clear miss.
+        assert result.max_rate == lo or result.answer == "fit"
+        assert all(result.max_rate < m for m in clear_misses)
+        assert abs(result.max_rate - truth) / truth <= 0.15, (seed, result.max_rate, truth,
+                                                              result.probes)
         for p in result.probes:
             verdicts.setdefault(round(p["rate"] / truth, 2), set()).add(p["met"])
     near = [r for r, seen in verdicts.items() if 0.9 <= r <= 1.1]

@@ -70,6 +70,11 @@ def max_rate_text(record: Mapping[str, Any] | None) -> str:
                   f"{float(record.get('precision_target') or 0):.0%})"))
         if hi is None and lo is not None:
             why += ": a lower bound"
+    if record.get("answer") == "fit" and record.get("fit"):
+        fit = record["fit"]
+        why += (f"; verdicts near the boundary within noise: the answer is where the margins "
+                f"of {int(fit.get('levels', 0))} levels ({int(fit.get('runs', 0))} runs) "
+                f"cross 1")
     text = f"{head}: {why}; {record.get('levels', 0)} rate levels: {probes_text(record)}"
     pairs = record.get("non_monotonic") or []
     if pairs:

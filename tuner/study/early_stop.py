@@ -98,8 +98,9 @@ informational levels (4a: its halted level carries only the output tok/s it was 
 5. **During the max_rate@slo search** (``SweepGuard.during_search``): every other objective
    is measured by then; ``max_rate@slo`` can at best be the lowest rate that missed the SLO
    so far (or ``load.rate_search.high`` before any missed): the answer is the highest rate
-   met *below* it; the worker widens that bound by the search's precision, since a miss
-   near the boundary may be noise. A trial dominated with it stops its search (rule 3's argument),
+   met *below* it (``RateSearch.optimistic``: the lowest miss outside noise when the
+   lowest is within noise, as a boundary fit may pass it); the worker widens that bound
+   by the search's precision, since a miss near the boundary may be noise. A trial dominated with it stops its search (rule 3's argument),
    and a limit ``max_rate@slo >= x`` with the bound below x makes it infeasible (rule 1).
 
 What "safe" rests on, and how it is checked: rules 1, 2 and 4a are exact. Rules 3 and 4b
