@@ -188,7 +188,8 @@ class MaxRateResult(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     max_rate: float | None = Field(description="Highest rate that met the SLO below the lowest "
-                                   "that missed; 0.0 when none did (slo_unmet).")
+                                   "that missed, or the boundary fit's rate (answer: fit); 0.0 "
+                                   "when none did (slo_unmet).")
     status: str = Field(description="found: bracket within precision; lower_bound: met at the "
                         "highest allowed rate; slo_unmet: missed at the lowest; levels: "
                         "max_levels spent first; budget: the trial's time ran out; stopped: "
