@@ -64,6 +64,58 @@ def test_latency_bound_is_the_lower_level_and_unknown_metrics_are_unbounded() ->
     assert optimistic(Target("output_tok_s", 1, "maximize"), lv(c4={"output_tok_s": 9.0}), []) == math.inf
 
 
+def test_bound_from_an_unsteady_level_starts_from_its_fastest_pace() -> None:
+    # The smollm2-engine landscape (real CPU build, busy cores): level 1 at 5.9 tok/s with
+    # sub-windows 1.83x apart, then 30.4 tok/s at level 4 - more than 4 x 5.9. Carried to
+    # level 4 the level-1 rate is taken at its fastest sub-window's pace.
+    thr4 = Target("output_tok_s", 4, "maximize")
+    steady = lv(c1={"output_tok_s": 5.9, "tpot_ms.mean": 169.9, "stability_ratio": 1.0})
+    shaky = lv(c1={"output_tok_s": 5.9, "tpot_ms.mean": 169.9, "stability_ratio": 1.83})
+    assert optimistic(thr4, steady, []) == pytest.approx(23.6)
+    assert optimistic(thr4, shaky, []) == pytest.approx(5.9 * 1.83 * 4) and optimistic(thr4, shaky, []) > 30.4
+    # Latency carried upwards: divided by the spread (a disturbance inflates it).
+    assert optimistic(Target("tpot_ms.mean", 4, "minimize"), shaky, []) == pytest.approx(169.9 / 1.83)
+    # The level's own value is what it measured: the spread only moves bounds to other levels.
+    assert optimistic(Target("output_tok_s", 1, "maximize"), shaky, []) == pytest.approx(5.9)
+    # Not reported, NaN or steady: no widening.
+    for ratio in (None, math.nan, 0.9):
+        level = {"output_tok_s": 5.9} if ratio is None else {"output_tok_s": 5.9, "stability_ratio": ratio}
+        assert optimistic(thr4, {1: level}, []) == pytest.approx(23.6)
+
+
+def test_real_landscape_replay_never_stops_a_trial_that_would_enter_the_front() -> None:
+    # benchmarks/landscapes/smollm2-engine.json replayed as benchmarks/anytime.py does: before
+    # the unsteady-level widening, 4 of 30 seeds stopped the eager float32 n-gram point after
+    # level 1 although its full measurement would have entered the study's front.
+    import json
+    from pathlib import Path
+
+    from tuner.sim.landscape import ground_truth
+    from tuner.sim.study import EarlyStopPolicy, run_study
+    from tuner.study.samplers import make_sampler
+    from tuner.study.spec import ExecutionSpec, SamplerSpec
+    from tuner.study.study_file import parse_study
+
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads((root / "benchmarks/landscapes/smollm2-engine.json").read_text(encoding="utf-8"))
+    path = root / data["study_file"]
+    spec = parse_study(path.read_text(encoding="utf-8"), str(path)).model_copy(
+        update={"sampler": SamplerSpec(), "execution": ExecutionSpec()})
+    truth = ground_truth(spec, data)
+    policy = EarlyStopPolicy(reorder=True, streaming_verify=True, inside=True)
+    stopped = wrong = 0
+    for seed in (3, 9, 10, 27):       # the seeds that stopped it wrongly
+        def factory(s, sd):
+            return make_sampler(s.model_copy(update={"sampler": SamplerSpec(name="auto", seed=sd)}),
+                                budget=len(truth.points))
+        run = run_study(spec, truth, factory, n_trials=len(truth.points), seed=seed, noise=0.03,
+                        policy=policy, compile_cache=True)
+        stopped += sum(1 for t in run.trials if t.stopped)
+        wrong += sum(1 for t in run.trials if t.would_enter_front)
+    assert stopped > 0, "nothing stopped: the replay would prove nothing"
+    assert wrong == 0
+
+
 def test_dominance_needs_strictly_better_somewhere() -> None:
     dirs = ["maximize", "minimize"]
     assert dominated((300.0, 14.0), [(300.0, 14.0)], dirs) is None            # equal: not dominated

@@ -70,11 +70,28 @@ def test_guard_never_stops_inside_a_level_it_cannot_bound() -> None:
     assert not _guard().inside_level(1, view, [64])
     both = (THR, Target("tpot_ms.mean", 64, "minimize"))
     assert not _guard(both).inside_level(64, view, [4, 16])
-    # The last level is measured whole, as with rules 2 and 3.
-    assert not _guard().inside_level(64, view, [])
     # Switched off in the plan, or no plan at all.
     assert not _guard(inside_margin=None).inside_level(64, view, [4, 16])
     assert not SweepGuard(None).inside_level(64, view, [4, 16])
+
+
+def test_guard_stops_inside_the_last_level_too() -> None:
+    # The real landscapes measure their throughput objective last (levels 1, 4): the drain
+    # of a dominated trial's last level is what rule 4 saves there. Rule 4a: told completed,
+    # with the level's own figure; nothing after it is skipped.
+    view = {"output_tok_s": 300.0, "window_s": 10.0, "first_wave_s": 30.0, "stable": True, "exact": True,
+            "completed": 150, "planned": 192}
+    g = _guard()
+    assert g.inside_level(64, view, [])
+    assert g.record["reason"] == "dominated_exact" and g.record["skipped_levels"] == [64]
+    assert g.record["measured"]["64"]["output_tok_s"] == 300.0
+    # Rule 4b in the last level: stopped on the window so far, never on the front.
+    g = _guard()
+    assert g.inside_level(64, {**view, "output_tok_s": 250.0, "exact": False, "window_s": 20.0}, [])
+    assert g.record["reason"] == "dominated_inside"
+    # A last level that could still reach the front runs to its end: 300 * 1.25 > 330.
+    g = _guard()
+    assert not g.inside_level(64, {**view, "exact": False, "window_s": 20.0}, []) and g.record is None
 
 
 # -- the load generator's window ----------------------------------------------------------------

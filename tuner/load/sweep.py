@@ -205,8 +205,8 @@ async def _concurrency_levels(
     for i, c in enumerate(order):
         later = [x for x in order[i + 1:] if x not in skipped]
         check = None
-        # Like after_level, only while levels remain: the last level is measured whole.
-        if (inside_level is not None and later and spec.repeats == 1
+        # Every level, the last one too (its drain is what early stop rule 4 can skip there).
+        if (inside_level is not None and spec.repeats == 1
                 and spec.client_processes == 1):
             def check(view: dict[str, Any], c: int = c, later: list[int] = later) -> bool:
                 return inside_level(c, view, later)

@@ -272,7 +272,7 @@ class SimExecutor:
         limits = {k: v for k, v in m.constraints.items() if k.startswith("limit:")}
         for i, c in enumerate(levels):
             before = {lc: m.levels[lc] for lc in levels[:i]}
-            if policy.inside and i + 1 < len(levels):
+            if policy.inside:      # the last level too, as the load generator does
                 inside = self._inside(number, truth, c, before, m.levels[c], plan, policy)
                 if inside is not None:
                     seconds, bounds, where = inside

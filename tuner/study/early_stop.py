@@ -91,9 +91,10 @@ informational levels (4a: its halted level carries only the output tok/s it was 
       level's noise scaled by the square root of the window it misses, drawn independently
       of the final value, and counts wrong stops (must be 0).
 
-   Like rules 2 and 3, only while levels remain after the one judged (the last level is
-   measured whole); not used with ``repeats`` > 1 or sharded clients
-   (``client_processes`` > 1).
+   Also in the last level (unlike rules 2 and 3, which have nothing left to skip there):
+   the real landscapes measure their throughput objective last (levels 1, 4), and a
+   dominated trial's drain is all rule 4 can save them. Not used with ``repeats`` > 1 or
+   sharded clients (``client_processes`` > 1).
 
 5. **During the max_rate@slo search** (``SweepGuard.during_search``): every other objective
    is measured by then; ``max_rate@slo`` can at best be the lowest rate that missed the SLO
@@ -227,6 +228,11 @@ def optimistic(target: Target, measured: Levels, history: Sequence[Levels], *,
     value = _noisy_best(measured[low], target)
     if value is None:
         return unbounded
+    # Carried to a level not measured yet, the value stands for the configuration's pace,
+    # but an unsteady level (a neighbour on shared cores) measured it held down: its
+    # fastest sub-window ran up to ``stability_ratio`` times its mean, and the bound starts
+    # from that pace instead (``unsteady``).
+    spread = unsteady(measured[low])
     base = target.metric.split(".")[0]
     if base in AGGREGATE_METRICS and target.direction == "maximize":
         if target.level / low > max_gap:
@@ -235,12 +241,25 @@ def optimistic(target: Target, measured: Levels, history: Sequence[Levels], *,
         learned, n = learned_ratio(history, target.metric, low, target.level)
         if n >= min_history:
             ratio = min(ratio, learned * (1 + margin))
-        return value * ratio
+        return value * spread * ratio
     if base.startswith(_LATENCY_PREFIXES) and target.direction == "minimize":
-        return value
+        return value / spread
     if base == "output_tok_s_per_user" and target.direction == "maximize":
-        return value
+        return value * spread
     return unbounded
+
+
+def unsteady(level: Mapping[str, float]) -> float:
+    """How far a level's pace moved while it was measured: its ``stability_ratio`` (max/min
+    of the window's sub-window output rates, tuner.load.window), 1 when steady or not
+    reported. Real levels measured on busy hosts reach 1.5-2.5 (the smollm2 landscapes);
+    there a level-1 rate 5.9 tok/s became 30.4 at level 4 (5.2x across a 4x step): per-stream
+    speed did not rise with load, the level-1 run was slowed by other work."""
+
+    ratio = level.get("stability_ratio")
+    if ratio is None or not math.isfinite(ratio) or ratio <= 1.0:
+        return 1.0
+    return float(ratio)
 
 
 def _noisy_best(level: Mapping[str, float], target: Target) -> float | None:
@@ -524,8 +543,8 @@ class SweepGuard:
 
         if not self.enabled or self.stopped or self.inside_margin is None:
             return self.stopped
-        if not remaining:
-            return False      # as after_level: the last level is measured whole
+        # Unlike after_level, the last level counts too: its drain (4a) or the rest of its
+        # window (4b) is what is left to skip.
         mine = [t for t in self.targets if t.level == level]
         if not mine or any(not (t.metric == "output_tok_s" and t.direction == "maximize") for t in mine):
             return False      # nothing at this level to bound, or an objective rule 4 cannot bound
