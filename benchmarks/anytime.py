@@ -245,6 +245,7 @@ def early_stop_summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "time_saved": round(1 - sum(on[s]["seconds"] for s in seeds) / sum(off[s]["seconds"] for s in seeds), 4),
             "ceiling": round(sum(off[s]["ceiling_seconds"] for s in seeds) / sum(off[s]["seconds"] for s in seeds), 4),
             "time_saved_per_seed": per_seed,
+            "ceiling_per_seed": [round(off[s]["ceiling_seconds"] / off[s]["seconds"], 4) for s in seeds],
             "wrong_stops": sum(on[s]["wrong_stops"] for s in seeds),
             "true_front_stopped": sum(on[s]["true_front_stopped"] for s in seeds),
             "final_hv_median": {"off": statistics.median(off[s]["final_hv"] for s in seeds),
@@ -261,6 +262,12 @@ def print_early_stop(results: dict[str, Any]) -> None:
               + " ".join(f"{100 * v:.1f}" for v in seeds)
               + f"  | wrong stops {e['wrong_stops']}, true front points stopped {e['true_front_stopped']}, "
               f"final HV {e['final_hv_median']['off']:.3f} -> {e['final_hv_median']['on']:.3f}  {e['stopped']}")
+        if e.get("ceiling_per_seed"):
+            # The ceiling per seed: where a seed's saving stands against what any rule inside
+            # a trial could save in that study (_ceiling).
+            print(f"  {'':<16} ceiling per seed " + " ".join(f"{100 * v:.1f}" for v in e["ceiling_per_seed"]))
+    print("  saved: study time saved (whole budget, same seeds); ceiling: every trial that did not join the"
+          " front stopped the moment its server was up (startup, stop and stops while starting aside)")
 
 
 def _repeats_while_unmeasured(run: Any, size: int) -> int:

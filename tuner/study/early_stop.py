@@ -106,7 +106,8 @@ informational levels (4a: its halted level carries only the output tok/s it was 
 
 What "safe" rests on, and how it is checked: rules 1, 2 and 4a are exact. Rules 3 and 4b
 assume their bounds hold; ``benchmarks/search_efficiency.py --early-stop`` replays whole studies against
-the simulator's ground truth (with measurement noise) and counts stopped trials whose full
+the simulator's ground truth (with measurement noise), ``benchmarks/anytime.py --early-stop``
+also against the real landscapes (``benchmarks/landscapes``), and both count stopped trials whose full
 measurement would have entered the front, and true front points stopped before their
 objectives were measured. Both must be 0; tests/test_early_stop.py runs a small version and
 tests/test_search_truth.py checks the startup rule against the simulator's logs.
