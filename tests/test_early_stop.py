@@ -81,6 +81,10 @@ def test_bound_from_an_unsteady_level_starts_from_its_fastest_pace() -> None:
     for ratio in (None, math.nan, 0.9):
         level = {"output_tok_s": 5.9} if ratio is None else {"output_tok_s": 5.9, "stability_ratio": ratio}
         assert optimistic(thr4, {1: level}, []) == pytest.approx(23.6)
+    # Flagged unstable with no ratio (a sub-window without tokens, or no window): no bound.
+    blank = {1: {"output_tok_s": 5.9, "tpot_ms.mean": 169.9, "stability_ratio": math.nan, "unstable": 1.0}}
+    assert optimistic(thr4, blank, []) == math.inf
+    assert optimistic(Target("tpot_ms.mean", 4, "minimize"), blank, []) == -math.inf
 
 
 def test_real_landscape_replay_never_stops_a_trial_that_would_enter_the_front() -> None:

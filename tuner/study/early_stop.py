@@ -234,6 +234,8 @@ def optimistic(target: Target, measured: Levels, history: Sequence[Levels], *,
     # fastest sub-window ran up to ``stability_ratio`` times its mean, and the bound starts
     # from that pace instead (``unsteady``).
     spread = unsteady(measured[low])
+    if math.isinf(spread):
+        return unbounded
     base = target.metric.split(".")[0]
     if base in AGGREGATE_METRICS and target.direction == "maximize":
         if target.level / low > max_gap:
@@ -253,14 +255,15 @@ def optimistic(target: Target, measured: Levels, history: Sequence[Levels], *,
 def unsteady(level: Mapping[str, float]) -> float:
     """How far a level's pace moved while it was measured: its ``stability_ratio`` (max/min
     of the window's sub-window output rates, tuner.load.window), 1 when steady or not
-    reported. Real levels measured on busy hosts reach 1.5-2.5 (the smollm2 landscapes);
+    reported, inf when flagged ``unstable`` without a ratio (a sub-window without tokens,
+    or no window at all: the whole-run fallback), which carries no bound. Real levels measured on busy hosts reach 1.5-2.5 (the smollm2 landscapes);
     there a level-1 rate 5.9 tok/s became 30.4 at level 4 (5.2x across a 4x step): per-stream
     speed did not rise with load, the level-1 run was slowed by other work."""
 
     ratio = level.get("stability_ratio")
-    if ratio is None or not math.isfinite(ratio) or ratio <= 1.0:
-        return 1.0
-    return float(ratio)
+    if ratio is None or not math.isfinite(ratio):
+        return math.inf if level.get("unstable") == 1.0 else 1.0
+    return max(1.0, float(ratio))
 
 
 def _noisy_best(level: Mapping[str, float], target: Target) -> float | None:
