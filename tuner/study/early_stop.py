@@ -230,9 +230,9 @@ def optimistic(target: Target, measured: Levels, history: Sequence[Levels], *,
     if value is None:
         return unbounded
     # Carried to a level not measured yet, the value stands for the configuration's pace,
-    # but an unsteady level (a neighbour on shared cores) measured it held down: its
-    # fastest sub-window ran up to ``stability_ratio`` times its mean, and the bound starts
-    # from that pace instead (``unsteady``).
+    # but an unsteady level (other work on the host, a drifting server) may have measured
+    # it held down: its fastest sub-window ran up to ``stability_ratio`` times its mean,
+    # and the bound starts from that pace instead (``unsteady``).
     spread = unsteady(measured[low])
     if math.isinf(spread):
         return unbounded
@@ -256,9 +256,12 @@ def unsteady(level: Mapping[str, float]) -> float:
     """How far a level's pace moved while it was measured: its ``stability_ratio`` (max/min
     of the window's sub-window output rates, tuner.load.window), 1 when steady or not
     reported, inf when flagged ``unstable`` without a ratio (a sub-window without tokens,
-    or no window at all: the whole-run fallback), which carries no bound. Real levels measured on busy hosts reach 1.5-2.5 (the smollm2 landscapes);
-    there a level-1 rate 5.9 tok/s became 30.4 at level 4 (5.2x across a 4x step): per-stream
-    speed did not rise with load, the level-1 run was slowed by other work."""
+    or no window at all: the whole-run fallback), which carries no bound.
+
+    Real levels measured on busy hosts reach 1.1-2.5 (the smollm2 landscapes, two shared
+    cores); there a level-1 rate of 5.9 tok/s (ratio 1.83) became 30.4 at level 4, 5.2x
+    across a 4x step: per-stream speed does not rise with load, so the level-1 run was
+    held down by something else, most likely other work on the cores."""
 
     ratio = level.get("stability_ratio")
     if ratio is None or not math.isfinite(ratio):
