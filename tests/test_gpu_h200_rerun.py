@@ -157,3 +157,20 @@ def test_a_better_rerun_outside_the_tolerance_is_not_reproducible() -> None:
     assert judge(2, labels, directions, trial_values, runs, tolerance=0.12, repeats=1).verdict == "reproduced"
     assert "not reproducible (1 re-run): output_tok_s@cmax 7354 -> 8163 (+11.0%)" in (
         STUDY / "status.txt").read_text()
+
+
+def test_status_shows_the_reruns_cache_hit_start_under_the_verdict(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    from tuner.cli import main
+
+    shutil.copytree(STUDY, tmp_path / "smollm2-h200")
+    assert main(["status", "smollm2-h200", "--results", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    verdict = next(i for i, line in enumerate(lines) if "not reproducible (1 re-run)" in line)
+    assert lines[verdict + 1].strip() == "re-run 0002-1: " + summary_text(_json(RERUN / "startup.json"))
+    assert lines[verdict + 1].endswith("(torch.compile cache hit)")
+    # ...and the trial's own first start, further down, compiled.
+    first = summary_text(_json(FDO / "startup.json"))
+    assert first.endswith("(torch.compile cache miss)") and first in "\n".join(lines[verdict + 2:])

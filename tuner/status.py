@@ -369,10 +369,12 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
         confirmation = status.get("confirmations", {}).get(str(row["trial"]))
         if confirmation is not None:
             lines.append(f"             {summary_text(confirmation)}")
+            lines.extend(_rerun_startup_lines(confirmation))
     off_front = [c for k, c in sorted(status.get("confirmations", {}).items(), key=lambda kv: int(kv[0]))
                  if int(k) not in {row["trial"] for row in status["front"]}]
     for confirmation in off_front:
         lines.append(f"  trial {confirmation['trial']:>3} (no longer on the front): {summary_text(confirmation)}")
+        lines.extend(_rerun_startup_lines(confirmation))
     for tie in status.get("ties") or []:
         lines.append(f"  tie: {tie['text']} (values ± their 95 % noise)")
     unsteady = [row for row in status["front"] if row.get("unstable_levels")]
@@ -435,6 +437,18 @@ def _startup_summary_lines(summary: dict[str, Any]) -> list[str]:
     phases = " + ".join(f"{PHASE_LABELS[p]} {med[p]:.1f}" for p in PHASES if p in med)
     return [f"  startup: median {med['total']:.1f}s over {summary['trials']} server(s){share}{cache}",
             f"    median phases (s): {phases}"]
+
+
+def _rerun_startup_lines(confirmation: dict[str, Any]) -> list[str]:
+    """``re-run 0002-1: startup 56.8s = ... (torch.compile cache hit)`` per re-run that
+    came up: next to the trial's own first start, what the shared compile cache saved."""
+
+    lines = []
+    for run in confirmation.get("runs") or []:
+        rec = run.get("startup") if isinstance(run, dict) else None
+        if isinstance(rec, dict) and rec.get("total_s") is not None:
+            lines.append(f"             re-run {run.get('folder')}: {startup_summary_text(rec)}")
+    return lines
 
 
 def _startup_lines(row: dict[str, Any]) -> list[str]:

@@ -196,6 +196,16 @@ class StudyPaths:
                 found[int(data["trial"])] = data
             except (OSError, ValueError, KeyError, TypeError):
                 continue   # half-written or foreign: the re-run is simply not shown
+            # Each re-run's server start, so status can show what a fresh start costs with
+            # the study's compile cache warm (the first start of the same point compiled).
+            for run in data.get("runs") or []:
+                folder = run.get("folder") if isinstance(run, dict) else None
+                startup = self.confirm_root / folder / "startup.json" if isinstance(folder, str) else None
+                if startup is not None and startup.is_file():
+                    try:
+                        run["startup"] = json.loads(startup.read_text())
+                    except (OSError, ValueError):
+                        pass
         return found
 
     @property
