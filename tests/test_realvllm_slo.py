@@ -90,11 +90,12 @@ def test_real_cpu_slo_study(tmp_path: Path, orphan_check: list[str]) -> None:
             assert rates[lo]["met"] is True
             if record.get("answer", "verdicts") == "fit":
                 # The bracket's verdicts were within noise: the answer is where the line
-                # through the margins crosses 1, strictly between the clear verdicts.
+                # through the margins crosses 1, at or above the highest clear meet (a
+                # crossing below it is raised to it) and below the lowest clear miss.
                 assert record["fit"] is not None and record["max_rate"] != lo
                 clear_met = [p["rate"] for p in probes if p["met"] and not p["within_noise"]]
                 clear_miss = [p["rate"] for p in probes if not p["met"] and not p["within_noise"]]
-                assert not clear_met or record["max_rate"] > max(clear_met), record
+                assert not clear_met or record["max_rate"] >= max(clear_met), record
                 assert not clear_miss or record["max_rate"] < min(clear_miss), record
             else:
                 assert record["max_rate"] == lo
