@@ -252,10 +252,20 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "front": [_trial_row(r, paths=paths) for r in front],
         "ties": [t.as_dict() for t in ties],
         # Confirmation re-runs (confirm/), by trial number; shown under the front.
-        "confirmations": {str(k): v for k, v in paths.confirmations().items()},
+        "confirmations": {str(k): _with_rerun_startups(paths, v) for k, v in paths.confirmations().items()},
         "trials": [_trial_row(r, paths) for r in runs],
         "startup": _startup_summary(runs),
     }
+
+
+def _with_rerun_startups(paths: StudyPaths, confirmation: dict[str, Any]) -> dict[str, Any]:
+    """The verdict with each re-run's startup record beside it, so status can show what a
+    fresh start cost with the study's compile cache warm."""
+
+    runs = [dict(run, startup=paths.rerun_startup(run["folder"]))
+            if isinstance(run, dict) and isinstance(run.get("folder"), str) else run
+            for run in confirmation.get("runs") or []]
+    return {**confirmation, "runs": runs}
 
 
 def _startup_summary(runs: list[TrialRecord]) -> dict[str, Any] | None:

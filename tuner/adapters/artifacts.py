@@ -196,17 +196,16 @@ class StudyPaths:
                 found[int(data["trial"])] = data
             except (OSError, ValueError, KeyError, TypeError):
                 continue   # half-written or foreign: the re-run is simply not shown
-            # Each re-run's server start, so status can show what a fresh start costs with
-            # the study's compile cache warm (the first start of the same point compiled).
-            for run in data.get("runs") or []:
-                folder = run.get("folder") if isinstance(run, dict) else None
-                startup = self.confirm_root / folder / "startup.json" if isinstance(folder, str) else None
-                if startup is not None and startup.is_file():
-                    try:
-                        run["startup"] = json.loads(startup.read_text())
-                    except (OSError, ValueError):
-                        pass
         return found
+
+    def rerun_startup(self, folder: str) -> dict[str, Any] | None:
+        """The startup record of confirmation re-run ``folder`` (``confirm/0002-1``), if any."""
+
+        try:
+            data = json.loads((self.confirm_root / folder / "startup.json").read_text())
+        except (OSError, ValueError):
+            return None
+        return data if isinstance(data, dict) else None
 
     @property
     def reference_dir(self) -> Path:
