@@ -28,6 +28,7 @@ import httpx
 
 from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.load.max_rate_text import max_rate_text
+from tuner.load.protocol import IDLE_REUSE_LIMIT_S
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.server_calls import scrape_metrics
 from tuner.load.sweep import run_sweep
@@ -108,7 +109,9 @@ async def ameasure(
     started_at = datetime.now(UTC).isoformat()
     notes: list[str] = []
     wanted = [n for n in (spec.server.served_model_name, spec.server.model) if n]
-    async with httpx.AsyncClient(headers=headers, trust_env=False) as client:
+    async with httpx.AsyncClient(
+        headers=headers, trust_env=False, limits=httpx.Limits(keepalive_expiry=IDLE_REUSE_LIMIT_S)
+    ) as client:
         model, listed = await discover_model(client, url, wanted)
         if model not in wanted:
             notes.append(

@@ -26,6 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from tuner.load.protocol import IDLE_REUSE_LIMIT_S
+
 __all__ = ["Endpoint", "HttpConnectError", "HttpProtocolError", "StreamConnection"]
 
 _MAX_HEAD = 64 * 1024
@@ -99,12 +101,18 @@ class StreamConnection(asyncio.Protocol):
         self._head_seen: asyncio.Future[int] | None = None
         self.status = 0
         self._error_body = bytearray()
+        self._idle_since = 0.0  # time.monotonic() when the last response ended
 
     # -- lifecycle ----------------------------------------------------------------------
 
     @property
     def usable(self) -> bool:
-        """Open and idle: can carry the next request."""
+        """Open, idle, and idle for less than ``IDLE_REUSE_LIMIT_S``: can carry the next
+        request without racing the server's keep-alive close."""
+        return self._open_idle and time.monotonic() - self._idle_since < IDLE_REUSE_LIMIT_S
+
+    @property
+    def _open_idle(self) -> bool:
         return not self._closed and self._state == _IDLE and self._keep_alive
 
     async def connect(self, timeout: float) -> None:
@@ -135,6 +143,7 @@ class StreamConnection(asyncio.Protocol):
         self._closed = False
         self._state = _IDLE
         self._keep_alive = True
+        self._idle_since = time.monotonic()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._closed = True
@@ -163,7 +172,7 @@ class StreamConnection(asyncio.Protocol):
             asyncio.CancelledError / TimeoutError from an enclosing timeout: the connection
                 is closed (a half-read response cannot be resumed).
         """
-        if not self.usable or self._transport is None:
+        if not self._open_idle or self._transport is None:
             raise HttpProtocolError("connection is not open and idle")
         loop = asyncio.get_running_loop()
         self._sink = sink
@@ -382,6 +391,7 @@ class StreamConnection(asyncio.Protocol):
 
     def _finish(self) -> None:
         self._state = _IDLE
+        self._idle_since = time.monotonic()
         done = self._done
         if done is not None and not done.done():
             done.set_result(None)

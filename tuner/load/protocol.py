@@ -16,10 +16,23 @@ from tuner.load.records import RequestError, RequestRecord
 from tuner.load.sse import SSEError
 from tuner.load.workload import RequestPlan
 
-__all__ = ["API_PATHS", "Live", "StreamState", "encode_body", "make_record", "request_body",
+__all__ = ["API_PATHS", "IDLE_REUSE_LIMIT_S", "Live", "StreamState", "encode_body", "make_record", "request_body",
            "server_root"]
 
 API_PATHS: dict[str, str] = {"completions": "/v1/completions", "chat": "/v1/chat/completions"}
+
+IDLE_REUSE_LIMIT_S = 2.0
+"""A keep-alive connection idle this long is not reused; the next request opens a new one.
+
+vLLM's HTTP server (uvicorn) closes a connection that has been idle for
+``VLLM_HTTP_TIMEOUT_KEEP_ALIVE`` seconds, 5 by default, which is also httpx's default idle
+expiry. A request written onto such a connection just as the server closes it is answered
+with a TCP reset (httpx: an empty ``ReadError``), a failure of the client's timing, not of
+the configuration. Seen in CI: the reference's probe failed that way twice in one run;
+reproduced against uvicorn at 7 resets in 150 requests sent at its keep-alive timeout, none
+once the client gave idle connections up first. Every client of the tuner's (load generator,
+probe, /metrics and /tokenize calls) keeps its idle connections well below the server's
+timeout."""
 
 
 def server_root(base_url: str) -> str:

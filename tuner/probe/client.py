@@ -16,6 +16,7 @@ from time import perf_counter
 import httpx
 
 from tuner.probe.bank import build_pool
+from tuner.probe.http import describe, make_client, post
 from tuner.probe.items import ProbeItem, build_items
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
 from tuner.probe.prompts_file import PromptsFileError, parse_prompts_jsonl
@@ -78,7 +79,7 @@ async def ask_item(
         error: str | None = None
         parsed: tuple[str, str | None, int | None, int | None] | None = None
         try:
-            response = await client.post(path, json=body, timeout=timeout)
+            response = await post(client, path, body, timeout)
             if response.status_code != 200:
                 error = f"HTTP {response.status_code}: {response.text[:200]}"
             else:
@@ -86,7 +87,7 @@ async def ask_item(
         except httpx.TimeoutException:
             error = f"timeout after {timeout:.1f} s"
         except httpx.HTTPError as exc:
-            error = f"{type(exc).__name__}: {exc}"
+            error = describe(exc)
         except ValueError as exc:  # JSON decoding or a malformed body
             error = f"bad response body: {exc}"
         latency = perf_counter() - start
@@ -160,15 +161,7 @@ async def run_probe(
     deadline = None if deadline_s is None else start + deadline_s
     widest = max(spec.concurrency)
     answers: list[ProbeAnswer] = []
-    async with httpx.AsyncClient(
-        base_url=base_url.rstrip("/"),
-        headers=dict(headers or {}),
-        timeout=spec.request_timeout_s,
-        limits=httpx.Limits(max_connections=widest, max_keepalive_connections=widest),
-        # The probe talks to a server the tuner started; a proxy from the environment
-        # must not sit between them and distort answers or latencies.
-        trust_env=False,
-    ) as client:
+    async with make_client(base_url, headers, spec, widest) as client:
         for level in spec.concurrency:
             gate = asyncio.Semaphore(level)
             async with asyncio.TaskGroup() as group:

@@ -1,5 +1,10 @@
 """The probe's HTTP plumbing: one client per probe run, a POST that turns every failure into a
 readable ``ValueError``, and per-request timeouts capped by the probe's deadline.
+
+A request the server resets before answering (a keep-alive connection closed under it) is
+sent once more on a new connection: the probe's requests are greedy and idempotent, and a
+connection's timing says nothing about the configuration's answers. A server that really
+died fails the second attempt too, and the error names both.
 """
 
 from __future__ import annotations
@@ -10,9 +15,13 @@ from typing import Any
 
 import httpx
 
+from tuner.load.protocol import IDLE_REUSE_LIMIT_S
 from tuner.probe.spec import ProbeSpec
 
-__all__ = ["make_client", "post_json", "request_timeout"]
+__all__ = ["describe", "make_client", "post", "post_json", "request_timeout"]
+
+# Failures of the connection before any response: the request can be sent again.
+_RESET = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 
 
 def make_client(
@@ -22,10 +31,44 @@ def make_client(
         base_url=base_url.rstrip("/"),
         headers=dict(headers or {}),
         timeout=spec.request_timeout_s,
-        limits=httpx.Limits(max_connections=width, max_keepalive_connections=width),
+        limits=httpx.Limits(max_connections=width, max_keepalive_connections=width,
+                            keepalive_expiry=IDLE_REUSE_LIMIT_S),
         # The server is one the tuner started: no proxy from the environment in between.
         trust_env=False,
     )
+
+
+def _detail(exc: httpx.HTTPError) -> str:
+    # A reset surfaces as an httpx error with an empty message; name its cause instead.
+    return str(exc) or (type(exc.__cause__).__name__ if exc.__cause__ else "") or "no detail"
+
+
+def describe(exc: httpx.HTTPError) -> str:
+    return f"{type(exc).__name__}: {_detail(exc)}"
+
+
+async def post(
+    client: httpx.AsyncClient, path: str, body: dict[str, Any], timeout: float
+) -> httpx.Response:
+    """POST once, and once more on a new connection if the first was reset before any answer.
+
+    Raises:
+        httpx.TimeoutException: no answer in ``timeout`` (not retried: the time is spent).
+        httpx.HTTPError: any other failure; a reset twice raises the second with both named.
+    """
+    try:
+        return await client.post(path, json=body, timeout=timeout)
+    except httpx.TimeoutException:
+        raise
+    except _RESET as first:
+        try:
+            return await client.post(path, json=body, timeout=timeout)
+        except httpx.TimeoutException:
+            raise
+        except httpx.HTTPError as second:
+            raise type(second)(
+                f"{_detail(second)}, after {describe(first)} on the first attempt"
+            ) from second
 
 
 async def post_json(
@@ -33,11 +76,11 @@ async def post_json(
 ) -> Any:
     """POST and return the JSON body; raises ValueError with a readable reason otherwise."""
     try:
-        response = await client.post(path, json=body, timeout=timeout)
+        response = await post(client, path, body, timeout)
     except httpx.TimeoutException as exc:
         raise ValueError(f"timeout after {timeout:.1f} s") from exc
     except httpx.HTTPError as exc:
-        raise ValueError(f"{type(exc).__name__}: {exc}") from exc
+        raise ValueError(describe(exc)) from exc
     if response.status_code != 200:
         raise ValueError(f"HTTP {response.status_code}: {response.text[:200]}")
     try:
