@@ -96,3 +96,23 @@ def test_startup_downgrades_are_final_only_where_the_table_says() -> None:
     assert sorted(startup_mismatches(asked, "\n".join(lines[:cut]))) == [
         "compilation_config.cudagraph_mode", "disable_custom_all_reduce"]
     assert {c.target for c in verify(asked, parse_effective_config(text)).mismatches()} == set(asked)
+
+
+@pytest.mark.parametrize("value, error", [
+    ("5", None), ("3", None), (30, None),
+    ("2", "'2' is too low; allowed: a whole number, 3 or more"), ("1", "too low"),
+    ("five", "not a whole number"), ("2.5", "not a whole number"),
+])
+def test_a_server_keep_alive_below_the_clients_idle_limit_is_refused(value: Any, error: str | None) -> None:
+    got = check_value("env:VLLM_HTTP_TIMEOUT_KEEP_ALIVE", value)
+    if error is None:
+        assert got is None
+    else:
+        assert got is not None and error in got and "reset" in got
+
+
+def test_a_study_setting_a_short_keep_alive_is_refused_naming_the_field() -> None:
+    from tuner.study.spec import ServerSpec
+
+    with pytest.raises(ValueError, match=r"env\.VLLM_HTTP_TIMEOUT_KEEP_ALIVE: '1' is too low; allowed: a whole number, 3"):
+        ServerSpec.model_validate({"model": "m", "env": {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": 1}})

@@ -181,6 +181,29 @@ class Int(Values):
         return _int(value)
 
 
+@dataclass(frozen=True)
+class EnvInt(Values):
+    """An environment variable holding a whole number, ``low`` or more; ``why`` says why."""
+
+    low: int
+    why: str = ""
+
+    def check(self, value: Any) -> str | None:
+        if value is None:
+            return None
+        allowed = f"allowed: a whole number, {self.low} or more" + (
+            f" ({self.why})" if self.why else "")
+        number = _int(value) if not isinstance(value, float) else None
+        if number is None or str(value).strip() != str(number):
+            return f"{value!r} is not a whole number; {allowed}"
+        if number < self.low:
+            return f"{value!r} is too low; {allowed}"
+        return None
+
+    def canonical(self, value: Any) -> Any:
+        return _int(value)
+
+
 class IntList(Values):
     def canonical(self, value: Any) -> Any:
         if not isinstance(value, list | tuple):
@@ -446,6 +469,12 @@ _TABLE: tuple[Knob, ...] = (
        values=Choice(("1stage", "2stage"), case_sensitive=True)),
     _k("env:VLLM_FLASHINFER_ALLREDUCE_BACKEND", "FlashInfer all-reduce backend",
        values=Choice(("auto", "trtllm", "mnnvl"), case_sensitive=True)),
+    # The tuner's clients reopen a connection idle for IDLE_REUSE_LIMIT_S (2 s,
+    # tuner/load/protocol.py); a server that closes idle connections sooner races them and
+    # resets requests that say nothing about the configuration.
+    _k("env:VLLM_HTTP_TIMEOUT_KEEP_ALIVE", "HTTP keep-alive timeout",
+       values=EnvInt(3, why="the tuner's clients keep an idle connection up to 2 s, and a "
+                            "server that closes it sooner resets their requests")),
 )
 
 KNOBS: Mapping[str, Knob] = {k.target: k for k in _TABLE}
