@@ -279,12 +279,19 @@ def check_export_starts_the_same_config(results: Path, name: str, tmp_path: Path
     """Export the best-throughput trial, start exactly that command, read its log back."""
 
     study_dir = results / name
-    front = {entry["trial"] for entry in json.loads((study_dir / "pareto.json").read_text())["front"]}
+    entries = json.loads((study_dir / "pareto.json").read_text())["front"]
+    front = {entry["trial"] for entry in entries}
+    # A front point whose confirmation re-run did not reproduce it (either way: on a 2-core
+    # runner a re-run has come back 37 % slower and 36 % faster) is left out of picks.
+    blocked = {e["trial"] for e in entries
+               if (e.get("confirmation") or {}).get("verdict") in ("not_reproducible", "failed")}
     exported = run_tuner("export", name, "--results", str(results), "--pick", "best-throughput",
                          "--format", "json")
     assert exported.returncode == 0, exported.stderr
     spec = json.loads(exported.stdout)
-    assert spec["trial"] in front
+    assert spec["trial"] not in blocked
+    if front - blocked:
+        assert spec["trial"] in front - blocked
     argv = [str(VENV_PYTHON) if a == "python" else a for a in spec["argv"]]
     # The study names its interpreter relative to the repo root and the export keeps the
     # study's words (only "{python}" becomes "python"): run from the root, it is that venv.
