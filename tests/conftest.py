@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,14 +21,21 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def free_port_block(size: int = 4) -> int:
-    """A base port with ``size`` consecutive free ports after it."""
+    """A base port with ``size`` consecutive free ports after it.
 
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + size >= 65535:
-            continue
+    Drawn below the kernel's ephemeral range and above Ray's worker ports (10002-19999): a
+    port the kernel hands out for binding to port 0 can be taken by one of Ray's processes
+    in the seconds between this check and the server's start (seen: a simulator's study
+    port held by a Ray process started by the same `tuner run`)."""
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    top = max(low, 20000 + 200 + size) - size
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(20000, top)
         ok = True
         for port in range(base, base + size):
             with socket.socket() as s:
