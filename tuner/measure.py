@@ -28,9 +28,8 @@ import httpx
 
 from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.load.max_rate_text import max_rate_text
-from tuner.load.protocol import IDLE_REUSE_LIMIT_S
 from tuner.load.record_files import write_records_jsonl
-from tuner.load.server_calls import scrape_metrics
+from tuner.load.server_calls import scrape_metrics, server_client
 from tuner.load.sweep import run_sweep
 from tuner.load.load_spec import rate_level_name
 from tuner.study.spec import StudySpec
@@ -109,9 +108,7 @@ async def ameasure(
     started_at = datetime.now(UTC).isoformat()
     notes: list[str] = []
     wanted = [n for n in (spec.server.served_model_name, spec.server.model) if n]
-    async with httpx.AsyncClient(
-        headers=headers, trust_env=False, limits=httpx.Limits(keepalive_expiry=IDLE_REUSE_LIMIT_S)
-    ) as client:
+    async with server_client(headers=headers) as client:
         model, listed = await discover_model(client, url, wanted)
         if model not in wanted:
             notes.append(

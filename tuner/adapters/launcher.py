@@ -31,7 +31,7 @@ import httpx
 
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import open_private
-from tuner.load.protocol import IDLE_REUSE_LIMIT_S
+from tuner.load.server_calls import server_client
 from tuner.secrets import Redactor
 from tuner.vllm.failure_signatures import FatalLineScanner, FatalSignature, trial_reason, vllm_message
 from tuner.vllm.startup import has_log_stamp
@@ -257,10 +257,7 @@ class ServerProcess:
         assert self.started_at is not None, "start() first"
         deadline = self.started_at + timeout_s
         pending_since: float | None = None
-        async with httpx.AsyncClient(
-            timeout=httpx.Timeout(2.0), trust_env=False,
-            limits=httpx.Limits(keepalive_expiry=IDLE_REUSE_LIMIT_S),
-        ) as client:
+        async with server_client(timeout=2.0) as client:
             while True:
                 self._scan_new_log()
                 code = self.exit_code()

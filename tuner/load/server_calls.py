@@ -1,5 +1,6 @@
 """The auxiliary (non-streamed) server calls of a sweep, through httpx: ``/tokenize`` to
-fit prompts to exact token counts, ``/metrics`` scraped around each measured level."""
+fit prompts to exact token counts, ``/metrics`` scraped around each measured level; and the
+httpx client every such call (and the probe, and the launcher's readiness poll) goes through."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import httpx
 
 from tuner.load.load_spec import Api, WorkloadSpec
 from tuner.load.prometheus import MetricsSnapshot, parse_prometheus_text
-from tuner.load.protocol import server_root
+from tuner.load.protocol import IDLE_REUSE_LIMIT_S, server_root
 from tuner.load.request import AUX_TIMEOUT_S
 from tuner.load.workload import (
     LengthModel,
@@ -22,9 +23,29 @@ from tuner.load.workload import (
     draft_requests,
 )
 
-__all__ = ["calibrate_lengths", "fetch_token_count", "fit_plan", "scrape_metrics"]
+__all__ = ["calibrate_lengths", "fetch_token_count", "fit_plan", "scrape_metrics", "server_client"]
 
 logger = logging.getLogger(__name__)
+
+
+def server_client(
+    *,
+    timeout: float | httpx.Timeout = httpx.Timeout(5.0),
+    headers: dict[str, str] | None = None,
+    width: int | None = None,
+    base_url: str = "",
+) -> httpx.AsyncClient:
+    """An httpx client for a server the tuner started: no proxy from the environment in
+    between, and idle connections given up before the server's keep-alive close can race a
+    request (``IDLE_REUSE_LIMIT_S``). ``width``: connections it may hold (httpx's defaults
+    when None); ``timeout``'s default is httpx's own."""
+
+    sizes = {} if width is None else {"max_connections": width,
+                                      "max_keepalive_connections": width}
+    return httpx.AsyncClient(
+        base_url=base_url, headers=dict(headers or {}), timeout=timeout, trust_env=False,
+        limits=httpx.Limits(keepalive_expiry=IDLE_REUSE_LIMIT_S, **sizes),
+    )
 
 
 async def fetch_token_count(

@@ -28,7 +28,6 @@ from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_re
 from tuner.load.max_rate import search_max_rate
 from tuner.load.open_loop import rate_level_metrics, run_rate_level
 from tuner.load.prometheus import MetricsSnapshot, server_side_metrics
-from tuner.load.protocol import IDLE_REUSE_LIMIT_S
 from tuner.load.rate_search import RateSearchSpec
 from tuner.load.records import RequestRecord
 from tuner.load.request import AUX_TIMEOUT_S, LevelContext
@@ -44,6 +43,7 @@ from tuner.load.server_calls import (
     fetch_token_count,
     fit_plan,
     scrape_metrics,
+    server_client,
 )
 from tuner.load.steady import SteadyRule
 from tuner.load.steady_loop import SteadyRun, run_steady_level
@@ -116,12 +116,7 @@ async def run_sweep(
         remaining = deadline_s - (time.monotonic() - t_start)
         return min(load_spec.max_level_seconds, remaining) if remaining > 0 else None
 
-    # /metrics is scraped between and inside levels, seconds apart: give idle connections up
-    # before the server's keep-alive close can race a scrape (IDLE_REUSE_LIMIT_S).
-    async with httpx.AsyncClient(
-        timeout=AUX_TIMEOUT_S, headers=headers, trust_env=False,
-        limits=httpx.Limits(keepalive_expiry=IDLE_REUSE_LIMIT_S),
-    ) as aux:
+    async with server_client(timeout=AUX_TIMEOUT_S, headers=headers) as aux:
         can_fit, lengths = await _prompt_lengths(aux, base_url, model, load_spec, notes)
         sweep = _Sweep(
             aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes,

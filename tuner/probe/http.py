@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from tuner.load.protocol import IDLE_REUSE_LIMIT_S
+from tuner.load.server_calls import server_client
 from tuner.probe.spec import ProbeSpec
 
 __all__ = ["describe", "make_client", "post", "post_json", "request_timeout"]
@@ -27,15 +27,8 @@ _RESET = (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
 def make_client(
     base_url: str, headers: Mapping[str, str] | None, spec: ProbeSpec, width: int
 ) -> httpx.AsyncClient:
-    return httpx.AsyncClient(
-        base_url=base_url.rstrip("/"),
-        headers=dict(headers or {}),
-        timeout=spec.request_timeout_s,
-        limits=httpx.Limits(max_connections=width, max_keepalive_connections=width,
-                            keepalive_expiry=IDLE_REUSE_LIMIT_S),
-        # The server is one the tuner started: no proxy from the environment in between.
-        trust_env=False,
-    )
+    return server_client(base_url=base_url.rstrip("/"), headers=dict(headers or {}),
+                         timeout=spec.request_timeout_s, width=width)
 
 
 def _detail(exc: httpx.HTTPError) -> str:
@@ -58,9 +51,7 @@ async def post(
     """
     try:
         return await client.post(path, json=body, timeout=timeout)
-    except httpx.TimeoutException:
-        raise
-    except _RESET as first:
+    except _RESET as first:  # (a timeout is none of these: it is not resent)
         try:
             return await client.post(path, json=body, timeout=timeout)
         except httpx.TimeoutException:
