@@ -63,6 +63,10 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, orphan_check: list[str]) 
     proc.stdout.close()
     done_before = {n: v for n, v in before.items() if v[0] == "COMPLETE"}
     assert done_before, "no trial had completed before the kill"
+    # The killed run's time up to its last finished trial is in the storage (status, report
+    # and a resume's --timeout count it), although the run never reached its own ending.
+    killed_elapsed = optuna.load_study(study_name=name, storage=storage).user_attrs.get("elapsed_s", 0.0)
+    assert killed_elapsed > 0.0
 
     # A second resume while the first runs must refuse; start the first in the background.
     first = subprocess.Popen(tuner_argv("resume", name, "--results", str(results)), cwd=ROOT,
@@ -83,6 +87,7 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, orphan_check: list[str]) 
     finished = [v for n, v in after.items() if v[0] in ("COMPLETE", "FAIL")]
     interrupted = [n for n in after if n not in done_before and after[n][0] == "FAIL"]
     study_obj = optuna.load_study(study_name=name, storage=storage)
+    assert study_obj.user_attrs["elapsed_s"] > killed_elapsed
     reasons = {t.number: t.user_attrs.get("failure", {}).get("reason") for t in study_obj.trials}
     counted = [n for n, v in after.items() if v[0] in ("COMPLETE", "FAIL") and reasons.get(n) != "interrupted"]
     assert len(counted) == 6, (after, reasons)

@@ -165,8 +165,14 @@ class StudyLoop:
                             f"lost nodes?); continue with `tuner resume {self.name}` when it is back")
                 else:
                     waiting_since = None
-                for item in self.executor.poll(0.5, stop_grace_s=self.spec.server.stop_timeout):
+                told = self.executor.poll(0.5, stop_grace_s=self.spec.server.stop_timeout)
+                for item in told:
                     self.tell(study, item)
+                if told:
+                    # Kept current with every trial, so a run killed outright (kill -9, a
+                    # machine taken back) leaves its time counted for status, report and the
+                    # --timeout budget of a resume, not only a run that ends normally.
+                    study.set_user_attr("elapsed_s", elapsed_before + self.clock() - began)
         except NoWorkersLeft as exc:
             self.stop_reason = "no_workers"
             self.cancel_running(study)
