@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -10,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -139,55 +137,16 @@ def orphan_check():
 # -- fault-injection bookkeeping (tests/test_faults.py and friends) -------------------
 
 FAULT_ROWS: list[dict[str, Any]] = []
-# Under pytest-xdist the fault tests run in worker processes while the table is printed by the
-# controller: rows go through a JSON-lines file the controller names before its workers start.
-FAULT_ROWS_ENV = "TUNER_TEST_FAULT_ROWS"
 
 
 def record_fault_row(scenario: str, *, detection: str, lost: int, orphans: int, reason: str) -> None:
     """One line of the fault table printed at the end of the session."""
 
-    row = {"scenario": scenario, "detection": detection, "lost": lost, "orphans": orphans,
-           "reason": reason}
-    if shared := os.environ.get(FAULT_ROWS_ENV):
-        with open(shared, "a", encoding="utf-8") as out:
-            out.write(json.dumps(row) + "\n")
-    else:
-        FAULT_ROWS.append(row)
-
-
-def pytest_configure(config: Any) -> None:
-    if hasattr(config, "workerinput"):  # an xdist worker: its controller set the file up
-        return
-    if config.pluginmanager.hasplugin("xdist") and config.getoption("numprocesses", None):
-        fd, path = tempfile.mkstemp(prefix="tuner-fault-rows-", suffix=".jsonl")
-        os.close(fd)
-        os.environ[FAULT_ROWS_ENV] = path
-
-
-def pytest_collection_modifyitems(config: Any, items: list[pytest.Item]) -> None:
-    """Real-vLLM tests first, and under pytest-xdist all on one worker (one xdist group):
-    they share session fixtures (the recorded reference) and each wants the machine's CPU
-    for its server, while the simulator tests beside them mostly wait on processes."""
-
-    items.sort(key=lambda item: item.get_closest_marker("realvllm") is None)
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        if item.get_closest_marker("realvllm") is not None:
-            item.add_marker(pytest.mark.xdist_group("realvllm"))
+    FAULT_ROWS.append({"scenario": scenario, "detection": detection, "lost": lost,
+                       "orphans": orphans, "reason": reason})
 
 
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any) -> None:
-    if hasattr(config, "workerinput"):  # the controller prints the table
-        return
-    if shared := os.environ.get(FAULT_ROWS_ENV):
-        try:
-            lines = Path(shared).read_text(encoding="utf-8").splitlines()
-        except OSError:
-            lines = []
-        FAULT_ROWS.extend(json.loads(line) for line in lines if line.strip())
-        Path(shared).unlink(missing_ok=True)
     if not FAULT_ROWS:
         return
     terminalreporter.section("fault injection")
