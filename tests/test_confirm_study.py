@@ -22,7 +22,11 @@ from tests.conftest import ROOT, processes_with_env, tuner_argv, write_study
 from tests.faultkit import FAST, Tuner, wait_for
 from tuner.adapters import proctree
 
-pytestmark = pytest.mark.slow
+# quiethost: the verdicts compare two timings of a 20x-fast simulated clock, which a vLLM CPU
+# server busy on both cores beside it moves by 40-60 % (CI, 2026-12-03: a re-run read 1,464 ->
+# 536 tok/s, and a 25 s budget saw its last trial overrun the re-runs' reserve). These tests are
+# about the re-run machinery, not about a loaded host, so they run in the real-vLLM lane.
+pytestmark = [pytest.mark.slow, pytest.mark.quiethost]
 
 SCALE = "0.05"
 SLOWER = "0.2"
@@ -164,7 +168,9 @@ def test_a_wall_clock_limit_keeps_time_for_the_reruns(tmp_path: Path) -> None:
         assert "[budget] no new trials after" in out.stdout, out.stdout[-3000:]
         assert "are kept for the confirmation re-runs" in out.stdout
         root = results / path.stem
-        (verdict,) = [json.loads(p.read_text()) for p in (root / "confirm").glob("*.json")]
+        verdicts = [json.loads(p.read_text()) for p in (root / "confirm").glob("*.json")]
+        assert len(verdicts) == 1, out.stdout[-3000:]
+        (verdict,) = verdicts
         assert verdict["runs"][0]["outcome"] == "feasible", verdict
         finished = len(list((root / "trials").glob("*/outcome.json")))
         assert 2 <= finished < 40

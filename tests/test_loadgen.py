@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from tuner.load.closed_loop import run_level
+from tuner.load.loop_lag import LoopLagMonitor
 from tuner.load.record_files import read_records_jsonl, write_records_jsonl
 from tuner.load.results import SweepResult
 from tuner.load.server_calls import fetch_token_count
@@ -463,10 +464,13 @@ def test_sweep_budget_exhausted_skips_levels(served: Served) -> None:
 def test_sharded_level_merges_records_on_one_time_base(served: Served) -> None:
     script = {"chunks": [[0.05, 1], [0.01, 1]]}
     plan = [plan_item(i, script) for i in range(16)]
+    lag = LoopLagMonitor()
     recs = asyncio.run(
         run_level(served.base_url, "fake", plan, concurrency=4, api="completions",
-                  deadline_s=None, request_timeout_s=30, processes=2)
+                  deadline_s=None, request_timeout_s=30, processes=2, lag=lag)
     )
+    # Both shards' loops were watched: ~0.2 s of level at one wake-up per 5 ms each.
+    assert len(lag.samples_ms) >= 20 and all(v >= 0 for v in lag.samples_ms)
     # Issue order = plan order across both shards (one shared claim counter).
     assert [r.index for r in recs] == list(range(16))
     assert all(r.ok for r in recs) and all(r.concurrency == 4 for r in recs)
@@ -534,6 +538,7 @@ def test_sweep_with_client_processes(served: Served) -> None:
                                    deadline_s=60))
     (lv,) = result.levels
     assert lv.warmup.completed == 2 and lv.metrics.completed == spec.requests_for(2)
+    assert lv.metrics.client_lag_ms.n > 0 and lv.metrics.client_bound is not None
     assert [r.index for r in lv.records] == list(range(spec.requests_for(2)))
     assert lv.token_agreement.agree is True
     assert served.state.max_in_flight <= 2
@@ -618,3 +623,55 @@ def test_sweep_halted_inside_a_level_stops_the_sweep(served: Served, monkeypatch
     asyncio.run(run_sweep(served.base_url, "fake", spec.model_copy(update={"repeats": 2}), ignore_eos=True,
                           deadline_s=60, levels=[1, 4, 2], inside_level=inside))
     assert calls == []
+
+
+def test_a_stalled_client_loop_is_caught_and_its_bursts_give_no_tpot(served: Served) -> None:
+    """The server streams 16 tokens 2 ms apart after a 30 ms first token; the client's own
+    event loop is blocked for 80 ms at a time (a busy host, as on CI beside a vLLM server).
+    Whole replies then arrive in one read: their chunks share one time, which would read as
+    TPOT 0. They are counted as bursts and left out of TPOT, and the monitor's lateness
+    flags the level client-bound, which counts as unstable."""
+
+    script = {"chunks": [[0.03, 1]] + [[0.002, 1]] * 15}
+    plan = [plan_item(i, script, max_tokens=16) for i in range(8)]
+
+    async def stalled() -> tuple[list[RequestRecord], LoopLagMonitor]:
+        lag = LoopLagMonitor()
+
+        async def hog() -> None:
+            while True:
+                await asyncio.sleep(0.001)
+                time.sleep(0.08)     # blocks this loop, as a starved process would be
+
+        task = asyncio.create_task(hog())
+        try:
+            recs = await run_level(served.base_url, "fake", plan, concurrency=1,
+                                   api="completions", deadline_s=None, request_timeout_s=10.0,
+                                   lag=lag)
+        finally:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return recs, lag
+
+    recs, lag = asyncio.run(stalled())
+    assert all(r.ok and r.output_tokens == 16 for r in recs)
+    m = compute_level_metrics(recs, concurrency=1, client_lag_ms=lag.samples_ms)
+    assert (m.client_lag_ms.p99 or 0) >= 60, m.client_lag_ms
+    assert m.client_bound is True
+    assert m.flat()["unstable"] == 1.0 and m.flat()["client_bound"] == 1.0
+    assert m.burst_requests >= 1, [[round(t * 1000, 3) for t in r.chunk_times_s] for r in recs]
+    assert m.tpot_ms.n == len(recs) - m.burst_requests
+    assert all(v > 0 for v in (m.tpot_ms.min, m.tpot_ms.mean) if v is not None)
+
+    # The same level on a loop left alone: the monitor sees next to nothing, no flag.
+    async def free() -> tuple[list[RequestRecord], LoopLagMonitor]:
+        lag = LoopLagMonitor()
+        recs = await run_level(served.base_url, "fake", plan, concurrency=1, api="completions",
+                               deadline_s=None, request_timeout_s=10.0, lag=lag)
+        return recs, lag
+
+    recs, lag = asyncio.run(free())
+    m = compute_level_metrics(recs, concurrency=1, client_lag_ms=lag.samples_ms)
+    assert m.burst_requests == 0 and m.tpot_ms.n == len(recs)
+    assert m.client_bound is False, (m.client_lag_ms, m.ttft_ms)
+    assert 1.0 <= (m.tpot_ms.mean or 0) < 15

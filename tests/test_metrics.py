@@ -358,3 +358,32 @@ def test_repeats_median_and_spread_hand_computed() -> None:
     assert summarize_repeats(runs[:1]) is runs[0]
     again = LevelMetrics.model_validate_json(m.model_dump_json())
     assert again.repeats == rs
+
+
+def test_burst_requests_leave_tpot_and_the_client_lag_rule() -> None:
+    """A reply read mostly in one go gives no TPOT sample (it would read ~0 ms); a reply
+    in few chunks at distinct times (speculation: several tokens a chunk) still does. The
+    client-bound rule compares the loop's p99 lateness with half the median TTFT."""
+
+    steady = rec(0.0, [0.1, 0.2, 0.3, 0.4], out=4, index=0)
+    spec = rec(0.0, [0.1, 0.2], out=6, chunk_tokens=[3, 3], index=1)
+    one_read = rec(0.0, [0.5, 0.5, 0.5, 0.5], out=4, index=2)       # every gap zero
+    mostly = rec(0.0, [0.5, 0.5, 0.5, 0.6], out=4, index=3)         # 2 of 3 gaps zero
+    lone_chunk = rec(0.0, [0.3], out=5, chunk_tokens=[5], index=4)  # all tokens in one chunk
+    m = compute_level_metrics([steady, spec, one_read, mostly, lone_chunk], concurrency=1)
+    assert m.burst_requests == 3
+    assert m.tpot_ms.n == 2 and m.tpot_ms.min == pytest.approx(20.0)  # spec: 100 ms / 5
+    assert m.client_bound is None and math.isnan(m.flat()["client_bound"])
+
+    ttft_p50 = m.ttft_ms.p50 or 0
+    calm = compute_level_metrics([steady], concurrency=1, client_lag_ms=[0.2] * 50)
+    assert calm.client_bound is False and calm.flat()["unstable"] != 1.0
+    late = compute_level_metrics([steady], concurrency=1,
+                                 client_lag_ms=[0.2] * 40 + [0.6 * ttft_p50] * 10)
+    assert late.client_bound is True and late.flat()["unstable"] == 1.0
+    assert late.flat()["client_lag_ms.p99"] == pytest.approx(0.6 * ttft_p50)
+
+    # With repeats, a stall in any repeat flags the level, as any failure shows.
+    both = summarize_repeats([calm, late.model_copy(update={"output_tok_s": calm.output_tok_s + 1})])
+    flat = both.flat()
+    assert flat["client_bound"] == 1.0 and flat["unstable"] == 1.0

@@ -87,7 +87,7 @@ def test_pareto_json_status_and_export_carry_intervals_ties_and_the_unstable_fla
     spec = parse_study("name: s\nserver: {model: m}\n")
     text = render_export(spec, "s", records[0], "shell", notes)
     assert "output_tok_s@c32 = 8648 ± 210 (95 %)" in text
-    assert "UNSTABLE: level(s) c=32 never met the stability rule" in text
+    assert "UNSTABLE: c=32 never settled; these numbers are not the server's steady figures" in text
     assert "trials 4 and 7 are within noise" in text
 
 
@@ -135,3 +135,21 @@ def test_on_unstable_infeasible_is_a_constraint_flag_is_not() -> None:
     assert violated["unstable"] == 1.0
     record = TrialRecord(3, "COMPLETE", "run", {}, values={"x": 1.0}, constraints=violated)
     assert record.outcome == "unstable" and not record.feasible
+
+
+def test_a_client_bound_level_says_so_rather_than_never_settled() -> None:
+    """A level flagged client-bound (the load generator's loop ran late) is unstable, and
+    every text names that cause for it and the stability rule for the others."""
+
+    record = _record(4, 8648, 210, 12.0, 0.3, unstable=True)
+    levels = record.levels
+    levels["1"] = {**levels["1"], "unstable": 1.0, "client_bound": 1.0}
+    record = TrialRecord(4, "COMPLETE", "run", {"mode": 4}, values=record.values,
+                         attrs={"outcome": {"levels": levels}})
+    assert record.unstable_levels == [1, 32] and record.client_bound_levels == [1]
+    row = {"unstable_levels": record.unstable_levels,
+           "client_bound_levels": record.client_bound_levels}
+    assert _unstable_text(row) == (" UNSTABLE (c=1 client-bound (the load generator's loop ran "
+                                   "late), c=32 never settled)")
+    spec = parse_study("name: s\nserver: {model: m}\n")
+    assert "c=1 client-bound" in render_export(spec, "s", record, "shell", [])

@@ -18,7 +18,7 @@ from tuner.load.max_rate_text import max_rate_text
 from tuner.export_formats import (FORMATS, Exported, ExportFormatError, env_text, json_text, shell_text,
                                   systemd_text, yaml_text)
 from tuner.secrets import MARK, as_reference, public_server, secret_slots
-from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text
+from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.confirmation import blocks_export
 from tuner.study.pareto import Filter, pick_point
 from tuner.study.space import trial_command
@@ -135,8 +135,8 @@ def _value_lines(record: TrialRecord) -> list[str]:
     lines = [f"  {k} = {plus_minus(float(v), noise.get(k), ' ± ')}"
              + (" (95 %)" if noise.get(k) is not None else "") for k, v in record.values.items()]
     if record.unstable_levels:
-        lines.append("  UNSTABLE: level(s) " + ", ".join(f"c={c}" for c in record.unstable_levels)
-                     + " never met the stability rule; these numbers moved while measured")
+        lines.append("  UNSTABLE: " + unstable_text(record.unstable_levels, record.client_bound_levels)
+                     + "; these numbers are not the server's steady figures")
     return lines
 
 

@@ -261,6 +261,10 @@ def format_summary(summary: dict[str, Any]) -> str:
         notes = []
         if lv["unstable"]:
             notes.append("unstable")
+        if m.get("client_bound") == 1.0:
+            notes.append(f"client-bound (loop lag p99 {_fmt(m['client_lag_ms.p99'], 1)} ms)")
+        if m.get("burst_requests"):
+            notes.append(f"{int(m['burst_requests'])} burst replies (no TPOT)")
         if lv["window_fallback_reason"]:
             notes.append("no steady window")
         if lv["low_confidence_p99"]:

@@ -23,7 +23,7 @@ from tuner.study.confirmation_text import summary_text
 from tuner.export import ExportError, choose_record, noise_notes, render_export
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.plots import best_so_far_png, importance_png, pareto_png, startup_png
-from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text
+from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points
 from tuner.study.records import read_records
 from tuner.status import read_checks
@@ -161,7 +161,7 @@ def _unstable(r: TrialRecord) -> str:
     levels = r.unstable_levels
     if not levels:
         return ""
-    return "UNSTABLE: " + ", ".join(f"c={c}" for c in levels) + " never settled"
+    return "UNSTABLE: " + unstable_text(levels, r.client_bound_levels)
 
 
 def _img(data: bytes, alt: str) -> str:

@@ -14,7 +14,7 @@ from tuner.adapters.artifacts import StudyPaths, saved_budget
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
-from tuner.study.noise import NoisyPoint, noisy_front, plus_minus
+from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points
 from tuner.study.records import StoredStudy, read_records_direct, read_sqlite_study
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
@@ -118,6 +118,7 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         # whose throughput never met the stability rule.
         "noise": record.noise(list(record.values)),
         "unstable_levels": record.unstable_levels,
+        "client_bound_levels": record.client_bound_levels,
         "seconds": record.seconds,
         "failure": record.attrs.get("failure"),
         "mismatches": outcome.get("mismatches", []),
@@ -337,7 +338,7 @@ def _unstable_text(row: dict[str, Any]) -> str:
     levels = row.get("unstable_levels") or []
     if not levels:
         return ""
-    return " UNSTABLE (" + ", ".join(f"c={c}" for c in levels) + " never settled)"
+    return " UNSTABLE (" + unstable_text(levels, row.get("client_bound_levels") or []) + ")"
 
 
 def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
@@ -391,7 +392,9 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     if unsteady:
         lines.append("  !! UNSTABLE on the front: " + "; ".join(
             f"trial {row['trial']}{_unstable_text(row)}" for row in unsteady)
-            + " - its numbers moved during the measurement; re-run or lengthen the levels")
+            + " - its numbers are not the server's steady figures; re-run or lengthen the levels"
+            + (", and give a client-bound level more client processes (load.client_processes) "
+               "or a quieter host" if any(row.get("client_bound_levels") for row in unsteady) else ""))
     if verbose:
         lines.append("")
         lines.append("Trials:")

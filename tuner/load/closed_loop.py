@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from tuner.load.load_spec import Api
+from tuner.load.loop_lag import LoopLagMonitor
 from tuner.load.records import RequestRecord
 from tuner.load.request import LevelContext
 from tuner.load.shards import run_sharded
@@ -34,6 +35,7 @@ async def run_level(
     t0: float | None = None,
     processes: int = 1,
     checkpoint: Callable[[dict[str, Any]], bool] | None = None,
+    lag: LoopLagMonitor | None = None,
 ) -> list[RequestRecord]:
     """Run ``plan`` in a closed loop of ``concurrency`` streams.
 
@@ -57,6 +59,8 @@ async def run_level(
             sharded): called with the steady-state window so far
             (:meth:`tuner.load.live_window.InsideWindow.view`); True ends the level and
             raises :class:`tuner.load.streams.LevelHalted` with the finished records.
+        lag: collects how late the event loop(s) running the streams woke: this one, or
+            each client shard's.
 
     Returns:
         One record per issued request, in issue order.
@@ -73,10 +77,13 @@ async def run_level(
     )
     if processes > 1 and concurrency > 1:
         records = await run_sharded(lv, plan, deadline_s=deadline_s,
-                                    processes=min(processes, concurrency), t0_given=t0 is not None)
+                                    processes=min(processes, concurrency), t0_given=t0 is not None,
+                                    lag=lag)
     else:
         counter = itertools.count()
-        by_pos = await run_streams(lv, plan, concurrency, counter.__next__, deadline_s, checkpoint)
+        async with lag or LoopLagMonitor():
+            by_pos = await run_streams(lv, plan, concurrency, counter.__next__, deadline_s,
+                                       checkpoint)
         records = [by_pos[i] for i in sorted(by_pos)]
     if len(records) < len(plan):
         logger.info(

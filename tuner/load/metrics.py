@@ -6,11 +6,18 @@ Definitions (measurement.md §1, vLLM ``benchmarks/serve.py::calculate_metrics``
   not count; the first chunk may have empty text, e.g. the chat role chunk).
 * **E2EL** = last such chunk − dispatch (usage chunk and ``[DONE]`` excluded).
 * **TPOT** = (E2EL − TTFT)/(output_tokens − 1) per request; requests with ≤ 1 output
-  token are dropped from it.
+  token are dropped from it, and so are *burst* requests: more than one output token, but
+  at least half of its chunks read in one go with the chunk before (the client read most
+  of the reply at once), which tells nothing about the time between tokens: their TPOT
+  comes out near 0, a figure of the client's stall, not of the server.
 * **ITL** = gaps between consecutive content chunks, pooled over requests (chunk-weighted).
   With speculative decoding one chunk carries several tokens, so compare speculative and
   plain configs on TPOT, E2EL and throughput, never on ITL.
 * Failed requests are excluded from every latency statistic and counted in ``failed``.
+* **Client-bound**: the load generator's event loop ran late (tuner.load.loop_lag) by more
+  than :data:`CLIENT_LAG_SHARE` of the level's median TTFT at its p99: the latencies then
+  measure the client. The level counts as unstable (``flat()["unstable"]``), so the trial
+  is flagged, or infeasible under ``load.on_unstable: infeasible``.
 
 Throughput deliberately departs from vLLM's Σtokens/whole-run duration, which includes
 the synchronized first prefill wave and the drain tail (§4.2): tokens are counted by their
@@ -45,6 +52,7 @@ from tuner.load.window import (
 )
 
 __all__ = [
+    "CLIENT_LAG_SHARE",
     "EXTRA_FLAT_KEYS",
     "FLAT_KEYS",
     "NOISY_KEYS",
@@ -79,10 +87,18 @@ EXTRA_FLAT_KEYS: tuple[str, ...] = (
     "output_tok_s_cv",
     "unstable",
     *(f"{k}.{suffix}" for k in NOISY_KEYS for suffix in ("ci95", "n")),
+    *("client_lag_ms.p99", "client_bound", "burst_requests"),
 )
 """Keys :meth:`LevelMetrics.flat` adds after :data:`FLAT_KEYS` (added later; NaN = none).
-``unstable`` is 1.0 when the level's throughput never settled (0.0 when it did, NaN when
-there was no window to judge)."""
+``unstable`` is 1.0 when the level's throughput never settled or the level was
+client-bound (0.0 when neither, NaN when there was no window to judge)."""
+
+_CLIENT_KEYS = ("client_lag_ms.p99", "client_bound", "burst_requests")
+
+CLIENT_LAG_SHARE = 0.5
+"""A level is client-bound when the client loop's p99 lateness exceeds this share of its
+median TTFT: the first token's time is then off by as much as half of it, and the replies
+short enough to fit in one stall arrive as bursts."""
 
 
 class Uncertainty(BaseModel):
@@ -147,6 +163,18 @@ class LevelMetrics(BaseModel):
     e2el_ms: Stat
     client_queue_ms: Stat = Field(
         description="dispatch − scheduled: client event-loop lag (open loop: + cap wait).")
+    client_lag_ms: Stat = Field(
+        default_factory=lambda: Stat(n=0),
+        description="How late the client's event loop woke during the level "
+        "(tuner.load.loop_lag); n=0: not monitored.")
+    burst_requests: int = Field(
+        default=0,
+        description="Completed requests of more than one output token whose chunks mostly "
+        "arrived in one read with the chunk before: left out of TPOT (module docstring).")
+    client_bound: bool | None = Field(
+        default=None,
+        description=f"client_lag_ms.p99 > {CLIENT_LAG_SHARE} x ttft_ms.p50: the latencies "
+        "measure the client (module docstring). None: not monitored.")
 
     output_tok_s: float
     total_tok_s: float
@@ -248,6 +276,12 @@ class LevelMetrics(BaseModel):
             out["output_tok_s_cv"] = _nan(rs.cv.get("output_tok_s"))
             flags = [f for r in rs.per_repeat if (f := r.get("unstable")) is not None]
             out["unstable"] = max(flags) if flags else math.nan
+            # A stall in any repeat is one in the level's median, as a failure is.
+            bound = [f for r in rs.per_repeat if (f := r.get("client_bound")) is not None]
+            out["client_bound"] = max(bound) if bound else math.nan
+            out["burst_requests"] = math.fsum(r.get("burst_requests") or 0.0 for r in rs.per_repeat)
+            lags = [v for r in rs.per_repeat if (v := r.get("client_lag_ms.p99")) is not None]
+            out["client_lag_ms.p99"] = max(lags) if lags else math.nan
         for key in NOISY_KEYS:
             u = self.uncertainty.get(key)
             ci, n = (math.nan, math.nan) if u is None else (_nan(u.ci95), float(u.n))
@@ -262,6 +296,8 @@ class LevelMetrics(BaseModel):
                 ci = floor if math.isnan(ci) else math.hypot(ci, floor)
             out[f"{key}.ci95"] = ci
             out[f"{key}.n"] = n
+        for key in _CLIENT_KEYS:      # after the intervals, in EXTRA_FLAT_KEYS' order
+            out[key] = out.pop(key)
         if self.slo is not None:
             out.update(self.slo.flat())
         return out
@@ -285,6 +321,11 @@ class LevelMetrics(BaseModel):
         out["repeats"] = 1.0
         out["output_tok_s_cv"] = math.nan
         out["unstable"] = math.nan if self.unstable is None else float(self.unstable)
+        if self.client_bound:
+            out["unstable"] = 1.0
+        out["client_lag_ms.p99"] = _nan(self.client_lag_ms.p99)
+        out["client_bound"] = math.nan if self.client_bound is None else float(self.client_bound)
+        out["burst_requests"] = float(self.burst_requests)
         return out
 
 
@@ -300,13 +341,32 @@ def _per_user(records: Sequence[RequestRecord]) -> float | None:
     return math.fsum(speeds) / len(speeds) if speeds else None
 
 
+def _is_burst(r: RequestRecord) -> bool:
+    """More than one output token, and at least half of the chunk gaps zero: one socket read
+    held most of the reply (chunks are stamped per read, tuner.load.http_stream)."""
+    ts = r.chunk_times_s
+    if r.n_output_tokens() <= 1 or not ts:
+        return False
+    same_read = sum(1 for a, b in zip(ts, ts[1:]) if b <= a)
+    return 2 * same_read >= len(ts) - 1
+
+
 def _tpot_ms(records: Iterable[RequestRecord]) -> list[float]:
     out = []
     for r in records:
         n = r.n_output_tokens()
-        if n > 1 and len(r.chunk_times_s) >= 1:
+        if n > 1 and len(r.chunk_times_s) >= 1 and not _is_burst(r):
             out.append((r.chunk_times_s[-1] - r.chunk_times_s[0]) / (n - 1) * 1000)
     return out
+
+
+def client_bound(lag: Stat, ttft: Stat) -> bool | None:
+    """The client-bound rule (module docstring); None when the loop was not monitored."""
+    if lag.n == 0 or lag.p99 is None:
+        return None
+    if ttft.p50 is None:
+        return False
+    return lag.p99 > CLIENT_LAG_SHARE * ttft.p50
 
 
 def compute_level_metrics(
@@ -317,6 +377,7 @@ def compute_level_metrics(
     planned: int | None = None,
     first_wave: int | None = None,
     steady: SteadyWindow | None = None,
+    client_lag_ms: Sequence[float] | None = None,
 ) -> LevelMetrics:
     """Metrics of one level from its request records (see module docstring).
 
@@ -330,6 +391,8 @@ def compute_level_metrics(
         steady: the window a level sized by time stopped on. Latencies and failures are
             then those of its ``measure`` requests, throughput counts every token inside
             the window (warm-up and drain requests included: the concurrency was C).
+        client_lag_ms: the client loop's lateness samples during the level
+            (:class:`tuner.load.loop_lag.LoopLagMonitor`); None: not monitored.
     """
     measured = list(records) if steady is None else [r for r in records if r.phase == "measure"]
     ok = [r for r in measured if r.ok]
@@ -347,6 +410,8 @@ def compute_level_metrics(
         wave = concurrency if first_wave is None else max(1, first_wave)
         rates = window_rates(records, ok, wave, window or WindowPolicy(), total_out, total_prompt)
     samples = _samples(ok)
+    lag = Stat.of(client_lag_ms or ())
+    ttft = Stat.of(samples["ttft_ms"])
     by_class: dict[str, ClassMetrics] = {}
     for name in sorted({r.class_name for r in measured}):
         mine = [r for r in ok if r.class_name == name]
@@ -368,6 +433,9 @@ def compute_level_metrics(
         tokens_estimated=sum(1 for r in ok if r.tokens_estimated),
         **{name: Stat.of(values) for name, values in samples.items()},
         client_queue_ms=Stat.of(r.client_queue_s * 1000 for r in measured),
+        client_lag_ms=lag,
+        burst_requests=sum(1 for r in ok if _is_burst(r)),
+        client_bound=client_bound(lag, ttft),
         output_tok_s_per_user=_per_user(ok),
         total_output_tokens=total_out,
         total_prompt_tokens=total_prompt,

@@ -159,10 +159,11 @@ class _Sender:
             st.close()
 
 
-def rate_level_metrics(run: RateRun, rate: float, *, cap: int, planned: int | None = None
-                       ) -> LevelMetrics:
+def rate_level_metrics(run: RateRun, rate: float, *, cap: int, planned: int | None = None,
+                       client_lag_ms: Sequence[float] | None = None) -> LevelMetrics:
     """:func:`compute_level_metrics` of an open-loop run, with its rate-level fields."""
-    metrics = compute_level_metrics(run.records, concurrency=cap, planned=planned, first_wave=1)
+    metrics = compute_level_metrics(run.records, concurrency=cap, planned=planned, first_wave=1,
+                                    client_lag_ms=client_lag_ms)
     return metrics.model_copy(update={
         "request_rate": rate, "cap_waits": run.cap_waits, "peak_in_flight": run.peak_in_flight,
     })

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
+from tuner.load.loop_lag import LoopLagMonitor
 from tuner.load.records import RequestRecord
 from tuner.load.request import LevelContext
 from tuner.load.workload import RequestPlan
@@ -106,11 +107,13 @@ async def run_sharded(
     deadline_s: float | None,
     processes: int,
     t0_given: bool,
+    lag: LoopLagMonitor | None = None,
 ) -> list[RequestRecord]:
     """:func:`tuner.load.closed_loop.run_level` over ``processes`` client processes.
 
     ``t0_given``: ``lv.t0`` is the caller's time base; otherwise it is taken again once
-    every shard is ready, so the shards' start-up is not part of the level.
+    every shard is ready, so the shards' start-up is not part of the level. ``lag``
+    receives each shard's event-loop lateness samples.
     """
     concurrency = lv.concurrency
     per_shard = split_concurrency(concurrency, processes)
@@ -168,7 +171,9 @@ async def run_sharded(
     for res in results:
         if isinstance(res, str):
             raise RuntimeError(f"client shard failed: {res}")
-        by_pos.update(res)
+        by_pos.update(res["records"])
+        if lag is not None:
+            lag.extend(res["lag_ms"])
     return [by_pos[i] for i in sorted(by_pos)]
 
 
@@ -204,13 +209,18 @@ def _shard_main() -> int:
     try:
         counter = SharedCounter(job["counter"])
         lv = replace(job["level"], t0=t0)
-        records = asyncio.run(
-            run_streams(lv, job["plan"], job["streams"], counter, job["deadline_s"])
-        )
+        monitor = LoopLagMonitor()
+
+        async def streams() -> dict[int, Any]:
+            async with monitor:
+                return await run_streams(lv, job["plan"], job["streams"], counter,
+                                         job["deadline_s"])
+
+        records = asyncio.run(streams())
     except Exception:
         send(traceback.format_exc())
         return 1
-    send(records)
+    send({"records": records, "lag_ms": monitor.samples_ms})
     return 0
 
 

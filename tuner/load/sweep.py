@@ -24,6 +24,7 @@ import httpx
 from tuner.load.closed_loop import run_level
 from tuner.load.goodput import level_slo
 from tuner.load.load_spec import LoadSpec, rate_level_name
+from tuner.load.loop_lag import LoopLagMonitor
 from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_repeats
 from tuner.load.max_rate import search_max_rate
 from tuner.load.open_loop import rate_level_metrics, run_rate_level
@@ -311,14 +312,16 @@ async def _sweep_level(
             break
         if before is None:
             before = await scrape_metrics(aux, base_url)
+        lag = LoopLagMonitor()
         run = await run_level(
             base_url, model, plan,
             concurrency=c, api=spec.api, deadline_s=level_budget,
             request_timeout_s=spec.request_timeout_s, headers=headers,
-            processes=spec.client_processes, checkpoint=checkpoint,
+            processes=spec.client_processes, checkpoint=checkpoint, lag=lag,
         )
         deadline_hit = deadline_hit or len(run) < len(plan)
-        runs.append(compute_level_metrics(run, concurrency=c, planned=len(plan)))
+        runs.append(compute_level_metrics(run, concurrency=c, planned=len(plan),
+                                          client_lag_ms=lag.samples_ms))
         if repeat:
             run = [r.model_copy(update={"repeat": repeat}) for r in run]
         records.extend(run)
@@ -367,8 +370,10 @@ async def _sweep_steady_level(
         lv = LevelContext.create(sw.base_url, sw.model, spec.api, concurrency=c, t0=None,
                                  request_timeout_s=spec.request_timeout_s, headers=sw.headers,
                                  continuous_usage=True)
-        run = await run_steady_level(lv, streams[0], streams[1], rule, checkpoint)
-        runs.append(steady_metrics(run, c, spec.stability_subwindows, spec.stability_max_ratio))
+        async with LoopLagMonitor() as lag:
+            run = await run_steady_level(lv, streams[0], streams[1], rule, checkpoint)
+        runs.append(steady_metrics(run, c, spec.stability_subwindows, spec.stability_max_ratio,
+                                   client_lag_ms=lag.samples_ms))
         stopped_unsteady = stopped_unsteady or run.stop_reason != "stable"
         recs = run.records if not repeat else [
             r.model_copy(update={"repeat": repeat}) for r in run.records]
@@ -392,16 +397,18 @@ async def _sweep_steady_level(
     )
 
 
-def steady_metrics(run: SteadyRun, c: int, subwindows: int, max_ratio: float) -> LevelMetrics:
+def steady_metrics(run: SteadyRun, c: int, subwindows: int, max_ratio: float,
+                   client_lag_ms: Sequence[float] | None = None) -> LevelMetrics:
     """The metrics of one steady level run (its window, else the whole run, flagged)."""
     check = run.check
     if check is None:
         # The first wave never finished in time: no window; the whole-run figure, unstable.
-        m = compute_level_metrics(run.records, concurrency=c)
+        m = compute_level_metrics(run.records, concurrency=c, client_lag_ms=client_lag_ms)
         return m.model_copy(update={"sizing": "steady", "stop_reason": run.stop_reason,
                                     "unstable": True})
     window = SteadyWindow(check.start_s, check.end_s, subwindows, max_ratio, run.stop_reason)
-    return compute_level_metrics(run.records, concurrency=c, steady=window)
+    return compute_level_metrics(run.records, concurrency=c, steady=window,
+                                 client_lag_ms=client_lag_ms)
 
 
 async def _server_view(
@@ -501,18 +508,20 @@ async def _rate_run(sw: _Sweep, acc: _RateRuns, repeat: int) -> bool:
         len(plan), rate, arrival=spec.arrival, burstiness=spec.burstiness,
         seed=spec.seed, stream=rate_stream(purpose, rate),
     )
-    run = await run_rate_level(
-        sw.base_url, sw.model, plan, schedule,
-        api=spec.api, deadline_s=level_budget, request_timeout_s=spec.request_timeout_s,
-        max_in_flight=spec.max_in_flight, headers=sw.headers,
-    )
+    async with LoopLagMonitor() as lag:
+        run = await run_rate_level(
+            sw.base_url, sw.model, plan, schedule,
+            api=spec.api, deadline_s=level_budget, request_timeout_s=spec.request_timeout_s,
+            max_in_flight=spec.max_in_flight, headers=sw.headers,
+        )
     if run.cap_waits:
         sw.notes.append(
             f"{name}: {run.cap_waits} requests waited for the in-flight cap "
             f"(max_in_flight={spec.max_in_flight}); the arrival rate was not held"
         )
     acc.deadline_hit = acc.deadline_hit or len(run.records) < len(plan)
-    acc.runs.append(rate_level_metrics(run, rate, cap=spec.max_in_flight, planned=len(plan)))
+    acc.runs.append(rate_level_metrics(run, rate, cap=spec.max_in_flight, planned=len(plan),
+                                       client_lag_ms=lag.samples_ms))
     recs = run.records
     if repeat:
         recs = [r.model_copy(update={"repeat": repeat}) for r in recs]

@@ -23,7 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NoisyPoint", "Tie", "better_beyond", "label_noise", "level_unstable", "max_rate_noise",
+__all__ = ["NoisyPoint", "Tie", "better_beyond", "label_noise", "level_client_bound",
+           "level_unstable", "unstable_text", "max_rate_noise",
            "noisy_front", "pick_ties", "plus_minus", "resolve_level", "tie_text", "within"]
 
 
@@ -162,5 +163,19 @@ def resolve_level(levels: Mapping[str, object], level: str) -> str:
 
 
 def level_unstable(levels: Mapping[str, Mapping[str, float | None]]) -> list[int]:
-    """The load levels whose throughput never met the stability rule."""
+    """The load levels whose throughput never met the stability rule, or that were
+    client-bound (tuner.load.metrics): either way their numbers are not the server's."""
     return sorted(int(c) for c, lv in levels.items() if (lv or {}).get("unstable") == 1.0)
+
+
+def level_client_bound(levels: Mapping[str, Mapping[str, float | None]]) -> list[int]:
+    """The load levels where the load generator's event loop ran late (client-bound)."""
+    return sorted(int(c) for c, lv in levels.items() if (lv or {}).get("client_bound") == 1.0)
+
+
+def unstable_text(unstable: Sequence[int], client_bound: Sequence[int]) -> str:
+    """Why each unstable level is one: ``c=32 never settled, c=1 client-bound (...)``."""
+    bound = set(client_bound)
+    return ", ".join(
+        f"c={c} client-bound (the load generator's loop ran late)" if c in bound
+        else f"c={c} never settled" for c in unstable)

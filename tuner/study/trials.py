@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from tuner.study.noise import label_noise, level_unstable, max_rate_noise
+from tuner.study.noise import label_noise, level_client_bound, level_unstable, max_rate_noise
 from tuner.study.pareto import Point, pareto_front
 
 __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "EARLY_STOPPED",
@@ -79,6 +79,12 @@ class TrialRecord:
         """Levels whose throughput never met the stability rule (the trial is unstable)."""
 
         return level_unstable(self.levels)
+
+    @property
+    def client_bound_levels(self) -> list[int]:
+        """Unstable levels whose cause was the load generator running late."""
+
+        return level_client_bound(self.levels)
 
     def noise(self, labels: list[str]) -> dict[str, float | None]:
         """The 95 % half-width of each objective value (None: unknown or exact)."""
