@@ -113,6 +113,12 @@ def level_figures(result: SweepResult) -> dict[str, dict[str, Any]]:
             "unstable": lv.metrics.unstable,
             "stop_reason": lv.metrics.stop_reason,
             "failed": lv.metrics.failed,
+            # The load generator's own lateness (tuner/load/loop_lag.py) against the TTFT it
+            # would distort: a client-bound level measures the client, not the server.
+            "ttft_ms_p50": _num(flat["ttft_ms.p50"]),
+            "client_lag_ms_p99": _num(flat.get("client_lag_ms.p99")),
+            "client_bound": lv.metrics.client_bound,
+            "burst_requests": lv.metrics.burst_requests,
         }
     return out
 
@@ -140,6 +146,8 @@ def summarize(starts: list[dict[str, Any]], levels: list[int]) -> dict[str, Any]
                 "output_tok_s": spread([r["output_tok_s"] for r in rows]),
                 "tpot_ms_p50": spread([r["tpot_ms_p50"] for r in rows]),
                 "unstable_starts": sum(1 for r in rows if r["unstable"]),
+                "client_bound_starts": sum(1 for r in rows if r.get("client_bound")),
+                "client_lag_ms_p99": spread([r.get("client_lag_ms_p99") for r in rows]),
             }
         out[arm] = {"levels": per_level,
                     "load_s": spread([s["arms"][arm]["duration_s"] for s in starts])}
@@ -166,6 +174,8 @@ async def one_start(i: int, argv: list[str], env: dict[str, str], port: int, ser
                          "warnings": result.warnings}
             print(f"  start {i + 1} {arm:6s} {result.duration_s:6.1f}s  " + "  ".join(
                 f"c={c}: {lv['output_tok_s']:8.1f} tok/s tpot p50 {lv['tpot_ms_p50'] or 0:7.2f} ms"
+                + f" lag p99 {lv['client_lag_ms_p99'] or 0:.2f} ms (TTFT p50 {lv['ttft_ms_p50'] or 0:.1f})"
+                + (" CLIENT-BOUND" if lv["client_bound"] else "")
                 + (" UNSTABLE" if lv["unstable"] else "")
                 for c, lv in arms[arm]["levels"].items()), flush=True)
     finally:
@@ -255,13 +265,16 @@ def print_summary(summary: dict[str, Any], levels: list[int]) -> None:
     def pct(x: float | None) -> str:
         return "   n/a" if x is None else f"{100 * x:5.1f}%"
 
-    print("\narm     level   output tok/s (mean, CV)   median TPOT ms (mean, CV)   unstable")
+    print("\narm     level   output tok/s (mean, CV)   median TPOT ms (mean, CV)   unstable"
+          "   client-bound (lag p99 ms, mean)")
     for arm in ARMS:
         for c in levels:
             lv = summary[arm]["levels"][str(c)]
             o, t = lv["output_tok_s"], lv["tpot_ms_p50"]
             print(f"{arm:7s} c={c:<5d} {o['mean'] or 0:10.1f}  {pct(o['cv'])}      "
-                  f"{t['mean'] or 0:10.2f}  {pct(t['cv'])}        {lv['unstable_starts']}")
+                  f"{t['mean'] or 0:10.2f}  {pct(t['cv'])}        {lv['unstable_starts']}"
+                  f"          {lv.get('client_bound_starts', 0)} "
+                  f"({(lv.get('client_lag_ms_p99') or {}).get('mean') or 0:.2f})")
     ls = summary
     print(f"load time per start: before {ls['before']['load_s']['mean']:.1f}s, after "
           f"{ls['after']['load_s']['mean']:.1f}s (x{ls['load_time_ratio'] or 0:.2f})")
