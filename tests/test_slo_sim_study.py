@@ -30,6 +30,10 @@ def test_glm5_slo_study_on_the_simulator(tmp_path: Path) -> None:
     # One trial, the baseline: its rate search is what is checked against the truth, and
     # each trial costs ~4.5 min of real time (seven 12 s rate levels, two closed levels).
     data["budget"]["n_trials"] = 1
+    # The search's machinery against a 25 % band, not the 5 % bar (benchmarks/slo_truth.py):
+    # three pooled runs a level keep the trial near 4 min; the study's 7 overran the 600 s
+    # trial deadline once on CI beside a vLLM server.
+    data["load"]["rate_search"]["max_parts"] = 3
     study = tmp_path / "glm5-slo.yaml"
     study.write_text(yaml.safe_dump(data, sort_keys=False))
     results = tmp_path / "results"
