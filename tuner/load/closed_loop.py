@@ -3,6 +3,7 @@ one finished, in this event loop or sharded over client processes."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 from collections.abc import Callable, Sequence
@@ -81,7 +82,9 @@ async def run_level(
                                     lag=lag)
     else:
         counter = itertools.count()
-        async with lag or LoopLagMonitor():
+        # Watched only when the caller reads the samples: an unread monitor is a wake-up
+        # every 5 ms for nothing.
+        async with lag if lag is not None else contextlib.nullcontext():
             by_pos = await run_streams(lv, plan, concurrency, counter.__next__, deadline_s,
                                        checkpoint)
         records = [by_pos[i] for i in sorted(by_pos)]
