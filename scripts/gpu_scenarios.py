@@ -10,8 +10,9 @@ level, run by ``python -m tuner.cli run`` (an argument vector, as a user would):
 
 a. **busy GPU**: a python3 process holds ``--hold-gib`` GiB on GPU 0 with torch; the first
    trial (``execution.gpu_free_timeout: 10s``) must fail ``gpus_not_free`` naming it,
-   without starting a server. The holder is stopped 3 s after that trial's outcome is
-   written, so the next trial shows the other half: it waits for the GPU, then starts.
+   without starting a server. The holder is stopped 3 s after the next trial has written
+   its command.json (the step just before its wait for the GPU), so that trial shows the
+   other half: it waits for the GPU, then starts.
 b. **too little memory**: ``--enforce-eager --kv-cache-memory-bytes 50000000`` (a KV cache
    that cannot hold one 4,096-token request) must fail fast with a typed memory reason
    (``max_model_len_too_large``), vLLM's message in the outcome.
@@ -69,7 +70,7 @@ from tuner.adapters import proctree  # noqa: E402
 MARKER_VAR = "TUNER_SCENARIO_RUN"
 KV_BYTES = 50_000_000          # < 0.09 GiB: SmolLM2-135M needs ~94 MB for one 4,096-token request
 GPU_FREE_TIMEOUT = "10s"      # the busy trial's bounded wait
-RELEASE_DELAY_S = 3.0         # the holder goes this long after the busy trial failed
+RELEASE_DELAY_S = 3.0         # the holder goes this long after the next trial began waiting
 STUDY_TIMEOUT_S = 420
 CACHE_DIR = "vllm-cache"       # the scenario study's torch.compile cache, in the work folder
 
@@ -243,27 +244,28 @@ class Runner:
                 out.write(f"\n[gpu_scenarios] tuner {' '.join(args)} killed after {timeout:.0f}s\n")
                 return 124
 
-    def run_study(self, spec: dict[str, Any], *, after_first: Any = None) -> dict[str, Any]:
-        """``tuner run`` the study; ``after_first`` is called once, ``RELEASE_DELAY_S`` after
-        the first trial's outcome is written (the busy-GPU holder's release: by then the next
-        trial is waiting for the GPU)."""
+    def run_study(self, spec: dict[str, Any], *, release_holder: Any = None) -> dict[str, Any]:
+        """``tuner run`` the study; ``release_holder`` is called once, ``RELEASE_DELAY_S`` after
+        the second trial wrote its command.json (the busy-GPU holder's release: that trial
+        is then waiting for the GPU). Timed from the first trial's outcome instead, a loaded
+        machine (CI) took over 3 s to get the next trial that far, and it never waited."""
 
         name = spec["name"]
         path = self.work / "studies" / f"{name}.yaml"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(spec, sort_keys=False))
-        first = self.results / name / "trials" / "0000" / "outcome.json"
+        waiting = self.results / name / "trials" / "0001" / "command.json"
         began = time.monotonic()
         with open(self.work / f"{name}.run.log", "w") as out:
             proc = subprocess.Popen([self.python, "-m", "tuner.cli", "run", str(path), "--results", str(self.results)],
                                     cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
             seen: float | None = None
             while proc.poll() is None and time.monotonic() - began < STUDY_TIMEOUT_S:
-                if after_first is not None and seen is None and first.exists():
+                if release_holder is not None and seen is None and waiting.exists():
                     seen = time.monotonic()
-                if after_first is not None and seen is not None and time.monotonic() - seen >= RELEASE_DELAY_S:
-                    after_first()
-                    after_first = None
+                if release_holder is not None and seen is not None and time.monotonic() - seen >= RELEASE_DELAY_S:
+                    release_holder()
+                    release_holder = None
                 time.sleep(0.2)
             if proc.poll() is None:
                 proc.send_signal(signal.SIGINT)   # the tuner stops its servers on Ctrl-C
@@ -273,8 +275,8 @@ class Runner:
                     proc.kill()
                     proc.wait()
                 out.write(f"\n[gpu_scenarios] tuner run stopped after {STUDY_TIMEOUT_S}s\n")
-        if after_first is not None:
-            after_first()
+        if release_holder is not None:
+            release_holder()
         wall = time.monotonic() - began
         self.tuner("status", name, "--results", str(self.results), log=self.work / f"{name}.status.txt", timeout=120)
         trials, values = {}, {}
@@ -366,7 +368,7 @@ def run_scenarios(study: dict[str, Any], selected: set[str], runner: Runner, *, 
             holder = Holder(runner, hold_gib, holder_python)
             time.sleep(1.0)    # let nvidia-smi see it
             runner.smi_snapshot("held")
-        result = runner.run_study(spec, after_first=holder.release if holder else None)
+        result = runner.run_study(spec, release_holder=holder.release if holder else None)
     finally:
         if holder is not None:
             holder.release()

@@ -72,6 +72,14 @@ class Tuner:
     def output(self) -> str:
         return self.out_path.read_text(errors="replace")
 
+    @property
+    def own_output(self) -> str:
+        """The tuner's own lines: without the log tail Ray prints when a raylet dies (a few
+        hundred "[state-dump]" lines that would fill any failure message)."""
+
+        return "\n".join(line for line in self.output.splitlines()
+                         if "[state-dump]" not in line and "(raylet)" not in line)
+
     def wait(self, timeout: float) -> int:
         try:
             return self.proc.wait(timeout=timeout)

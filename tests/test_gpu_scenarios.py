@@ -127,7 +127,7 @@ def test_dry_run_end_to_end(tmp_path: Path, study: dict, monkeypatch: pytest.Mon
     got = {k: v["got"] for k, v in summary["scenarios"].items()}
     assert got["a"]["reason"] == "gpus_not_free" and f"pid {got['a']['holder_pid']} " in got["a"]["message"]
     assert got["a"]["gpu_wait_s"] >= 10.0
-    # The holder went as soon as a's outcome was written: d1 waited for the GPU, then started.
+    # The holder went 3 s after d1 began waiting for the GPU: d1 waited, then started.
     assert got["d1"]["gpu_wait_s"] > 0 and got["d1"]["status"] == "completed"
     assert (got["d1"]["compile_cache"], got["d2"]["compile_cache"]) == ("miss", "hit")
     assert not inherited.exists()
