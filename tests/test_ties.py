@@ -153,3 +153,25 @@ def test_a_client_bound_level_says_so_rather_than_never_settled() -> None:
                                    "late), c=32 never settled)")
     spec = parse_study("name: s\nserver: {model: m}\n")
     assert "c=1 client-bound" in render_export(spec, "s", record, "shell", [])
+
+
+def test_noisy_front_checks_strong_points_first_with_the_same_answer() -> None:
+    """The front is taken with likely dominators tried first; it must equal the plain
+    all-pairs definition on random studies (ties, unknown noise, equal values included)."""
+
+    import random
+
+    from tuner.study.noise import _dominates, _dominates_beyond
+
+    directions = ("maximize", "minimize")
+    for seed in range(40):
+        rng = random.Random(seed)
+        points = [NoisyPoint(n, (float(rng.randint(50, 60)), float(rng.randint(1, 8))),
+                             (rng.choice([None, 0.0, 1.0, 3.0]), rng.choice([None, 0.5, 2.0])))
+                  for n in range(rng.randint(1, 60))]
+        front = [p for p in points if not any(_dominates_beyond(q, p, directions) for q in points if q is not p)]
+        strict = {p.number for p in front if not any(_dominates(q, p, directions) for q in points if q is not p)}
+        got, ties = noisy_front(points, directions, ("tok/s", "tpot"))
+        assert got == [p.number for p in front], seed
+        assert {n for t in ties for n in t.trials} <= {p.number for p in front}
+        assert strict <= set(got)
