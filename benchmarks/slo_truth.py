@@ -75,8 +75,9 @@ def one(ev: Evaluator, spec: Any, values: dict[str, Any], scale: float,
         return None
     search_spec = spec.load.rate_search
     began = time.process_time()
-    if known is not None and _key(values) in known:
-        truth = known[_key(values)]
+    key = _key(values)
+    if known is not None and key in known:
+        truth = known[key]
     else:
         truth = true_max_rate(ev, point, spec.slo, low=search_spec.low, high=search_spec.high)
     truth_cpu = time.process_time() - began
