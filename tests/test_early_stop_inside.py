@@ -45,6 +45,11 @@ def test_guard_stops_inside_the_throughput_level_only_when_dominated() -> None:
     assert g.record["skipped_levels"] == [64, 4, 16]
     # Rule 4a: the level's output tok/s is measured, and recorded for the tell.
     assert g.record["measured"]["64"]["output_tok_s"] == 300.0
+    assert g.record["measured"]["64"]["output_tok_s.ci95"] == 0.0      # no sub-windows in view
+    # A level sized by time judges its window with the window's own noise, and keeps it.
+    g = _guard()
+    assert g.inside_level(64, {**view, "output_tok_s": 290.0, "output_tok_s_ci95": 12.0}, [4, 16])
+    assert g.record["measured"]["64"]["output_tok_s.ci95"] == 12.0
     # With a limit on the level the trial is stopped instead (the limit is not measured).
     limit = {"label": "ttft_ms.p90@c64<=9000", "metric": "ttft_ms.p90", "level": 64,
              "max": 9000.0, "min": None}
@@ -85,6 +90,11 @@ def test_guard_stops_inside_the_last_level_too() -> None:
     assert g.inside_level(64, view, [])
     assert g.record["reason"] == "dominated_exact" and g.record["skipped_levels"] == [64]
     assert g.record["measured"]["64"]["output_tok_s"] == 300.0
+    assert g.record["measured"]["64"]["output_tok_s.ci95"] == 0.0      # no sub-windows in view
+    # A level sized by time judges its window with the window's own noise, and keeps it.
+    g = _guard()
+    assert g.inside_level(64, {**view, "output_tok_s": 290.0, "output_tok_s_ci95": 12.0}, [4, 16])
+    assert g.record["measured"]["64"]["output_tok_s.ci95"] == 12.0
     # Rule 4b in the last level: stopped on the window so far, never on the front.
     g = _guard()
     assert g.inside_level(64, {**view, "output_tok_s": 250.0, "exact": False, "window_s": 20.0}, [])

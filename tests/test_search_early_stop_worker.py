@@ -9,6 +9,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.conftest import write_study
 from tuner.study.early_stop import SweepGuard
 from tuner.study.outcome import TrialOutcome, TrialRequest
@@ -104,6 +106,10 @@ def test_a_dominated_trial_stops_inside_its_throughput_level(tmp_path: Path) -> 
     # The level's output tok/s is recorded, so the orchestrator tells it like any completed
     # trial (scoring.metric_value reads it), dominated by the front it was judged against.
     assert sorted(out.levels) == ["1", "16"] and out.levels["16"]["output_tok_s"] == c16["output_tok_s"]
+    # Its interval is the between-start noise floor (levels sized by request count have no
+    # sub-window interval): 1.96 x 3 % x value, so status shows it with a "±" like the rest.
+    assert c16["output_tok_s.ci95"] == 0.0
+    assert out.levels["16"]["output_tok_s.ci95"] == pytest.approx(1.959964 * 0.03 * c16["output_tok_s"])
     from tuner.study.scoring import metric_value
     assert metric_value(spec, out, spec.objectives[0]) == c16["output_tok_s"]
     metrics = json.loads((Path(request["trial_dir"]) / "metrics.json").read_text())

@@ -40,7 +40,7 @@ from tuner.load.records import RequestRecord
 from tuner.load.slo import LevelSlo
 from tuner.load.stats import Stat
 from tuner.load.stats import percentile as _percentile
-from tuner.load.uncertainty import Z95, mean_ci, quantile_ci
+from tuner.load.uncertainty import Z95, mean_ci, quantile_ci, with_noise_floor
 from tuner.load.window import (
     STABILITY_MAX_RATIO,
     SteadyWindow,
@@ -288,12 +288,8 @@ class LevelMetrics(BaseModel):
                 across = mean_ci([v for r in rs.per_repeat if (v := r.get(key)) is not None])
                 if across is not None and (math.isnan(ci) or across > ci):
                     ci, n = across, float(rs.n)
-            value = out.get(key, math.nan)
-            if self.noise_floor > 0 and not math.isnan(value):
-                # What changes between server starts, which no single run can see.
-                floor = Z95 * self.noise_floor * abs(value)
-                ci = floor if math.isnan(ci) else math.hypot(ci, floor)
-            out[f"{key}.ci95"] = ci
+            # What changes between server starts, which no single run can see.
+            out[f"{key}.ci95"] = with_noise_floor(ci, out.get(key, math.nan), self.noise_floor)
             out[f"{key}.n"] = n
         for key in _CLIENT_KEYS:      # after the intervals, in EXTRA_FLAT_KEYS' order
             out[key] = out.pop(key)

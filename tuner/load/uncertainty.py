@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["Z95", "mean_ci", "quantile_ci", "t95", "within_noise"]
+__all__ = ["Z95", "mean_ci", "quantile_ci", "t95", "with_noise_floor", "within_noise"]
 
 Z95 = 1.959964
 # Two-sided 95 % Student t quantiles by degrees of freedom (1..30); beyond, the normal.
@@ -35,6 +35,15 @@ def t95(df: int) -> float:
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
     return _T95[df - 1] if df <= len(_T95) else Z95 + 2.4 / df
+
+
+def with_noise_floor(ci95: float, value: float, noise_floor: float) -> float:
+    """A run's 95 % half-width widened by the between-start spread ``noise_floor`` (a CV),
+    which no single run can see; ``ci95`` may be NaN (unknown), the floor alone is then left."""
+    if noise_floor <= 0 or math.isnan(value):
+        return ci95
+    floor = Z95 * noise_floor * abs(value)
+    return floor if math.isnan(ci95) else math.hypot(ci95, floor)
 
 
 def mean_ci(values: Sequence[float]) -> float | None:

@@ -582,6 +582,9 @@ class SweepGuard:
                            "dominated_by": list(self.front[index]),
                            # The level's own figure, not the bound its noise widened.
                            "measured": {str(level): {"output_tok_s": float(partial.get("output_tok_s") or bound),
+                                                     # The window's own noise (its sub-windows),
+                                                     # 0 where the level was not sized by time.
+                                                     "output_tok_s.ci95": float(partial.get("output_tok_s_ci95") or 0.0),
                                                      "window_s": float(partial.get("window_s") or 0.0),
                                                      "completed": float(partial.get("completed") or 0),
                                                      "planned": float(partial.get("planned") or 0)}},
