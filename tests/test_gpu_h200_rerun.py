@@ -1,4 +1,4 @@
-"""The H200 study re-run after the probe fix (``results/examples/smollm2-h200``, vLLM 0.26.0,
+"""The H200 study re-run after the probe fix (``results/examples/smollm2-h200-run3``, vLLM 0.26.0,
 SmolLM2-135M bfloat16, 2026-12-02), read back through the tuner's own parsers and rules.
 
 The folder is the study as the box wrote it (raw request files and ``optuna.db`` left out),
@@ -22,7 +22,7 @@ from tuner.vllm.effective_config import parse_effective_config
 from tuner.vllm.startup import median_phases, parse_startup, summary_text
 
 ROOT = Path(__file__).resolve().parent.parent
-STUDY = ROOT / "results" / "examples" / "smollm2-h200"
+STUDY = ROOT / "results" / "examples" / "smollm2-h200-run3"
 RUN1 = ROOT / "results" / "examples" / "smollm2-h200-run1"
 TRIALS = STUDY / "trials"
 RERUN = STUDY / "confirm" / "0002-1"

@@ -1,0 +1,182 @@
+"""The committed eight-trial H200 study (``results/examples/smollm2-h200``, vLLM 0.26.0,
+SmolLM2-135M bfloat16, one H200, 2026-12-03), read back through the tuner's own parsers,
+rules and CLI.
+
+The folder is the study as the box wrote it (raw request files left out; ``optuna.db`` kept,
+so ``tuner status`` reproduces the box's output from this folder alone). Every figure asserted
+here is one the tuner recorded or printed there: a parser or rule that reads the real GPU
+text differently, or a status that renders the same study differently, fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tuner.study.confirmation import RunResult, judge
+from tuner.vllm.compile_cache import parse_compile_log
+from tuner.vllm.effective_config import parse_effective_config
+from tuner.vllm.startup import median_phases, parse_startup
+from tuner.vllm.verify import verify
+
+ROOT = Path(__file__).resolve().parent.parent
+STUDY = ROOT / "results" / "examples" / "smollm2-h200"
+TRIALS = STUDY / "trials"
+RERUN = STUDY / "confirm" / "0002-1"
+# Trial 7 was a duplicate proposal (told again, never run); trial 8 the sampler's own point.
+RUN = {n: TRIALS / f"{n:04d}" for n in (0, 1, 2, 3, 4, 5, 6, 8)}
+COMPILED_MODES = {1: "FULL_AND_PIECEWISE", 2: "FULL_DECODE_ONLY", 3: "PIECEWISE", 4: "FULL", 5: "NONE"}
+
+
+def _json(path: Path) -> Any:
+    return json.loads(path.read_text())
+
+
+def _log(folder: Path) -> str:
+    return (folder / "server.log").read_text(encoding="utf-8", errors="replace")
+
+
+def _reparsed_startup(folder: Path) -> dict[str, Any]:
+    recorded = _json(folder / "startup.json")
+    ready = recorded["total_s"] if recorded["complete"] else None
+    return parse_startup(_log(folder), first_line_s=recorded["first_line_s"], ready_s=ready).to_json()
+
+
+# ------------------------------------------------------------------- what the study ran
+
+
+def test_eight_trials_finished_covering_every_cuda_graph_mode_eager_and_ngram() -> None:
+    outcomes = {n: _json(folder / "outcome.json") for n, folder in RUN.items()}
+    assert all(o["status"] == "completed" for o in outcomes.values())
+    assert len(outcomes) == 8
+    seen_modes = set()
+    for n, folder in RUN.items():
+        eff = parse_effective_config(_log(folder))
+        assert eff.ready and eff.vllm_version == "0.26.0", n
+        if n in COMPILED_MODES:
+            assert eff.enforce_eager is False
+            seen_modes.add(eff.cudagraph_mode)
+        else:
+            assert eff.enforce_eager is True
+    assert seen_modes == set(COMPILED_MODES.values())
+    ngram = [n for n in RUN if _json(RUN[n] / "command.json")["asked"].get("speculative_config.method") == "ngram"]
+    assert ngram == [6, 8]
+    assert [_json(RUN[n] / "command.json")["asked"]["speculative_config.num_speculative_tokens"]
+            for n in ngram] == [4, 5]
+
+
+@pytest.mark.parametrize("number", sorted(RUN))
+def test_every_knob_is_verified_again_from_the_real_log(number: int) -> None:
+    folder = RUN[number]
+    eff = parse_effective_config(_log(folder))
+    result = verify(_json(folder / "command.json")["asked"], eff)
+    assert result.applied
+    recorded = {c["target"]: c["status"] for c in _json(folder / "verification.json")["checks"]}
+    assert {c.target: c.status for c in result.checks} == recorded
+    assert set(recorded.values()) <= {"applied", "unverifiable"}
+
+
+@pytest.mark.parametrize(("number", "captured"), [(1, ["FULL", "PIECEWISE"]), (2, ["FULL"]),
+                                                  (3, ["PIECEWISE"]), (4, ["FULL"]), (5, None)])
+def test_graph_capture_and_kv_cache_are_read_from_the_log_into_the_record(number: int,
+                                                                          captured: list[str] | None) -> None:
+    folder = RUN[number]
+    assert parse_effective_config(_log(folder)).graphs_captured == captured
+    startup = _json(folder / "startup.json")
+    assert _reparsed_startup(folder) == startup
+    assert startup["kv_cache_tokens"] == 3_226_544
+    if captured:
+        assert startup["graph_capture_s"] > 0 and startup["graph_capture_gib"] > 0
+    else:
+        assert startup["phases"].get("graph_capture") is None       # NONE captures nothing
+
+
+# ----------------------------------------------------------------------- the probe's verdict
+
+
+def test_full_is_rejected_for_corruption_and_never_measured() -> None:
+    probe = _json(RUN[4] / "probe.json")
+    ref = probe["reference"]
+    assert not probe["passed"] and sum(level["corrupt"] for level in ref["levels"]) == 41
+    assert ref["levels"][0]["concurrency"] == 32 and ref["levels"][0]["corrupt"] == 38
+    outcome = _json(RUN[4] / "outcome.json")
+    assert outcome["probe_passed"] is False and outcome["load_s"] is None
+
+
+@pytest.mark.parametrize("number", [1, 2])
+def test_the_correct_full_graph_modes_pass_with_near_ties_only(number: int) -> None:
+    ref = _json(RUN[number] / "probe.json")["reference"]
+    assert ref["passed"] and ref["corrupt"] == []
+    assert all(level["far"] == 0 and level["corrupt"] == 0 for level in ref["levels"])
+
+
+# ------------------------------------------------------------ the front, ties, confirmation
+
+
+def test_status_from_this_folder_is_what_the_box_printed(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    from tuner.cli import main
+
+    shutil.copytree(STUDY, tmp_path / "smollm2-h200")
+    assert main(["status", "smollm2-h200", "--results", str(tmp_path)]) == 0
+    assert capsys.readouterr().out == (STUDY / "status.txt").read_text()
+
+
+def test_the_front_is_full_decode_only_tied_with_full_and_piecewise() -> None:
+    pareto = _json(STUDY / "pareto.json")
+    assert pareto["trials_finished"] == 8
+    [point] = pareto["front"]
+    assert point["trial"] == 2 and point["params"]["cudagraph_mode"] == "FULL_DECODE_ONLY"
+    assert point["ties"] == [1]
+    assert point["values"]["output_tok_s@cmax"] == pytest.approx(8253, abs=1)
+    assert point["vs_baseline"]["output_tok_s@cmax"] == pytest.approx(6.77, abs=0.01)
+    assert point["confirmation"]["verdict"] == "not_reproducible"
+
+
+def test_a_rerun_whose_tpot_moved_24_percent_is_not_reproducible() -> None:
+    recorded = _json(STUDY / "confirm" / "0002.json")
+    labels = [o["label"] for o in recorded["objectives"]]
+    directions = [o["direction"] for o in recorded["objectives"]]
+    values = [o["trial"] for o in recorded["objectives"]]
+    runs = [RunResult(**{k: run[k] for k in ("folder", "values", "feasible", "outcome", "message", "trial_s")})
+            for run in recorded["runs"]]
+    verdict = judge(2, labels, directions, values, runs, tolerance=recorded["tolerance"],
+                    repeats=recorded["repeats"], finished_unix=recorded["finished_unix"])
+    assert verdict.verdict == recorded["verdict"] == "not_reproducible"
+    assert verdict.reason == "tpot_ms.mean@c1 1.831 -> 2.262 (+23.6%, worse by more than 10%)"
+    # The knee export skips the point that did not reproduce and takes its tie.
+    assert "trial 1 (feasible)" in (STUDY / "report" / "report.md").read_text()
+
+
+def test_export_check_passed_with_vllms_own_parser_on_the_box() -> None:
+    text = (STUDY / "export-check.txt").read_text()
+    assert text.count("checking trial 2 with python3 (parser + engine config)") == 2
+    for fmt in ("shell", "json", "systemd", "yaml"):
+        assert text.count(f"  {fmt:<8} ok   accepted by vLLM's parser and engine config") == 2
+    assert text.count("rc=0") == 2 and "FAIL" not in text
+
+
+# --------------------------------------------------------------------------------- startup
+
+
+def test_startup_median_and_the_compile_cache_hit_on_the_rerun() -> None:
+    starts = [_reparsed_startup(folder) for folder in RUN.values()]
+    assert statistics.median(s["total_s"] for s in starts) == pytest.approx(80.0, abs=0.05)
+    assert median_phases(starts)["total"] == pytest.approx(80.0, abs=0.05)
+    # Each compiled mode has a compile key of its own: five misses, five different hashes.
+    records = {n: parse_compile_log(_log(RUN[n])) for n in COMPILED_MODES}
+    assert {r.cache for r in records.values()} == {"miss"}
+    assert len({r.cache_hash for r in records.values()}) == 5
+    # The confirmation re-run of trial 2 loaded trial 2's graph from the study's cache.
+    hit = parse_compile_log(_log(RERUN))
+    assert hit.cache == "hit" and hit.cache_hash == records[2].cache_hash
+    first, again = _json(RUN[2] / "startup.json"), _json(RERUN / "startup.json")
+    assert (round(first["total_s"], 1), round(again["total_s"], 1)) == (94.5, 63.2)
+    assert (first["phases"]["compile"], again["phases"]["compile"]) == (19.0, 4.0)
+    status = (STUDY / "status.txt").read_text()
+    assert "startup: median 80.0s over 8 server(s), 56% of trial time, torch.compile cache 5 miss" in status
