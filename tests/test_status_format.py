@@ -110,3 +110,14 @@ def test_stopped_trials_show_what_was_measured_not_placeholders(tmp_path: Path) 
     assert "43.68" not in text and "56.38" not in text
     assert ("output_tok_s@cmax<=40.12 (bound, c=4 skipped)  tpot_ms.mean@c1=52.11  "
             "[stopped after c1: dominated]") in text
+    # Stopped during its top level (rule 4b): that level was part-measured, not skipped.
+    inside = TrialRecord(number=8, state="COMPLETE", kind="run", params={},
+                         values={"output_tok_s@cmax": 4581.0, "tpot_ms.mean@c1": 4.663},
+                         attrs={"outcome": {
+                             "levels": {"1": {"output_tok_s": 180.0, "tpot_ms.mean": 4.663}},
+                             "early_stop": {"reason": "dominated_inside", "after": "inside c32",
+                                            "bounds": [4581.0, 4.663], "skipped_levels": [32]}}})
+    status = _status([_trial_row(inside, paths)])
+    status["objectives"] = objectives
+    assert ("output_tok_s@cmax<=4581 (bound, c=32 stopped inside)  tpot_ms.mean@c1=4.663  "
+            "[stopped inside c32: dominated_inside]") in format_status(status)

@@ -16,6 +16,7 @@ from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
 from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points
+from tuner.study.scoring import stop_record_text
 from tuner.study.records import StoredStudy, read_records_direct, read_sqlite_study
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
@@ -294,7 +295,7 @@ def _stopped_values(row: dict[str, Any], labels: list[str], directions: list[str
     stop = row["early_stop"]
     bounds = stop.get("bounds")
     if not bounds:
-        return f"not measured (stopped after {stop.get('after')}: {stop.get('reason')})"
+        return f"not measured ({stop_record_text(stop)})"
     measured = set(row.get("measured_levels") or [])
     top = max(measured | set(stop.get("skipped_levels") or []), default=None)
     shown = []
@@ -306,10 +307,12 @@ def _stopped_values(row: dict[str, Any], labels: list[str], directions: list[str
         elif label == MAX_RATE and (row.get("max_rate") or {}).get("status") in ("stopped", None):
             shown.append(f"{label}<={_fmt(bound)} (bound, search stopped)")
         elif level is not None and level not in measured:
-            shown.append(f"{label}{'<=' if direction == 'maximize' else '>='}{_fmt(bound)} (bound, c={level} skipped)")
+            # Stopped during the level (rule 4b) or before it: part-measured or skipped.
+            how = "stopped inside" if stop.get("after") == f"inside c{level}" else "skipped"
+            shown.append(f"{label}{'<=' if direction == 'maximize' else '>='}{_fmt(bound)} (bound, c={level} {how})")
         else:
             shown.append(f"{label}={_fmt(bound)}")
-    return "  ".join(shown) + f"  [stopped after {stop.get('after')}: {stop.get('reason')}]"
+    return "  ".join(shown) + f"  [{stop_record_text(stop)}]"
 
 
 def _fmt(value: Any) -> str:

@@ -17,7 +17,7 @@ from tuner.load.max_rate_text import max_rate_value_text
 from tuner.study.spec import MAX_RATE, ObjectiveSpec, StudySpec
 from tuner.study.trials import EARLY_STOPPED, KIND_RUN, TrialRecord, record_points
 
-__all__ = ["stopped_told", "stop_text", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs",
+__all__ = ["stopped_told", "stop_text", "stop_record_text", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs",
            "pareto_payload", "result_text", "values_text", "TRIAL_METRICS", "max_rate_value"]
 
 
@@ -130,8 +130,15 @@ def stopped_told(spec: StudySpec, outcome: TrialOutcome,
 
 
 def stop_text(outcome: TrialOutcome) -> str:
-    why = outcome.early_stop or {}
-    return f"stopped after {why.get('after')}: {why.get('reason')}"
+    return stop_record_text(outcome.early_stop or {})
+
+
+def stop_record_text(record: dict[str, Any]) -> str:
+    """Where and why a trial stopped early, from its early-stop record: ``stopped after c1:
+    dominated``, or ``stopped inside c32: dominated_inside`` for a stop during a level."""
+    after = str(record.get("after"))
+    where = after if after.startswith("inside ") else f"after {after}"
+    return f"stopped {where}: {record.get('reason')}"
 
 
 def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
