@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import needs_chromium, render_in_chromium
 from tuner.study.confirmation import RunResult, judge
 from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.effective_config import parse_effective_config
@@ -185,3 +186,13 @@ def test_startup_median_and_the_compile_cache_hit_on_the_rerun() -> None:
     assert (first["phases"]["compile"], again["phases"]["compile"]) == (19.0, 4.0)
     status = (STUDY / "status.txt").read_text()
     assert "startup: median 80.0s over 8 server(s), 56% of trial time, torch.compile cache 5 miss" in status
+
+
+@needs_chromium
+def test_the_committed_report_renders_with_intervals_ties_and_the_verdict(tmp_path: Path) -> None:
+    dom, console = render_in_chromium(STUDY / "report" / "report.html", tmp_path / "profile")
+    assert 'data-plots-rendered="yes"' in dom, "figures did not render"
+    assert not console, console
+    assert "<td>8253 ± 1165 (6.77× baseline)</td>" in dom
+    assert "trials 1 and 2 are within noise at output_tok_s@cmax, tpot_ms.mean@c1" in dom
+    assert "not reproducible (1 re-run)" in dom
