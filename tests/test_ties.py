@@ -9,7 +9,8 @@ import pytest
 from tuner.export import noise_notes, render_export
 from tuner.status import _unstable_text, _value
 from tuner.study.early_stop import Target, optimistic
-from tuner.study.noise import NoisyPoint, label_noise, level_unstable, noisy_front, pick_ties
+from tuner.study.noise import (NoisyPoint, label_noise, level_unstable, noisy_front, pick_ties,
+                                unmeasured_level)
 from tuner.study.trials import TrialRecord
 from tuner.study.scoring import pareto_payload
 from tuner.study.study_file import parse_study
@@ -53,6 +54,34 @@ def test_labels_find_their_noise_and_unstable_levels() -> None:
     assert label_noise(levels, "tpot_ms.mean@cmin") == 0.3
     assert label_noise(levels, "startup_s") is None
     assert level_unstable(levels) == [32]
+
+
+def test_a_level_an_early_stop_never_measured_lends_no_value_or_noise() -> None:
+    # Stopped inside c=32 (rule 4b, the H200 study's trial 8): only c=1 was measured.
+    levels = {"1": {"output_tok_s": 162.0, "output_tok_s.ci95": 78.0, "tpot_ms.mean": 7.552,
+                    "tpot_ms.mean.ci95": 2.9}}
+    assert unmeasured_level("output_tok_s@cmax", levels, [32]) == 32
+    assert unmeasured_level("output_tok_s@c32", levels, [32]) == 32
+    assert unmeasured_level("tpot_ms.mean@c1", levels, [32]) is None
+    assert unmeasured_level("tpot_ms.mean@cmin", levels, [32]) is None
+    assert unmeasured_level("startup_s", levels, [32]) is None
+    # Stopped at c=32's last dispatch (rule 4a): c=32's rate is recorded, so it is measured.
+    assert unmeasured_level("output_tok_s@cmax", {**levels, "32": {"output_tok_s": 4466.0}}, [32]) is None
+    stopped = TrialRecord(8, "COMPLETE", "run", {}, values={"output_tok_s@cmax": 4581.0, "tpot_ms.mean@c1": 7.552},
+                          attrs={"outcome": {"levels": levels, "early_stop": {
+                              "reason": "dominated_inside", "after": "inside c32",
+                              "bounds": [4581.0, 4.663], "skipped_levels": [32]}}})
+    labels = ["output_tok_s@cmax", "tpot_ms.mean@c1"]
+    assert stopped.bound_labels(labels) == {"output_tok_s@cmax": 32}
+    # "@cmax" of the bound is c=32, not c=1, the highest level it reached: c=1's noise (78)
+    # must not appear as the bound's interval.
+    assert stopped.noise(labels) == {"output_tok_s@cmax": None, "tpot_ms.mean@c1": 2.9}
+    from tuner.report import _pm
+    assert _pm(stopped, "output_tok_s@cmax") == "4581 (bound, c=32 not measured)"
+    assert _pm(stopped, "tpot_ms.mean@c1") == "7.552 ± 2.9"
+    # A trial that was not stopped has no bounds, whatever its levels.
+    done = TrialRecord(9, "COMPLETE", "run", {}, values=dict(stopped.values), attrs={"outcome": {"levels": levels}})
+    assert done.bound_labels(labels) == {}
 
 
 def _record(n: int, tok: float, tok_ci: float, tpot: float, tpot_ci: float,

@@ -122,6 +122,9 @@ def _pm(r: TrialRecord, label: str) -> str:
     if label == MAX_RATE and r.attrs.get("outcome", {}).get("max_rate"):
         return _value(r, label)       # as its search says it: >=high, 0 (slo_unmet)
     if isinstance(value, (int, float)) and not isinstance(value, bool):
+        level = r.bound_labels([label]).get(label)
+        if level is not None:      # stopped early before this level's end: not a measurement
+            return f"{_fmt(value)} (bound, c={level} not measured)"
         return plus_minus(float(value), r.noise([label]).get(label), " ± ")
     return _fmt(value)
 

@@ -15,8 +15,7 @@ from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
 from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, unstable_text
-from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points
-from tuner.study.scoring import stop_record_text
+from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points, stop_record_text
 from tuner.study.records import StoredStudy, read_records_direct, read_sqlite_study
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
@@ -139,6 +138,8 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "startup": record.startup_record,
         "gpu_wait_s": outcome.get("gpu_wait_s"),
         "measured_levels": sorted(int(c) for c in (outcome.get("levels") or {})),
+        # Objectives told as an early stop's bound (label -> the level never measured).
+        "bound_labels": record.bound_labels(list(record.values)),
         "max_rate": outcome.get("max_rate"),
         "checks": checks,
     }
@@ -296,20 +297,22 @@ def _stopped_values(row: dict[str, Any], labels: list[str], directions: list[str
     bounds = stop.get("bounds")
     if not bounds:
         return f"not measured ({stop_record_text(stop)})"
-    measured = set(row.get("measured_levels") or [])
-    top = max(measured | set(stop.get("skipped_levels") or []), default=None)
+    unmeasured = row.get("bound_labels") or {}
     shown = []
     for label, direction, bound in zip(labels, directions, bounds):
-        level_text = label.rpartition("@c")[2]
-        level = top if level_text == "max" else int(level_text) if level_text.isdigit() else None
+        level = unmeasured.get(label)
         if bound is None:
             shown.append(f"{label}=not measured")
         elif label == MAX_RATE and (row.get("max_rate") or {}).get("status") in ("stopped", None):
             shown.append(f"{label}<={_fmt(bound)} (bound, search stopped)")
-        elif level is not None and level not in measured:
+        elif level is not None:
             # Stopped during the level (rule 4b) or before it: part-measured or skipped.
             how = "stopped inside" if stop.get("after") == f"inside c{level}" else "skipped"
             shown.append(f"{label}{'<=' if direction == 'maximize' else '>='}{_fmt(bound)} (bound, c={level} {how})")
+        elif label in row["values"]:
+            # Measured: the value it was told with and its interval, not the bound (a
+            # measured value's bound is moved by its own noise towards the optimistic side).
+            shown.append(_value(row, label))
         else:
             shown.append(f"{label}={_fmt(bound)}")
     return "  ".join(shown) + f"  [{stop_record_text(stop)}]"

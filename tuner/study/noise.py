@@ -25,7 +25,8 @@ from typing import Any
 
 __all__ = ["NoisyPoint", "Tie", "better_beyond", "label_noise", "level_client_bound",
            "level_unstable", "unstable_text", "max_rate_noise",
-           "noisy_front", "pick_ties", "plus_minus", "resolve_level", "tie_text", "within"]
+           "noisy_front", "pick_ties", "plus_minus", "resolve_level", "tie_text", "unmeasured_level",
+           "within"]
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,27 @@ def max_rate_noise(record: Mapping[str, Any] | None) -> float | None:
         return None
     lo, hi = (list(record.get("bracket") or []) + [None, None])[:2]
     return None if lo is None or hi is None else float(hi) - float(lo)
+
+
+def unmeasured_level(label: str, levels: Mapping[str, object], skipped: Sequence[int]) -> int | None:
+    """The concurrency level an objective labelled ``metric@cN`` (``@cmax``, ``@cmin``) reads,
+    when a trial stopped early never measured it (``skipped``: the early stop's skipped levels);
+    None when it was measured or the label reads no concurrency level. Such a value is the
+    bound the trial was stopped on, not a measurement."""
+    _, sep, level = label.rpartition("@c")
+    if not sep:
+        return None
+    measured = {int(k) for k in levels if str(k).isdigit()}
+    planned = measured | {int(c) for c in skipped}
+    if level in ("max", "min"):
+        if not planned:
+            return None
+        want = max(planned) if level == "max" else min(planned)
+    elif level.isdigit():
+        want = int(level)
+    else:
+        return None
+    return None if want in measured else want
 
 
 def resolve_level(levels: Mapping[str, object], level: str) -> str:

@@ -15,9 +15,9 @@ from tuner.study.pareto import pareto_front
 from tuner.load.load_spec import rate_level_name
 from tuner.load.max_rate_text import max_rate_value_text
 from tuner.study.spec import MAX_RATE, ObjectiveSpec, StudySpec
-from tuner.study.trials import EARLY_STOPPED, KIND_RUN, TrialRecord, record_points
+from tuner.study.trials import EARLY_STOPPED, KIND_RUN, TrialRecord, record_points, stop_record_text
 
-__all__ = ["stopped_told", "stop_text", "stop_record_text", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs",
+__all__ = ["stopped_told", "stop_text", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs",
            "pareto_payload", "result_text", "values_text", "TRIAL_METRICS", "max_rate_value"]
 
 
@@ -131,14 +131,6 @@ def stopped_told(spec: StudySpec, outcome: TrialOutcome,
 
 def stop_text(outcome: TrialOutcome) -> str:
     return stop_record_text(outcome.early_stop or {})
-
-
-def stop_record_text(record: dict[str, Any]) -> str:
-    """Where and why a trial stopped early, from its early-stop record: ``stopped after c1:
-    dominated``, or ``stopped inside c32: dominated_inside`` for a stop during a level."""
-    after = str(record.get("after"))
-    where = after if after.startswith("inside ") else f"after {after}"
-    return f"stopped {where}: {record.get('reason')}"
 
 
 def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:

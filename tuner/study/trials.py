@@ -13,16 +13,25 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from tuner.study.noise import label_noise, level_client_bound, level_unstable, max_rate_noise
+from tuner.study.noise import label_noise, level_client_bound, level_unstable, max_rate_noise, unmeasured_level
 from tuner.study.pareto import Point, pareto_front
 
 __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "EARLY_STOPPED",
-           "outcome_word", "point_key", "record_points", "front_records"]
+           "outcome_word", "point_key", "record_points", "front_records", "stop_record_text"]
 
 def point_key(values: Mapping[str, Any]) -> str:
     """A canonical text of a parameter set, to spot duplicates (``space.params_key``)."""
 
     return json.dumps({k: values[k] for k in sorted(values)}, sort_keys=True, default=str)
+
+
+def stop_record_text(record: Mapping[str, Any]) -> str:
+    """Where and why a trial stopped early, from its early-stop record: ``stopped after c1:
+    dominated``, or ``stopped inside c32: dominated_inside`` for a stop during a level."""
+
+    after = str(record.get("after"))
+    where = after if after.startswith("inside ") else f"after {after}"
+    return f"stopped {where}: {record.get('reason')}"
 
 
 KIND_RUN = "run"
@@ -92,8 +101,22 @@ class TrialRecord:
         outcome = self.attrs.get("outcome") or {}
         # Open-loop levels by name (r2.0), next to the concurrency levels: labels metric@r2.0.
         levels = {**self.levels, **(outcome.get("rate_levels") or {})}
-        return {label: max_rate_noise(outcome.get("max_rate")) if label == "max_rate@slo"
+        bounds = self.bound_labels(labels)
+        return {label: None if label in bounds
+                else max_rate_noise(outcome.get("max_rate")) if label == "max_rate@slo"
                 else label_noise(levels, label) for label in labels}
+
+    def bound_labels(self, labels: Sequence[str]) -> dict[str, int]:
+        """The objectives a trial stopped early was told as bounds because it never measured
+        their level (label -> that level): ``@cmax`` then means the highest level it would
+        have run, not the highest it reached, so no lower level's value or noise stands in."""
+
+        stop = (self.attrs.get("outcome") or {}).get("early_stop") or {}
+        if not stop.get("bounds"):
+            return {}
+        skipped = [int(c) for c in stop.get("skipped_levels") or [] if str(c).isdigit()]
+        found = {label: unmeasured_level(label, self.levels, skipped) for label in labels}
+        return {label: level for label, level in found.items() if level is not None}
 
     @property
     def compile_record(self) -> dict[str, Any] | None:
