@@ -15,11 +15,11 @@ from typing import Any
 
 import pytest
 
-from tuner.study.confirmation import RunResult, judge
+from tests.gpu_records import rejudged, reparsed_startup, server_log
 from tuner.study.study_file import parse_study
 from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.effective_config import parse_effective_config
-from tuner.vllm.startup import median_phases, parse_startup, summary_text
+from tuner.vllm.startup import median_phases, summary_text
 
 ROOT = Path(__file__).resolve().parent.parent
 STUDY = ROOT / "results" / "examples" / "smollm2-h200-run3"
@@ -30,20 +30,8 @@ RERUN = STUDY / "confirm" / "0002-1"
 EAGER, FAP, FDO, PIECEWISE, FULL, NONE, NGRAM = (TRIALS / f"000{i}" for i in range(7))
 
 
-def _log(folder: Path) -> str:
-    return (folder / "server.log").read_text(encoding="utf-8", errors="replace")
-
-
 def _json(path: Path) -> Any:
     return json.loads(path.read_text())
-
-
-def _reparsed_startup(folder: Path) -> dict[str, Any]:
-    """The startup record parsed again from the log, with the launcher's two clock figures of
-    that run (first log line, first /health 200) as it recorded them."""
-    recorded = _json(folder / "startup.json")
-    ready = recorded["total_s"] if recorded["complete"] else None
-    return parse_startup(_log(folder), first_line_s=recorded["first_line_s"], ready_s=ready).to_json()
 
 
 # ----------------------------------------------------------------------------- the probe
@@ -91,7 +79,7 @@ def test_full_mode_fails_for_corruption_with_the_evidence() -> None:
 
 
 def test_the_same_configuration_misses_then_hits_the_studys_compile_cache() -> None:
-    miss, hit = parse_compile_log(_log(FDO)), parse_compile_log(_log(RERUN))
+    miss, hit = parse_compile_log(server_log(FDO)), parse_compile_log(server_log(RERUN))
     assert miss.to_json() == _json(FDO / "compile_cache.json")
     assert hit.to_json() == _json(RERUN / "compile_cache.json")
     assert (miss.cache, miss.aot, hit.cache, hit.aot) == ("miss", "saved", "hit", "loaded")
@@ -103,7 +91,7 @@ def test_the_same_configuration_misses_then_hits_the_studys_compile_cache() -> N
 
 
 def test_the_startup_drop_by_phase() -> None:
-    before, after = _reparsed_startup(FDO), _reparsed_startup(RERUN)
+    before, after = reparsed_startup(FDO), reparsed_startup(RERUN)
     assert before == _json(FDO / "startup.json") and after == _json(RERUN / "startup.json")
     assert (before["compile_cache"], after["compile_cache"]) == ("miss", "hit")
     assert before["total_s"] == pytest.approx(92.1, abs=0.05)
@@ -118,13 +106,13 @@ def test_the_startup_drop_by_phase() -> None:
 def test_each_compiled_mode_has_its_own_key_so_the_study_itself_only_missed() -> None:
     hashes = set()
     for trial in (FAP, FDO, PIECEWISE, FULL, NONE):
-        rec = parse_compile_log(_log(trial))
+        rec = parse_compile_log(server_log(trial))
         assert rec.cache == "miss", trial.name
         hashes.add(rec.cache_hash)
     assert len(hashes) == 5
     for trial in (EAGER, NGRAM):
-        assert parse_compile_log(_log(trial)).cache == "none"
-    med = median_phases([_reparsed_startup(t) for t in (EAGER, FAP, FDO, PIECEWISE, FULL, NONE, NGRAM)])
+        assert parse_compile_log(server_log(trial)).cache == "none"
+    med = median_phases([reparsed_startup(t) for t in (EAGER, FAP, FDO, PIECEWISE, FULL, NONE, NGRAM)])
     assert med["total"] == pytest.approx(98.4, abs=0.05)
     assert "startup: median 98.4s over 7 server(s), 61% of trial time, torch.compile cache 5 miss" in (
         STUDY / "status.txt").read_text()
@@ -134,7 +122,7 @@ def test_each_compiled_mode_has_its_own_key_so_the_study_itself_only_missed() ->
 
 
 def test_the_rerun_ran_full_decode_only_as_asked() -> None:
-    eff = parse_effective_config(_log(RERUN))
+    eff = parse_effective_config(server_log(RERUN))
     assert eff.ready and eff.vllm_version == "0.26.0" and eff.warnings == []
     assert (eff.enforce_eager, eff.cudagraph_mode_configured, eff.cudagraph_mode) == (
         False, "FULL_DECODE_ONLY", "FULL_DECODE_ONLY")
@@ -143,18 +131,12 @@ def test_the_rerun_ran_full_decode_only_as_asked() -> None:
 
 def test_a_better_rerun_outside_the_tolerance_is_not_reproducible() -> None:
     recorded = _json(STUDY / "confirm" / "0002.json")
-    labels = [o["label"] for o in recorded["objectives"]]
-    directions = [o["direction"] for o in recorded["objectives"]]
-    trial_values = [o["trial"] for o in recorded["objectives"]]
-    runs = [RunResult(**{k: run[k] for k in ("folder", "values", "feasible", "outcome", "message", "trial_s")})
-            for run in recorded["runs"]]
-    verdict = judge(2, labels, directions, trial_values, runs, tolerance=recorded["tolerance"],
-                    repeats=recorded["repeats"], finished_unix=recorded["finished_unix"])
+    verdict = rejudged(recorded, 2)
     assert verdict.verdict == "not_reproducible" == recorded["verdict"]
     assert verdict.reason == recorded["reason"] == (
         "output_tok_s@cmax 7354 -> 8163 (+11.0%, better by more than 10%)")
     # Within tolerance it would have been reproduced: the rule is about the size of the move.
-    assert judge(2, labels, directions, trial_values, runs, tolerance=0.12, repeats=1).verdict == "reproduced"
+    assert rejudged(recorded, 2, tolerance=0.12, repeats=1).verdict == "reproduced"
     assert "not reproducible (1 re-run): output_tok_s@cmax 7354 -> 8163 (+11.0%)" in (
         STUDY / "status.txt").read_text()
 

@@ -18,11 +18,12 @@ from typing import Any
 
 import pytest
 
+from tests.gpu_records import reparsed_startup, server_log
 from tuner.adapters.gpu import busy_on, parse_compute_apps, parse_gpu_memory, select_uuids
 from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.vllm.failure_signatures import scan_log, trial_reason, vllm_message
-from tuner.vllm.startup import figures_text, median_phases, parse_startup, summary_text
+from tuner.vllm.startup import figures_text, median_phases, summary_text
 from tuner.vllm.verify import verify
 
 RUN = Path(__file__).parent / "fixtures" / "vllm_logs" / "h200-0.26.0-study"
@@ -35,21 +36,8 @@ PIECEWISE, FULL, NONE, NGRAM = "0003-piecewise", "0004-full", "0005-none", "0006
 TRIALS = [EAGER, FULL_AND_PIECEWISE, FULL_DECODE_ONLY, PIECEWISE, FULL, NONE, NGRAM]
 
 
-def _log(folder: Path) -> str:
-    return (folder / "server.log").read_text(encoding="utf-8", errors="replace")
-
-
 def _json(folder: Path, name: str) -> Any:
     return json.loads((folder / name).read_text())
-
-
-def _reparsed_startup(folder: Path) -> dict[str, Any]:
-    """The startup record parsed again from the log, with the launcher's two clock figures
-    of that run (seconds to the first log line, to the first /health 200) as it gave them."""
-
-    recorded = _json(folder, "startup.json")
-    ready = recorded["total_s"] if recorded["complete"] else None
-    return parse_startup(_log(folder), first_line_s=recorded["first_line_s"], ready_s=ready).to_json()
 
 
 # ------------------------------------------------------------ effective config, verification
@@ -72,7 +60,7 @@ def test_each_mode_is_read_and_verified_from_the_real_log(trial: str, eager: boo
                                                           mode: str, bars: list[str] | None,
                                                           runner: str) -> None:
     folder = STUDY / trial
-    eff = parse_effective_config(_log(folder))
+    eff = parse_effective_config(server_log(folder))
     assert eff.warnings == [] and eff.ready and eff.vllm_version == "0.26.0"
     assert (eff.enforce_eager, eff.compilation_mode, eff.cudagraph_mode_configured, eff.cudagraph_mode) == (
         eager, compilation, mode, mode)
@@ -95,7 +83,7 @@ def test_each_mode_is_read_and_verified_from_the_real_log(trial: str, eager: boo
 
 def test_ngram_method_and_k_are_read_and_verified_from_the_real_log() -> None:
     folder = STUDY / NGRAM
-    eff = parse_effective_config(_log(folder))
+    eff = parse_effective_config(server_log(folder))
     assert (eff.speculative_method, eff.num_speculative_tokens) == ("ngram", 4)
     assert (eff.prompt_lookup_min, eff.prompt_lookup_max) == (2, 4)
     assert eff.async_scheduling is False       # vLLM turns it off for n-gram speculation
@@ -107,7 +95,7 @@ def test_ngram_method_and_k_are_read_and_verified_from_the_real_log() -> None:
         "speculative_config.prompt_lookup_max": ("applied", 4),
     }
     # No other trial of the study speculated.
-    assert all(parse_effective_config(_log(STUDY / t)).speculative_method is None for t in TRIALS if t != NGRAM)
+    assert all(parse_effective_config(server_log(STUDY / t)).speculative_method is None for t in TRIALS if t != NGRAM)
 
 
 # ------------------------------------------------------------------------------ startup
@@ -133,7 +121,7 @@ FIGURES = [
 def test_kv_cache_and_graph_capture_are_read_from_the_real_log(folder: Path, tokens: int, gib: float,
                                                                capture_s: float | None,
                                                                capture_gib: float | None, cache: str) -> None:
-    rec = _reparsed_startup(folder)
+    rec = reparsed_startup(folder)
     assert (rec["kv_cache_tokens"], rec["kv_cache_gib"]) == (tokens, gib)
     assert (rec["graph_capture_s"], rec["graph_capture_gib"]) == (capture_s, capture_gib)
     assert rec["compile_cache"] == cache and rec["max_concurrency_tokens"] == 4096
@@ -150,7 +138,7 @@ def test_compiled_start_by_phase() -> None:
     # loading took" 05:28:28, "torch.compile took" 05:28:46, KV cache size 05:28:48, "Graph
     # capturing finished" 05:28:51, init engine 05:29:04, "Starting vLLM server" 05:29:06;
     # imports and ready are the launcher's figures (17.388 s, 77.139 s).
-    rec = _reparsed_startup(STUDY / FULL_AND_PIECEWISE)
+    rec = reparsed_startup(STUDY / FULL_AND_PIECEWISE)
     assert rec["phases"] == {"imports": 17.388, "api_config": 1.0, "engine_spawn": 18.0, "weights": 3.0,
                              "compile": 18.0, "kv_cache": 2.0, "graph_capture": 3.0, "warmup": 13.0,
                              "api_start": 2.0, "serve": pytest.approx(0.0, abs=0.01)}
@@ -164,7 +152,7 @@ def test_compiled_start_by_phase() -> None:
 
 
 def test_the_studys_median_startup_is_the_one_status_printed() -> None:
-    med = median_phases([_reparsed_startup(STUDY / t) for t in TRIALS])
+    med = median_phases([reparsed_startup(STUDY / t) for t in TRIALS])
     assert med["total"] == pytest.approx(68.271, abs=0.001)        # "median 68.3s over 7 server(s)"
     assert {p: med[p] for p in ("api_config", "engine_spawn", "weights", "compile", "kv_cache",
                                 "graph_capture", "warmup", "api_start")} == {
@@ -179,7 +167,7 @@ def test_the_studys_median_startup_is_the_one_status_printed() -> None:
 def test_every_compiled_mode_missed_a_cold_cache_with_its_own_key() -> None:
     hashes = {}
     for trial in (FULL_AND_PIECEWISE, FULL_DECODE_ONLY, PIECEWISE, FULL, NONE):
-        rec = parse_compile_log(_log(STUDY / trial))
+        rec = parse_compile_log(server_log(STUDY / trial))
         assert rec.to_json() == _json(STUDY / trial, "compile_cache.json"), trial
         assert rec.cache == "miss" and rec.aot == "saved" and rec.load_s is None, trial
         assert rec.inductor_s is not None and rec.compile_s > rec.inductor_s, trial
@@ -188,17 +176,17 @@ def test_every_compiled_mode_missed_a_cold_cache_with_its_own_key() -> None:
     # cudagraph_mode is part of vLLM's compile key: five modes, five cache entries.
     assert hashes[FULL_AND_PIECEWISE] == "7b8bb4bb00" and len(set(hashes.values())) == 5
     for trial in (EAGER, NGRAM):
-        rec = parse_compile_log(_log(STUDY / trial))
+        rec = parse_compile_log(server_log(STUDY / trial))
         assert rec.cache == "none" and rec.cache_dir is None and rec.to_json() == _json(STUDY / trial,
                                                                                         "compile_cache.json")
 
 
 def test_compile_cache_hits_and_what_they_save() -> None:
-    miss = parse_compile_log(_log(STUDY / FULL_AND_PIECEWISE))
+    miss = parse_compile_log(server_log(STUDY / FULL_AND_PIECEWISE))
     for name, compile_s, load_s, phase in (("d1-compile-cache", 6.08, 1.943, 6.0),
                                            ("d2-compile-cache", 4.66, 1.662, 5.0)):
         folder = SCENARIOS / name
-        rec = parse_compile_log(_log(folder))
+        rec = parse_compile_log(server_log(folder))
         assert rec.to_json() == _json(folder, "compile_cache.json")
         assert (rec.cache, rec.aot, rec.inductor_s) == ("hit", "loaded", None)
         assert (rec.compile_s, rec.load_s) == (compile_s, load_s)
@@ -207,10 +195,10 @@ def test_compile_cache_hits_and_what_they_save() -> None:
         # (fixed since: scripts/gpu_scenarios.py gives scenario d a cache of its own).
         assert (rec.cache_hash, rec.aot_path) == (miss.cache_hash, miss.aot_path)
         assert rec.compile_s < miss.compile_s / 2
-        startup = _reparsed_startup(folder)
+        startup = reparsed_startup(folder)
         # The warm-up after a hit is 1 s; after the miss, 13 s (graphs compiled for sizes).
         assert (startup["phases"]["compile"], startup["phases"]["warmup"]) == (phase, 1.0)
-    assert _reparsed_startup(STUDY / FULL_AND_PIECEWISE)["phases"]["warmup"] == 13.0
+    assert reparsed_startup(STUDY / FULL_AND_PIECEWISE)["phases"]["warmup"] == 13.0
 
 
 # -------------------------------------------------------------------------- scenarios a-c
@@ -256,7 +244,7 @@ def _stamp_unix(line: str, year: int) -> float:
 
 def test_b_kv_cache_too_small_fails_fast_with_vllms_message() -> None:
     folder = SCENARIOS / "b-kv-cache-too-small"
-    sig = scan_log(_log(folder))
+    sig = scan_log(server_log(folder))
     assert sig is not None and sig.reason == "max_model_len_too_large" and trial_reason(sig) == sig.reason
     assert sig.line.startswith("(EngineCore pid=5691) ERROR 12-02 05:46:31 [core.py:1330] ValueError: To serve")
     # vLLM 0.26.0 says "model's"; the main-branch source this was first written from says "models's".
@@ -272,16 +260,16 @@ def test_b_kv_cache_too_small_fails_fast_with_vllms_message() -> None:
     assert 0 <= outcome["detected_unix"] - _stamp_unix(sig.line, 2026) < 3.0
     # The asked setting is in the log, and the start got past the weights, not further.
     checks = {c.target: c for c in verify(_json(folder, "command.json")["asked"],
-                                          parse_effective_config(_log(folder))).checks}
+                                          parse_effective_config(server_log(folder))).checks}
     assert (checks["kv_cache_memory_bytes"].status, checks["kv_cache_memory_bytes"].got) == ("applied", 50_000_000)
-    startup = _reparsed_startup(folder)
+    startup = reparsed_startup(folder)
     assert startup == _json(folder, "startup.json") == outcome["startup"]
     assert (startup["reached"], startup["complete"], startup["kv_cache_tokens"]) == ("weights", False, None)
 
 
 def test_c_rejected_configuration_is_invalid_config_with_vllms_message() -> None:
     folder = SCENARIOS / "c-spec-mtp"
-    text = _log(folder)
+    text = server_log(folder)
     sig = scan_log(text)
     assert sig is not None and sig.reason == "unsupported_speculative_method"
     assert trial_reason(sig) == "invalid_config"
@@ -294,5 +282,5 @@ def test_c_rejected_configuration_is_invalid_config_with_vllms_message() -> None
     assert outcome["signature"] == sig.model_dump()
     # Rejected while building the engine config, in the API server: no engine ever started.
     assert parse_effective_config(text).speculative_method is None and "EngineCore" not in text
-    startup = _reparsed_startup(folder)
+    startup = reparsed_startup(folder)
     assert startup == outcome["startup"] and (startup["reached"], startup["complete"]) == ("imports", False)

@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import needs_chromium, render_in_chromium
-from tuner.study.confirmation import RunResult, judge
+from tests.gpu_records import rejudged, reparsed_startup, server_log
 from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.effective_config import parse_effective_config
-from tuner.vllm.startup import median_phases, parse_startup
+from tuner.vllm.startup import median_phases
 from tuner.vllm.verify import verify
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,16 +38,6 @@ def _json(path: Path) -> Any:
     return json.loads(path.read_text())
 
 
-def _log(folder: Path) -> str:
-    return (folder / "server.log").read_text(encoding="utf-8", errors="replace")
-
-
-def _reparsed_startup(folder: Path) -> dict[str, Any]:
-    recorded = _json(folder / "startup.json")
-    ready = recorded["total_s"] if recorded["complete"] else None
-    return parse_startup(_log(folder), first_line_s=recorded["first_line_s"], ready_s=ready).to_json()
-
-
 # ------------------------------------------------------------------- what the study ran
 
 
@@ -57,7 +47,7 @@ def test_eight_trials_finished_covering_every_cuda_graph_mode_eager_and_ngram() 
     assert len(outcomes) == 8
     seen_modes = set()
     for n, folder in RUN.items():
-        eff = parse_effective_config(_log(folder))
+        eff = parse_effective_config(server_log(folder))
         assert eff.ready and eff.vllm_version == "0.26.0", n
         if n in COMPILED_MODES:
             assert eff.enforce_eager is False
@@ -74,7 +64,7 @@ def test_eight_trials_finished_covering_every_cuda_graph_mode_eager_and_ngram() 
 @pytest.mark.parametrize("number", sorted(RUN))
 def test_every_knob_is_verified_again_from_the_real_log(number: int) -> None:
     folder = RUN[number]
-    eff = parse_effective_config(_log(folder))
+    eff = parse_effective_config(server_log(folder))
     result = verify(_json(folder / "command.json")["asked"], eff)
     assert result.applied
     recorded = {c["target"]: c["status"] for c in _json(folder / "verification.json")["checks"]}
@@ -87,9 +77,9 @@ def test_every_knob_is_verified_again_from_the_real_log(number: int) -> None:
 def test_graph_capture_and_kv_cache_are_read_from_the_log_into_the_record(number: int,
                                                                           captured: list[str] | None) -> None:
     folder = RUN[number]
-    assert parse_effective_config(_log(folder)).graphs_captured == captured
+    assert parse_effective_config(server_log(folder)).graphs_captured == captured
     startup = _json(folder / "startup.json")
-    assert _reparsed_startup(folder) == startup
+    assert reparsed_startup(folder) == startup
     assert startup["kv_cache_tokens"] == 3_226_544
     if captured:
         assert startup["graph_capture_s"] > 0 and startup["graph_capture_gib"] > 0
@@ -148,13 +138,7 @@ def test_the_front_is_full_decode_only_tied_with_full_and_piecewise() -> None:
 
 def test_a_rerun_whose_tpot_moved_24_percent_is_not_reproducible() -> None:
     recorded = _json(STUDY / "confirm" / "0002.json")
-    labels = [o["label"] for o in recorded["objectives"]]
-    directions = [o["direction"] for o in recorded["objectives"]]
-    values = [o["trial"] for o in recorded["objectives"]]
-    runs = [RunResult(**{k: run[k] for k in ("folder", "values", "feasible", "outcome", "message", "trial_s")})
-            for run in recorded["runs"]]
-    verdict = judge(2, labels, directions, values, runs, tolerance=recorded["tolerance"],
-                    repeats=recorded["repeats"], finished_unix=recorded["finished_unix"])
+    verdict = rejudged(recorded, 2)
     assert verdict.verdict == recorded["verdict"] == "not_reproducible"
     assert verdict.reason == "tpot_ms.mean@c1 1.831 -> 2.262 (+23.6%, worse by more than 10%)"
     # The knee export skips the point that did not reproduce and takes its tie.
@@ -173,15 +157,15 @@ def test_export_check_passed_with_vllms_own_parser_on_the_box() -> None:
 
 
 def test_startup_median_and_the_compile_cache_hit_on_the_rerun() -> None:
-    starts = [_reparsed_startup(folder) for folder in RUN.values()]
+    starts = [reparsed_startup(folder) for folder in RUN.values()]
     assert statistics.median(s["total_s"] for s in starts) == pytest.approx(80.0, abs=0.05)
     assert median_phases(starts)["total"] == pytest.approx(80.0, abs=0.05)
     # Each compiled mode has a compile key of its own: five misses, five different hashes.
-    records = {n: parse_compile_log(_log(RUN[n])) for n in COMPILED_MODES}
+    records = {n: parse_compile_log(server_log(RUN[n])) for n in COMPILED_MODES}
     assert {r.cache for r in records.values()} == {"miss"}
     assert len({r.cache_hash for r in records.values()}) == 5
     # The confirmation re-run of trial 2 loaded trial 2's graph from the study's cache.
-    hit = parse_compile_log(_log(RERUN))
+    hit = parse_compile_log(server_log(RERUN))
     assert hit.cache == "hit" and hit.cache_hash == records[2].cache_hash
     first, again = _json(RUN[2] / "startup.json"), _json(RERUN / "startup.json")
     assert (round(first["total_s"], 1), round(again["total_s"], 1)) == (94.5, 63.2)
