@@ -49,7 +49,7 @@ import optuna  # noqa: E402
 
 from tuner.sim.landscape import ground_truth  # noqa: E402
 from tuner.sim.study import EarlyStopPolicy, run_study  # noqa: E402
-from tuner.sim.truth import GroundTruth  # noqa: E402
+from tuner.sim.ground_truth import GroundTruth  # noqa: E402
 from tuner.study import samplers  # noqa: E402
 from tuner.study.spec import ExecutionSpec, SamplerSpec, StudySpec  # noqa: E402
 from tuner.study.study_file import parse_study  # noqa: E402

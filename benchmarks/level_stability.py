@@ -186,7 +186,7 @@ async def one_start(i: int, argv: list[str], env: dict[str, str], port: int, ser
 def study_command(path: str, values: dict[str, Any], port: int
                   ) -> tuple[list[str], dict[str, str], str, LoadSpec, bool]:
     """argv, env, served name, load section and ignore_eos of a study's configuration."""
-    from tuner.cli import load_spec_file
+    from tuner.cli_run import load_spec_file
     from tuner.study import space
 
     spec = load_spec_file(path)

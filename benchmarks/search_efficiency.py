@@ -46,7 +46,7 @@ import optuna  # noqa: E402
 
 from tuner.study import sampling, samplers  # noqa: E402
 from tuner.study.spec import SamplerSpec, StudySpec  # noqa: E402
-from tuner.sim.truth import GroundTruth  # noqa: E402
+from tuner.sim.ground_truth import GroundTruth  # noqa: E402
 from tuner.sim.study import EarlyStopPolicy, StudyRun, run_study  # noqa: E402
 
 import truth as truth_mod  # noqa: E402
@@ -533,7 +533,7 @@ def print_table(results: dict[str, Any], spaces: list[str]) -> None:
 # ------------------------------------------------------------------------------- early stop
 
 
-# "all" is what the tuner does (tuner/worker.py + study.early_stop.SweepGuard): infeasible
+# "all" is what the tuner does (tuner/worker.py + study.sweep_guard.SweepGuard): infeasible
 # while starting / at verification / after the probe / on a missed limit, objective levels
 # first, dominated exact or on a bound, and inside a level on its window so far. The others
 # take it apart.

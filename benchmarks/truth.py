@@ -9,6 +9,12 @@ file and of every source file the result depends on, so a change to the simulato
 calibration rebuilds it. ``--check-verdicts`` also replays every point through the real log
 path (simulated startup log -> parse_effective_config -> verify) and fails on any
 disagreement with the ground truth's applied verdicts.
+
+``--restamp N`` is for a change that moves code without changing what it computes (a module
+split, a renamed helper): it re-evaluates a seeded sample of N cached points (0: all of
+them) with today's sources and, only if every one comes out identical to the cached row,
+stamps the cache with today's fingerprint; otherwise it names the first differing point and
+leaves the cache stale, so the next run rebuilds it.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import argparse
 import hashlib
 import importlib.util
 import json
+import random
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -26,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tuner.sim import ground_truth, truth_verify  # noqa: E402
 from tuner.sim import truth as st  # noqa: E402
 from tuner.study.spec import StudySpec  # noqa: E402
 from tuner.study.study_file import parse_study  # noqa: E402
@@ -35,7 +43,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 # Modules whose code decides a point's outcome, by name (their files move between packages).
 SOURCES = ["tuner.sim.perf_model", "tuner.sim.perf_config", "tuner.sim.scheduler", "tuner.sim.events",
            "tuner.sim.effective", "tuner.sim.comm", "tuner.sim.model", "tuner.sim.args",
-           "tuner.sim.tokenizer", "tuner.load.workload", "tuner.vllm.knobs", "tuner.sim.cache",
+           "tuner.sim.tokenizer", "tuner.load.workload", "tuner.vllm.knobs", "tuner.vllm.knob_values",
+           "tuner.sim.cache",
            "tuner.sim.profile", "tuner.vllm.compile_cache", "tuner.study.space"]
 
 
@@ -78,7 +87,7 @@ def _shard(args: tuple[str, str, list[dict[str, Any]], int]) -> list[dict[str, A
 
 
 def build(spec_path: str | Path, *, profile: str = "glm5-8xpcie", jobs: int = 2,
-          force: bool = False) -> st.GroundTruth:
+          force: bool = False) -> ground_truth.GroundTruth:
     path = Path(spec_path)
     spec = load_spec(path)
     cache = RESULTS / f"truth-{spec.name}.json"
@@ -87,7 +96,8 @@ def build(spec_path: str | Path, *, profile: str = "glm5-8xpcie", jobs: int = 2,
         data = json.loads(cache.read_text())
         if data.get("fingerprint") == fp:
             # Front, reference and hypervolume are cheap: recompute them with today's rule.
-            return st.GroundTruth.build(spec, st.GroundTruth.from_json(data["truth"]).points)
+            stored = ground_truth.GroundTruth.from_json(data["truth"])
+            return ground_truth.GroundTruth.build(spec, stored.points)
         print(f"[truth] {cache.name} is stale (sources changed): rebuilding", flush=True)
     points = st.enumerate_points(spec)
     print(f"[truth] {spec.name}: {len(points)} points, {jobs} process(es)", flush=True)
@@ -100,7 +110,7 @@ def build(spec_path: str | Path, *, profile: str = "glm5-8xpcie", jobs: int = 2,
     else:
         with ProcessPoolExecutor(jobs) as pool:
             rows = [row for part in pool.map(_shard, shards) for row in part]
-    truth = st.GroundTruth.build(spec, [st.PointTruth.from_json(r) for r in rows])
+    truth = ground_truth.GroundTruth.build(spec, [st.PointTruth.from_json(r) for r in rows])
     RESULTS.mkdir(parents=True, exist_ok=True)
     tmp = cache.with_suffix(".tmp")
     tmp.write_text(json.dumps({"fingerprint": fp, "profile": profile, "truth": truth.to_json()},
@@ -108,6 +118,31 @@ def build(spec_path: str | Path, *, profile: str = "glm5-8xpcie", jobs: int = 2,
     tmp.replace(cache)
     print(f"[truth] built in {time.monotonic() - began:.0f}s -> {cache}", flush=True)
     return truth
+
+
+def restamp(spec_path: str | Path, *, profile: str, sample: int, seed: int = 0) -> tuple[int, str | None]:
+    """(points re-evaluated, first difference or None); writes today's fingerprint only on None."""
+
+    path = Path(spec_path)
+    spec = load_spec(path)
+    cache = RESULTS / f"truth-{spec.name}.json"
+    data = json.loads(cache.read_text())
+    if data.get("profile", profile) != profile:
+        return 0, f"{cache.name} was built for profile {data.get('profile')}, not {profile}"
+    rows = data["truth"]["points"]
+    picked = rows if sample <= 0 or sample >= len(rows) else random.Random(seed).sample(rows, sample)
+    ev = st.Evaluator(spec, load_profile(profile))
+    for i, row in enumerate(picked, 1):
+        now = ev.evaluate(row["values"]).to_json()
+        if json.loads(json.dumps(now)) != row:
+            return i, f"{row['values']}: cached {json.dumps(row)[:300]} ... today {json.dumps(now)[:300]}"
+        if i % 100 == 0:
+            print(f"  [restamp] {i}/{len(picked)} identical", flush=True)
+    data["fingerprint"] = fingerprint(path, profile)
+    tmp = cache.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, separators=(",", ":")))
+    tmp.replace(cache)
+    return len(picked), None
 
 
 def check_verdicts(spec_path: str | Path, profile: str = "glm5-8xpcie") -> tuple[int, list[str]]:
@@ -122,11 +157,11 @@ def check_verdicts(spec_path: str | Path, profile: str = "glm5-8xpcie") -> tuple
     bad: list[str] = []
     checked = 0
     for values in st.enumerate_points(spec):
-        start = st.sim_start(spec, values, prof)
+        start = truth_verify.sim_start(spec, values, prof)
         if start is None:
             continue
         checked += 1
-        mine = set(st.mismatches(start.asked, start.effective))
+        mine = set(truth_verify.mismatches(start.asked, start.effective))
         log = startup_log(start.argv, start.env, prof)
         theirs = {c.target for c in verify(start.asked, parse_effective_config(log)).mismatches()}
         if mine != theirs:
@@ -134,7 +169,7 @@ def check_verdicts(spec_path: str | Path, profile: str = "glm5-8xpcie") -> tuple
     return checked, bad
 
 
-def summary(spec: StudySpec, truth: st.GroundTruth) -> str:
+def summary(spec: StudySpec, truth: ground_truth.GroundTruth) -> str:
     n = len(truth.points)
     failed = sum(p.failed for p in truth.points)
     not_applied = sum(1 for p in truth.points if not p.failed and not p.applied)
@@ -145,7 +180,7 @@ def summary(spec: StudySpec, truth: st.GroundTruth) -> str:
              f"{tuple(round(r, 2) for r in truth.reference)}, hypervolume {truth.hypervolume:.1f}:"]
     for i in truth.front:
         p = truth.points[i]
-        vals = st.measure(spec, p).objectives or ()
+        vals = ground_truth.measure(spec, p).objectives or ()
         lines.append("  " + "  ".join(f"{l}={v:.4g}" for l, v in zip(truth.labels, vals)) + "  "
                      + " ".join(f"{k}={v}" for k, v in p.values.items()))
     return "\n".join(lines)
@@ -158,8 +193,17 @@ def main() -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--force", action="store_true")
     ap.add_argument("--check-verdicts", action="store_true")
+    ap.add_argument("--restamp", type=int, metavar="N", default=None,
+                    help="re-evaluate N cached points (0: all); restamp the cache if all identical")
     args = ap.parse_args()
     for path in args.spec:
+        if args.restamp is not None:
+            checked, diff = restamp(path, profile=args.profile, sample=args.restamp)
+            print(f"[restamp] {path}: {checked} point(s) re-evaluated: "
+                  + ("identical, fingerprint updated" if diff is None else f"DIFFERENT at {diff}"))
+            if diff is not None:
+                return 1
+            continue
         truth = build(path, profile=args.profile, jobs=args.jobs, force=args.force)
         print(summary(load_spec(path), truth))
         if args.check_verdicts:

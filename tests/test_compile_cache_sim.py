@@ -94,7 +94,7 @@ def test_dry_log_never_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def _request(tmp_path: Path, number: int) -> Any:
-    from tuner.cli import load_spec_file
+    from tuner.cli_run import load_spec_file
     from tuner.study.outcome import TrialRequest
     from tuner.study.space import trial_command
 
@@ -155,7 +155,7 @@ def test_records_read_the_compile_record_or_say_unknown() -> None:
 def small():
     from tests.sim_studies import SMALL_STUDY
     from tuner.study.study_file import parse_study
-    from tuner.sim.truth import build_ground_truth
+    from tuner.sim.ground_truth import build_ground_truth
     from tuner.sim.profile import load_profile
 
     spec = parse_study(SMALL_STUDY, "small")

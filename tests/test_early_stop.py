@@ -168,7 +168,7 @@ def test_infeasible_reasons() -> None:
 def small_truth():
     from tests.sim_studies import SMALL_STUDY
     from tuner.study.study_file import parse_study
-    from tuner.sim.truth import build_ground_truth
+    from tuner.sim.ground_truth import build_ground_truth
     from tuner.sim.profile import load_profile
 
     spec = parse_study(SMALL_STUDY, "es-small")
@@ -208,7 +208,7 @@ def test_never_stops_a_front_point_in_simulated_studies(small_truth) -> None:
 # -- the worker's guard and what the orchestrator tells ------------------------------------
 
 def _plan(front, history=(), limits=()):
-    from tuner.study.early_stop import sweep_plan
+    from tuner.study.sweep_guard import sweep_plan
 
     return sweep_plan(TARGETS, list(limits), [1, 4, 16, 64], front, list(history))
 
@@ -216,7 +216,7 @@ def _plan(front, history=(), limits=()):
 def test_guard_orders_levels_and_stops_a_dominated_trial_after_its_objective_levels() -> None:
     import json
 
-    from tuner.study.early_stop import SweepGuard
+    from tuner.study.sweep_guard import SweepGuard
 
     plan = json.loads(_plan([(330.0, 13.7), (287.0, 11.1)]).model_dump_json())  # as it crosses Ray
     guard = SweepGuard(plan)
@@ -234,7 +234,7 @@ def test_guard_orders_levels_and_stops_a_dominated_trial_after_its_objective_lev
 
 
 def test_guard_stops_infeasible_trials_at_once_and_never_without_a_plan() -> None:
-    from tuner.study.early_stop import SweepGuard
+    from tuner.study.sweep_guard import SweepGuard
 
     g = SweepGuard(_plan([]))
     assert g.stop_after("verify", applied=False) and g.record["reason"] == "not_applied"
@@ -313,7 +313,8 @@ def test_startup_time_as_an_objective_and_as_a_limit() -> None:
     stops nothing by itself, and a limit on them is read from the trial, never missed for
     lack of a load-level value."""
 
-    from tuner.study.early_stop import TRIAL_LEVEL, SweepGuard, sweep_plan
+    from tuner.study.early_stop import TRIAL_LEVEL
+    from tuner.study.sweep_guard import SweepGuard, sweep_plan
 
     startup = Target("startup_s", TRIAL_LEVEL, "minimize")
     limit = {"label": "startup_s<=600", "metric": "startup_s", "level": TRIAL_LEVEL, "max": 600.0, "min": None}

@@ -8,7 +8,8 @@ import math
 
 import pytest
 
-from tuner.study.early_stop import INSIDE_MARGIN, SweepGuard, Target, inside_bound, sweep_plan
+from tuner.study.early_stop import INSIDE_MARGIN, Target, inside_bound
+from tuner.study.sweep_guard import SweepGuard, sweep_plan
 from tuner.load.metrics import compute_level_metrics
 from tuner.load.records import RequestRecord
 
@@ -181,7 +182,7 @@ def truth3():
 
     from tests.sim_studies import SMALL_STUDY
     from tuner.study.study_file import parse_study
-    from tuner.sim.truth import build_ground_truth
+    from tuner.sim.ground_truth import build_ground_truth
     from tuner.sim.profile import load_profile
 
     text = SMALL_STUDY.replace("requests_per_stream: 2", "requests_per_stream: 3")

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from tests.conftest import CPU_EXAMPLE, ROOT, copy_cpu_example, run_tuner
-from tuner.cli import load_spec_file
+from tuner.cli_run import load_spec_file
 from tuner.export import render_export
 from tuner.export_check import argv_from_export, check_arguments
 from tuner.study.trials import TrialRecord

@@ -438,7 +438,7 @@ def test_driver_deadline_cancels_into_the_actor_and_stops_the_server(tmp_path: P
 
     import ray
 
-    from tuner.cli import load_spec_file
+    from tuner.cli_run import load_spec_file
     from tuner.study.outcome import TrialRequest
     from tuner.executor import RayExecutor
     from tuner.study.space import trial_command
@@ -528,7 +528,7 @@ def test_resume_records_a_finished_trial_the_storage_never_got(tmp_path: Path) -
 
     import optuna
 
-    from tuner.cli import load_spec_file
+    from tuner.cli_run import load_spec_file
     from tuner.study.outcome import TrialOutcome
     from tuner.orchestrator import Orchestrator
     from tuner.sim.executor import SimExecutor

@@ -37,13 +37,15 @@ PURE = [
     "tuner.probe.selection", "tuner.probe.shapes", "tuner.probe.spec", "tuner.probe.verdict",
     "tuner.probe.wire", "tuner.secrets", "tuner.study",
     "tuner.study.command", "tuner.study.confirmation", "tuner.study.confirmation_text",
-    "tuner.study.bounds", "tuner.study.durations", "tuner.study.early_stop", "tuner.study.outcome", "tuner.study.pareto",
+    "tuner.study.bounds", "tuner.study.durations", "tuner.study.early_stop", "tuner.study.objectives",
+    "tuner.study.outcome", "tuner.study.parameters", "tuner.study.pareto",
     "tuner.study.planner", "tuner.study.policy", "tuner.study.safe_yaml", "tuner.study.sampling",
-    "tuner.study.scoring", "tuner.study.surrogate",
+    "tuner.study.scoring", "tuner.study.server_spec", "tuner.study.spec_base", "tuner.study.surrogate",
+    "tuner.study.sweep_guard",
     "tuner.study.space", "tuner.study.spec", "tuner.study.study_file", "tuner.study.study_name",
     "tuner.study.noise", "tuner.study.ties", "tuner.study.trials", "tuner.vllm",
     "tuner.vllm.compile_cache", "tuner.vllm.compile_order", "tuner.vllm.effective_config",
-    "tuner.vllm.failure_signatures", "tuner.vllm.knobs", "tuner.vllm.multicast", "tuner.vllm.startup",
+    "tuner.vllm.failure_signatures", "tuner.vllm.knob_values", "tuner.vllm.knobs", "tuner.vllm.multicast", "tuner.vllm.startup",
     "tuner.vllm.verify",
 ]
 # Pure modules not (yet) clean under mypy --strict; empty now, kept so a module can join the

@@ -17,7 +17,8 @@ from tuner.load.metrics import compute_level_metrics
 from tuner.load.rate_search import RateSearchSpec
 from tuner.load.results import LevelResult, TokenAgreement, WarmupSummary
 from tuner.load.slo import SloSpec
-from tuner.study.early_stop import MAX_RATE, TRIAL_LEVEL, SweepGuard, sweep_plan, Target
+from tuner.study.early_stop import TRIAL_LEVEL, Target
+from tuner.study.sweep_guard import MAX_RATE, SweepGuard, sweep_plan
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.policy import told_for
 from tuner.study.scoring import constraints, metric_value, stopped_told
@@ -220,7 +221,7 @@ def test_a_trial_whose_max_rate_cannot_reach_the_front_stops_its_search(tmp_path
     # level the trial is dominated whatever it finds; it stops there, recorded, and is told
     # with its bound (never on the front).
     from tests.test_search_early_stop_worker import _run
-    from tuner.cli import load_spec_file
+    from tuner.cli_run import load_spec_file
     from tuner.study.policy import early_stop_plan
     from tuner.study.space import trial_command
     from tests.conftest import write_study

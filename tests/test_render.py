@@ -8,7 +8,7 @@ import shlex
 
 import pytest
 
-from tuner.study.spec import ServerSpec
+from tuner.study.server_spec import ServerSpec
 from tuner.vllm.knobs import RenderedCommand, render_command, shell_line
 
 

@@ -108,7 +108,7 @@ def test_resume_stops_a_server_left_by_a_killed_run(tmp_path: Path, orphan_check
 
     import sys
 
-    from tuner.cli import load_spec_file
+    from tuner.cli_run import load_spec_file
     from tuner.recovery import stop_leftover_servers
     from tuner.study.store import create_or_open
 

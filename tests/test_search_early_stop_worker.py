@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import write_study
-from tuner.study.early_stop import SweepGuard
+from tuner.study.sweep_guard import SweepGuard
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.trials import TrialRecord
 from tuner.study.policy import early_stop_plan
@@ -21,7 +21,7 @@ from tuner.study.scoring import stopped_told
 
 def _request(tmp_path: Path, values: dict[str, Any], plan_front: list[list[float]] | None,
              startup_scale: float = 0.02) -> tuple[Any, dict[str, Any]]:
-    from tuner.cli import load_spec_file
+    from tuner.cli_run import load_spec_file
     from tuner.study.space import trial_command
 
     study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": startup_scale},

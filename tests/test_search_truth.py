@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tuner.sim import ground_truth, truth_time, truth_verify
 from tuner.sim import truth as st
 from tuner.study import space
 from tuner.vllm.effective_config import parse_effective_config
@@ -58,11 +59,11 @@ def test_applied_verdicts_agree_with_the_log_path(name) -> None:
     sample = random.Random(8).sample(points, 25)
     seen_mismatch = 0
     for values in sample:
-        start = st.sim_start(spec, values, GLM)
+        start = truth_verify.sim_start(spec, values, GLM)
         if start is None:
             continue      # fails at startup: nothing is verified
         argv, env, asked, eff = start.argv, start.env, start.asked, start.effective
-        mine = set(st.mismatches(asked, eff))
+        mine = set(truth_verify.mismatches(asked, eff))
         theirs = {c.target for c in verify(asked, parse_effective_config(startup_log(argv, env, GLM))).mismatches()}
         assert mine == theirs, values
         seen_mismatch += bool(mine)
@@ -106,9 +107,9 @@ def test_natural_stopping_and_ngram_calibration(small) -> None:
 
 def test_measurement_noise_is_seeded_and_multiplicative(small) -> None:
     truth = st.Evaluator(small, GLM).evaluate(space.baseline_values(small))
-    clean = st.measure(small, truth)
-    a = st.measure(small, truth, noise=0.05, rng=random.Random(3))
-    b = st.measure(small, truth, noise=0.05, rng=random.Random(3))
+    clean = ground_truth.measure(small, truth)
+    a = ground_truth.measure(small, truth, noise=0.05, rng=random.Random(3))
+    b = ground_truth.measure(small, truth, noise=0.05, rng=random.Random(3))
     assert a == b and a.objectives != clean.objectives
     for noisy, exact in zip(a.objectives, clean.objectives):
         assert 0.75 < noisy / exact < 1.33
@@ -118,19 +119,20 @@ def test_measurement_noise_is_seeded_and_multiplicative(small) -> None:
 def test_hypervolume_and_reference() -> None:
     dirs = ["maximize", "minimize"]
     front = [(300.0, 14.0), (280.0, 11.0)]
-    ref = st.reference_point(front, dirs, margin=0.1)
+    ref = ground_truth.reference_point(front, dirs, margin=0.1)
     assert ref == pytest.approx((278.0, 14.3))
     # A = [278, 300] x [14, 14.3], plus B = [278, 280] x [11, 14] (the rest of B overlaps A)
-    assert st.hypervolume(front, dirs, ref) == pytest.approx(22 * 0.3 + 2 * 3.0)
-    assert st.hypervolume(front + [(290.0, 15.0), (270.0, 10.0)], dirs, ref) == pytest.approx(22 * 0.3 + 2 * 3.0)
-    assert st.hypervolume([(300.0, 14.0)], dirs, ref) == pytest.approx(22 * 0.3)
-    assert st.hypervolume([], dirs, ref) == 0.0
+    assert ground_truth.hypervolume(front, dirs, ref) == pytest.approx(22 * 0.3 + 2 * 3.0)
+    assert ground_truth.hypervolume(front + [(290.0, 15.0), (270.0, 10.0)], dirs, ref) == \
+        pytest.approx(22 * 0.3 + 2 * 3.0)
+    assert ground_truth.hypervolume([(300.0, 14.0)], dirs, ref) == pytest.approx(22 * 0.3)
+    assert ground_truth.hypervolume([], dirs, ref) == 0.0
 
 
 def test_ground_truth_round_trips_through_json(small) -> None:
     points = st.enumerate_points(small)[::5]
-    truth = st.build_ground_truth(small, GLM, points=points)
-    again = st.GroundTruth.from_json(truth.to_json())
+    truth = ground_truth.build_ground_truth(small, GLM, points=points)
+    again = ground_truth.GroundTruth.from_json(truth.to_json())
     assert again.front == truth.front and again.hypervolume == pytest.approx(truth.hypervolume)
     assert again.get(points[3]) == truth.get(points[3])
 
@@ -143,7 +145,7 @@ def test_not_applied_shows_in_the_log_before_the_weights_are_loaded(large) -> No
     base = space.baseline_values(large)
     custom = {k: v for k, v in base.items() if k not in ("nccl_proto", "nccl_algo")}
     for values in ({**base, "cudagraph_mode": "FULL"}, {**custom, "disable_custom_all_reduce": False}):
-        command = st.default_render(large, values)
+        command = truth_verify.default_render(large, values)
         text = startup_log(command.argv[len(large.server.command):], command.launch_env, GLM)
         early = text[:text.index("Loading weights took")]
         asked = command.asked
@@ -166,14 +168,14 @@ def test_startup_stop_sees_what_the_time_model_assumes(name) -> None:
     ev = st.Evaluator(spec, GLM)
     early_seen = 0
     for values in random.Random(9).sample(st.enumerate_points(spec), 40):
-        start = st.sim_start(spec, values, GLM)
+        start = truth_verify.sim_start(spec, values, GLM)
         if start is None:
             continue
         argv, env, asked, eff = start.argv, start.env, start.asked, start.effective
         lines = startup_log(argv, env, GLM).splitlines()
         cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
         early = set(startup_mismatches(asked, "\n".join(lines[:cut])))
-        assert early <= set(st.mismatches(asked, eff)), values        # never a wrong stop
+        assert early <= set(truth_verify.mismatches(asked, eff)), values        # never a wrong stop
         verdict = ev.verdict_s(values)
         before_weights = verdict is not None and verdict < ev.time_model.prepare_s + _startup_until_load(eff)
         assert bool(early) == before_weights, values
@@ -182,7 +184,7 @@ def test_startup_stop_sees_what_the_time_model_assumes(name) -> None:
 
 
 def _startup_until_load(eff) -> float:
-    return st._startup_s(eff, "load") - eff.profile.startup.weight_load_s + 1e-9
+    return truth_time.startup_s(eff, "load") - eff.profile.startup.weight_load_s + 1e-9
 
 
 def test_startup_stop_defers_to_full_verification_once_capture_lines_appear(glm5) -> None:
@@ -193,7 +195,7 @@ def test_startup_stop_defers_to_full_verification_once_capture_lines_appear(glm5
 
     values = next(v for v in st.enumerate_points(glm5)
                   if v.get("cudagraph_mode") == "FULL" and v.get("disable_custom_all_reduce") is True)
-    command = st.default_render(glm5, values)
+    command = truth_verify.default_render(glm5, values)
     asked = command.asked
     lines = startup_log(command.argv[len(glm5.server.command):], command.launch_env, GLM).splitlines()
     cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)

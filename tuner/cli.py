@@ -1,5 +1,6 @@
 """The `tuner` command line: the only place that parses arguments, configures logging,
-prints and chooses exit codes.
+prints and chooses exit codes (with ``tuner.cli_run``: the commands that start servers -
+run, resume, confirm - and the study file as this host reads it).
 
 Exit codes: 0 done, 1 unexpected error, 2 invalid input (study file, arguments),
 3 the study cannot run (locked, missing, mismatched), 4 the study ran but has no feasible
@@ -9,20 +10,17 @@ configuration (every trial failed or was infeasible), 130 interrupted (resumable
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
-import os
 import random
-import signal
 import sys
 import time
 from pathlib import Path
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from tuner import __version__
-from tuner.study.durations import format_duration, parse_duration
+from tuner.cli_run import cmd_confirm, cmd_resume, cmd_run, confirm, load_spec_file, say
+from tuner.study.durations import format_duration
 from tuner.errors import SpecError, StudyError, TunerError
 
 if TYPE_CHECKING:
@@ -35,56 +33,6 @@ if TYPE_CHECKING:
 __all__ = ["main"]
 
 DEFAULT_RESULTS = Path("results")
-
-
-def _say(line: str) -> None:
-    print(line, flush=True)
-
-
-def load_spec_file(path: str) -> StudySpec:
-    from tuner.adapters.artifacts import read_text_bounded
-    from tuner.study.study_file import parse_study
-
-    file = Path(path)
-    spec = on_this_host(parse_study(read_text_bounded(file), str(file)), source=str(file))
-    # Prompts files (known answers, reference) are relative to the study file, and read and
-    # checked now: a bad file must stop the study before any server starts.
-    from tuner.referencing import resolve_probe_files
-
-    return spec.model_copy(update={"probe": resolve_probe_files(spec.probe, file.parent.resolve())})
-
-
-def on_this_host(spec: StudySpec, *, source: str | None = None) -> StudySpec:
-    """``spec`` with its paths as this machine names them: ``execution.compile_cache_dir``
-    with ``~`` and ``$VARS`` expanded from this process's environment. The study file and
-    the spec model keep what the user wrote; only here, where the study is run, is the
-    environment read."""
-
-    from tuner.vllm.compile_cache import expand_cache_dir
-
-    raw = spec.execution.compile_cache_dir
-    if raw is None:
-        return spec
-    try:
-        path = expand_cache_dir(raw, os.environ, str(Path.home()))
-    except ValueError as exc:
-        where = f"{source}: " if source else ""
-        raise SpecError(f"{where}execution.compile_cache_dir: {exc}") from exc
-    execution = spec.execution.model_copy(update={"compile_cache_dir": path})
-    return spec.model_copy(update={"execution": execution})
-
-
-def _with_secrets(spec: StudySpec) -> StudySpec:
-    """``spec`` with every secret given as ``${NAME}`` read from this process's environment:
-    what a study saves holds references only, so a resumed study (and one whose file uses
-    references) gets its secrets here, where it runs (docs/study-file.md, Secrets)."""
-
-    from tuner.secrets import resolve_server
-
-    try:
-        return spec.model_copy(update={"server": resolve_server(spec.server, os.environ)})
-    except ValueError as exc:
-        raise SpecError(str(exc)) from None
 
 
 # -- validate ---------------------------------------------------------------------
@@ -108,219 +56,50 @@ def cmd_validate(args: argparse.Namespace) -> int:
     spec = load_spec_file(args.file)
     # Counting walks the space point by point (~60 us each): a few seconds at most here.
     size, continuous, exact = space.discrete_size(spec, cap=100_000)
-    _say(f"{args.file}: valid study {spec.name!r}")
-    _say(f"server: {' '.join(spec.server.command)} --model {spec.server.model} "
-         f"({spec.server.gpus_per_trial} GPUs per trial, {spec.server.host}:{spec.server.port})")
-    _say("")
-    _say("parameters (condition tree):")
+    say(f"{args.file}: valid study {spec.name!r}")
+    say(f"server: {' '.join(spec.server.command)} --model {spec.server.model} "
+        f"({spec.server.gpus_per_trial} GPUs per trial, {spec.server.host}:{spec.server.port})")
+    say("")
+    say("parameters (condition tree):")
     for line in space.condition_tree(spec).splitlines():
-        _say("  " + line)
+        say("  " + line)
     if spec.forbidden:
-        _say("forbidden combinations:")
+        say("forbidden combinations:")
         for rule in spec.forbidden:
             cond = ", ".join(f"{k} in {v}" if isinstance(v, list) else f"{k} = {v}" for k, v in rule.when.items())
-            _say(f"  - {cond}: {rule.reason}")
+            say(f"  - {cond}: {rule.reason}")
     bound = "" if exact else " (at least; enumeration stopped)"
     cont = f", plus {continuous} continuous parameter(s)" if continuous else ""
-    _say(f"discrete space: {size} allowed point(s){bound}{cont}")
-    _say("objectives: " + ", ".join(f"{o.label} ({o.direction})" for o in spec.objectives))
+    say(f"discrete space: {size} allowed point(s){bound}{cont}")
+    say("objectives: " + ", ".join(f"{o.label} ({o.direction})" for o in spec.objectives))
     if spec.limits:
-        _say("limits: " + ", ".join(l.label for l in spec.limits))
-    _say(f"load: concurrency {list(spec.load.concurrency)}, api {spec.load.api}")
+        say("limits: " + ", ".join(l.label for l in spec.limits))
+    say(f"load: concurrency {list(spec.load.concurrency)}, api {spec.load.api}")
     if spec.load.request_rates:
-        _say(f"open-loop levels: {list(spec.load.request_rates)} requests/s ({spec.load.arrival})")
+        say(f"open-loop levels: {list(spec.load.request_rates)} requests/s ({spec.load.arrival})")
     if spec.slo is not None:
-        _say(f"slo: {spec.slo.text()} (goodput at every level)")
+        say(f"slo: {spec.slo.text()} (goodput at every level)")
     if spec.searches_max_rate:
         rs = spec.load.rate_search
-        _say(f"max_rate@slo: searched in [{rs.low:g}, {rs.high:g}] requests/s to {rs.precision:.0%} "
-             f"in at most {rs.max_levels} rate levels per trial ({spec.load.arrival} arrivals, "
-             f"{spec.load.rate_duration_s:g} s levels)")
+        say(f"max_rate@slo: searched in [{rs.low:g}, {rs.high:g}] requests/s to {rs.precision:.0%} "
+            f"in at most {rs.max_levels} rate levels per trial ({spec.load.arrival} arrivals, "
+            f"{spec.load.rate_duration_s:g} s levels)")
     timeout = f", wall-clock limit {format_duration(spec.budget.timeout)}" if spec.budget.timeout else ""
-    _say(f"budget: {spec.budget.n_trials} trials{timeout}, {format_duration(spec.budget.trial_timeout)} per trial")
-    _say("")
+    say(f"budget: {spec.budget.n_trials} trials{timeout}, {format_duration(spec.budget.trial_timeout)} per trial")
+    say("")
     baseline = space.baseline_values(spec)
-    _say("baseline trial: " + (" ".join(f"{k}={_fmt(v)}" for k, v in baseline.items()) or "(server defaults)"))
-    _say("  " + _command_text(spec, baseline))
+    say("baseline trial: " + (" ".join(f"{k}={_fmt(v)}" for k, v in baseline.items()) or "(server defaults)"))
+    say("  " + _command_text(spec, baseline))
     for i, start in enumerate(space.starting_point_values(spec)):
-        _say(f"starting point {i}: " + (" ".join(f"{k}={_fmt(v)}" for k, v in start.items()) or "(server defaults)"))
+        say(f"starting point {i}: " + (" ".join(f"{k}={_fmt(v)}" for k, v in start.items()) or "(server defaults)"))
     point = space.random_values(spec, random.Random(args.seed))
-    _say(f"random point (seed {args.seed}): " + (" ".join(f"{k}={_fmt(v)}" for k, v in point.items()) or "(none)"))
-    _say("  " + _command_text(spec, point))
+    say(f"random point (seed {args.seed}): " + (" ".join(f"{k}={_fmt(v)}" for k, v in point.items()) or "(none)"))
+    say("  " + _command_text(spec, point))
     return 0
 
 
 def _fmt(value: Any) -> str:
     return "unset" if value is None else str(value)
-
-
-# -- run / resume -----------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _study_executor(handle: Any, args: argparse.Namespace) -> Iterator[Any]:
-    """The study's lock, Ray and a started executor for as long as the block runs; every
-    server, worker and the local Ray runtime are stopped after it, whatever happens."""
-
-    from tuner.executor import RayExecutor, init_ray
-    from tuner.runfile import clean_up_previous_run, clear_run, record_run
-    from tuner.study.store import StudyLock
-
-    handle.spec = _with_secrets(handle.spec)
-    spec = handle.spec
-    with StudyLock(handle.paths):
-        from tuner.study.folder import restore_storage
-
-        rebuilt = restore_storage(handle)
-        if rebuilt:
-            _say(f"[resume] the study storage was missing: rebuilt it from the trial files ({rebuilt} "
-                 f"trials); new trials continue after them")
-        stale = clean_up_previous_run(handle.paths.root)
-        if stale:
-            _say(f"[resume] stopped {len(stale)} process(es) left by an earlier, killed run")
-        groups = spec.execution.parallel_trials
-        declared = spec.server.gpus_per_trial * (groups or 1)
-        init_ray(address=args.ray_address, gpus_needed=declared,
-                 cpus_needed=spec.server.cpus_per_trial * (groups or 1))
-        record_run(handle.paths.root, local_ray=args.ray_address is None)
-        executor = RayExecutor(gpus_per_trial=spec.server.gpus_per_trial,
-                               cpus_per_trial=spec.server.cpus_per_trial, groups=groups, progress=_say)
-        try:
-            executor.start()
-            yield executor
-        finally:
-            executor.shutdown()
-            import ray
-
-            ray.shutdown()
-            clear_run(handle.paths.root)
-
-
-def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None) -> int:
-    from tuner.orchestrator import Orchestrator
-    from tuner.status import build_status, format_status
-    from tuner.adapters.artifacts import saved_budget
-    from tuner.study.store import read_study_json, remember_budget
-
-    # --n-trials/--timeout given now are kept for later resumes and for `tuner status`;
-    # without them, those given last time apply (then the study file's budget).
-    if warning := remember_budget(handle.paths, n_trials=n_trials, timeout_s=timeout_s):
-        _say(f"[warning] {warning}")
-    saved_trials, saved_timeout = saved_budget(read_study_json(handle.paths))
-    n_trials = n_trials or saved_trials
-    timeout_s = timeout_s if timeout_s is not None else saved_timeout
-    with _study_executor(handle, args) as executor:
-        orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s, progress=_say)
-        _say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU group(s); "
-             f"results in {handle.paths.root}")
-        summary = orchestrator.run()
-    study = handle.load()
-    _say("")
-    status = build_status(handle, study)
-    _say(format_status(status, verbose=False))
-    _say(f"\npareto front written to {handle.paths.pareto_json}")
-    if summary.stopped_because == "interrupted":
-        _say(f"interrupted: continue with `tuner resume {handle.name}`")
-        return 130
-    if not status["front"]:
-        # A script must not take "ran" for "found a configuration".
-        print(f"error: study {handle.name} has no feasible configuration: every trial failed or was "
-              f"infeasible (see `tuner status {handle.name}`)", file=sys.stderr)
-        return 4
-    return 0
-
-
-def _confirm(handle: Any, args: argparse.Namespace, trials: list[int], *, repeats: int,
-             tolerance: float) -> list[Any]:
-    """Re-run ``trials`` on the study's GPU groups (the reference first, if it must be
-    recorded); their verdicts, also written to confirm/ and pareto.json."""
-
-    from tuner.confirming import confirm_trials
-    from tuner.orchestrator import Orchestrator
-
-    with _study_executor(handle, args) as executor:
-        orchestrator = Orchestrator(handle, executor, progress=_say)
-        study = orchestrator.open_study()
-        previous = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, orchestrator.on_sigint)
-        try:
-            if not orchestrator.prepare_reference():
-                return []
-            verdicts = confirm_trials(orchestrator.job_host(), study, trials, repeats=repeats,
-                                      tolerance=tolerance)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-            orchestrator.write_pareto(study)
-    if orchestrator.interrupted:
-        raise KeyboardInterrupt
-    return verdicts
-
-
-def cmd_confirm(args: argparse.Namespace) -> int:
-    from tuner.study.confirmation import choose_candidates
-    from tuner.study.trials import record_points
-    from tuner.study.records import read_records
-    from tuner.study.store import open_existing
-
-    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
-    handle.spec = on_this_host(handle.spec, source=str(handle.paths.spec_yaml))
-    cfg = handle.spec.confirm
-    repeats = args.repeats or cfg.repeats
-    tolerance = args.tolerance if args.tolerance is not None else cfg.tolerance
-    if not 0 < tolerance < 1:
-        raise SpecError(f"--tolerance: {tolerance} is not allowed; give a fraction between 0 and 1, e.g. 0.1")
-    study = handle.load()
-    records = read_records(study)
-    if args.trial:
-        trials = list(dict.fromkeys(args.trial))
-        measured = sorted(r.number for r in records if r.kind == "run" and r.state == "COMPLETE" and r.values)
-        for trial in trials:
-            if trial not in measured:
-                raise SpecError(f"--trial: {trial} is not a measured trial of {handle.name}; "
-                                f"measured trials: {', '.join(map(str, measured)) or 'none'}")
-    else:
-        labels = list(study.metric_names or [])
-        directions = [d.name.lower() for d in study.directions]
-        trials = choose_candidates(record_points(records, labels), directions,
-                                   args.candidates or max(cfg.candidates, 1))
-        if not trials:
-            raise StudyError(f"study {handle.name} has no feasible trial to confirm")
-    _say(f"confirming trial(s) {', '.join(map(str, trials))} of {handle.name}: {repeats} re-run(s) each, "
-         f"tolerance {tolerance:.0%}")
-    verdicts = _confirm(handle, args, trials, repeats=repeats, tolerance=tolerance)
-    return 0 if verdicts and all(v.verdict == "reproduced" for v in verdicts) else 1
-
-
-def _option_duration(text: str | None, option: str) -> float | None:
-    """A duration given on the command line, in seconds: finite and above zero."""
-
-    if text is None:
-        return None
-    try:
-        seconds = parse_duration(text)
-    except ValueError as exc:
-        raise SpecError(f"{option}: {exc}") from None
-    if not 0 < seconds < float("inf"):
-        raise SpecError(f"{option}: {text!r} is not allowed; give a duration above zero such as 8h")
-    return seconds
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    from tuner.study.store import create_or_open
-
-    spec = load_spec_file(args.file)
-    timeout_s = _option_duration(args.timeout, "--timeout")
-    handle = create_or_open(spec, Path(args.results), name=args.study, storage_url=args.storage)
-    return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)
-
-
-def cmd_resume(args: argparse.Namespace) -> int:
-    from tuner.study.store import open_existing
-
-    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
-    handle.spec = on_this_host(handle.spec, source=str(handle.paths.spec_yaml))
-    timeout_s = _option_duration(args.timeout, "--timeout")
-    return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)
 
 
 # -- status / export --------------------------------------------------------------
@@ -340,9 +119,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
         status = build_status(handle, handle.load())
     if args.json:
-        _say(json.dumps(status, indent=2, default=str))
+        say(json.dumps(status, indent=2, default=str))
     else:
-        _say(format_status(status, verbose=not args.brief))
+        say(format_status(status, verbose=not args.brief))
     return 0
 
 
@@ -356,9 +135,9 @@ def _check_export(handle: Any, record: Any, args: argparse.Namespace) -> int:
     python = vllm_python_for(spec, args.vllm_python)
     model_here = Path(spec.server.model).exists()
     build = model_here and not args.no_engine_config
-    _say(f"checking trial {record.number} with {python} "
-         f"({'parser + engine config' if build else 'parser + engine arguments only'}"
-         f"{'' if model_here else '; the model is not on this machine'})")
+    say(f"checking trial {record.number} with {python} "
+        f"({'parser + engine config' if build else 'parser + engine arguments only'}"
+        f"{'' if model_here else '; the model is not on this machine'})")
     exported_env = json.loads(render_export(spec, handle.name, record, "json"))["env"]
     # Secrets are exported as ${NAME} references; the check runs without them.
     env = {k: v for k, v in exported_env.items() if not v.startswith("${")}
@@ -384,10 +163,10 @@ def _check_export(handle: Any, record: Any, args: argparse.Namespace) -> int:
     failed = 0
     for fmt, (ok, message) in zip(formats, results):
         failed += not ok
-        _say(f"  {fmt:<8} {'ok  ' if ok else 'FAIL'} {message if ok else ''}")
+        say(f"  {fmt:<8} {'ok  ' if ok else 'FAIL'} {message if ok else ''}")
         if not ok:
             for line in message.splitlines():
-                _say(f"           {line}")
+                say(f"           {line}")
     return 1 if failed else 0
 
 
@@ -420,9 +199,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                                   "files only (a copied study). Re-run the exported command and measure "
                                   "it with `tuner measure` instead")
             cfg = handle.spec.confirm
-            _say(f"confirming trial {record.number} before export: {cfg.repeats} re-run(s), "
-                 f"tolerance {cfg.tolerance:.0%}")
-            verdicts = _confirm(handle, args, [record.number], repeats=cfg.repeats, tolerance=cfg.tolerance)
+            say(f"confirming trial {record.number} before export: {cfg.repeats} re-run(s), "
+                f"tolerance {cfg.tolerance:.0%}")
+            verdicts = confirm(handle, args, [record.number], repeats=cfg.repeats, tolerance=cfg.tolerance)
             if not verdicts:
                 raise ExportError(f"the confirmation of trial {record.number} did not finish")
             if verdicts[0].verdict != "reproduced" and not args.force:
@@ -469,10 +248,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     out_dir = Path(args.output) if args.output else handle.paths.root / "report"
     paths = write_report(handle, out_dir, pick=args.pick)
     for name, path in paths.items():
-        _say(f"wrote {path}")
+        say(f"wrote {path}")
     if args.markdown:
-        _say("")
-        _say(paths["report.md"].read_text())
+        say("")
+        say(paths["report.md"].read_text())
     return 0
 
 
@@ -496,7 +275,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     except MeasureError as exc:
         print(f"tuner measure: {exc}", file=sys.stderr)
         return 3
-    _say(format_summary(summary))
+    say(format_summary(summary))
     return 0
 
 

@@ -67,22 +67,9 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
     """
 
     spec, paths, executor = host.spec, host.paths, host.executor
-    labels = [o.label for o in spec.objectives]
-    directions = [o.direction for o in spec.objectives]
     by_number = {r.number: r for r in read_records(study)}
-    pending = _Pending()
+    pending = _plan(host, by_number, trials, repeats)
     previous = paths.confirmations() if keep_previous else {}
-    counter = CONFIRM_JOB_BASE
-    for trial in trials:
-        record = by_number.get(trial)
-        if record is None or record.kind != KIND_RUN or record.state != "COMPLETE" or not record.values:
-            raise StudyError(f"trial {trial} is not a completed trial of study {host.name}; "
-                             "only measured trials can be confirmed")
-        first = _next_rerun(paths, trial)
-        for k in range(first, first + repeats):
-            pending.jobs.append(_Job(counter, trial, paths.confirm_dir(trial, k)))
-            counter -= 1
-        pending.runs[trial] = []
     queue = list(pending.jobs)
     running: dict[int, _Job] = {}
     verdicts: list[Confirmation] = []
@@ -94,19 +81,9 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
         runs.append(result)
         if len(runs) < repeats:
             return
-        record = by_number[job.trial]
         earlier = [RunResult.model_validate(r)
                    for r in (previous.get(job.trial) or {}).get("runs") or []]
-        every = earlier + runs
-        verdict = judge(job.trial, labels, directions, [record.values[l] for l in labels],
-                        sorted(every, key=lambda r: r.folder), tolerance=tolerance,
-                        repeats=len(every), finished_unix=time.time())
-        try:
-            atomic_write_json(paths.confirmation_json(job.trial), verdict.model_dump(mode="json"))
-        except ArtifactWriteError as err:
-            host.progress(f"[confirm] trial {job.trial}: verdict not written ({err.reason}): {err}")
-        verdicts.append(verdict)
-        host.progress(f"[confirm] trial {job.trial}: {summary_text(verdict)}")
+        verdicts.append(_verdict(host, by_number[job.trial], earlier + runs, tolerance=tolerance))
 
     try:
         while queue or running:
@@ -134,6 +111,45 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
         host.kill_now()
         raise
     return verdicts
+
+
+def _plan(host: JobHost, by_number: dict[int, Any], trials: list[int], repeats: int) -> _Pending:
+    """One job per re-run of each trial, in new ``confirm/NNNN-K`` folders.
+
+    Raises:
+        StudyError: a trial is not a completed run.
+    """
+
+    pending = _Pending()
+    counter = CONFIRM_JOB_BASE
+    for trial in trials:
+        record = by_number.get(trial)
+        if record is None or record.kind != KIND_RUN or record.state != "COMPLETE" or not record.values:
+            raise StudyError(f"trial {trial} is not a completed trial of study {host.name}; "
+                             "only measured trials can be confirmed")
+        first = _next_rerun(host.paths, trial)
+        for k in range(first, first + repeats):
+            pending.jobs.append(_Job(counter, trial, host.paths.confirm_dir(trial, k)))
+            counter -= 1
+        pending.runs[trial] = []
+    return pending
+
+
+def _verdict(host: JobHost, record: Any, every: list[RunResult], *, tolerance: float) -> Confirmation:
+    """The verdict on ``record`` from all its re-runs, written to confirm/NNNN.json and told."""
+
+    spec, trial = host.spec, record.number
+    labels = [o.label for o in spec.objectives]
+    directions = [o.direction for o in spec.objectives]
+    verdict = judge(trial, labels, directions, [record.values[l] for l in labels],
+                    sorted(every, key=lambda r: r.folder), tolerance=tolerance,
+                    repeats=len(every), finished_unix=time.time())
+    try:
+        atomic_write_json(host.paths.confirmation_json(trial), verdict.model_dump(mode="json"))
+    except ArtifactWriteError as err:
+        host.progress(f"[confirm] trial {trial}: verdict not written ({err.reason}): {err}")
+    host.progress(f"[confirm] trial {trial}: {summary_text(verdict)}")
+    return verdict
 
 
 def _run_result(spec: Any, job: _Job, item: Finished) -> RunResult:

@@ -29,6 +29,7 @@ import httpx
 from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.load.max_rate_text import max_rate_text
 from tuner.load.record_files import write_records_jsonl
+from tuner.load.results import SweepResult
 from tuner.load.server_calls import scrape_metrics, server_client
 from tuner.load.sweep import run_sweep
 from tuner.load.load_spec import rate_level_name
@@ -142,27 +143,7 @@ async def ameasure(
     sweep = await run_sweep(_root(url), model, spec.load, ignore_eos=ignore_eos,
                             deadline_s=remaining, headers=headers, slo=spec.slo,
                             max_rate=spec.load.rate_search if spec.searches_max_rate else None)
-    levels: dict[str, Any] = {}
-    # Closed-loop levels are named by their concurrency, open-loop ones by their rate (r2.0).
-    named = [(str(lv.concurrency), lv) for lv in sweep.levels]
-    named += [(rate_level_name(lv.request_rate or 0.0), lv) for lv in sweep.rate_levels]
-    for name, lv in named:
-        prefix = "" if name.startswith("r") else "c"
-        write_records_jsonl(out_dir / f"requests-{prefix}{name}.jsonl", lv.records)
-        m = lv.metrics
-        levels[name] = {
-            "metrics": {k: (None if math.isnan(v) else v) for k, v in m.flat().items()},
-            "window_s": m.window_s,
-            "window_fallback_reason": m.window_fallback_reason,
-            "unstable": m.unstable,
-            "low_confidence_p99": m.ttft_ms.low_confidence_p99,
-            "failure_reasons": m.failure_reasons,
-            "token_agreement": lv.token_agreement.agree,
-            "token_relative_diff": lv.token_agreement.relative_diff,
-            "deadline_hit": lv.deadline_hit,
-            "prompts_fitted": lv.prompts_fitted,
-            "repeats": m.repeats.n if m.repeats else 1,
-        }
+    levels = _write_levels(out_dir, sweep)
     atomic_write_json(out_dir / "metrics.json", sweep.summary())
     summary: dict[str, Any] = {
         "url": url,
@@ -184,6 +165,32 @@ async def ameasure(
     }
     atomic_write_json(out_dir / "summary.json", summary)
     return summary
+
+
+def _write_levels(out_dir: Path, sweep: SweepResult) -> dict[str, Any]:
+    """Write each level's records file; return the levels' entries of the summary, by name."""
+    levels: dict[str, Any] = {}
+    # Closed-loop levels are named by their concurrency, open-loop ones by their rate (r2.0).
+    named = [(str(lv.concurrency), lv) for lv in sweep.levels]
+    named += [(rate_level_name(lv.request_rate or 0.0), lv) for lv in sweep.rate_levels]
+    for name, lv in named:
+        prefix = "" if name.startswith("r") else "c"
+        write_records_jsonl(out_dir / f"requests-{prefix}{name}.jsonl", lv.records)
+        m = lv.metrics
+        levels[name] = {
+            "metrics": {k: (None if math.isnan(v) else v) for k, v in m.flat().items()},
+            "window_s": m.window_s,
+            "window_fallback_reason": m.window_fallback_reason,
+            "unstable": m.unstable,
+            "low_confidence_p99": m.ttft_ms.low_confidence_p99,
+            "failure_reasons": m.failure_reasons,
+            "token_agreement": lv.token_agreement.agree,
+            "token_relative_diff": lv.token_agreement.relative_diff,
+            "deadline_hit": lv.deadline_hit,
+            "prompts_fitted": lv.prompts_fitted,
+            "repeats": m.repeats.n if m.repeats else 1,
+        }
+    return levels
 
 
 def measure(

@@ -38,7 +38,7 @@ from tuner.referencing import WORKER_WAIT_S, pinned, prepare_reference, study_pr
 from tuner.study import policy, space
 from tuner.study.space import trial_command
 from tuner.probe.record import Reference
-from tuner.study.early_stop import SweepPlan
+from tuner.study.sweep_guard import SweepPlan
 from tuner.study.confirmation import choose_candidates, confirmation_brief, reserve_seconds
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front

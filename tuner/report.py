@@ -12,6 +12,7 @@ import json
 import logging
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -298,24 +299,8 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
     labels = list(study.metric_names or [])
     directions = [d.name.lower() for d in study.directions]
     make_private_dir(out_dir)
-    figures = {
-        "pareto.png": pareto_png(records, labels, directions),
-        "best_so_far.png": best_so_far_png(records, labels, directions),
-    }
-    startup_figure = startup_png(records)
-    if startup_figure is not None:
-        figures["startup.png"] = startup_figure
-    importances, importance_note = knob_importances(study, records)
-    if importances:
-        figures["importance.png"] = importance_png(importances)
-    paths: dict[str, Path] = {}
-    for name, data in figures.items():
-        path = out_dir / name
-        tmp = path.with_suffix(".tmp")
-        with open_private(tmp, "wb") as fh:
-            fh.write(data)
-        tmp.replace(path)
-        paths[name] = path
+    figures, importances, importance_note = _figures(study, records, labels, directions)
+    paths = _write_figures(out_dir, figures)
 
     runs = [r for r in records if r.kind == KIND_RUN]
     front = front_records(records, labels, directions)
@@ -331,17 +316,99 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
     counts: dict[str, int] = {}
     for r in runs:
         counts[r.outcome] = counts.get(r.outcome, 0) + 1
-    elapsed = float(study.user_attrs.get("elapsed_s", 0.0))
+    shown = _Shown(
+        handle=handle, labels=labels, directions=directions, runs=runs, front=front,
+        baseline=baseline, confirmations=confirmations, counts=counts,
+        elapsed=float(study.user_attrs.get("elapsed_s", 0.0)),
+        ties=noise_ties(records, labels, directions), pick=pick, export_text=export_text)
+    slo_html, slo_md = ("", [])
+    if handle.spec.slo is not None:
+        slo_html, slo_md = slo_section(handle.spec.slo.text(), front)
+    imp_html = _img(figures["importance.png"], "knob importance") if importances else (
+        f"<p>{html.escape(importance_note)}</p>")
+    page = _report_html(shown, records, figures, slo_html, imp_html)
+    atomic_write_text(out_dir / "report.html", page)
+    paths["report.html"] = out_dir / "report.html"
 
-    def ratio(r: TrialRecord, label: str) -> str:
+    atomic_write_text(out_dir / "report.md", _report_md(shown, slo_md, "startup.png" in figures))
+    paths["report.md"] = out_dir / "report.md"
+    atomic_write_text(out_dir / "report.json", json.dumps({
+        "study": handle.name, "labels": labels, "directions": directions,
+        "front": [r.number for r in front], "chosen": None if chosen is None else chosen.number,
+        "noise": {str(r.number): r.noise(labels) for r in front},
+        "unstable": {str(r.number): r.unstable_levels for r in front if r.unstable_levels},
+        "ties": shown.ties,
+        "confirmations": {str(n): c.get("verdict") for n, c in confirmations.items()},
+        "importances": importances, "importance_note": importance_note,
+    }, indent=2) + "\n")
+    return paths
+
+
+def _figures(study: optuna.Study, records: list[TrialRecord], labels: list[str],
+             directions: list[str]) -> tuple[dict[str, bytes], dict[str, dict[str, float]], str]:
+    """The report's PNG figures by file name, with the knob importances they plot and why
+    those are missing (empty when computed)."""
+    figures = {
+        "pareto.png": pareto_png(records, labels, directions),
+        "best_so_far.png": best_so_far_png(records, labels, directions),
+    }
+    startup_figure = startup_png(records)
+    if startup_figure is not None:
+        figures["startup.png"] = startup_figure
+    importances, importance_note = knob_importances(study, records)
+    if importances:
+        figures["importance.png"] = importance_png(importances)
+    return figures, importances, importance_note
+
+
+def _write_figures(out_dir: Path, figures: dict[str, bytes]) -> dict[str, Path]:
+    """Write each figure (private, through a temporary file); return their paths."""
+    paths: dict[str, Path] = {}
+    for name, data in figures.items():
+        path = out_dir / name
+        tmp = path.with_suffix(".tmp")
+        with open_private(tmp, "wb") as fh:
+            fh.write(data)
+        tmp.replace(path)
+        paths[name] = path
+    return paths
+
+
+@dataclass(frozen=True, slots=True)
+class _Shown:
+    """What the HTML page and the Markdown summary both show."""
+
+    handle: StudyHandle
+    labels: list[str]
+    directions: list[str]
+    runs: list[TrialRecord]  # the trials that ran
+    front: list[TrialRecord]
+    baseline: TrialRecord | None  # the completed baseline trial, if any
+    confirmations: dict[int, dict[str, Any]]  # confirmation verdicts by trial number
+    counts: dict[str, int]  # trials run, by outcome
+    elapsed: float  # time used, seconds
+    ties: list[str]  # noise ties as sentences (noise_ties)
+    pick: str
+    export_text: str  # the chosen configuration as a shell command
+
+    def ratio(self, r: TrialRecord, label: str) -> str:
+        baseline = self.baseline
         if baseline is None or not baseline.values.get(label):
             return ""
         return f" ({r.values[label] / baseline.values[label]:.2f}× baseline)"
 
-    def confirmed(r: TrialRecord) -> str:
-        found = confirmations.get(r.number)
+    def confirmed(self, r: TrialRecord) -> str:
+        found = self.confirmations.get(r.number)
         return "not re-run" if found is None else summary_text(found)
 
+
+def _report_html(shown: _Shown, records: list[TrialRecord], figures: dict[str, bytes],
+                 slo_html: str, imp_html: str) -> str:
+    """The self-contained report page (figures embedded as data URIs)."""
+    handle, labels, directions, front = shown.handle, shown.labels, shown.directions, shown.front
+    runs, counts, baseline, pick = shown.runs, shown.counts, shown.baseline, shown.pick
+    elapsed, export_text = shown.elapsed, shown.export_text
+    ratio, confirmed = shown.ratio, shown.confirmed
     front_rows = "\n".join(
         "<tr><td>{}{}</td>{}<td>{}</td><td>{}</td></tr>".format(
             r.number,
@@ -351,8 +418,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
             html.escape(confirmed(r)),
         ) for r in front
     )
-    ties = noise_ties(records, labels, directions)
-    ties_html = "".join(f"<li>{html.escape(t)}</li>" for t in ties)
+    ties_html = "".join(f"<li>{html.escape(t)}</li>" for t in shown.ties)
     separation = _separation_html(handle.paths.confirm_root / "ties.json")
     unstable_front = [r for r in front if r.unstable_levels]
     warn_html = "".join(
@@ -360,12 +426,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         f"{html.escape(_unstable(r))}: its numbers moved while they were measured.</p>"
         for r in unstable_front)
     head = "".join(f"<th>{html.escape(l)}</th>" for l in labels)
-    slo_html, slo_md = ("", [])
-    if handle.spec.slo is not None:
-        slo_html, slo_md = slo_section(handle.spec.slo.text(), front)
-    imp_html = _img(figures["importance.png"], "knob importance") if importances else (
-        f"<p>{html.escape(importance_note)}</p>")
-    page = f"""<!doctype html>
+    return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>tuner report: {html.escape(handle.name)}</title>
 <style>{_CSS}</style></head><body>
 <h1>Study {html.escape(handle.name)}</h1>
@@ -395,12 +456,15 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 {_trial_rows(records, labels, handle)}</table>
 {_SCRIPT}</body></html>
 """
-    atomic_write_text(out_dir / "report.html", page)
-    paths["report.html"] = out_dir / "report.html"
 
-    md = [f"# Study {handle.name}", "",
+
+def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> str:
+    """The Markdown summary (report.md)."""
+    labels, front, runs, counts = shown.labels, shown.front, shown.runs, shown.counts
+    confirmations, ratio = shown.confirmations, shown.ratio
+    md = [f"# Study {shown.handle.name}", "",
           f"{len(runs)} trials run — " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
-          + f"; time used {format_duration(elapsed)}.", "", "## Pareto front", "",
+          + f"; time used {format_duration(shown.elapsed)}.", "", "## Pareto front", "",
           "| trial | " + " | ".join(labels) + " | parameters |",
           "|---|" + "---|" * len(labels) + "---|"]
     for r in front:
@@ -408,7 +472,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
                   + " | ".join(_pm(r, l) + ratio(r, l) for l in labels)
                   + " | " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items()) + " |")
     md += ["", "Values are ± their 95 % interval; differences inside it are ties."]
-    md += [f"- {t}" for t in ties]
+    md += [f"- {t}" for t in shown.ties]
     md += slo_md
     if confirmations:
         md += ["", "## Confirmation re-runs", ""]
@@ -421,17 +485,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
             for m in r.attrs.get("outcome", {}).get("mismatches", []):
                 detail = mismatch_text(m)
             md.append(f"- trial {r.number}: {r.outcome}" + (f" — {detail}" if detail else ""))
-    md += _startup_md(runs, "startup.png" in figures)
-    md += ["", f"## Chosen configuration ({pick})", "", "```sh", export_text.rstrip(), "```", ""]
-    atomic_write_text(out_dir / "report.md", "\n".join(md))
-    paths["report.md"] = out_dir / "report.md"
-    atomic_write_text(out_dir / "report.json", json.dumps({
-        "study": handle.name, "labels": labels, "directions": directions,
-        "front": [r.number for r in front], "chosen": None if chosen is None else chosen.number,
-        "noise": {str(r.number): r.noise(labels) for r in front},
-        "unstable": {str(r.number): r.unstable_levels for r in front if r.unstable_levels},
-        "ties": ties,
-        "confirmations": {str(n): c.get("verdict") for n, c in confirmations.items()},
-        "importances": importances, "importance_note": importance_note,
-    }, indent=2) + "\n")
-    return paths
+    md += _startup_md(runs, with_startup_figure)
+    md += ["", f"## Chosen configuration ({shown.pick})", "",
+           "```sh", shown.export_text.rstrip(), "```", ""]
+    return "\n".join(md)

@@ -406,42 +406,51 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
         lines.append("Trials:")
         directions = [o["direction"] for o in status["objectives"]]
         for row in status["trials"]:
-            vals = "  ".join(_value(row, label) for label in labels if label in row["values"])
-            if row.get("early_stop") and row["early_stop"].get("reason") != "dominated_exact":
-                vals = _stopped_values(row, labels, directions)
-            lines.append(f"  {row['trial']:>3} {row['outcome']:<22} {vals}{_unstable_text(row)}")
-            if row["failure"] and row["state"] == "FAIL":
-                lines.append(f"        reason: {row['failure'].get('message') or row['failure'].get('reason')}")
-            checked = [c for c in row["checks"] if c.get("status") != "unverifiable"]
-            if checked:
-                lines.append("        asked vs got: " + ", ".join(
-                    f"{c['target']}={_fmt(c.get('asked'))}"
-                    + ("" if c.get("status") == "applied" else f" -> GOT {_fmt(c.get('got'))}")
-                    for c in checked))
-            for m in row["mismatches"]:
-                # The knob table's label; imported here, so a status without mismatches
-                # does not pay for loading it.
-                from tuner.vllm.knobs import mismatch_text
-
-                lines.append(f"        not applied: {mismatch_text(m)}")
-                if m.get("evidence"):
-                    lines.append(f"          evidence: {m['evidence'][:200]}")
-            if row["probe_passed"] is False:
-                lines.append(f"        probe failed: {row['probe_reason']}")
-            if row.get("probe_s") is not None:
-                share = (f" ({row['probe_share']:.0%} of {row['trial_s']:.0f}s)"
-                         if row.get("probe_share") is not None else "")
-                covered = f"; {row['probe_coverage']}" if row.get("probe_coverage") else ""
-                lines.append(f"        probe {row['probe_s']:.1f}s{share}{covered}")
-            if row.get("startup"):
-                lines.extend(_startup_lines(row))
-            elif row.get("compile") and row["compile"].get("cache") not in (None, "none"):
-                lines.append(_compile_line(row))
-            if row.get("speculation"):
-                lines.append(_speculation_line(row))
-            if row.get("max_rate"):
-                lines.append(f"        {max_rate_text(row['max_rate'])}")
+            lines.extend(_trial_lines(row, labels, directions))
     return "\n".join(lines)
+
+
+def _trial_lines(row: dict[str, Any], labels: list[str], directions: list[str]) -> list[str]:
+    """One trial of the verbose list: outcome and values, then what went wrong or was
+    measured besides (failure, knobs not applied, probe, startup, max_rate@slo)."""
+
+    lines: list[str] = []
+    vals = "  ".join(_value(row, label) for label in labels if label in row["values"])
+    if row.get("early_stop") and row["early_stop"].get("reason") != "dominated_exact":
+        vals = _stopped_values(row, labels, directions)
+    lines.append(f"  {row['trial']:>3} {row['outcome']:<22} {vals}{_unstable_text(row)}")
+    if row["failure"] and row["state"] == "FAIL":
+        lines.append(f"        reason: {row['failure'].get('message') or row['failure'].get('reason')}")
+    checked = [c for c in row["checks"] if c.get("status") != "unverifiable"]
+    if checked:
+        lines.append("        asked vs got: " + ", ".join(
+            f"{c['target']}={_fmt(c.get('asked'))}"
+            + ("" if c.get("status") == "applied" else f" -> GOT {_fmt(c.get('got'))}")
+            for c in checked))
+    for m in row["mismatches"]:
+        # The knob table's label; imported here, so a status without mismatches
+        # does not pay for loading it.
+        from tuner.vllm.knobs import mismatch_text
+
+        lines.append(f"        not applied: {mismatch_text(m)}")
+        if m.get("evidence"):
+            lines.append(f"          evidence: {m['evidence'][:200]}")
+    if row["probe_passed"] is False:
+        lines.append(f"        probe failed: {row['probe_reason']}")
+    if row.get("probe_s") is not None:
+        share = (f" ({row['probe_share']:.0%} of {row['trial_s']:.0f}s)"
+                 if row.get("probe_share") is not None else "")
+        covered = f"; {row['probe_coverage']}" if row.get("probe_coverage") else ""
+        lines.append(f"        probe {row['probe_s']:.1f}s{share}{covered}")
+    if row.get("startup"):
+        lines.extend(_startup_lines(row))
+    elif row.get("compile") and row["compile"].get("cache") not in (None, "none"):
+        lines.append(_compile_line(row))
+    if row.get("speculation"):
+        lines.append(_speculation_line(row))
+    if row.get("max_rate"):
+        lines.append(f"        {max_rate_text(row['max_rate'])}")
+    return lines
 
 
 def _startup_summary_lines(summary: dict[str, Any]) -> list[str]:

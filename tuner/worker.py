@@ -41,7 +41,7 @@ from tuner.probe.trial import reference_known_answers, run_trial_probe
 from tuner.probe.recording import ReferenceRecordError, check_reference, load_reference_sources, record_reference
 from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.startup import parse_startup
-from tuner.study.early_stop import SweepGuard
+from tuner.study.sweep_guard import SweepGuard
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.load.load_spec import rate_level_name
 from tuner.probe.spec import ProbeSpec

@@ -292,9 +292,11 @@ class StreamConnection(asyncio.Protocol):
             self._state = _UNTIL_CLOSE
 
     def _chunked(self, data: bytes, now: float) -> None:
-        # One function over ~80 lines on purpose: it runs once per socket read at tens of
-        # thousands of reads per second, and a helper call per chunk costs measurably
-        # (benchmarks/client_capacity.py).
+        """De-chunk one socket read of a ``Transfer-Encoding: chunked`` body and deliver it.
+
+        Long because it runs once per socket read at tens of thousands of reads per second,
+        and a helper call per chunk costs measurably (benchmarks/client_capacity.py).
+        """
         buf = self._buf + data if self._buf else data
         self._buf = b""
         pos = 0

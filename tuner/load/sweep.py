@@ -29,7 +29,7 @@ from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_re
 from tuner.load.max_rate import search_max_rate
 from tuner.load.open_loop import rate_level_metrics, run_rate_level
 from tuner.load.prometheus import MetricsSnapshot, server_side_metrics
-from tuner.load.rate_search import RateSearchSpec
+from tuner.load.rate_search import MaxRateResult, RateSearchSpec
 from tuner.load.records import RequestRecord
 from tuner.load.request import AUX_TIMEOUT_S, LevelContext
 from tuner.load.results import (
@@ -95,12 +95,12 @@ async def run_sweep(
         levels: the order to measure ``load_spec.concurrency`` in (default: as configured).
         after_level: called after each measured level with the flat metrics of every level
             measured so far (in measuring order) and the levels still to run; True stops
-            the sweep there (tuner.study.early_stop.SweepGuard.after_level). The levels left
+            the sweep there (tuner.study.sweep_guard.SweepGuard.after_level). The levels left
             out are listed in ``stopped_levels``.
         inside_level: called during a level's measured run (``repeats: 1``, one client
             process, levels left after it) with the level, its steady-state window so far
             and the levels after it; True ends the level there and stops the sweep
-            (tuner.study.early_stop.SweepGuard.inside_level). The halted level is not
+            (tuner.study.sweep_guard.SweepGuard.inside_level). The halted level is not
             measured: it is listed first in ``stopped_levels``.
     """
     t_start = time.monotonic()
@@ -109,13 +109,7 @@ async def run_sweep(
     order = list(load_spec.concurrency) if levels is None else list(levels)
     if sorted(order) != sorted(load_spec.concurrency):
         raise ValueError(f"levels {order} are not a reordering of {load_spec.concurrency}")
-
-    def budget() -> float | None:
-        """Seconds a level may issue for now; None once the sweep budget is spent."""
-        if deadline_s is None:
-            return load_spec.max_level_seconds
-        remaining = deadline_s - (time.monotonic() - t_start)
-        return min(load_spec.max_level_seconds, remaining) if remaining > 0 else None
+    budget = _budget_clock(load_spec, deadline_s, t_start)
 
     async with server_client(timeout=AUX_TIMEOUT_S, headers=headers) as aux:
         can_fit, lengths = await _prompt_lengths(aux, base_url, model, load_spec, notes)
@@ -125,34 +119,12 @@ async def run_sweep(
         )
         results, skipped, stopped = await _concurrency_levels(
             sweep, order, after_level, inside_level)
-        rate_results: list[LevelResult] = []
-        skipped_rates: list[float] = []
-        stopped_rates: list[float] = []
-        for rate in load_spec.request_rates:
-            if stopped:
-                # Early stop ended the sweep: the trial is judged already.
-                stopped_rates.append(rate)
-                continue
-            result = await _sweep_rate_level(sweep, rate)
-            if result is None:
-                skipped_rates.append(rate)
-            else:
-                rate_results.append(result)
+        rate_results, skipped_rates, stopped_rates = await _rate_levels(
+            sweep, load_spec.request_rates, stopped=bool(stopped))
         searched = None
         if max_rate is not None and not stopped:
-            def stop(bound: float, probed: list[LevelResult]) -> bool:
-                if stop_search is None:
-                    return False
-                flat: dict[int | str, dict[str, float]] = {
-                    lv.concurrency: lv.metrics.flat() for lv in results}
-                flat.update({rate_level_name(lv.request_rate or 0.0): lv.metrics.flat()
-                             for lv in (*rate_results, *probed)})
-                return stop_search(flat, bound)
-
-            searched, probed = await search_max_rate(
-                _SearchLevels(sweep).measure, max_rate,
-                hint=max((lv.metrics.request_per_s for lv in results), default=None),
-                known=rate_results, stop=stop)
+            searched, probed = await _search_max_rate(
+                sweep, max_rate, results, rate_results, stop_search)
             rate_results.extend(probed)
     if skipped:
         notes.append(f"levels {skipped} skipped: sweep budget of {deadline_s}s exhausted")
@@ -175,6 +147,67 @@ async def run_sweep(
         stopped_rates=stopped_rates,
         max_rate=searched,
     )
+
+
+def _budget_clock(
+    load_spec: LoadSpec, deadline_s: float | None, t_start: float
+) -> Callable[[], float | None]:
+    """The sweep's budget as a clock: ``budget()`` is the seconds a level may issue for now."""
+
+    def budget() -> float | None:
+        """Seconds a level may issue for now; None once the sweep budget is spent."""
+        if deadline_s is None:
+            return load_spec.max_level_seconds
+        remaining = deadline_s - (time.monotonic() - t_start)
+        return min(load_spec.max_level_seconds, remaining) if remaining > 0 else None
+
+    return budget
+
+
+async def _rate_levels(
+    sweep: _Sweep, rates: Sequence[float], *, stopped: bool
+) -> tuple[list[LevelResult], list[float], list[float]]:
+    """The open-loop rate levels in order: (measured, skipped for budget, stopped early)."""
+    rate_results: list[LevelResult] = []
+    skipped_rates: list[float] = []
+    stopped_rates: list[float] = []
+    for rate in rates:
+        if stopped:
+            # Early stop ended the sweep: the trial is judged already.
+            stopped_rates.append(rate)
+            continue
+        result = await _sweep_rate_level(sweep, rate)
+        if result is None:
+            skipped_rates.append(rate)
+        else:
+            rate_results.append(result)
+    return rate_results, skipped_rates, stopped_rates
+
+
+async def _search_max_rate(
+    sweep: _Sweep,
+    max_rate: RateSearchSpec,
+    results: list[LevelResult],
+    rate_results: list[LevelResult],
+    stop_search: Callable[[dict[int | str, dict[str, float]], float], bool] | None,
+) -> tuple[MaxRateResult, list[LevelResult]]:
+    """The ``max_rate@slo`` search after the configured levels: (its result, levels probed).
+
+    ``stop_search`` sees the flat metrics of every level so far, the probed ones included.
+    """
+    def stop(bound: float, probed: list[LevelResult]) -> bool:
+        if stop_search is None:
+            return False
+        flat: dict[int | str, dict[str, float]] = {
+            lv.concurrency: lv.metrics.flat() for lv in results}
+        flat.update({rate_level_name(lv.request_rate or 0.0): lv.metrics.flat()
+                     for lv in (*rate_results, *probed)})
+        return stop_search(flat, bound)
+
+    return await search_max_rate(
+        _SearchLevels(sweep).measure, max_rate,
+        hint=max((lv.metrics.request_per_s for lv in results), default=None),
+        known=rate_results, stop=stop)
 
 
 async def _prompt_lengths(aux: httpx.AsyncClient, base_url: str, model: str, spec: LoadSpec,

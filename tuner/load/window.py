@@ -105,6 +105,35 @@ def _stability(
     }
 
 
+def _degenerate_reason(
+    policy: WindowPolicy,
+    concurrency: int,
+    first_wave_done: float,
+    t_stop: float,
+    window_s: float,
+    run_s: float,
+    chunk_arrivals: int,
+) -> str | None:
+    """Why the window [t_warm, t_stop) is degenerate (the level falls back to the whole run),
+    or None when it is a usable steady state."""
+    if window_s <= 0:
+        return (
+            f"no steady state: the first {concurrency} requests finished at "
+            f"{first_wave_done:.3f}s, after the last dispatch at {t_stop:.3f}s"
+        )
+    if run_s > 0 and window_s < policy.min_fraction * run_s:
+        return (
+            f"window {window_s:.3f}s is under {policy.min_fraction:.0%} of the "
+            f"{run_s:.3f}s run"
+        )
+    if chunk_arrivals < policy.min_token_timestamps:
+        return (
+            f"only {chunk_arrivals} chunk arrivals in the window "
+            f"(< {policy.min_token_timestamps})"
+        )
+    return None
+
+
 def window_rates(
     records: Sequence[RequestRecord],
     ok: Sequence[RequestRecord],
@@ -132,23 +161,8 @@ def window_rates(
     timeline = [pt for r in ok for pt in token_timeline(r)]
     in_window = [k for t, k in timeline if t_warm <= t < t_stop]
 
-    reason = None
-    if window_s <= 0:
-        reason = (
-            f"no steady state: the first {concurrency} requests finished at "
-            f"{first_wave_done:.3f}s, after the last dispatch at {t_stop:.3f}s"
-        )
-    elif run_s > 0 and window_s < policy.min_fraction * run_s:
-        reason = (
-            f"window {window_s:.3f}s is under {policy.min_fraction:.0%} of the "
-            f"{run_s:.3f}s run"
-        )
-    elif len(in_window) < policy.min_token_timestamps:
-        reason = (
-            f"only {len(in_window)} chunk arrivals in the window "
-            f"(< {policy.min_token_timestamps})"
-        )
-
+    reason = _degenerate_reason(policy, concurrency, first_wave_done, t_stop, window_s, run_s,
+                                len(in_window))
     ramp_up_s = t_warm - first
     drain_s = run_end - t_stop
     run_output_tok_s = _rate(total_out, run_s)

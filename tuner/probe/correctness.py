@@ -289,7 +289,7 @@ async def run_levels(
     for level in sorted(known_levels | ref_levels):
         gate = asyncio.Semaphore(level)
         level_start = perf_counter()
-        sent_items, shared, own_prompts, forced_prompts = _level_requests(
+        requests = _level_requests(
             level,
             reference,
             items if level in known_levels else (),
@@ -300,47 +300,82 @@ async def run_levels(
             send_items=level_items.get(level),
             send_prompts=level_prompts.get(level),
         )
-        async with asyncio.TaskGroup() as group:
-            # Longest work first, so the level's tail runs as full a batch as it can: the
-            # reference's own prompts (the open ones decode reference.max_tokens tokens),
-            # the teacher-forced prefills, then the known answers (a few tokens each).
-            # Tasks take the gate in the order they are created.
-            ref_tasks = [
-                group.create_task(
-                    ask_reference(client, p, level, "generate", model, spec, gate, deadline)
-                )
-                for p in own_prompts
-            ]
-            ref_tasks.extend(
-                group.create_task(
-                    ask_reference(client, p, level, "forced", model, spec, gate, deadline)
-                )
-                for p in forced_prompts
+        level_known, level_ref, level_known_s = await _ask_level(
+            client, model, spec, reference, level, requests, deadline,
+            gate=gate, level_start=level_start,
+        )
+        known_answers.extend(level_known)
+        ref_answers.extend(level_ref)
+        known_s += level_known_s
+    return known_answers, ref_answers, known_s
+
+
+async def _ask_level(
+    client: httpx.AsyncClient,
+    model: str,
+    spec: ProbeSpec,
+    reference: Reference,
+    level: int,
+    requests: tuple[
+        list[ProbeItem], dict[str, ReferencePrompt], list[ReferencePrompt], list[ReferencePrompt]
+    ],
+    deadline: float | None,
+    *,
+    gate: asyncio.Semaphore,
+    level_start: float,
+) -> tuple[list[ProbeAnswer], list[ReferenceAnswer], float]:
+    """One level of :func:`run_levels`: ``requests`` (from :func:`_level_requests`) sent
+    through ``gate``.
+
+    Returns:
+        (known-answer answers, reference answers, seconds from ``level_start`` until the
+        level's known-answer requests were all back; 0.0 when it has none).
+    """
+    sent_items, shared, own_prompts, forced_prompts = requests
+    known_s = 0.0
+    async with asyncio.TaskGroup() as group:
+        # Longest work first, so the level's tail runs as full a batch as it can: the
+        # reference's own prompts (the open ones decode reference.max_tokens tokens),
+        # the teacher-forced prefills, then the known answers (a few tokens each).
+        # Tasks take the gate in the order they are created.
+        ref_tasks = [
+            group.create_task(
+                ask_reference(client, p, level, "generate", model, spec, gate, deadline)
             )
-            shared_tasks = []
-            known_tasks = []
-            for item in sent_items:
-                if item.id in shared:
-                    task = ask_shared(
-                        client, item, shared[item.id], level, model, spec, reference, gate, deadline
+            for p in own_prompts
+        ]
+        ref_tasks.extend(
+            group.create_task(
+                ask_reference(client, p, level, "forced", model, spec, gate, deadline)
+            )
+            for p in forced_prompts
+        )
+        shared_tasks = []
+        known_tasks = []
+        for item in sent_items:
+            if item.id in shared:
+                task = ask_shared(
+                    client, item, shared[item.id], level, model, spec, reference, gate, deadline
+                )
+                shared_tasks.append(group.create_task(task))
+            else:
+                known_tasks.append(
+                    group.create_task(
+                        ask_item(client, item, level, model, spec, gate, deadline)
                     )
-                    shared_tasks.append(group.create_task(task))
-                else:
-                    known_tasks.append(
-                        group.create_task(
-                            ask_item(client, item, level, model, spec, gate, deadline)
-                        )
-                    )
-            known_side = [*shared_tasks, *known_tasks]
-            if known_side:
-                await asyncio.wait(known_side)
-                known_s += perf_counter() - level_start
-        for shared_task in shared_tasks:
-            answer, agreement = shared_task.result()
-            known_answers.append(answer)
-            ref_answers.append(agreement)
-        known_answers.extend(t.result() for t in known_tasks)
-        ref_answers.extend(t.result() for t in ref_tasks)
+                )
+        known_side = [*shared_tasks, *known_tasks]
+        if known_side:
+            await asyncio.wait(known_side)
+            known_s = perf_counter() - level_start
+    known_answers: list[ProbeAnswer] = []
+    ref_answers: list[ReferenceAnswer] = []
+    for shared_task in shared_tasks:
+        answer, agreement = shared_task.result()
+        known_answers.append(answer)
+        ref_answers.append(agreement)
+    known_answers.extend(t.result() for t in known_tasks)
+    ref_answers.extend(t.result() for t in ref_tasks)
     return known_answers, ref_answers, known_s
 
 
@@ -367,6 +402,32 @@ async def matching_pairs(
             if item.id in pairs
         }
     return {i: p for i, p in pairs.items() if checks[i].result()}
+
+
+async def _known_answers_only(
+    base_url: str,
+    model: str,
+    spec: ProbeSpec,
+    note: str | None,
+    *,
+    deadline_s: float | None,
+    headers: Mapping[str, str] | None,
+    items: Sequence[ProbeItem] | None,
+) -> CorrectnessResult:
+    """The probe without its reference layer (``note`` says why): known answers alone,
+    all of its time counted as theirs."""
+    start = perf_counter()
+    known = await run_probe(
+        base_url, model, spec, deadline_s=deadline_s, headers=headers, items=items
+    )
+    elapsed = perf_counter() - start
+    return combine(
+        known,
+        None,
+        reference_note=note,
+        probe_seconds=elapsed,
+        known_answers_seconds=elapsed,
+    )
 
 
 async def run_correctness(
@@ -406,17 +467,8 @@ async def run_correctness(
     elif reference is None:
         note = "no reference recorded for this study"
     if note is not None or reference is None:
-        start = perf_counter()
-        known = await run_probe(
-            base_url, model, spec, deadline_s=deadline_s, headers=headers, items=items
-        )
-        elapsed = perf_counter() - start
-        return combine(
-            known,
-            None,
-            reference_note=note,
-            probe_seconds=elapsed,
-            known_answers_seconds=elapsed,
+        return await _known_answers_only(
+            base_url, model, spec, note, deadline_s=deadline_s, headers=headers, items=items
         )
     if items is None:
         items = load_probe_items(spec)

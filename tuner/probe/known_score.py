@@ -323,6 +323,39 @@ def _flags(records: Sequence[ItemRecord]) -> tuple[list[ProbeFlag], ...]:
     return errors, empty, odd_finish
 
 
+def _judge_level(
+    recs: Sequence[ItemRecord],
+    base: Sequence[ItemRecord] | None,
+    spec: ProbeSpec,
+    level: int,
+    subset: bool,
+) -> tuple[LevelResult, list[str], int, int]:
+    """One level's result and why it failed (empty: passed), with (answers unchanged, items
+    asked at both levels) against the lowest level ``base`` (None: this is the baseline,
+    judged on accuracy only; 0, 0)."""
+    threshold, why = _accuracy_rule(recs, spec, level, subset)
+    level_failures = [why] if why else []
+    consistency = None
+    same = pairs = 0
+    if base is not None:
+        same, pairs, why = _consistency_rule(recs, base, spec, level)
+        consistency = same / pairs if pairs else None
+        level_failures += [why] if why else []
+    correct = sum(r.correct for r in recs)
+    result = LevelResult(
+        concurrency=level,
+        correct=correct,
+        total=len(recs),
+        accuracy=correct / len(recs),
+        threshold=threshold,
+        by_api=_tally(recs, "api"),
+        consistency=consistency,
+        passed=not level_failures,
+        subset=subset,
+    )
+    return result, level_failures, same, pairs
+
+
 def score(
     items: Sequence[ProbeItem],
     answers: Iterable[ProbeAnswer],
@@ -364,29 +397,11 @@ def score(
     for level in spec.concurrency:
         recs = [r for r in records if r.concurrency == level]
         subset = level in subsets and len(subsets[level]) < len(items)
-        threshold, why = _accuracy_rule(recs, spec, level, subset)
-        level_failures = [why] if why else []
-        consistency = None
-        if level != baseline:
-            same, pairs, why = _consistency_rule(recs, base, spec, level)
-            consistency = same / pairs if pairs else None
-            same_total += same
-            pairs_total += pairs
-            level_failures += [why] if why else []
-        correct = sum(r.correct for r in recs)
-        levels.append(
-            LevelResult(
-                concurrency=level,
-                correct=correct,
-                total=len(recs),
-                accuracy=correct / len(recs),
-                threshold=threshold,
-                by_api=_tally(recs, "api"),
-                consistency=consistency,
-                passed=not level_failures,
-                subset=subset,
-            )
-        )
+        result, level_failures, same, pairs = _judge_level(
+            recs, base if level != baseline else None, spec, level, subset)
+        same_total += same
+        pairs_total += pairs
+        levels.append(result)
         failures += level_failures
 
     errors, empty, odd_finish = _flags(records)

@@ -146,6 +146,49 @@ def _level(
     return result, rows, decode_gaps
 
 
+def _level_failures(
+    result: ReferenceLevel,
+    rows: Sequence[PromptScore],
+    level: int,
+    spec: ReferenceSpec,
+    k: int,
+    *,
+    exact_bar: float | None,
+) -> list[str]:
+    """Why one scored level fails (empty: it passes). ``exact_bar``: the share of prompts
+    that must be identical, judged at the plan's top level only (None elsewhere)."""
+    level_failures: list[str] = []
+    errors = [r for r in rows if r.verdict == "error"]
+    if errors:
+        level_failures.append(
+            f"{len(errors)} request(s) failed at batch {level}, e.g. "
+            f"{errors[0].id}: {errors[0].detail}"
+        )
+    if (
+        result.top_k_overlap is not None
+        and result.top_k_overlap < spec.min_top_k_overlap - _EPS
+    ):
+        level_failures.append(
+            f"top-{k} overlap {result.top_k_overlap:.2f} < {spec.min_top_k_overlap:.2f} at "
+            f"batch {level} (the trial's distributions are not the reference's)"
+        )
+    if (
+        spec.max_kl_median is not None
+        and result.kl_median is not None
+        and result.kl_median > spec.max_kl_median
+    ):
+        level_failures.append(
+            f"median top-{k} KL {result.kl_median:.4f} > {spec.max_kl_median:g} nats at "
+            f"batch {level} (the distributions moved further than the reference's own "
+            "batch-to-batch variation)"
+        )
+    if exact_bar is not None and result.exact_fraction < exact_bar - _EPS:
+        level_failures.append(
+            f"only {result.exact}/{result.prompts} prompts identical at batch {level}"
+        )
+    return level_failures
+
+
 def score_plan(
     reference: Reference,
     answers: Iterable[ReferenceAnswer],
@@ -170,35 +213,8 @@ def score_plan(
     for level in levels:
         forced = plan.forced if level == plan.top else ()
         result, rows, _ = _level(reference, got, level, plan.prompts[level], forced, spec, k)
-        level_failures: list[str] = []
-        errors = [r for r in rows if r.verdict == "error"]
-        if errors:
-            level_failures.append(
-                f"{len(errors)} request(s) failed at batch {level}, e.g. "
-                f"{errors[0].id}: {errors[0].detail}"
-            )
-        if (
-            result.top_k_overlap is not None
-            and result.top_k_overlap < spec.min_top_k_overlap - _EPS
-        ):
-            level_failures.append(
-                f"top-{k} overlap {result.top_k_overlap:.2f} < {spec.min_top_k_overlap:.2f} at "
-                f"batch {level} (the trial's distributions are not the reference's)"
-            )
-        if (
-            spec.max_kl_median is not None
-            and result.kl_median is not None
-            and result.kl_median > spec.max_kl_median
-        ):
-            level_failures.append(
-                f"median top-{k} KL {result.kl_median:.4f} > {spec.max_kl_median:g} nats at "
-                f"batch {level} (the distributions moved further than the reference's own "
-                "batch-to-batch variation)"
-            )
-        if level == plan.top and result.exact_fraction < exact_bar - _EPS:
-            level_failures.append(
-                f"only {result.exact}/{result.prompts} prompts identical at batch {level}"
-            )
+        level_failures = _level_failures(
+            result, rows, level, spec, k, exact_bar=exact_bar if level == plan.top else None)
         evidence += [_evidence(r) for r in rows if r.verdict == "far" or r.forced_corrupt]
         results.append(result.model_copy(update={"passed": not level_failures}))
         failures += level_failures

@@ -140,9 +140,42 @@ class Sim:
         return 1
 
     async def startup(self) -> int | None:
-        """Print the startup log with simulated delays; an exit code if startup fails."""
-        eff, log, st, p = self.eff, self.log, self.eff.profile.startup, self.eff.profile
-        cuda = p.hardware.platform == "cuda"
+        """Print the startup log with simulated delays; an exit code if startup fails.
+
+        The stages run in vLLM's order; a failure resolved ahead of time (``eff.failure``)
+        is raised at the stage it names, after that stage's log lines."""
+        st = self.eff.profile.startup
+        await self._init_engine()
+        injected = self._injected_failure()
+        if injected is not None:
+            return self.engine_failure(injected)
+        if (fail := self._failure_at("init")) is not None:
+            return self.engine_failure(fail)
+        self._log_nccl_init()
+        if (fail := self._failure_at("comm")) is not None:
+            return self.engine_failure(fail)
+        self._log_model_start()
+        if (fail := self._failure_at("attn")) is not None:
+            return self.engine_failure(fail)
+        await self.wait(st.weight_load_s)
+        if (fail := self._failure_at("load")) is not None:
+            return self.engine_failure(fail)
+        compile_s = await self._load_compile_profile()
+        if (fail := self._failure_at("kv")) is not None:
+            return self.engine_failure(fail)
+        await self._init_kv_cache()
+        await self._capture_graphs()
+        await self._serve_ready(compile_s)
+        return None
+
+    def _failure_at(self, stage: str) -> Failure | None:
+        fail = self.eff.failure
+        return fail if fail and fail.stage == stage else None
+
+    async def _init_engine(self) -> None:
+        """API-server init, then the EngineCore child and its engine-config lines."""
+        eff, log, st = self.eff, self.log, self.eff.profile.startup
+        cuda = eff.profile.hardware.platform == "cuda"
         for n in eff.notices_for("api"):
             log.api(n.level, n.source, n.text)
         await self.wait(st.api_init_s)
@@ -153,26 +186,34 @@ class Sim:
                    f"local_rank=0 distributed_init_method=tcp://127.0.0.1:{eff.port + 1000} "
                    f"backend={backend}")
         await self.wait(st.engine_init_s)
+
+    def _injected_failure(self) -> Failure | None:
+        """The engine failure a crash_at_start / oom_at_start fault injects, if any."""
+        eff = self.eff
         if "crash_at_start" in self.faults:
-            return self.engine_failure(Failure("engine", "RuntimeError", "CUDA error: an illegal "
-                                               "memory access was encountered"))
+            return Failure("engine", "RuntimeError", "CUDA error: an illegal memory access was "
+                           "encountered")
         if "oom_at_start" in self.faults:
-            hw = p.hardware
-            return self.engine_failure(Failure(
+            hw = eff.profile.hardware
+            return Failure(
                 "engine", "ValueError", f"Free memory on device cuda:0 ({hw.free_memory_gib:.2f}/"
                 f"{hw.memory_gib:.2f} GiB) on startup is less than desired GPU memory utilization "
                 f"({eff.gpu_memory_utilization}, {eff.gpu_memory_utilization * hw.memory_gib:.2f} "
                 "GiB). Decrease GPU memory utilization or reduce GPU memory used by other "
-                "processes."))
-        fail = eff.failure
-        if fail and fail.stage == "init":
-            return self.engine_failure(fail)
-        if cuda and eff.tp > 1:
+                "processes.")
+        return None
+
+    def _log_nccl_init(self) -> None:
+        eff, log, p = self.eff, self.log, self.eff.profile
+        if p.hardware.platform == "cuda" and eff.tp > 1:
             log.engine("INFO", "pynccl.py:148", f"vLLM is using nccl=={p.hardware.nccl_version}")
             for line in nccl_debug_lines(eff, log.engine_pid):
                 log.raw(line, "EngineCore")
-        if fail and fail.stage == "comm":
-            return self.engine_failure(fail)
+
+    def _log_model_start(self) -> None:
+        """Communicator outcome, rank assignment, model load start and attention backend."""
+        eff, log, p = self.eff, self.log, self.eff.profile
+        cuda = p.hardware.platform == "cuda"
         for n in eff.notices_for("comm"):
             log.engine(n.level, n.source, n.text)
         if cuda and eff.tp > 1:
@@ -186,21 +227,23 @@ class Sim:
                    f"potential backends: {p.attention.potential!r}.")
         for n in eff.notices_for("attn"):
             log.engine(n.level, n.source, n.text)
-        if fail and fail.stage == "attn":
-            return self.engine_failure(fail)
-        await self.wait(st.weight_load_s)
-        if fail and fail.stage == "load":
-            return self.engine_failure(fail)
+
+    async def _load_compile_profile(self) -> float:
+        """Weights loaded, torch.compile (if on), profile run; the seconds compiling took."""
+        eff, log, st = self.eff, self.log, self.eff.profile.startup
         log.engine("INFO", "default_loader.py:430", f"Loading weights took {st.weight_load_s * 0.93:.2f} seconds")
         log.engine("INFO", "gpu_model_runner.py:5347", f"Model loading took "
                    f"{eff.weights_gib_per_rank:.2f} GiB memory and {st.weight_load_s:.6f} seconds")
         compile_s = 0.0
         if eff.compile_mode != 0:
-            compile_s = await self.compile(cuda)
+            compile_s = await self.compile(eff.profile.hardware.platform == "cuda")
         await self.wait(st.profile_run_s)
         log.engine("INFO", "monitor.py:81", f"Initial profiling/warmup run took {st.profile_run_s:.2f} s")
-        if fail and fail.stage == "kv":
-            return self.engine_failure(fail)
+        return compile_s
+
+    async def _init_kv_cache(self) -> None:
+        eff, log, st = self.eff, self.log, self.eff.profile.startup
+        cuda = eff.profile.hardware.platform == "cuda"
         dev = "GPU" if cuda else "CPU"
         if cuda:
             log.engine("INFO", "gpu_worker.py:560", f"Available KV cache memory: {eff.kv_cache_gib:.2f} GiB")
@@ -208,6 +251,9 @@ class Sim:
         log.engine("INFO", "kv_cache_utils.py:2178", f"Maximum concurrency for {eff.max_model_len:,} "
                    f"tokens per request: {eff.kv_cache_tokens / eff.max_model_len:.2f}x")
         await self.wait(st.kv_init_s)
+
+    async def _capture_graphs(self) -> None:
+        eff, log, st = self.eff, self.log, self.eff.profile.startup
         if eff.capture_sizes:
             n = len(eff.capture_sizes)
             per = {"FULL_AND_PIECEWISE": st.capture_piecewise_s_per_size + st.capture_full_s_per_size,
@@ -219,9 +265,13 @@ class Sim:
             graphs = 2 if eff.cudagraph_mode == "FULL_AND_PIECEWISE" else 1
             log.engine("INFO", "gpu_model_runner.py:6582", f"Graph capturing finished in "
                        f"{per * n:.0f} secs, took {st.graph_memory_gib_per_size * n * graphs:.2f} GiB")
-        elif cuda and not eff.enforce_eager:
+        elif eff.profile.hardware.platform == "cuda" and not eff.enforce_eager:
             log.engine("WARNING", "gpu_model_runner.py:6483", "Skipping CUDA graph capture. To turn "
                        "on CUDA graph capture, ensure cudagraph_mode was not manually set to none")
+
+    async def _serve_ready(self, compile_s: float) -> None:
+        """Start-delay faults, the engine-init summary, then the API server's ready lines."""
+        eff, log, st = self.eff, self.log, self.eff.profile.startup
         slow = self.faults.get("slow_start")
         if slow and slow.seconds:
             await self.wait(slow.seconds)
@@ -237,7 +287,6 @@ class Sim:
         log.api("INFO", "launcher.py:37", "Available routes are:")
         for line in route_lines():
             log.api("INFO", "launcher.py:46", line)
-        return None
 
     def on_crash(self) -> None:
         """Fault crash_mid_load: the engine dies and takes the API server down abruptly."""

@@ -239,101 +239,151 @@ def _split(token: str) -> tuple[str, str | None]:
     return token, None
 
 
+class _Tokens:
+    """The command line still to read. A flag takes the next token as its value unless that
+    token looks like a flag (a negative number is a value, as with argparse)."""
+
+    def __init__(self, tokens: list[str]) -> None:
+        self.tokens = tokens
+        self.i = 0
+
+    def more(self) -> bool:
+        return self.i < len(self.tokens)
+
+    def pop(self) -> str:
+        tok = self.tokens[self.i]
+        self.i += 1
+        return tok
+
+    def has_value(self) -> bool:
+        if not self.more():
+            return False
+        tok = self.tokens[self.i]
+        return not tok.startswith("-") or bool(_NUMBER.match(tok))
+
+    def value(self, dest: str) -> str:
+        """The next token as the one value of `dest` (vLLM's error when there is none)."""
+        if not self.has_value():
+            raise _usage_error(dest, "expected one argument")
+        return self.pop()
+
+
+@dataclass
+class _Parsed:
+    """What `parse_argv` has read so far."""
+
+    given: dict[str, Any] = field(default_factory=dict)
+    unknown: dict[str, Any] = field(default_factory=dict)
+    seen: list[str] = field(default_factory=list)
+    dupes: list[str] = field(default_factory=list)
+    # -cc.key=value / -sc.key=value, merged over the JSON flag at the end
+    dotted: dict[str, dict[str, Any]] = field(
+        default_factory=lambda: {"compilation_config": {}, "speculative_config": {}})
+
+
 def parse_argv(argv: Sequence[str]) -> SimArgs:
     """Parse `[serve] [model_tag] --flag value ...` like `vllm serve`."""
     tokens = list(argv)
     if tokens and tokens[0] == "serve":
         tokens = tokens[1:]
-    given: dict[str, Any] = {}
-    unknown: dict[str, Any] = {}
-    seen: list[str] = []
-    dupes: list[str] = []
-    dotted: dict[str, dict[str, Any]] = {"compilation_config": {}, "speculative_config": {}}
+    parsed = _Parsed()
     if tokens and not tokens[0].startswith("-"):
-        given["model"] = tokens.pop(0)   # positional model_tag, as `vllm serve MODEL`
-
-    def takes_value(i: int) -> bool:
-        return i < len(tokens) and (not tokens[i].startswith("-") or bool(_NUMBER.match(tokens[i])))
-
-    i = 0
-    while i < len(tokens):
-        tok = tokens[i]
-        i += 1
-        if not tok.startswith("-") or tok in ("-", "--"):
-            raise ArgvError(f"{USAGE}\n{PROG}: error: unrecognized arguments: {tok}\n", 2)
-        m = re.fullmatch(r"-O(\d+)", tok)
-        if m:
-            name, inline = "optimization_level", m.group(1)
-        else:
-            raw_name, inline = _split(tok.lstrip("-"))
-            name = ALIASES.get(raw_name, _dest(raw_name)) if tok.startswith("-") else raw_name
-            if tok.startswith("-") and not tok.startswith("--") and raw_name not in ALIASES:
-                head = raw_name.split(".", 1)[0]
-                if head not in ALIASES:
-                    name = "_short_" + raw_name
+        parsed.given["model"] = tokens.pop(0)   # positional model_tag, as `vllm serve MODEL`
+    rest = _Tokens(tokens)
+    while rest.more():
+        name, inline = _flag_name(rest.pop())
         # dotted config keys: -cc.cudagraph_mode=X, --compilation-config.cudagraph_mode X
-        head, _, rest = name.partition(".")
+        head, _, key = name.partition(".")
         head = ALIASES.get(head, _dest(head))
-        if rest and head in dotted:
-            if inline is None:
-                if not takes_value(i):
-                    raise _usage_error(head, "expected one argument")
-                inline = tokens[i]
-                i += 1
-            key = rest
-            value: Any = _dotted_value(inline)
-            if key.endswith("+"):
-                key = key[:-1]
-                value = [v for v in inline.split(",") if v]
-            _set_nested(dotted[head], key, value)
+        if key and head in parsed.dotted:
+            _read_dotted(parsed.dotted[head], head, key, inline, rest)
             continue
-        negated = False
-        if name.startswith("no_") and name[3:] in FLAGS and FLAGS[name[3:]][0] == "bool":
-            name, negated = name[3:], True
+        negated = name.startswith("no_") and name[3:] in FLAGS and FLAGS[name[3:]][0] == "bool"
+        if negated:
+            name = name[3:]
         if name in FLAGS:
-            kind, _default = FLAGS[name]
-            if name in seen:
-                dupes.append("--" + name.replace("_", "-"))
-            seen.append(name)
-            if kind == "bool":
-                if inline is not None:
-                    raise _usage_error(name, f"ignored explicit argument {inline!r}")
-                given[name] = not negated
-            elif kind in ("list_str", "list_int"):
-                items = [inline] if inline is not None else []
-                while takes_value(i):
-                    items.append(tokens[i])
-                    i += 1
-                if not items:
-                    raise _usage_error(name, "expected at least one argument")
-                if kind == "list_int":
-                    items = [_convert(name, "int", v) for v in items]
-                given[name] = items
-            else:
-                if inline is None:
-                    if not takes_value(i):
-                        raise _usage_error(name, "expected one argument")
-                    inline = tokens[i]
-                    i += 1
-                if name in ("compilation_config", "speculative_config"):
-                    merged = dict(given.get(name) or {})
-                    merged.update(_convert(name, kind, inline))
-                    given[name] = merged
-                elif name == "optimization_level" and not re.fullmatch(r"\d+", inline):
-                    msg = _validation_error("VllmConfig", "optimization_level", "Input should be"
-                                            " a valid integer, unable to parse string as an "
-                                            "integer", inline, "int_parsing")
-                    raise _usage_error(name, msg)
-                else:
-                    given[name] = _convert(name, kind, inline)
+            _read_known(parsed, name, inline, negated, rest)
             continue
         # Unknown flag: keep it (vLLM has far more flags than the simulator models).
-        key = name.removeprefix("_short_")
-        if inline is None and takes_value(i):
-            inline = tokens[i]
-            i += 1
-        unknown[key] = True if inline is None else _dotted_value(inline)
-    for head, extra in dotted.items():
+        if inline is None and rest.has_value():
+            inline = rest.pop()
+        parsed.unknown[name.removeprefix("_short_")] = True if inline is None else _dotted_value(inline)
+    return _finish(parsed)
+
+
+def _flag_name(tok: str) -> tuple[str, str | None]:
+    """A flag token's destination and its inline (`=`) value. A short flag that is not an
+    alias is kept as `_short_<name>` (an unknown flag, printed without the prefix)."""
+    if not tok.startswith("-") or tok in ("-", "--"):
+        raise ArgvError(f"{USAGE}\n{PROG}: error: unrecognized arguments: {tok}\n", 2)
+    m = re.fullmatch(r"-O(\d+)", tok)
+    if m:
+        return "optimization_level", m.group(1)
+    raw_name, inline = _split(tok.lstrip("-"))
+    name = ALIASES.get(raw_name, _dest(raw_name))
+    if not tok.startswith("--") and raw_name not in ALIASES and raw_name.split(".", 1)[0] not in ALIASES:
+        name = "_short_" + raw_name
+    return name, inline
+
+
+def _read_dotted(target: dict[str, Any], head: str, key: str, inline: str | None, rest: _Tokens) -> None:
+    """One `-cc.key value` / `-cc.key=value`; `key+=a,b` gives a list."""
+    if inline is None:
+        inline = rest.value(head)
+    value: Any = _dotted_value(inline)
+    if key.endswith("+"):
+        key = key[:-1]
+        value = [v for v in inline.split(",") if v]
+    _set_nested(target, key, value)
+
+
+def _read_known(parsed: _Parsed, name: str, inline: str | None, negated: bool, rest: _Tokens) -> None:
+    """One flag the simulator knows (a FLAGS entry), with its value(s) by kind."""
+    kind, _default = FLAGS[name]
+    if name in parsed.seen:
+        parsed.dupes.append("--" + name.replace("_", "-"))
+    parsed.seen.append(name)
+    if kind == "bool":
+        if inline is not None:
+            raise _usage_error(name, f"ignored explicit argument {inline!r}")
+        parsed.given[name] = not negated
+    elif kind in ("list_str", "list_int"):
+        parsed.given[name] = _list_value(name, kind, inline, rest)
+    else:
+        _set_value(parsed.given, name, kind, rest.value(name) if inline is None else inline)
+
+
+def _list_value(name: str, kind: str, inline: str | None, rest: _Tokens) -> list[Any]:
+    """A list flag's values: the inline one and every following token that is not a flag."""
+    items: list[Any] = [inline] if inline is not None else []
+    while rest.has_value():
+        items.append(rest.pop())
+    if not items:
+        raise _usage_error(name, "expected at least one argument")
+    if kind == "list_int":
+        items = [_convert(name, "int", v) for v in items]
+    return items
+
+
+def _set_value(given: dict[str, Any], name: str, kind: str, raw: str) -> None:
+    """A one-value flag; repeated JSON config flags merge (later keys win)."""
+    if name in ("compilation_config", "speculative_config"):
+        merged = dict(given.get(name) or {})
+        merged.update(_convert(name, kind, raw))
+        given[name] = merged
+    elif name == "optimization_level" and not re.fullmatch(r"\d+", raw):
+        msg = _validation_error("VllmConfig", "optimization_level", "Input should be"
+                                " a valid integer, unable to parse string as an "
+                                "integer", raw, "int_parsing")
+        raise _usage_error(name, msg)
+    else:
+        given[name] = _convert(name, kind, raw)
+
+
+def _finish(parsed: _Parsed) -> SimArgs:
+    """Merge the dotted keys, run the checks vLLM runs on the whole config, fill in defaults."""
+    given = parsed.given
+    for head, extra in parsed.dotted.items():
         if extra:
             merged = dict(given.get(head) or {})
             merged.update(extra)
@@ -347,8 +397,9 @@ def parse_argv(argv: Sequence[str]) -> SimArgs:
         raise _usage_error("optimization_level", msg)
     values = {dest: default for dest, (_kind, default) in FLAGS.items()}
     values.update(given)
+    dupes = parsed.dupes
     warnings = (f"Found duplicate keys {', '.join(dict.fromkeys(dupes))}",) if dupes else ()
-    return SimArgs(values=values, given=given, unknown=unknown, warnings=warnings)
+    return SimArgs(values=values, given=given, unknown=parsed.unknown, warnings=warnings)
 
 
 # vLLM prints vars(args) in parser order: frontend flags first, then EngineArgs groups.

@@ -3,7 +3,7 @@
 Runs the simulator's own startup code (``tuner.sim.__main__``: the lines ``main`` prints
 before resolving, then ``Sim.startup``) with no delays, no EngineCore child and no socket,
 into a string. Used to check that the ground truth's "applied" verdicts
-(``tuner.sim.truth.mismatches``) agree with the real log path
+(``tuner.sim.truth_verify.mismatches``) agree with the real log path
 (``parse_effective_config`` + ``verify``) on every point of a study.
 """
 

@@ -278,20 +278,116 @@ def _round_for_spec(sizes: Sequence[int], max_size: int, k: int) -> tuple[int, .
     return tuple(sorted({-(-s // q) * q for s in sizes if -(-s // q) * q <= max_size}))
 
 
+@dataclass(frozen=True)
+class _Limits:
+    """Parallelism and scheduler limits, checked the way vLLM's config validation does."""
+
+    tp: int
+    pp: int
+    max_len: int
+    mns: int                         # max_num_seqs
+    mnbt: int                        # max_num_batched_tokens
+
+
+@dataclass(frozen=True)
+class _Graphs:
+    """torch.compile and CUDA-graph settings: as configured, and as the worker runs them."""
+
+    eager: bool
+    mode: int
+    cg: str                          # what the engine-config line shows
+    final_cg: str                    # after the attention-backend check
+    sizes: tuple[int, ...]           # configured capture sizes
+    max_cap: int
+    run_sizes: tuple[int, ...]       # what is captured (spec rounding applied)
+    failure: Failure | None          # the attention backend refuses the mode
+
+
+@dataclass(frozen=True)
+class _Memory:
+    weights_gib: float               # per rank
+    kv_gib: float
+    kv_tokens: int
+    failure: Failure | None
+
+
 def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
             faults: Sequence[Fault] = ()) -> Effective:
-    """argv+env+profile -> Effective; raises ConfigError for API-server-time failures."""
+    """argv+env+profile -> Effective; raises ConfigError for API-server-time failures.
+
+    The steps run in vLLM's order, since the notices they add are logged in that order and
+    the first engine failure found is the one reported."""
     notices: list[Notice] = []
-    hw, model = profile.hardware, profile.model
-    cuda = hw.platform == "cuda"
+    cuda = profile.hardware.platform == "cuda"
     asked = asked_config(args, env, profile)
-    # silent_downgrade faults: the value used differs from the one asked, and nothing is logged.
+    over = _silent_overrides(faults, asked)
+    env = {**env, **{k[4:]: str(v) for k, v in over.items() if k.startswith("env:")}}
+    limits = _limits(args, env, profile, over)
+    dtype = DTYPE_NAMES.get(args.dtype, profile.model.default_dtype)
+    notices.append(Notice("api", "INFO", "model.py:623",
+                          f"Resolved architecture: {profile.model.architecture}"))
+    notices.append(Notice("api", "INFO", "model.py:1788", f"Using max model len {limits.max_len}"))
+    notices.append(Notice("api", "INFO", "scheduler.py:252",
+                          f"Chunked prefill is enabled with max_num_batched_tokens={limits.mnbt}."))
+    spec = _overridden_spec(_resolve_spec(args, profile, notices), over)
+    k = spec.num_spec_tokens if spec else 0
+    async_sched = _async_scheduling(args, spec, cuda, notices)
+    graphs = _resolve_graphs(args, over, limits, spec, profile, notices)
+    failure = graphs.failure or _world_size_failure(env, profile, limits)
+    disable_car = bool(over.get("disable_custom_all_reduce", args.disable_custom_all_reduce)) or not cuda
+    backends = allreduce_backends(limits.tp, disable_car, env, profile, notices)
+    nccl, corruption, nccl_failure = resolve_nccl(env, profile, "PYNCCL" in backends)
+    failure = failure or nccl_failure
+    util = float(over.get("gpu_memory_utilization", args.gpu_memory_utilization))
+    kv_dtype = str(over.get("kv_cache_dtype", args.kv_cache_dtype))
+    memory = _memory(args, env, profile, limits, graphs, util, kv_dtype)
+    failure = failure or memory.failure
+    prefix = bool(over.get("enable_prefix_caching",
+                           True if args.enable_prefix_caching is None else args.enable_prefix_caching))
+    tp, pp, block = limits.tp, limits.pp, profile.defaults.block_size
+    salt_src = (f"{graphs.mode}|{graphs.final_cg}|{backends}|{nccl.protos}|{nccl.algo}|{dtype}|"
+                f"{kv_dtype}|{tp}")
+    salt = int.from_bytes(hashlib.blake2b(salt_src.encode(), digest_size=8).digest(), "big")
+    perf = PerfConfig(
+        tp=tp, pp=pp, compile_mode=graphs.mode, cudagraph_mode=graphs.final_cg,
+        max_capture_size=max(graphs.run_sizes) if graphs.run_sizes else 0,
+        allreduce_backends=backends, nccl_protos=nccl.protos, nccl_algo=nccl.algo,
+        nccl_p2p_disabled=nccl.p2p_disabled, nccl_max_channels=nccl.max_channels,
+        spec_method=spec.method if spec else None, num_spec_tokens=k,
+        prompt_lookup_min=spec.prompt_lookup_min if spec else 5,
+        prompt_lookup_max=spec.prompt_lookup_max if spec else 5,
+        async_scheduling=async_sched, kv_fp8=kv_dtype.startswith("fp8"),
+        activation_bytes=4 if dtype == "float32" else 2, max_num_seqs=limits.mns,
+        max_num_batched_tokens=limits.mnbt, kv_capacity_tokens=max(memory.kv_tokens, block),
+        block_size=block, enable_prefix_caching=prefix)
+    return Effective(
+        profile=profile, model=args.model,
+        served_model_names=tuple(args.served_model_name or [args.model]),
+        host=args.host or "127.0.0.1", port=args.port, tp=tp, pp=pp, dtype=dtype,
+        max_model_len=limits.max_len, max_num_seqs=limits.mns, max_num_batched_tokens=limits.mnbt,
+        gpu_memory_utilization=util, enforce_eager=graphs.eager, disable_custom_all_reduce=disable_car,
+        compile_mode=graphs.mode, cudagraph_mode_config=graphs.cg, cudagraph_mode=graphs.final_cg,
+        capture_sizes_config=graphs.sizes, capture_sizes=graphs.run_sizes, max_capture_size=graphs.max_cap,
+        spec=spec, seed=args.seed, disable_log_stats=bool(args.disable_log_stats),
+        kv_cache_dtype=kv_dtype, enable_prefix_caching=prefix, async_scheduling=async_sched,
+        allreduce_backends=backends, nccl=nccl, kv_cache_gib=memory.kv_gib, kv_cache_tokens=memory.kv_tokens,
+        weights_gib_per_rank=memory.weights_gib, corruption=corruption, numerics_salt=salt,
+        log_stats_interval_s=max(_log_stats_interval(env), 0.1), notices=tuple(notices),
+        failure=failure, perf=perf, asked=asked)
+
+
+def _silent_overrides(faults: Sequence[Fault], asked: Mapping[str, Any]) -> dict[str, Any]:
+    """silent_downgrade faults that apply: the value used differs from the one asked, and
+    nothing is logged. Keyed like the asked config ("env:NAME" for variables)."""
     over: dict[str, Any] = {}
     for f in faults:
         if f.fault == "silent_downgrade" and applies(f, asked.get) and f.target:
             over[f.target] = f.value
-    env = {**env, **{k[4:]: str(v) for k, v in over.items() if k.startswith("env:")}}
+    return over
 
+
+def _limits(args: SimArgs, env: Mapping[str, str], profile: Profile, over: Mapping[str, Any]) -> _Limits:
+    model = profile.model
     tp, pp = args.tensor_parallel_size, args.pipeline_parallel_size
     if tp < 1 or pp < 1:
         raise _fail("ValueError", "tensor_parallel_size and pipeline_parallel_size must be >= 1")
@@ -312,13 +408,11 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
     if mnbt < mns:
         raise _fail("ValueError", f"max_num_batched_tokens ({mnbt}) must be greater than or "
                     f"equal to max_num_seqs ({mns}).")
-    dtype = DTYPE_NAMES.get(args.dtype, model.default_dtype)
-    notices.append(Notice("api", "INFO", "model.py:623", f"Resolved architecture: {model.architecture}"))
-    notices.append(Notice("api", "INFO", "model.py:1788", f"Using max model len {max_len}"))
-    notices.append(Notice("api", "INFO", "scheduler.py:252",
-                          f"Chunked prefill is enabled with max_num_batched_tokens={mnbt}."))
+    return _Limits(tp, pp, max_len, mns, mnbt)
 
-    spec = _resolve_spec(args, profile, notices)
+
+def _overridden_spec(spec: SpecConfig | None, over: Mapping[str, Any]) -> SpecConfig | None:
+    """The speculative config after silent_downgrade faults on its method or k."""
     if "speculative_config.method" in over:
         m = over["speculative_config.method"]
         spec = None if m in (None, "none", "None") else SpecConfig(
@@ -327,8 +421,10 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
     if spec and "speculative_config.num_speculative_tokens" in over:
         spec = SpecConfig(spec.method, spec.model, int(over["speculative_config.num_speculative_tokens"]),
                           spec.prompt_lookup_min, spec.prompt_lookup_max)
-    k = spec.num_spec_tokens if spec else 0
+    return spec
 
+
+def _async_scheduling(args: SimArgs, spec: SpecConfig | None, cuda: bool, notices: list[Notice]) -> bool:
     async_sched = cuda
     if args.unknown.get("no_async_scheduling") is True or args.unknown.get("async_scheduling") is False:
         async_sched = False
@@ -338,8 +434,12 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
         async_sched = False
     notices.append(Notice("api", "INFO", "vllm.py:1109", "Asynchronous scheduling is "
                           f"{'enabled' if async_sched else 'disabled'}."))
+    return async_sched
 
-    cc = dict(args.compilation_config or {})
+
+def _compile_modes(args: SimArgs, cc: Mapping[str, Any], over: Mapping[str, Any], cuda: bool,
+                   notices: list[Notice]) -> tuple[bool, int, str]:
+    """(enforce_eager, compilation mode, cudagraph mode) as the engine config shows them."""
     eager = bool(over.get("enforce_eager", args.enforce_eager))
     level_cg, level_mode = LEVEL_DEFAULTS[args.optimization_level]
     if args.enforce_eager:
@@ -368,14 +468,22 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
         mode = int(over["compilation_config.mode"])
     if "compilation_config.cudagraph_mode" in over:
         cg = str(over["compilation_config.cudagraph_mode"]).upper()
+    return eager, mode, cg
+
+
+def _resolve_graphs(args: SimArgs, over: Mapping[str, Any], limits: _Limits, spec: SpecConfig | None,
+                    profile: Profile, notices: list[Notice]) -> _Graphs:
+    cuda = profile.hardware.platform == "cuda"
+    k = spec.num_spec_tokens if spec else 0
+    cc = dict(args.compilation_config or {})
+    eager, mode, cg = _compile_modes(args, cc, over, cuda, notices)
     sizes: tuple[int, ...] = ()
     max_cap = 0
     if cg != "NONE":
-        sizes, max_cap = _capture_sizes(args, cc, mns, mnbt, k, profile, notices)
+        sizes, max_cap = _capture_sizes(args, cc, limits.mns, limits.mnbt, k, profile, notices)
     if "compilation_config.max_cudagraph_capture_size" in over and sizes:
         max_cap = int(over["compilation_config.max_cudagraph_capture_size"])
         sizes = tuple(s for s in sizes if s <= max_cap)
-
     failure: Failure | None = None
     final_cg = cg
     if cuda and cg != "NONE":
@@ -383,29 +491,39 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
     run_sizes = sizes if final_cg != "NONE" else ()
     if spec and final_cg in ("FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE") and run_sizes:
         run_sizes = _round_for_spec(run_sizes, max_cap, k)
-    run_max = max(run_sizes) if run_sizes else 0
+    return _Graphs(eager, mode, cg, final_cg, sizes, max_cap, run_sizes, failure)
 
-    disable_car = bool(over.get("disable_custom_all_reduce", args.disable_custom_all_reduce)) or not cuda
+
+def _world_size_failure(env: Mapping[str, str], profile: Profile, limits: _Limits) -> Failure | None:
+    """TP x PP larger than the GPUs CUDA_VISIBLE_DEVICES leaves visible."""
+    hw = profile.hardware
+    if hw.platform != "cuda":
+        return None
     visible = hw.num_devices
-    if cuda and env.get("CUDA_VISIBLE_DEVICES") is not None:
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
         ids = [x.strip() for x in env["CUDA_VISIBLE_DEVICES"].split(",") if x.strip()]
         visible = len([x for x in ids if x.isdigit() and int(x) < hw.num_devices])
-    if cuda and failure is None and tp * pp > visible:
-        failure = Failure("engine", "ValueError", f"World size ({tp * pp}) is larger than the "
-                          f"number of available GPUs ({visible}) in this node. If this is "
-                          "intentional and you are using: - ray, set '--distributed-executor-"
-                          "backend ray'. - multiprocessing, set '--nnodes' appropriately.")
-    backends = allreduce_backends(tp, disable_car, env, profile, notices)
-    nccl, corruption, nccl_failure = resolve_nccl(env, profile, "PYNCCL" in backends)
-    failure = failure or nccl_failure
+    world = limits.tp * limits.pp
+    if world <= visible:
+        return None
+    return Failure("engine", "ValueError", f"World size ({world}) is larger than the "
+                   f"number of available GPUs ({visible}) in this node. If this is "
+                   "intentional and you are using: - ray, set '--distributed-executor-"
+                   "backend ray'. - multiprocessing, set '--nnodes' appropriately.")
 
-    util = float(over.get("gpu_memory_utilization", args.gpu_memory_utilization))
+
+def _memory(args: SimArgs, env: Mapping[str, str], profile: Profile, limits: _Limits, graphs: _Graphs,
+            util: float, kv_dtype: str) -> _Memory:
+    """Weights, KV-cache size and the first memory failure vLLM would report."""
+    failure: Failure | None = None
+    hw, model = profile.hardware, profile.model
+    cuda = hw.platform == "cuda"
+    tp, pp, mnbt, max_len = limits.tp, limits.pp, limits.mnbt, limits.max_len
     weights = model.weights_gib / (tp * pp)
     act = (profile.defaults.activation_fixed_gib
            + profile.defaults.activation_gib_per_1k_batched_tokens * mnbt / 1000)
-    graph_mem = profile.startup.graph_memory_gib_per_size * len(run_sizes) * (
-        2 if final_cg == "FULL_AND_PIECEWISE" else 1)
-    kv_dtype = str(over.get("kv_cache_dtype", args.kv_cache_dtype))
+    graph_mem = profile.startup.graph_memory_gib_per_size * len(graphs.run_sizes) * (
+        2 if graphs.final_cg == "FULL_AND_PIECEWISE" else 1)
     kv_bytes = model.kv_bytes_per_token / (tp if model.kv_sharded_by_tp else 1)
     kv_bytes *= 0.5 if kv_dtype.startswith("fp8") else 1.0
     if cuda:
@@ -439,40 +557,14 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
                           f"Based on the available memory, the estimated maximum model length is "
                           f"{kv_tokens}. Try increasing `gpu_memory_utilization` or decreasing "
                           "`max_model_len` when initializing the engine.", stage="kv")
+    return _Memory(weights, kv_gib, kv_tokens, failure)
 
-    prefix = bool(over.get("enable_prefix_caching",
-                           True if args.enable_prefix_caching is None else args.enable_prefix_caching))
-    salt_src = f"{mode}|{final_cg}|{backends}|{nccl.protos}|{nccl.algo}|{dtype}|{kv_dtype}|{tp}"
-    salt = int.from_bytes(hashlib.blake2b(salt_src.encode(), digest_size=8).digest(), "big")
-    perf = PerfConfig(
-        tp=tp, pp=pp, compile_mode=mode, cudagraph_mode=final_cg, max_capture_size=run_max,
-        allreduce_backends=backends, nccl_protos=nccl.protos, nccl_algo=nccl.algo,
-        nccl_p2p_disabled=nccl.p2p_disabled, nccl_max_channels=nccl.max_channels,
-        spec_method=spec.method if spec else None, num_spec_tokens=k,
-        prompt_lookup_min=spec.prompt_lookup_min if spec else 5,
-        prompt_lookup_max=spec.prompt_lookup_max if spec else 5,
-        async_scheduling=async_sched, kv_fp8=kv_dtype.startswith("fp8"),
-        activation_bytes=4 if dtype == "float32" else 2, max_num_seqs=mns,
-        max_num_batched_tokens=mnbt, kv_capacity_tokens=max(kv_tokens, block), block_size=block,
-        enable_prefix_caching=prefix)
+
+def _log_stats_interval(env: Mapping[str, str]) -> float:
     try:
-        interval = float(env.get("VLLM_LOG_STATS_INTERVAL", "10"))
+        return float(env.get("VLLM_LOG_STATS_INTERVAL", "10"))
     except ValueError:
-        interval = 10.0
-    return Effective(
-        profile=profile, model=args.model,
-        served_model_names=tuple(args.served_model_name or [args.model]),
-        host=args.host or "127.0.0.1", port=args.port, tp=tp, pp=pp, dtype=dtype,
-        max_model_len=max_len, max_num_seqs=mns, max_num_batched_tokens=mnbt,
-        gpu_memory_utilization=util, enforce_eager=eager, disable_custom_all_reduce=disable_car,
-        compile_mode=mode, cudagraph_mode_config=cg, cudagraph_mode=final_cg,
-        capture_sizes_config=sizes, capture_sizes=run_sizes, max_capture_size=max_cap,
-        spec=spec, seed=args.seed, disable_log_stats=bool(args.disable_log_stats),
-        kv_cache_dtype=kv_dtype, enable_prefix_caching=prefix, async_scheduling=async_sched,
-        allreduce_backends=backends, nccl=nccl, kv_cache_gib=kv_gib, kv_cache_tokens=kv_tokens,
-        weights_gib_per_rank=weights, corruption=corruption, numerics_salt=salt,
-        log_stats_interval_s=max(interval, 0.1), notices=tuple(notices), failure=failure,
-        perf=perf, asked=asked)
+        return 10.0
 
 
 def compilation_mode_name(mode: int) -> str:

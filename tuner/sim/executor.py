@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.execution import Finished
-from tuner.sim.truth import Measured, PointTruth, level_of, measure
-from tuner.study import early_stop
+from tuner.sim.ground_truth import Measured, level_of, measure
+from tuner.sim.truth import PointTruth
+from tuner.study import early_stop, sweep_guard
 from tuner.study.outcome import TrialOutcome
 from tuner.study.spec import StudySpec
 
@@ -123,7 +124,7 @@ class _Plan:
 
     @classmethod
     def of(cls, plan: Mapping[str, Any]) -> _Plan:
-        guard = early_stop.SweepGuard(plan)
+        guard = sweep_guard.SweepGuard(plan)
         return cls(guard.targets, guard.front, guard.history)
 
 

@@ -22,7 +22,8 @@ from typing import Any
 from tuner.study import space
 from tuner.study.sampling import grid_points
 from tuner.study.spec import StudySpec
-from tuner.sim.truth import GroundTruth, LevelTruth, PointTruth
+from tuner.sim.ground_truth import GroundTruth
+from tuner.sim.truth import LevelTruth, PointTruth
 
 __all__ = ["ground_truth", "point_truth", "LANDSCAPE_VERSION"]
 

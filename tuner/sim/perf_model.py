@@ -198,101 +198,135 @@ def accepted_drafts(cfg: PerfConfig, profile: Profile, workload: Workload,
 
 def simulate_closed_loop(profile: Profile, cfg: PerfConfig, workload: Workload,
                          concurrency: int) -> LevelEstimate:
-    cost = CostModel(profile, cfg)
-    sched = Scheduler(cfg)
-    k = cfg.num_spec_tokens if cfg.spec_method else 0
-    step_no = 0
+    """One level of closed-loop clients, simulated step by step (see `_ClosedLoop`)."""
+    return _ClosedLoop(profile, cfg, workload, concurrency).run()
 
-    def draft_fn(seq: SeqState) -> int:
+
+class _ClosedLoop:
+    """`concurrency` streams, each sending its next request as soon as the previous one
+    finishes, until every stream has sent `workload.requests_per_stream`.
+
+    Besides per-request latencies it records when the first wave (the first request of every
+    stream) is done and when the first stream runs out of requests: between the two every
+    stream is busy, so the throughput there is the level's steady state."""
+
+    def __init__(self, profile: Profile, cfg: PerfConfig, workload: Workload, concurrency: int) -> None:
+        self.profile = profile
+        self.cfg = cfg
+        self.workload = workload
+        self.concurrency = concurrency
+        self.cost = CostModel(profile, cfg)
+        self.sched = Scheduler(cfg)
+        self.k = cfg.num_spec_tokens if cfg.spec_method else 0
+        self.step_no = 0
+        self.now = 0.0
+        self.next_id = 0
+        self.arrival: dict[int, float] = {}
+        self.first_token: dict[int, float] = {}
+        self.owner: dict[int, int] = {}
+        self.sent = [0] * concurrency
+        self.latencies: list[float] = []
+        self.ttfts: list[float] = []
+        self.tpots: list[float] = []
+        self.emissions: list[tuple[float, int]] = []
+        self.total_out = 0
+        self.accepted = self.draft_steps = 0
+        self.first_wave_left = concurrency
+        self.t_warm: float | None = None
+        self.t_stop: float | None = None
+
+    def run(self) -> LevelEstimate:
+        for s in range(self.concurrency):
+            self._submit(s)
+        while self.sched.has_work():
+            self._step()
+        return self._estimate()
+
+    def _draft(self, seq: SeqState) -> int:
+        """Tokens drafted for `seq` this step: n-gram lookup finds a draft only on a share of
+        steps (`ngram_hit_rate`); a draft model always proposes k."""
+        k = self.k
         if not k:
             return 0
-        if cfg.spec_method in NGRAM_METHODS:
-            return k if unit_hash(seq.seq_id, step_no, 3) < workload.ngram_hit_rate else 0
+        if self.cfg.spec_method in NGRAM_METHODS:
+            return k if unit_hash(seq.seq_id, self.step_no, 3) < self.workload.ngram_hit_rate else 0
         return k
 
-    now = 0.0
-    next_id = 0
-    arrival: dict[int, float] = {}
-    first_token: dict[int, float] = {}
-    latencies: list[float] = []
-    ttfts: list[float] = []
-    tpots: list[float] = []
-    sent = [0] * concurrency
-    owner: dict[int, int] = {}
-    drafted = accepted = draft_steps = 0
-    emissions: list[tuple[float, int]] = []
-    first_wave_left = concurrency
-    t_warm: float | None = None
-    t_stop: float | None = None
+    def _submit(self, stream: int) -> None:
+        seq = SeqState(self.next_id, self.workload.prompt_tokens, self.workload.output_len(self.next_id))
+        self.arrival[self.next_id] = self.now
+        self.owner[self.next_id] = stream
+        self.sent[stream] += 1
+        self.next_id += 1
+        self.sched.add(seq)
 
-    def submit(stream: int) -> None:
-        nonlocal next_id
-        seq = SeqState(next_id, workload.prompt_tokens, workload.output_len(next_id))
-        arrival[next_id] = now
-        owner[next_id] = stream
-        sent[stream] += 1
-        next_id += 1
-        sched.add(seq)
-
-    for s in range(concurrency):
-        submit(s)
-    total_out = 0
-    while sched.has_work():
-        plan = sched.schedule(draft_fn)
+    def _step(self) -> None:
+        plan = self.sched.schedule(self._draft)
         if not plan.entries:
             raise RuntimeError("scheduler cannot make progress (KV cache too small?)")
-        now += cost.step_ms(plan.shape()) / 1e3
-        step_no += 1
+        self.now += self.cost.step_ms(plan.shape()) / 1e3
+        self.step_no += 1
         for entry in plan.entries:
-            if entry.prefill:
-                emitted = 1 if entry.completes_prefill else 0
-            else:
-                acc = accepted_drafts(cfg, profile, workload, entry.seq.seq_id, step_no,
-                                      entry.drafts)
-                if entry.drafts:
-                    drafted += entry.drafts
-                    accepted += acc
-                    draft_steps += 1
-                emitted = acc + 1
             seq = entry.seq
-            emitted = min(emitted, seq.max_output - seq.num_output)
-            if emitted and seq.seq_id not in first_token:
-                first_token[seq.seq_id] = now
-            total_out += emitted
+            emitted = min(self._tokens_out(entry), seq.max_output - seq.num_output)
+            if emitted and seq.seq_id not in self.first_token:
+                self.first_token[seq.seq_id] = self.now
+            self.total_out += emitted
             if emitted:
-                emissions.append((now, emitted))
-            sched.commit(entry, emitted, False)
+                self.emissions.append((self.now, emitted))
+            self.sched.commit(entry, emitted, False)
             if seq.finished:
-                if seq.seq_id < concurrency:
-                    first_wave_left -= 1
-                    if first_wave_left == 0:
-                        t_warm = now
-                lat = now - arrival[seq.seq_id]
-                ttft = first_token[seq.seq_id] - arrival[seq.seq_id]
-                latencies.append(lat)
-                ttfts.append(ttft)
-                if seq.max_output > 1:
-                    tpots.append((lat - ttft) / (seq.max_output - 1))
-                stream = owner[seq.seq_id]
-                if sent[stream] < workload.requests_per_stream:
-                    submit(stream)
-                elif t_stop is None:
-                    t_stop = now
-    n = len(latencies)
-    steady = total_out / now if now else 0.0
-    if t_warm is not None and t_stop is not None and t_stop > t_warm:
-        steady = sum(k for t, k in emissions if t_warm < t <= t_stop) / (t_stop - t_warm)
-    return LevelEstimate(
-        concurrency=concurrency,
-        output_tok_s=total_out / now if now else 0.0,
-        mean_latency_s=sum(latencies) / n,
-        mean_ttft_s=sum(ttfts) / n,
-        mean_tpot_s=sum(tpots) / len(tpots) if tpots else 0.0,
-        requests=n,
-        duration_s=now,
-        steady_output_tok_s=steady,
-        mean_acceptance_length=(1 + accepted / draft_steps) if draft_steps else None,
-    )
+                self._finish(seq)
+
+    def _tokens_out(self, entry: Scheduled) -> int:
+        """Tokens `entry` produces this step (before the request's length cap): the first one
+        when its prefill completes, else one plus the accepted drafts."""
+        if entry.prefill:
+            return 1 if entry.completes_prefill else 0
+        acc = accepted_drafts(self.cfg, self.profile, self.workload, entry.seq.seq_id, self.step_no,
+                              entry.drafts)
+        if entry.drafts:
+            self.accepted += acc
+            self.draft_steps += 1
+        return acc + 1
+
+    def _finish(self, seq: SeqState) -> None:
+        now = self.now
+        if seq.seq_id < self.concurrency:
+            self.first_wave_left -= 1
+            if self.first_wave_left == 0:
+                self.t_warm = now
+        lat = now - self.arrival[seq.seq_id]
+        ttft = self.first_token[seq.seq_id] - self.arrival[seq.seq_id]
+        self.latencies.append(lat)
+        self.ttfts.append(ttft)
+        if seq.max_output > 1:
+            self.tpots.append((lat - ttft) / (seq.max_output - 1))
+        stream = self.owner[seq.seq_id]
+        if self.sent[stream] < self.workload.requests_per_stream:
+            self._submit(stream)
+        elif self.t_stop is None:
+            self.t_stop = now
+
+    def _estimate(self) -> LevelEstimate:
+        now, total_out = self.now, self.total_out
+        latencies, ttfts, tpots = self.latencies, self.ttfts, self.tpots
+        t_warm, t_stop = self.t_warm, self.t_stop
+        n = len(latencies)
+        steady = total_out / now if now else 0.0
+        if t_warm is not None and t_stop is not None and t_stop > t_warm:
+            steady = sum(k for t, k in self.emissions if t_warm < t <= t_stop) / (t_stop - t_warm)
+        return LevelEstimate(
+            concurrency=self.concurrency,
+            output_tok_s=total_out / now if now else 0.0,
+            mean_latency_s=sum(latencies) / n,
+            mean_ttft_s=sum(ttfts) / n,
+            mean_tpot_s=sum(tpots) / len(tpots) if tpots else 0.0,
+            requests=n,
+            duration_s=now,
+            steady_output_tok_s=steady,
+            mean_acceptance_length=(1 + self.accepted / self.draft_steps) if self.draft_steps else None,
+        )
 
 
 def estimate(profile: Profile, cfg: PerfConfig, workload: Workload | None = None,

@@ -1,6 +1,6 @@
 """Simulated studies: the study loop (``tuner.orchestrator.StudyLoop``) and its policy
 (``tuner.study.policy``) driven through the in-process executor (``tuner.sim.executor``),
-every trial answered from a ``tuner.sim.truth.GroundTruth`` table with measurement noise.
+every trial answered from a ``tuner.sim.ground_truth.GroundTruth`` table with measurement noise.
 
 Nothing here decides what to ask, run or tell: that is the tuner's own loop, as in a real
 study. This module only sets the study up (an in-memory Optuna study with the benchmark's
@@ -20,7 +20,7 @@ import optuna
 
 from tuner.orchestrator import StudyLoop
 from tuner.sim.executor import EarlyStopPolicy, SimExecutor, TrialLog
-from tuner.sim.truth import GroundTruth
+from tuner.sim.ground_truth import GroundTruth
 from tuner.study import early_stop
 from tuner.study.records import read_records
 from tuner.study.spec import StudySpec

@@ -15,7 +15,7 @@ from tuner.load.load_spec import LoadSpec
 from tuner.load.slo import SloSpec
 from tuner.probe.record import Reference
 from tuner.probe.spec import ProbeSpec
-from tuner.study.early_stop import SweepPlan
+from tuner.study.sweep_guard import SweepPlan
 
 __all__ = ["TrialRequest", "TrialOutcome", "PHASES"]
 
@@ -51,7 +51,7 @@ class TrialRequest(BaseModel):
     ignore_eos: bool
     metrics_needed: list[int] = Field(default_factory=list, description="load levels to run")
     early_stop: SweepPlan | None = Field(
-        default=None, description="study.early_stop.sweep_plan: when the worker may stop the "
+        default=None, description="study.sweep_guard.sweep_plan: when the worker may stop the "
         "trial (objectives, limits, the front when it started); None: never")
     kind: Literal["trial", "reference"] = Field(
         default="trial",
@@ -104,7 +104,7 @@ class TrialOutcome(BaseModel):
         "batch sizes, strata, compared positions), one line: probe.shapes.Coverage.short")
     stop: dict[str, Any] = Field(default_factory=dict)
     early_stop: dict[str, Any] | None = Field(
-        default=None, description="study.early_stop.SweepGuard.record: why and after which "
+        default=None, description="study.sweep_guard.SweepGuard.record: why and after which "
         "step the trial stopped before its full sweep; None: it ran everything")
     compile: dict[str, Any] | None = Field(
         default=None, description="vllm.compile_cache.CompileRecord from the server log "

@@ -49,13 +49,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.study import early_stop, space
+from tuner.study import early_stop, space, sweep_guard
 from tuner.study.outcome import TrialOutcome
 from tuner.study.pareto import Point, pareto_front
 from tuner.study.sampling import grid_points
 from tuner.study.scoring import TRIAL_METRICS, constraints, level_of, metric_value, stopped_told, stop_text
 from tuner.load.load_spec import rate_level_name
-from tuner.study.spec import MAX_RATE, StudySpec
+from tuner.study.objectives import MAX_RATE
+from tuner.study.spec import StudySpec
 from tuner.study.trials import (EARLY_STOPPED, KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, TrialRecord,
                                 outcome_word)
 from tuner.vllm.compile_order import compile_order
@@ -338,8 +339,8 @@ def target_level(spec: StudySpec, item: Any) -> int | str:
     return level_of(spec, item)
 
 
-def early_stop_plan(spec: StudySpec, trials: Sequence[TrialRecord]) -> early_stop.SweepPlan:
-    """The ``TrialRequest.early_stop`` of a trial starting now (``early_stop.sweep_plan``).
+def early_stop_plan(spec: StudySpec, trials: Sequence[TrialRecord]) -> sweep_guard.SweepPlan:
+    """The ``TrialRequest.early_stop`` of a trial starting now (``sweep_guard.sweep_plan``).
 
     Front: objective values of the feasible measured trials' front; history: the objective
     metrics, per level, of trials that measured every objective level (a trial stopped on
@@ -378,5 +379,5 @@ def early_stop_plan(spec: StudySpec, trials: Sequence[TrialRecord]) -> early_sto
             history.append({int(c): {m: v for m, v in lv.items() if m in metrics and v is not None}
                             for c, lv in levels.items()})
     front = [p.values for p in pareto_front([Point(i, r) for i, r in enumerate(rows)], directions)]
-    return early_stop.sweep_plan(targets, limits, spec.load.concurrency, front, history[-HISTORY_LIMIT:],
+    return sweep_guard.sweep_plan(targets, limits, spec.load.concurrency, front, history[-HISTORY_LIMIT:],
                                  require_applied=spec.verify.require_applied)

@@ -49,7 +49,8 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from tuner.study import planner, space
 from tuner.study.pareto import Point, pareto_front
 from tuner.study.sampling import neighbours
-from tuner.study.spec import BoolParam, CategoricalParam, IntParam, StudySpec
+from tuner.study.parameters import BoolParam, CategoricalParam, IntParam
+from tuner.study.spec import StudySpec
 
 __all__ = ["make_sampler", "suggest", "distribution", "AvoidSeenSampler", "ParetoLocalSampler", "PlannedSampler",
            "observations", "STARTUP_TRIALS", "HISTORY_LIMIT"]

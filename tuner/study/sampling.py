@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.study import space
-from tuner.study.spec import FloatParam, IntParam, StudySpec
+from tuner.study.parameters import FloatParam, IntParam
+from tuner.study.spec import StudySpec
 
 __all__ = ["grid_points", "initial_design", "neighbours", "MAX_DESIGN_FRACTION"]
 

@@ -14,7 +14,8 @@ from tuner.study.noise import NoisyPoint, level_unstable, noisy_front, resolve_l
 from tuner.study.pareto import pareto_front
 from tuner.load.load_spec import rate_level_name
 from tuner.load.max_rate_text import max_rate_value_text
-from tuner.study.spec import MAX_RATE, ObjectiveSpec, StudySpec
+from tuner.study.objectives import MAX_RATE, ObjectiveSpec
+from tuner.study.spec import StudySpec
 from tuner.study.trials import EARLY_STOPPED, KIND_RUN, TrialRecord, record_points, stop_record_text
 
 __all__ = ["stopped_told", "stop_text", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs",

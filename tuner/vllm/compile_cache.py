@@ -49,10 +49,11 @@ import json
 import posixpath
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-from tuner.vllm.knobs import ANY, knob
+from tuner.vllm.knob_values import ANY
+from tuner.vllm.knobs import knob
 
 __all__ = ["CompileRecord", "parse_compile_log", "compile_key", "compile_settings", "relevance",
            "check_cache_dir", "expand_cache_dir", "STUDY_CACHE_DIR", "VLLM_DEFAULT", "study_cache_root"]
@@ -129,6 +130,32 @@ def _split(line: str) -> tuple[str, str]:
     return (m.group(1).strip(), line[m.end():]) if m else ("", line)
 
 
+@dataclass
+class _Scan:
+    """What ``parse_compile_log`` gathers line by line before it decides the cache status."""
+
+    source: str | None = None      # the process whose times are read
+    compiled: bool = False
+    loaded: bool = False
+    aot_saved: bool = False
+    aot_loaded: bool = False
+    reloaded: bool = False
+    totals: list[float] = field(default_factory=list)
+    dyn: list[float] = field(default_factory=list)
+    ind: list[float] = field(default_factory=list)
+    lod: list[float] = field(default_factory=list)
+    init_compilation: float | None = None
+    started: bool = False
+    compiles: bool | None = None   # from the engine config line; None: not seen
+
+    def mine(self, prefix: str) -> bool:
+        """The line's process is the one whose times are read (the first to print one)."""
+
+        if self.source is None:
+            self.source = prefix
+        return prefix == self.source
+
+
 def parse_compile_log(text: str) -> CompileRecord:
     """The compile record of one server log (any prefix of it; see CompileRecord.cache).
 
@@ -136,82 +163,80 @@ def parse_compile_log(text: str) -> CompileRecord:
     that printed the first one (rank 0 prints first), directories from the first line."""
 
     rec = CompileRecord()
-    source: str | None = None     # the process whose times are read
-    compiled = loaded = aot_saved = aot_loaded = reloaded = False
-    totals: list[float] = []
-    dyn: list[float] = []
-    ind: list[float] = []
-    lod: list[float] = []
-    init_compilation: float | None = None
-    started = False
-    compiles: bool | None = None   # from the engine config line; None: not seen
+    scan = _Scan()
     for raw in text.splitlines():
         prefix, line = _split(raw)
-
-        def mine() -> bool:
-            nonlocal source
-            if source is None:
-                source = prefix
-            return prefix == source
-
-        if (m := _CACHE_DIR_RE.search(line)) is not None:
-            if rec.cache_dir is None:
-                rec.cache_dir = m.group(1)
-                h = re.search(r"torch_compile_cache[/\\]([0-9a-f]+)[/\\]", rec.cache_dir)
-                rec.cache_hash = h.group(1) if h else None
-            mine()
-        elif (m := _DYNAMO_RE.search(line)) is not None:
-            if mine():
-                dyn.append(float(m.group(1)))
-        elif (m := _COMPILED_RE.search(line)) is not None:
-            compiled = True
-            if mine():
-                ind.append(float(m.group(1)))
-        elif (m := _LOADED_RE.search(line)) is not None:
-            loaded = True
-            if mine():
-                lod.append(float(m.group(1)))
-        elif (m := _AOT_SAVED_RE.search(line)) is not None:
-            aot_saved = True
-            rec.aot_path = rec.aot_path or m.group(1)
-        elif (m := _AOT_LOADED_RE.search(line)) is not None:
-            aot_loaded = True
-            rec.aot_path = rec.aot_path or m.group(1)
-        elif (m := _RELOAD_RE.search(line)) is not None:
-            reloaded = True
-            rec.reload_reason = rec.reload_reason or m.group(2).strip()
-        elif (m := _TOTAL_RE.search(line)) is not None:
-            if mine():
-                totals.append(float(m.group(1)))
-        elif (m := _CAPTURE_RE.search(line)) is not None:
-            if rec.graph_capture_s is None:
-                rec.graph_capture_s = float(m.group(1))
-        elif "Initializing a V1 LLM engine" in line:
-            eager = _ENGINE_EAGER_RE.search(line)
-            mode = _ENGINE_MODE_RE.search(line)
-            compiles = not ((eager and eager.group(1) == "True") or (mode and mode.group(1) == "NONE"))
-        elif (m := _INIT_RE.search(line)) is not None:
-            started = True
-            if rec.init_engine_s is None:
-                rec.init_engine_s = float(m.group(1))
-                init_compilation = float(m.group(2)) if m.group(2) else None
-    rec.dynamo_s = round(sum(dyn), 3) if dyn else None
-    rec.inductor_s = round(sum(ind), 3) if ind else None
-    rec.load_s = round(sum(lod), 3) if lod else None
-    rec.compile_s = init_compilation if init_compilation is not None else (
-        round(sum(totals), 3) if totals else None)
-    rec.aot = "loaded" if aot_loaded else ("saved" if aot_saved else None)
-    hit = loaded or aot_loaded
-    miss = compiled or aot_saved or reloaded
-    if hit and miss:
-        rec.cache = "partial"
-    elif hit:
-        rec.cache = "hit"
-    elif miss:
-        rec.cache = "miss"
-    elif started and rec.cache_dir is None and not totals and compiles is not True:
-        rec.cache = "none"
+        _read_line(rec, scan, prefix, line)
+    rec.dynamo_s = round(sum(scan.dyn), 3) if scan.dyn else None
+    rec.inductor_s = round(sum(scan.ind), 3) if scan.ind else None
+    rec.load_s = round(sum(scan.lod), 3) if scan.lod else None
+    rec.compile_s = scan.init_compilation if scan.init_compilation is not None else (
+        round(sum(scan.totals), 3) if scan.totals else None)
+    rec.aot = "loaded" if scan.aot_loaded else ("saved" if scan.aot_saved else None)
+    rec.cache = _cache_status(scan, rec)
     return rec
+
+
+def _read_line(rec: CompileRecord, scan: _Scan, prefix: str, line: str) -> None:
+    """One log line (its process ``prefix`` split off) into the record and the scan."""
+
+    if (m := _CACHE_DIR_RE.search(line)) is not None:
+        if rec.cache_dir is None:
+            rec.cache_dir = m.group(1)
+            h = re.search(r"torch_compile_cache[/\\]([0-9a-f]+)[/\\]", rec.cache_dir)
+            rec.cache_hash = h.group(1) if h else None
+        scan.mine(prefix)
+    elif (m := _DYNAMO_RE.search(line)) is not None:
+        if scan.mine(prefix):
+            scan.dyn.append(float(m.group(1)))
+    elif (m := _COMPILED_RE.search(line)) is not None:
+        scan.compiled = True
+        if scan.mine(prefix):
+            scan.ind.append(float(m.group(1)))
+    elif (m := _LOADED_RE.search(line)) is not None:
+        scan.loaded = True
+        if scan.mine(prefix):
+            scan.lod.append(float(m.group(1)))
+    elif (m := _AOT_SAVED_RE.search(line)) is not None:
+        scan.aot_saved = True
+        rec.aot_path = rec.aot_path or m.group(1)
+    elif (m := _AOT_LOADED_RE.search(line)) is not None:
+        scan.aot_loaded = True
+        rec.aot_path = rec.aot_path or m.group(1)
+    elif (m := _RELOAD_RE.search(line)) is not None:
+        scan.reloaded = True
+        rec.reload_reason = rec.reload_reason or m.group(2).strip()
+    elif (m := _TOTAL_RE.search(line)) is not None:
+        if scan.mine(prefix):
+            scan.totals.append(float(m.group(1)))
+    elif (m := _CAPTURE_RE.search(line)) is not None:
+        if rec.graph_capture_s is None:
+            rec.graph_capture_s = float(m.group(1))
+    elif "Initializing a V1 LLM engine" in line:
+        eager = _ENGINE_EAGER_RE.search(line)
+        mode = _ENGINE_MODE_RE.search(line)
+        scan.compiles = not ((eager and eager.group(1) == "True") or (mode and mode.group(1) == "NONE"))
+    elif (m := _INIT_RE.search(line)) is not None:
+        scan.started = True
+        if rec.init_engine_s is None:
+            rec.init_engine_s = float(m.group(1))
+            scan.init_compilation = float(m.group(2)) if m.group(2) else None
+
+
+def _cache_status(scan: _Scan, rec: CompileRecord) -> Cache | None:
+    """CompileRecord.cache from what the whole log showed."""
+
+    hit = scan.loaded or scan.aot_loaded
+    miss = scan.compiled or scan.aot_saved or scan.reloaded
+    if hit and miss:
+        return "partial"
+    if hit:
+        return "hit"
+    if miss:
+        return "miss"
+    if scan.started and rec.cache_dir is None and not scan.totals and scan.compiles is not True:
+        return "none"
+    return None
 
 
 # ------------------------------------------------------------------------------ the key

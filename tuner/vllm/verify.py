@@ -34,7 +34,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from tuner.vllm.effective_config import EffectiveConfig, excerpt_around_key, parse_effective_config
-from tuner.vllm.knobs import ANY, GRAPH_KINDS, Knob, knob
+from tuner.vllm.knob_values import ANY
+from tuner.vllm.knobs import GRAPH_KINDS, Knob, knob
 
 __all__ = ["KnobCheck", "Status", "VerificationResult", "verify", "startup_mismatches", "RULES"]
 

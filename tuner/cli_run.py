@@ -1,0 +1,246 @@
+"""The commands that start servers on the study's GPU groups - ``tuner run``, ``resume`` and
+``confirm`` (and ``export --confirm``, through ``confirm``) - with the lock, Ray and the
+executor around them, and the study file as this host reads it (``load_spec_file``, which the
+other commands in ``tuner.cli`` share).
+
+Part of the command line (``tuner.cli`` parses the arguments and chooses exit codes): each
+command returns its exit code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tuner.errors import SpecError, StudyError
+from tuner.study.durations import parse_duration
+
+if TYPE_CHECKING:
+    from tuner.study.spec import StudySpec
+
+# Each command imports what it needs inside its function (see tuner.cli): `tuner status`
+# imports this module too and must answer in well under a second.
+
+__all__ = ["say", "load_spec_file", "on_this_host", "confirm", "cmd_run", "cmd_resume", "cmd_confirm"]
+
+
+def say(line: str) -> None:
+    print(line, flush=True)
+
+
+def load_spec_file(path: str) -> StudySpec:
+    from tuner.adapters.artifacts import read_text_bounded
+    from tuner.study.study_file import parse_study
+
+    file = Path(path)
+    spec = on_this_host(parse_study(read_text_bounded(file), str(file)), source=str(file))
+    # Prompts files (known answers, reference) are relative to the study file, and read and
+    # checked now: a bad file must stop the study before any server starts.
+    from tuner.referencing import resolve_probe_files
+
+    return spec.model_copy(update={"probe": resolve_probe_files(spec.probe, file.parent.resolve())})
+
+
+def on_this_host(spec: StudySpec, *, source: str | None = None) -> StudySpec:
+    """``spec`` with its paths as this machine names them: ``execution.compile_cache_dir``
+    with ``~`` and ``$VARS`` expanded from this process's environment. The study file and
+    the spec model keep what the user wrote; only here, where the study is run, is the
+    environment read."""
+
+    from tuner.vllm.compile_cache import expand_cache_dir
+
+    raw = spec.execution.compile_cache_dir
+    if raw is None:
+        return spec
+    try:
+        path = expand_cache_dir(raw, os.environ, str(Path.home()))
+    except ValueError as exc:
+        where = f"{source}: " if source else ""
+        raise SpecError(f"{where}execution.compile_cache_dir: {exc}") from exc
+    execution = spec.execution.model_copy(update={"compile_cache_dir": path})
+    return spec.model_copy(update={"execution": execution})
+
+
+def _with_secrets(spec: StudySpec) -> StudySpec:
+    """``spec`` with every secret given as ``${NAME}`` read from this process's environment:
+    what a study saves holds references only, so a resumed study (and one whose file uses
+    references) gets its secrets here, where it runs (docs/study-file.md, Secrets)."""
+
+    from tuner.secrets import resolve_server
+
+    try:
+        return spec.model_copy(update={"server": resolve_server(spec.server, os.environ)})
+    except ValueError as exc:
+        raise SpecError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _study_executor(handle: Any, args: argparse.Namespace) -> Iterator[Any]:
+    """The study's lock, Ray and a started executor for as long as the block runs; every
+    server, worker and the local Ray runtime are stopped after it, whatever happens."""
+
+    from tuner.executor import RayExecutor, init_ray
+    from tuner.runfile import clean_up_previous_run, clear_run, record_run
+    from tuner.study.store import StudyLock
+
+    handle.spec = _with_secrets(handle.spec)
+    spec = handle.spec
+    with StudyLock(handle.paths):
+        from tuner.study.folder import restore_storage
+
+        rebuilt = restore_storage(handle)
+        if rebuilt:
+            say(f"[resume] the study storage was missing: rebuilt it from the trial files ({rebuilt} "
+                f"trials); new trials continue after them")
+        stale = clean_up_previous_run(handle.paths.root)
+        if stale:
+            say(f"[resume] stopped {len(stale)} process(es) left by an earlier, killed run")
+        groups = spec.execution.parallel_trials
+        declared = spec.server.gpus_per_trial * (groups or 1)
+        init_ray(address=args.ray_address, gpus_needed=declared,
+                 cpus_needed=spec.server.cpus_per_trial * (groups or 1))
+        record_run(handle.paths.root, local_ray=args.ray_address is None)
+        executor = RayExecutor(gpus_per_trial=spec.server.gpus_per_trial,
+                               cpus_per_trial=spec.server.cpus_per_trial, groups=groups, progress=say)
+        try:
+            executor.start()
+            yield executor
+        finally:
+            executor.shutdown()
+            import ray
+
+            ray.shutdown()
+            clear_run(handle.paths.root)
+
+
+def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None) -> int:
+    from tuner.orchestrator import Orchestrator
+    from tuner.status import build_status, format_status
+    from tuner.adapters.artifacts import saved_budget
+    from tuner.study.store import read_study_json, remember_budget
+
+    # --n-trials/--timeout given now are kept for later resumes and for `tuner status`;
+    # without them, those given last time apply (then the study file's budget).
+    if warning := remember_budget(handle.paths, n_trials=n_trials, timeout_s=timeout_s):
+        say(f"[warning] {warning}")
+    saved_trials, saved_timeout = saved_budget(read_study_json(handle.paths))
+    n_trials = n_trials or saved_trials
+    timeout_s = timeout_s if timeout_s is not None else saved_timeout
+    with _study_executor(handle, args) as executor:
+        orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s, progress=say)
+        say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU group(s); "
+            f"results in {handle.paths.root}")
+        summary = orchestrator.run()
+    study = handle.load()
+    say("")
+    status = build_status(handle, study)
+    say(format_status(status, verbose=False))
+    say(f"\npareto front written to {handle.paths.pareto_json}")
+    if summary.stopped_because == "interrupted":
+        say(f"interrupted: continue with `tuner resume {handle.name}`")
+        return 130
+    if not status["front"]:
+        # A script must not take "ran" for "found a configuration".
+        print(f"error: study {handle.name} has no feasible configuration: every trial failed or was "
+              f"infeasible (see `tuner status {handle.name}`)", file=sys.stderr)
+        return 4
+    return 0
+
+
+def confirm(handle: Any, args: argparse.Namespace, trials: list[int], *, repeats: int,
+             tolerance: float) -> list[Any]:
+    """Re-run ``trials`` on the study's GPU groups (the reference first, if it must be
+    recorded); their verdicts, also written to confirm/ and pareto.json."""
+
+    from tuner.confirming import confirm_trials
+    from tuner.orchestrator import Orchestrator
+
+    with _study_executor(handle, args) as executor:
+        orchestrator = Orchestrator(handle, executor, progress=say)
+        study = orchestrator.open_study()
+        previous = signal.getsignal(signal.SIGINT)
+        signal.signal(signal.SIGINT, orchestrator.on_sigint)
+        try:
+            if not orchestrator.prepare_reference():
+                return []
+            verdicts = confirm_trials(orchestrator.job_host(), study, trials, repeats=repeats,
+                                      tolerance=tolerance)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+            orchestrator.write_pareto(study)
+    if orchestrator.interrupted:
+        raise KeyboardInterrupt
+    return verdicts
+
+
+def cmd_confirm(args: argparse.Namespace) -> int:
+    from tuner.study.confirmation import choose_candidates
+    from tuner.study.trials import record_points
+    from tuner.study.records import read_records
+    from tuner.study.store import open_existing
+
+    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    handle.spec = on_this_host(handle.spec, source=str(handle.paths.spec_yaml))
+    cfg = handle.spec.confirm
+    repeats = args.repeats or cfg.repeats
+    tolerance = args.tolerance if args.tolerance is not None else cfg.tolerance
+    if not 0 < tolerance < 1:
+        raise SpecError(f"--tolerance: {tolerance} is not allowed; give a fraction between 0 and 1, e.g. 0.1")
+    study = handle.load()
+    records = read_records(study)
+    if args.trial:
+        trials = list(dict.fromkeys(args.trial))
+        measured = sorted(r.number for r in records if r.kind == "run" and r.state == "COMPLETE" and r.values)
+        for trial in trials:
+            if trial not in measured:
+                raise SpecError(f"--trial: {trial} is not a measured trial of {handle.name}; "
+                                f"measured trials: {', '.join(map(str, measured)) or 'none'}")
+    else:
+        labels = list(study.metric_names or [])
+        directions = [d.name.lower() for d in study.directions]
+        trials = choose_candidates(record_points(records, labels), directions,
+                                   args.candidates or max(cfg.candidates, 1))
+        if not trials:
+            raise StudyError(f"study {handle.name} has no feasible trial to confirm")
+    say(f"confirming trial(s) {', '.join(map(str, trials))} of {handle.name}: {repeats} re-run(s) each, "
+        f"tolerance {tolerance:.0%}")
+    verdicts = confirm(handle, args, trials, repeats=repeats, tolerance=tolerance)
+    return 0 if verdicts and all(v.verdict == "reproduced" for v in verdicts) else 1
+
+
+def _option_duration(text: str | None, option: str) -> float | None:
+    """A duration given on the command line, in seconds: finite and above zero."""
+
+    if text is None:
+        return None
+    try:
+        seconds = parse_duration(text)
+    except ValueError as exc:
+        raise SpecError(f"{option}: {exc}") from None
+    if not 0 < seconds < float("inf"):
+        raise SpecError(f"{option}: {text!r} is not allowed; give a duration above zero such as 8h")
+    return seconds
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from tuner.study.store import create_or_open
+
+    spec = load_spec_file(args.file)
+    timeout_s = _option_duration(args.timeout, "--timeout")
+    handle = create_or_open(spec, Path(args.results), name=args.study, storage_url=args.storage)
+    return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)
+
+
+def cmd_resume(args: argparse.Namespace) -> int:
+    from tuner.study.store import open_existing
+
+    handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
+    handle.spec = on_this_host(handle.spec, source=str(handle.paths.spec_yaml))
+    timeout_s = _option_duration(args.timeout, "--timeout")
+    return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)

@@ -1,0 +1,89 @@
+"""Trial time model of the ground truth (``tuner.sim.truth``), for the early-stop savings.
+
+Startup follows the simulator's startup timeline (``Sim.startup``: API init, engine init,
+weight load, compile, profile run, KV init, graph capture per size, server start), cut at
+the failing stage for failures; a fixed prepare and stop cost (``TimeModel``) is added. A
+not-applied point is known at verification (``verdict_stage_s``). ``PointTruth.startup_s``
+is a torch.compile cache miss; ``compile_fields`` gives the compile key and the miss/hit
+timeline that let a simulated study (``tuner.sim.study``, ``compile_cache=True``) shorten a
+start whose key an earlier trial compiled (``Sim.startup``'s hit loads in
+``StartupSpec.compile_hit_parts``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from tuner.sim.cache import compile_hash
+from tuner.sim.effective import Effective
+
+__all__ = ["TimeModel", "compile_fields", "startup_s", "verdict_stage_s"]
+
+
+@dataclass(frozen=True)
+class TimeModel:
+    """Constant parts of a trial's wall time that the simulator does not model."""
+
+    stop_s: float = 10.0             # SIGTERM -> process group gone, GPUs checked free
+    prepare_s: float = 5.0           # GPU check, trial folder, launcher start
+
+
+# Where in Sim.startup's log (= vLLM's order) a not-applied target can be stopped on while
+# the server starts: exactly the verdicts tuner.vllm.verify.startup_mismatches accepts
+# from a partial log - the custom all-reduce outcome at communicator init ("comm") and the
+# attention backend's CUDA-graph downgrade right after ("attn"), both before the weights
+# load. Every other verdict waits for the full log (end of startup), as in the worker.
+_STAGE_OF = {
+    "disable_custom_all_reduce": "comm",
+    "compilation_config.cudagraph_mode": "attn",
+}
+
+
+def verdict_stage_s(eff: Effective, target: str) -> float:
+    """Seconds into startup (prepare left out) when the log shows ``target`` not applied."""
+
+    st = eff.profile.startup
+    stage = _STAGE_OF.get(target)
+    if target == "compilation_config.cudagraph_mode" and eff.cudagraph_mode != "NONE" and not eff.capture_sizes:
+        stage = None          # "capture skipped": only known at the end of startup
+    return {"comm": st.api_init_s + st.engine_init_s,
+            "attn": st.api_init_s + st.engine_init_s}.get(stage or "", startup_s(eff))
+
+
+def compile_fields(eff: Effective, env: Mapping[str, str], tm: TimeModel) -> dict[str, Any]:
+    """PointTruth's compile-cache fields for a start that gets through torch.compile: the
+    simulator's own key (tuner.sim.cache.compile_hash) and its miss/hit timeline."""
+
+    if eff.compile_mode == 0:
+        return {}
+    st = eff.profile.startup
+    dynamo, load = st.compile_hit_parts
+    compile_s = st.dynamo_s + st.inductor_s
+    at = tm.prepare_s + st.api_init_s + st.engine_init_s + st.weight_load_s + compile_s
+    return {"compile_key": compile_hash(eff, env)[:16], "compile_s": compile_s,
+            "compile_hit_s": dynamo + load, "compile_at_s": at}
+
+
+def startup_s(eff: Effective, until: str | None = None) -> float:
+    """Simulated seconds of Sim.startup, or until the stage where it fails."""
+
+    st = eff.profile.startup
+    t = st.api_init_s + st.engine_init_s
+    if until in ("init", "comm", "attn"):
+        return t
+    t += st.weight_load_s
+    if until == "load":
+        return t
+    if eff.compile_mode != 0:
+        t += st.dynamo_s + st.inductor_s
+    t += st.profile_run_s
+    if until == "kv":
+        return t
+    t += st.kv_init_s
+    if eff.capture_sizes:
+        per = {"FULL_AND_PIECEWISE": st.capture_piecewise_s_per_size + st.capture_full_s_per_size,
+               "PIECEWISE": st.capture_piecewise_s_per_size}.get(eff.cudagraph_mode, st.capture_full_s_per_size)
+        t += per * len(eff.capture_sizes)
+    return t + st.server_start_s

@@ -1,0 +1,78 @@
+"""The study file's ``objectives:`` and ``limits:``: a metric read at a load level (a
+concurrency, an open-loop rate, or the trial itself), maximized, minimized or bounded."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from tuner.load.load_spec import rate_level_name
+from tuner.study.spec_base import Strict
+
+__all__ = ["ObjectiveSpec", "LimitSpec", "MAX_RATE", "TRIAL_METRICS", "level_label"]
+
+
+_METRIC = re.compile(r"^[a-z_]+(\.(mean|p50|p90|p99))?$")
+MAX_RATE = "max_rate@slo"
+TRIAL_METRICS = ("startup_s", "probe_s", "trial_s")
+
+
+def level_label(metric: str, concurrency: int | str, rate: float | None) -> str:
+    if metric in TRIAL_METRICS or metric == MAX_RATE:
+        return metric
+    if rate is not None:
+        return f"{metric}@{rate_level_name(rate)}"
+    return f"{metric}@c{concurrency}"
+
+
+class ObjectiveSpec(Strict):
+    metric: str = Field(description="e.g. output_tok_s, tpot_ms.mean, ttft_ms.p99, startup_s, "
+                        "goodput_req_s, max_rate@slo")
+    concurrency: int | Literal["max", "min"] = Field(
+        "max", description="load level the metric is read at (ignored for trial-level metrics)"
+    )
+    rate: float | None = Field(
+        None, gt=0, description="read at the open-loop level of this rate (one of "
+        "load.request_rates) instead of a concurrency level: label metric@r<rate>")
+    direction: Literal["maximize", "minimize"]
+
+    @field_validator("metric")
+    @classmethod
+    def _check_metric(cls, metric: str) -> str:
+        if metric != MAX_RATE and not _METRIC.match(metric):
+            raise ValueError(
+                f"{metric!r} is not a metric name; use e.g. output_tok_s, request_per_s, "
+                "tpot_ms.mean, ttft_ms.p99, e2el_ms.p50, goodput_req_s, or one of "
+                + ", ".join((*TRIAL_METRICS, MAX_RATE))
+            )
+        return metric
+
+    @property
+    def label(self) -> str:
+        return level_label(self.metric, self.concurrency, self.rate)
+
+
+class LimitSpec(Strict):
+    """A service-level limit; a trial that misses it is infeasible (told as a constraint)."""
+
+    metric: str
+    concurrency: int | Literal["max", "min"] = "max"
+    rate: float | None = Field(None, gt=0)
+    max: float | None = None
+    min: float | None = None
+
+    _check_metric = field_validator("metric")(ObjectiveSpec._check_metric.__func__)  # type: ignore[attr-defined]
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> LimitSpec:
+        if (self.max is None) == (self.min is None):
+            raise ValueError(f"limit on {self.metric!r}: give exactly one of 'max' or 'min'")
+        return self
+
+    @property
+    def label(self) -> str:
+        bound = f"<={self.max}" if self.max is not None else f">={self.min}"
+        return f"{level_label(self.metric, self.concurrency, self.rate)}{bound}"
+
