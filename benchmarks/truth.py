@@ -33,6 +33,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tuner.adapters.artifacts import atomic_write_text  # noqa: E402
 from tuner.sim import ground_truth, truth_verify  # noqa: E402
 from tuner.sim import truth as st  # noqa: E402
 from tuner.study.spec import StudySpec  # noqa: E402
@@ -112,10 +113,8 @@ def build(spec_path: str | Path, *, profile: str = "glm5-8xpcie", jobs: int = 2,
             rows = [row for part in pool.map(_shard, shards) for row in part]
     truth = ground_truth.GroundTruth.build(spec, [st.PointTruth.from_json(r) for r in rows])
     RESULTS.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"fingerprint": fp, "profile": profile, "truth": truth.to_json()},
-                              separators=(",", ":")))
-    tmp.replace(cache)
+    atomic_write_text(cache, json.dumps({"fingerprint": fp, "profile": profile, "truth": truth.to_json()},
+                                        separators=(",", ":")))
     print(f"[truth] built in {time.monotonic() - began:.0f}s -> {cache}", flush=True)
     return truth
 
@@ -139,9 +138,7 @@ def restamp(spec_path: str | Path, *, profile: str, sample: int, seed: int = 0) 
         if i % 100 == 0:
             print(f"  [restamp] {i}/{len(picked)} identical", flush=True)
     data["fingerprint"] = fingerprint(path, profile)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, separators=(",", ":")))
-    tmp.replace(cache)
+    atomic_write_text(cache, json.dumps(data, separators=(",", ":")))
     return len(picked), None
 
 
