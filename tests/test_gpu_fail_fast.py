@@ -28,11 +28,17 @@ from tuner.worker import TrialWorker
 LOGS = ROOT / "tests" / "fixtures" / "vllm_logs"
 
 # Prints the log file's lines (as the server would, unbuffered), notes the wall-clock time
-# when the last one is out, then hangs until killed.
+# when the last one is out, then hangs until killed. "hold_port N" first listens on port N
+# and never answers, as an API server whose engine died can hold its port.
 REPLAY = """
-import signal, sys, time
-if sys.argv[3:] == ["ignore_sigterm"]:
+import signal, socket, sys, time
+extra = sys.argv[3:]
+if "ignore_sigterm" in extra:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if "hold_port" in extra:
+    held = socket.socket()
+    held.bind(("127.0.0.1", int(extra[extra.index("hold_port") + 1])))
+    held.listen(16)
 lines = open(sys.argv[1], encoding="utf-8", errors="replace").read().splitlines(True)
 time.sleep(0.3)
 for line in lines:
@@ -124,13 +130,19 @@ def test_a_server_that_printed_a_fatal_line_and_ignores_sigterm_is_killed_soon(
     assert not wait_no_orphans(marker)
 
 
-def test_a_generic_failure_with_no_root_cause_is_not_left_waiting(tmp_path: Path, marker: str) -> None:
+@pytest.mark.parametrize("hold_port", [False, True], ids=["port-closed", "port-held-silent"])
+def test_a_generic_failure_with_no_root_cause_is_not_left_waiting(tmp_path: Path, marker: str,
+                                                                  hold_port: bool) -> None:
+    """With the port held open and silent, each readiness request hangs for its whole 2 s
+    timeout: the fatal line must still end the wait within 2 s, not after the requests."""
+
     log = tmp_path / "generic.log"
     real = (LOGS / "h200-0.26.0" / "fail-gpu-memory-utilization.log").read_text(encoding="utf-8")
     # The real log up to the engine's "EngineCore failed to start." and not a line further.
     log.write_text(real[: real.index("EngineCore failed to start.") + len("EngineCore failed to start.\n")])
-    argv, env = _replayer(tmp_path, log, marker)
-    server = ServerProcess(argv, env, tmp_path / "server.log", host="127.0.0.1", port=free_port_block(1),
+    port = free_port_block(1)
+    argv, env = _replayer(tmp_path, log, marker, *(["hold_port", str(port)] if hold_port else []))
+    server = ServerProcess(argv, env, tmp_path / "server.log", host="127.0.0.1", port=port,
                            served_model_name="smol", stop_grace_s=2.0)
 
     async def scenario() -> tuple[ServerFatalLog, float]:

@@ -157,9 +157,11 @@ def test_resume_reuses_the_stored_reference(probe_study: dict) -> None:
 
 def test_a_broken_reference_stops_the_study_before_any_trial(tmp_path: Path,
                                                              orphan_check: list[str]) -> None:
-    # The baseline, and so the reference configuration, answers garbage.
+    # The baseline, and so the reference configuration, answers garbage. Garbage runs to the
+    # token limit: its probe took 10 s here and over 60 s on a CI host busy with a vLLM
+    # server (CI 2026-12-03), so the trial's deadline is set well clear of it.
     study, marker = fault_study(tmp_path, {256: [{"fault": "garbage"}], 257: []},
-                                updates={"budget.trial_timeout": "60s",
+                                updates={"budget.trial_timeout": "240s",
                                          "probe.reference.enabled": True})
     orphan_check.append(marker)
     name, results = study.stem, tmp_path / "results"

@@ -134,6 +134,8 @@ class ServerProcess:
         self._watchdog: subprocess.Popen[bytes] | None = None
         self._scanner = FatalLineScanner()
         self._log_offset = 0
+        # When a generic fatal line was first seen (waiting for its root cause), else None.
+        self._pending_since: float | None = None
         self.started_at: float | None = None
         # Seconds from spawn to the first vLLM logger line read back: the end of the Python
         # imports (vllm.startup's first phase); None until one was seen.
@@ -252,36 +254,30 @@ class ServerProcess:
             return ""
 
     async def wait_ready(self, timeout_s: float) -> float:
-        """Seconds until ready. Raises ServerExited, ServerFatalLog or ServerStartTimeout."""
+        """Seconds until ready. Raises ServerExited, ServerFatalLog or ServerStartTimeout.
+
+        The readiness request runs beside the log and exit checks, not between them: a
+        server that accepts a connection and never answers (vLLM's API server can hold its
+        port open after its engine died) would otherwise delay a fatal line by the
+        request's own timeout."""
 
         assert self.started_at is not None, "start() first"
         deadline = self.started_at + timeout_s
-        pending_since: float | None = None
+        self._pending_since = None
         async with server_client(timeout=2.0) as client:
             while True:
-                self._scan_new_log()
-                code = self.exit_code()
-                if code is not None:
-                    self._scan_new_log()
-                    self._scanner.finish()  # the last line may lack its newline
-                    found = self._scanner.signature
-                    raise _with_signature(ServerExited(
-                        f"server exited with code {code} before it was ready{_detail(found)}",
-                        reason=trial_reason(found) if found else "server_exited",
-                        log_excerpt=self._scanner.excerpt(),
-                    ), found)
-                found = self._scanner.signature
-                if found is not None and not self._scanner.settled():
-                    pending_since = pending_since or time.monotonic()
-                    if time.monotonic() - pending_since < PENDING_GRACE_S:
-                        found = None
-                if found is not None:
-                    raise _with_signature(ServerFatalLog(
-                        f"server printed a fatal line{_detail(found)}",
-                        reason=trial_reason(found),
-                        log_excerpt=self._scanner.excerpt(),
-                    ), found)
-                if await self._ready(client):
+                self._raise_if_dead()
+                probe = asyncio.ensure_future(self._ready(client))
+                try:
+                    while not probe.done():
+                        await asyncio.wait({probe}, timeout=POLL_S)
+                        self._raise_if_dead()
+                finally:
+                    if not probe.done():
+                        probe.cancel()
+                        with contextlib.suppress(asyncio.CancelledError):
+                            await probe
+                if probe.result():
                     return time.monotonic() - self.started_at
                 if time.monotonic() >= deadline:
                     raise ServerStartTimeout(
@@ -289,6 +285,33 @@ class ServerProcess:
                         log_excerpt=self._scanner.excerpt(),
                     )
                 await asyncio.sleep(POLL_S)
+
+    def _raise_if_dead(self) -> None:
+        """Raise when the process has exited or its log has a settled fatal line (a generic
+        one after :data:`PENDING_GRACE_S` without its root cause)."""
+
+        self._scan_new_log()
+        code = self.exit_code()
+        if code is not None:
+            self._scan_new_log()
+            self._scanner.finish()  # the last line may lack its newline
+            found = self._scanner.signature
+            raise _with_signature(ServerExited(
+                f"server exited with code {code} before it was ready{_detail(found)}",
+                reason=trial_reason(found) if found else "server_exited",
+                log_excerpt=self._scanner.excerpt(),
+            ), found)
+        found = self._scanner.signature
+        if found is not None and not self._scanner.settled():
+            self._pending_since = self._pending_since or time.monotonic()
+            if time.monotonic() - self._pending_since < PENDING_GRACE_S:
+                found = None
+        if found is not None:
+            raise _with_signature(ServerFatalLog(
+                f"server printed a fatal line{_detail(found)}",
+                reason=trial_reason(found),
+                log_excerpt=self._scanner.excerpt(),
+            ), found)
 
     async def _ready(self, client: httpx.AsyncClient) -> bool:
         try:
