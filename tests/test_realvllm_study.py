@@ -13,8 +13,12 @@ that must be checked are certain to run:
 * compiled asking for cudagraph_mode=PIECEWISE, which the CPU build silently forces to
   NONE: the verifier must flag it and keep it off the Pareto front.
 
+The study's eager reference, recorded by the worker, is checked too (token ids, the long
+buckets, its self-check), and the n-gram trial must agree with it at every prompt: the
+probe's reference layer on the real server, inside the product rather than beside it.
+
 Compiled with speculation is forbidden and dtype stays float32 (bfloat16 prefill is
-emulated on this CPU, ~10x slower) only to keep the run near 10 minutes on two idle cores.
+emulated on this CPU, ~10x slower) only to keep the run near 17 minutes on two idle cores.
 The two compiled trials compile the same graph: with the study's VLLM_USE_AOT_COMPILE=0
 the second one reuses the inductor cache.
 """
@@ -36,7 +40,10 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, free_port_block, processes_with_env, run_tuner
+from tuner.probe.recording import load_reference_sources
 from tuner.probe.spec import ProbeSpec
+from tuner.referencing import study_probe
+from tuner.study.study_file import parse_study
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.vllm.verify import verify
 
@@ -86,6 +93,14 @@ def study_variant(tmp_path: Path) -> tuple[Path, str, str]:
          "low": 4, "high": 4, "when": {"spec_method": "ngram"}},
     ]
     data["server"]["flags"]["dtype"] = "float32"
+    # One recorded item per (family, wording) stratum instead of three: every stratum and
+    # length bucket is still covered (the trial draws one item of each), and the recording,
+    # the single longest phase of this test (157 s of 1,290 on an idle host), is smaller.
+    data["probe"]["bank"] = {"per_stratum": 1}
+    # 32-token answers instead of 64: the load's levels are about the verifier and the
+    # server-side figures, not the throughput itself, and they were 316 s of the test.
+    for workload_class in data["load"]["workload"]["classes"]:
+        workload_class["output_tokens"] = 32
     data["forbidden"] = [{"when": {"enforce_eager": False, "spec_method": "ngram"},
                           "reason": "test time budget: compiling with speculation is another "
                                     "multi-minute compile on two cores"}]
@@ -190,8 +205,7 @@ def check_study_artifacts(results: Path, name: str) -> None:
         assert sum(r["correct"] for r in known["records"]) == known["correct"]
         # Greedy agreement with the study's eager reference, scored prompt by prompt.
         assert probe["reference"]["passed"] is True, (number, probe["reference"])
-    reference = json.loads((study_dir / "reference.json").read_text())
-    print("reference:", {k: v for k, v in reference.items() if not isinstance(v, (list, dict))})
+    check_reference(study_dir, by_params[ngram_key])
 
     # -- the silent cudagraph downgrade is caught, shown, and kept off the front -----------
     pw_dir = study_dir / "trials" / f"{piecewise:04d}"
@@ -245,6 +259,30 @@ def check_study_artifacts(results: Path, name: str) -> None:
         assert len(side["spec_acceptance_rate_per_position"]) == 4
     baseline_side = json.loads((study_dir / "trials" / "0000" / "outcome.json").read_text())["server_side"]
     assert baseline_side["1"]["spec_drafts"] is None  # no speculation: unknown, not 0
+
+
+def check_reference(study_dir: Path, ngram: int) -> None:
+    """The study's eager reference, recorded by the worker from the baseline's server: token
+    ids for every prompt of the fitted bank (the chat template's ids included, the long
+    buckets past 1,000 tokens), trusted after it agreed with itself (batch 1 against the
+    probe's batches); and the n-gram trial (k=4: the drafter and the rejection sampler)
+    agrees with it exactly or within the numerics rule at every prompt."""
+
+    reference = json.loads((study_dir / "reference.json").read_text())
+    print("reference:", {k: v for k, v in reference.items() if not isinstance(v, (list, dict))})
+    spec = parse_study((study_dir / "spec.yaml").read_text())
+    probe_spec = study_probe(spec, spec.probe)
+    assert len(reference["prompts"]) == len(load_reference_sources(probe_spec))
+    chat = next(p for p in reference["prompts"] if p["id"] == "open0-chat")
+    assert chat["prompt_ids"][0] == 1 and chat["generation"]["tokens"]  # <|im_start|> = 1
+    assert all(p["generation"]["finish_reason"] in ("stop", "length") for p in reference["prompts"])
+    assert max(len(p["prompt_ids"]) for p in reference["prompts"]) > 1000
+    evidence = json.loads((study_dir / "reference_probe.json").read_text())
+    assert evidence["trusted"] is True and evidence["self_check"]["passed"] is True, evidence["problem"]
+    ngram_dir = study_dir / "trials" / f"{ngram:04d}"
+    scores = json.loads((ngram_dir / "probe.json").read_text())["reference"]["scores"]
+    assert scores and all(s["verdict"] in ("exact", "close") for s in scores)
+    assert "SpecDecoding metrics" in (ngram_dir / "server.log").read_text(errors="replace")
 
 
 def check_confirmation(results: Path, name: str) -> None:
