@@ -275,8 +275,9 @@ class ServerProcess:
                 finally:
                     if not probe.done():
                         probe.cancel()
-                        with contextlib.suppress(asyncio.CancelledError):
-                            await probe
+                        # wait(), not await: the probe's own CancelledError is expected,
+                        # while a cancel of this coroutine (Ctrl-C) must still propagate.
+                        await asyncio.wait({probe})
                 if probe.result():
                     return time.monotonic() - self.started_at
                 if time.monotonic() >= deadline:
