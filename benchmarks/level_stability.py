@@ -153,34 +153,95 @@ def summarize(starts: list[dict[str, Any]], levels: list[int]) -> dict[str, Any]
                     "load_s": spread([s["arms"][arm]["duration_s"] for s in starts])}
     b, a = out["before"]["load_s"]["mean"], out["after"]["load_s"]["mean"]
     out["load_time_ratio"] = a / b if a and b else None
+    out["after_within_start_cv"] = {key: within_start(starts, levels, key)
+                                    for key in ("output_tok_s", "tpot_ms_p50")}
     return out
+
+
+def parse_cpus(text: str | None) -> set[int] | None:
+    """A CPU list as taskset and sysfs write it (``0-6,8``); None for none."""
+    if not text:
+        return None
+    cpus: set[int] = set()
+    for part in text.split(","):
+        lo, _, hi = part.strip().partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus
+
+
+def gpu_snapshot() -> str | None:
+    """SM clock, temperature and power of the GPUs now (a fast GPU's clocks move between
+    starts without anyone touching them); None without nvidia-smi."""
+    import shutil
+    import subprocess
+
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    done = subprocess.run([smi, "--query-gpu=clocks.sm,clocks.mem,temperature.gpu,power.draw",
+                           "--format=csv,noheader"], capture_output=True, text=True, timeout=30,
+                          check=False)
+    return done.stdout.strip() or None
 
 
 async def one_start(i: int, argv: list[str], env: dict[str, str], port: int, served: str,
                     specs: dict[str, LoadSpec], ignore_eos: bool, log_dir: Path,
-                    startup_timeout: float) -> dict[str, Any]:
+                    startup_timeout: float, repeats: int = 1,
+                    server_cpus: set[int] | None = None,
+                    client_cpus: set[int] | None = None) -> dict[str, Any]:
     server = ServerProcess(argv, env, log_dir / f"server-{i}.log", host="127.0.0.1",
                            port=port, served_model_name=served)
     began = time.monotonic()
+    # The server inherits the affinity this thread has when it starts it; the load generator
+    # (this thread's event loop) then moves to its own CPUs.
+    if server_cpus:
+        os.sched_setaffinity(0, server_cpus)
     server.start()
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
     try:
         await server.wait_ready(startup_timeout)
         startup_s = time.monotonic() - began
         order = list(ARMS) if i % 2 == 0 else list(reversed(ARMS))
-        arms = {}
-        for arm in order:
+        # Extra runs of the after arm on the same server: their spread is the within-start
+        # noise, to set beside the spread between starts.
+        order += ["after"] * (repeats - 1)
+        arms: dict[str, Any] = {}
+        for n, arm in enumerate(order):
             result = await run_sweep(server.base_url, served, specs[arm], ignore_eos=ignore_eos)
-            arms[arm] = {"duration_s": result.duration_s, "levels": level_figures(result),
-                         "warnings": result.warnings}
-            print(f"  start {i + 1} {arm:6s} {result.duration_s:6.1f}s  " + "  ".join(
+            record = {"duration_s": result.duration_s, "levels": level_figures(result),
+                      "warnings": result.warnings, "gpu": gpu_snapshot()}
+            if arm in arms:
+                arms.setdefault("after_repeats", []).append(record)
+            else:
+                arms[arm] = record
+            print(f"  start {i + 1} {arm + ('' if n < 2 else f'#{n}'):6s} {result.duration_s:6.1f}s  " + "  ".join(
                 f"c={c}: {lv['output_tok_s']:8.1f} tok/s tpot p50 {lv['tpot_ms_p50'] or 0:7.2f} ms"
                 + f" lag p99 {lv['client_lag_ms_p99'] or 0:.2f} ms (TTFT p50 {lv['ttft_ms_p50'] or 0:.1f})"
                 + (" CLIENT-BOUND" if lv["client_bound"] else "")
                 + (" UNSTABLE" if lv["unstable"] else "")
-                for c, lv in arms[arm]["levels"].items()), flush=True)
+                for c, lv in record["levels"].items()), flush=True)
     finally:
         await server.stop(30.0)
     return {"start": i, "startup_s": startup_s, "order": order, "arms": arms}
+
+
+def within_start(starts: list[dict[str, Any]], levels: list[int], key: str) -> dict[str, Any]:
+    """Pooled within-start CV of the after arm (sqrt of the mean per-start sample variance
+    over the grand mean) from starts that ran it more than once."""
+    out: dict[str, Any] = {}
+    for c in levels:
+        variances, values = [], []
+        for s in starts:
+            runs = [s["arms"]["after"], *s["arms"].get("after_repeats", [])]
+            xs = [r["levels"][str(c)][key] for r in runs if str(c) in r["levels"]]
+            xs = [x for x in xs if x is not None]
+            if len(xs) > 1:
+                variances.append(statistics.variance(xs))
+                values.extend(xs)
+        out[str(c)] = (math.sqrt(statistics.fmean(variances)) / statistics.fmean(values)
+                       if variances else None)
+    return out
 
 
 def study_command(path: str, values: dict[str, Any], port: int
@@ -202,6 +263,8 @@ def study_command(path: str, values: dict[str, Any], port: int
 
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
+    if args_in[:1] == ["--merge"]:
+        return merge(args_in[1:])
     command: list[str] = []
     if "--" in args_in:
         cut = args_in.index("--")
@@ -217,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--before", nargs="*", default=[], help="load.key=value for the old arm")
     p.add_argument("--after", nargs="*", default=[], help="load.key=value for the new arm")
     p.add_argument("--startup-timeout", type=float, default=900.0)
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs of the after arm per start (more than 1: within-start spread)")
+    p.add_argument("--server-cpus", help="CPU list the server runs on (e.g. 0-13)")
+    p.add_argument("--client-cpus", help="CPU list the load generator runs on (e.g. 15)")
     p.add_argument("--out", required=True, help="JSON file to write")
     args = p.parse_args(args_in)
     if bool(args.study) == bool(command):
@@ -238,26 +305,62 @@ def main(argv: list[str] | None = None) -> int:
     full_env = {**os.environ, **env}
     load_before = os.getloadavg()[0]
     print(f"{args.starts} fresh starts of: {' '.join(argv_)}", flush=True)
-    starts = []
+    server_cpus, client_cpus = parse_cpus(args.server_cpus), parse_cpus(args.client_cpus)
+    starts: list[dict[str, Any]] = []
+
+    def write() -> dict[str, Any]:
+        # After every start, so a run cut short by its time limit keeps what it finished.
+        summary = summarize(starts, levels)
+        report = {
+            "argv": argv_, "env": env, "study": args.study, "levels": levels,
+            "ignore_eos": ignore_eos, "repeats": args.repeats,
+            "server_cpus": sorted(server_cpus or []), "client_cpus": sorted(client_cpus or []),
+            "specs": {arm: s.model_dump(mode="json") for arm, s in specs.items()},
+            "starts": starts, "summary": summary,
+            "machine": {"host": platform.node(), "cpus": os.cpu_count(),
+                        "python": platform.python_version(),
+                        "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]},
+        }
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        return summary
+
     with tempfile.TemporaryDirectory(prefix="level-stability-") as tmp:
         for i in range(args.starts):
             starts.append(asyncio.run(one_start(
                 i, argv_, full_env, port, served, specs, ignore_eos, Path(tmp),
-                args.startup_timeout)))
-    summary = summarize(starts, levels)
-    report = {
-        "argv": argv_, "env": env, "study": args.study, "levels": levels,
-        "ignore_eos": ignore_eos,
-        "specs": {arm: s.model_dump(mode="json") for arm, s in specs.items()},
-        "starts": starts, "summary": summary,
-        "machine": {"host": platform.node(), "cpus": os.cpu_count(),
-                    "python": platform.python_version(),
-                    "loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]},
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+                args.startup_timeout, args.repeats, server_cpus, client_cpus)))
+            summary = write()
     print_summary(summary, levels)
     print(f"written to {args.out}")
+    return 0
+
+
+def merge(words: list[str]) -> int:
+    """``--merge A.json B.json ... --out M.json``: the starts of several runs of the same
+    configuration and settings as one run (a lease cut into calls, or two set-ups run
+    start by start in turn so that a cut-short run still has both)."""
+    if "--out" not in words or words.index("--out") != len(words) - 2:
+        raise SystemExit("usage: level_stability.py --merge A.json [B.json ...] --out M.json")
+    parts = [json.loads(Path(w).read_text()) for w in words[:-2]]
+    if not parts:
+        raise SystemExit("--merge needs at least one JSON file")
+    first = parts[0]
+    for path, part in zip(words[:-2], parts):
+        for key in ("argv", "levels", "specs", "repeats", "server_cpus", "client_cpus"):
+            # The port is chosen per run; everything else must be the same configuration.
+            a, b = part.get(key), first.get(key)
+            if key == "argv":
+                a, b = [w for w in a if not w.isdigit()], [w for w in b if not w.isdigit()]
+            if a != b:
+                raise SystemExit(f"{path}: {key} differs from {words[0]}'s; not one configuration")
+    starts = [dict(s, start=i) for i, s in enumerate(st for part in parts for st in part["starts"])]
+    levels = first["levels"]
+    summary = summarize(starts, levels)
+    merged = {**first, "starts": starts, "summary": summary, "merged_from": words[:-2]}
+    Path(words[-1]).write_text(json.dumps(merged, indent=2) + "\n", encoding="utf-8")
+    print(f"{len(starts)} starts from {len(parts)} runs")
+    print_summary(summary, levels)
     return 0
 
 
@@ -278,6 +381,10 @@ def print_summary(summary: dict[str, Any], levels: list[int]) -> None:
     ls = summary
     print(f"load time per start: before {ls['before']['load_s']['mean']:.1f}s, after "
           f"{ls['after']['load_s']['mean']:.1f}s (x{ls['load_time_ratio'] or 0:.2f})")
+    within = summary.get("after_within_start_cv", {}).get("output_tok_s", {})
+    if any(v is not None for v in within.values()):
+        print("after arm, within one start (repeats), output tok/s CV: " + ", ".join(
+            f"c={c} {pct(v)}" for c, v in within.items()))
 
 
 if __name__ == "__main__":

@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
+
+import pytest
 
 from tests.conftest import ROOT
 
@@ -17,12 +20,24 @@ def test_level_stability_runs_both_arms_and_writes_the_figures(tmp_path: Path) -
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     out = tmp_path / "ls.json"
-    rc = bench.main(["--study", str(ROOT / "search_spaces" / "demo.yaml"), "--starts", "2",
-                     "--levels", "1", "--after", "min_window_s=0.5", "max_level_seconds=20",
-                     "--out", str(out)])
+    cpus = sorted(os.sched_getaffinity(0))
+    mine = os.sched_getaffinity(0)
+    try:
+        rc = bench.main(["--study", str(ROOT / "search_spaces" / "demo.yaml"), "--starts", "2",
+                         "--levels", "1", "--after", "min_window_s=0.5", "max_level_seconds=20",
+                         "--repeats", "2", "--server-cpus", str(cpus[0]),
+                         "--client-cpus", str(cpus[-1]), "--out", str(out)])
+        assert os.sched_getaffinity(0) == {cpus[-1]}, "the load generator runs on its CPUs"
+    finally:
+        os.sched_setaffinity(0, mine)
     assert rc == 0
     data = json.loads(out.read_text())
-    assert [s["order"][0] for s in data["starts"]] == ["before", "after"]   # alternating
+    assert [s["order"] for s in data["starts"]] == [["before", "after", "after"],
+                                                    ["after", "before", "after"]]
+    assert data["server_cpus"] == [cpus[0]] and data["client_cpus"] == [cpus[-1]]
+    # Every start ran the after arm twice: the within-start spread is a number.
+    assert all(len(s["arms"]["after_repeats"]) == 1 for s in data["starts"])
+    assert data["summary"]["after_within_start_cv"]["output_tok_s"]["1"] is not None
     assert data["specs"]["before"]["sizing"] == "requests"
     assert data["specs"]["before"]["requests_per_stream"] == 2            # the study's own
     assert data["specs"]["after"]["sizing"] == "steady"
@@ -32,3 +47,28 @@ def test_level_stability_runs_both_arms_and_writes_the_figures(tmp_path: Path) -
         assert lv["tpot_ms_p50"]["mean"] > 0
     assert data["summary"]["load_time_ratio"] > 0
     assert data["machine"]["loadavg_1m_before"] >= 0
+
+
+def test_merge_joins_runs_of_one_configuration_and_refuses_two(tmp_path: Path) -> None:
+    spec = importlib.util.spec_from_file_location(
+        "level_stability", ROOT / "benchmarks" / "level_stability.py")
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    common = ["--study", str(ROOT / "search_spaces" / "demo.yaml"), "--starts", "1",
+              "--levels", "1", "--after", "min_window_s=0.5", "max_level_seconds=20"]
+    for name in ("a", "b"):
+        assert bench.main([*common, "--out", str(tmp_path / f"{name}.json")]) == 0
+    assert bench.main([*common, "--levels", "2", "--out", str(tmp_path / "other.json")]) == 0
+    out = tmp_path / "m.json"
+    assert bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
+                       "--out", str(out)]) == 0
+    merged = json.loads(out.read_text())
+    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("a", "b"))
+    assert [s["start"] for s in merged["starts"]] == [0, 1]
+    values = merged["summary"]["after"]["levels"]["1"]["output_tok_s"]["values"]
+    assert values == [a["starts"][0]["arms"]["after"]["levels"]["1"]["output_tok_s"],
+                      b["starts"][0]["arms"]["after"]["levels"]["1"]["output_tok_s"]]
+    with pytest.raises(SystemExit, match="levels differs"):
+        bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "other.json"),
+                    "--out", str(tmp_path / "bad.json")])
