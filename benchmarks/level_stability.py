@@ -15,7 +15,10 @@ the *after* settings (``sizing: steady`` with its defaults, or ``--after`` overr
 arm that runs first alternates from start to start, so a server's first-sweep warm-up
 effects fall on both arms alike. It prints, per arm and level, each start's output tok/s
 and median TPOT, their mean and CV (sample standard deviation / mean), and each arm's load
-time; and writes all of it to ``--out`` as JSON.
+time; and writes all of it to ``--out`` as JSON (after every start). ``--repeats N`` runs the
+after arm N times per start, so the spread within one server stands beside the spread
+between starts; ``--server-cpus`` / ``--client-cpus`` pin the server and the load generator;
+``--merge`` joins the JSON of several runs of one configuration.
 
 Needs only the tuner package with httpx, pydantic and pyyaml (no Ray, no internet).
 
