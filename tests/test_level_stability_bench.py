@@ -49,26 +49,37 @@ def test_level_stability_runs_both_arms_and_writes_the_figures(tmp_path: Path) -
     assert data["machine"]["loadavg_1m_before"] >= 0
 
 
+def _run_json(path: Path, tok_s: float, levels: list[int]) -> dict:
+    """What one --starts 1 run writes, reduced to the keys --merge and summarize read."""
+    lv = {"output_tok_s": tok_s, "tpot_ms_p50": 1000 / tok_s, "unstable": False,
+          "client_bound": False, "client_lag_ms_p99": 1.0}
+    arm = {"duration_s": 10.0, "levels": {str(c): lv for c in levels}}
+    data = {"argv": ["vllm", "--port", "41234"], "levels": levels, "specs": {"before": {}, "after": {}},
+            "repeats": 1, "server_cpus": [], "client_cpus": [],
+            "starts": [{"start": 0, "startup_s": 50.0, "order": ["before", "after"],
+                        "arms": {"before": arm, "after": arm}}]}
+    path.write_text(json.dumps(data))
+    return data
+
+
 def test_merge_joins_runs_of_one_configuration_and_refuses_two(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location(
         "level_stability", ROOT / "benchmarks" / "level_stability.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    common = ["--study", str(ROOT / "search_spaces" / "demo.yaml"), "--starts", "1",
-              "--levels", "1", "--after", "min_window_s=0.5", "max_level_seconds=20"]
-    for name in ("a", "b"):
-        assert bench.main([*common, "--out", str(tmp_path / f"{name}.json")]) == 0
-    assert bench.main([*common, "--levels", "2", "--out", str(tmp_path / "other.json")]) == 0
+    _run_json(tmp_path / "a.json", 500.0, [1])
+    b = _run_json(tmp_path / "b.json", 400.0, [1])
+    b["argv"][-1] = "45678"                       # another port: still one configuration
+    (tmp_path / "b.json").write_text(json.dumps(b))
+    _run_json(tmp_path / "other.json", 450.0, [2])
     out = tmp_path / "m.json"
     assert bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "b.json"),
                        "--out", str(out)]) == 0
     merged = json.loads(out.read_text())
-    a, b = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("a", "b"))
     assert [s["start"] for s in merged["starts"]] == [0, 1]
-    values = merged["summary"]["after"]["levels"]["1"]["output_tok_s"]["values"]
-    assert values == [a["starts"][0]["arms"]["after"]["levels"]["1"]["output_tok_s"],
-                      b["starts"][0]["arms"]["after"]["levels"]["1"]["output_tok_s"]]
+    after = merged["summary"]["after"]["levels"]["1"]["output_tok_s"]
+    assert after["values"] == [500.0, 400.0] and after["cv"] == pytest.approx(0.1571, abs=1e-3)
     with pytest.raises(SystemExit, match="levels differs"):
         bench.main(["--merge", str(tmp_path / "a.json"), str(tmp_path / "other.json"),
                     "--out", str(tmp_path / "bad.json")])
