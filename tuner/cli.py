@@ -279,6 +279,47 @@ def cmd_measure(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- host-check -------------------------------------------------------------------
+
+
+def _parse_cpus(text: str) -> list[int]:
+    import os
+
+    allowed = sorted(os.sched_getaffinity(0))
+    try:
+        cpus = sorted({int(word) for word in text.split(",") if word.strip()})
+    except ValueError:
+        cpus = []
+    if not cpus or not set(cpus) <= set(allowed):
+        raise SpecError(f"--cpus: {text!r} is not a comma-separated list of usable CPUs "
+                        f"(allowed: {','.join(map(str, allowed))})")
+    return cpus
+
+
+def cmd_host_check(args: argparse.Namespace) -> int:
+    from tuner.adapters import host_probe
+    from tuner.load.host_steadiness import MIN_SECONDS, summarize
+
+    if not MIN_SECONDS <= args.seconds <= 3600:
+        raise SpecError(f"--seconds: {args.seconds:g} is out of range (allowed: {MIN_SECONDS:g} to 3600; "
+                        "the spread of 5-s means needs two of them)")
+    noise_floor = load_spec_file(args.file).load.noise_floor if args.file else None
+    cpus = _parse_cpus(args.cpus) if args.cpus else host_probe.default_cpus()
+    # On stderr: stdout carries the figures (JSON with --json).
+    print(f"probing CPUs {','.join(map(str, cpus))} for {args.seconds:g} s (keep the box otherwise idle) ...",
+          file=sys.stderr, flush=True)
+    series, steal = host_probe.measure(cpus, args.seconds)
+    host = summarize(series, steal)
+    verdict = host.verdict(noise_floor)
+    if args.json:
+        print(json.dumps({**host.to_dict(), "noise_floor": noise_floor, "verdict": verdict}, indent=2))
+    else:
+        print(host.render())
+        for line in verdict:
+            print(f"- {line}")
+    return 0
+
+
 # -- parser -----------------------------------------------------------------------
 
 
@@ -361,6 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="folder for the files (default: results/NAME/measure/DATE-TIME)")
     p.add_argument("--results", default=str(DEFAULT_RESULTS), help="results root (default: results)")
     p.set_defaults(func=cmd_measure)
+
+    p = sub.add_parser("host-check", help="how steady this host's own CPUs are (the floor under between-start noise)")
+    p.add_argument("file", nargs="?", help="study file: compare with its load.noise_floor")
+    p.add_argument("--seconds", type=float, default=30.0, help="probe length (default 30, at least 10)")
+    p.add_argument("--cpus", help="CPUs to probe, e.g. 0,7,15 (default: the first, middle and last usable)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_host_check)
     return parser
 
 

@@ -16,6 +16,7 @@ Pure modules (data and arithmetic; no sockets, processes, clocks, environment or
 * ``metrics``     records → per-level metrics (vLLM's definitions), repeats.
 * ``prometheus``  ``/metrics`` text → snapshots and server-side deltas.
 * ``results``     what a sweep produced (LevelResult, SweepResult, token agreement).
+* ``host_steadiness`` the host's own CPU spread (`tuner host-check`) and its verdict.
 
 I/O modules:
 
