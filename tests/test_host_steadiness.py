@@ -44,17 +44,39 @@ def test_each_cpu_on_its_own_and_a_floor_below_it_is_said() -> None:
     assert "took 5.0 % of the CPU time (steal)" in stolen[0] and "(one CPU probed)" in stolen[1]
 
 
+# What a bare GPU box has before any install: no Optuna, Ray or pydantic (host-check without
+# a study file must run there).
+BARE = ("import sys; sys.modules.update(optuna=None, ray=None, pydantic=None); "
+        "from tuner.cli import main; sys.exit(main(sys.argv[1:]))")
+
+
 def test_host_check_measures_this_host_and_compares_with_the_study(tmp_path: Path) -> None:
-    cpu = sorted(os.sched_getaffinity(0))[-1]
-    out = subprocess.run([*tuner_argv("host-check", str(ROOT / "search_spaces" / "smollm2-h200.yaml"),
-                                      "--seconds", "10", "--cpus", str(cpu), "--json")],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    data = json.loads(out.stdout)
-    assert [c["cpu"] for c in data["cpus"]] == [cpu] and data["cpus"][0]["runs"] > 50
+    cpus = sorted(os.sched_getaffinity(0))
+    first, last = cpus[0], cpus[-1]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    # Side by side on two CPUs (one on a one-CPU host): one with the study file, one bare.
+    with_study = subprocess.Popen([*tuner_argv("host-check", str(ROOT / "search_spaces" / "smollm2-h200.yaml"),
+                                               "--seconds", "10", "--cpus", str(last), "--json")],
+                                  cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    bare = subprocess.run([sys.executable, "-c", BARE, "host-check", "--seconds", "10", "--cpus", str(first)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    out, err = with_study.communicate(timeout=120)
+    assert with_study.returncode == 0, err
+    data = json.loads(out)
+    assert [c["cpu"] for c in data["cpus"]] == [last] and data["cpus"][0]["runs"] > 50
     assert data["noise_floor"] == 0.07 and data["worst_cv_5s"] is not None
     assert data["verdict"][-1].startswith("load.noise_floor 0.07 ")
-    assert f"probing CPUs {cpu} for 10 s" in out.stderr
+    assert f"probing CPUs {last} for 10 s" in err
+    assert bare.returncode == 0, bare.stderr
+    assert bare.stdout.startswith("cpu   runs  mean ms") and "(one CPU probed)" in bare.stdout
+
+
+def test_a_bad_study_file_is_refused_before_probing(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text((ROOT / "search_spaces" / "smollm2-h200.yaml").read_text().replace(
+        "noise_floor: 0.07", "noise_floor: -1"))
+    out = subprocess.run(tuner_argv("host-check", str(bad)), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "noise_floor" in out.stderr and "probing" not in out.stderr, out.stderr
 
 
 @pytest.mark.parametrize(("args", "message"), [

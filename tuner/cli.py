@@ -431,7 +431,9 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    if args.func is not cmd_status:      # status quiets Optuna only if it imports it
+    # status quiets Optuna only if it imports it; host-check never does (it runs on a bare
+    # box with the standard library alone).
+    if args.func not in (cmd_status, cmd_host_check):
         _quiet_optuna(args)
     try:
         _check_names(args)

@@ -101,14 +101,14 @@ class HostSteadiness:
         if worst is None:
             return out
         if len(self.cpus) == 1:
-            shape = "(one CPU probed)"
+            shape = " (one CPU probed)"
         elif not self.correlation_5s:
-            shape = "(too short a probe to tell whether the CPUs move together)"
+            shape = " (too short a probe to tell whether the CPUs move together)"
         elif max(r for _, _, r in self.correlation_5s) < 0.5:
-            shape = "each CPU on its own (neighbours on the physical host, not its clock)"
+            shape = ", each CPU on its own (neighbours on the physical host, not its clock)"
         else:
-            shape = "the CPUs together (the host's clock or power)"
-        out.append(f"the CPUs' own speed varies by a CV of {100 * worst:.1f} % over 5-s stretches, {shape}: "
+            shape = ", the CPUs together (the host's clock or power)"
+        out.append(f"the CPUs' own speed varies by a CV of {100 * worst:.1f} % over 5-s stretches{shape}: "
                    f"at low concurrency, where a small model's speed is the CPU's, expect fresh starts "
                    f"of one configuration to differ by about that much")
         if noise_floor is not None:
