@@ -40,6 +40,10 @@ def test_each_cpu_on_its_own_and_a_floor_below_it_is_said() -> None:
     assert verdict[1].startswith("load.noise_floor 0.03 is below it") and "at least 0.12" in verdict[1]
     assert host.verdict(noise_floor=0.15)[-1] == "load.noise_floor 0.15 covers it"
     assert not any("steal" in line for line in verdict)      # 0.04 %: no notice
+    together = summarize({0: moving, 1: moving}, None).verdict(None)[0]
+    assert ", the CPUs together (the host's clock or power)" in together
+    mixed = summarize({0: moving, 1: moving, 2: moving[::-1]}, None).verdict(None)[0]
+    assert "some CPUs together and others not" in mixed
     stolen = summarize({0: steady}, steal_fraction=0.05).verdict(None)
     assert "took 5.0 % of the CPU time (steal)" in stolen[0] and "(one CPU probed)" in stolen[1]
 
@@ -108,3 +112,7 @@ def test_the_figures_the_docs_quote() -> None:
     assert max(abs(r) for _, _, r in h200.correlation_5s) < 0.3 and h200.steal_fraction < 0.001
     cpu = bench.from_saved(json.loads((results / "host_steadiness-cpu.json").read_text()))
     assert [round(100 * c.cv_5s, 1) for c in cpu.cpus] == [6.4, 9.7]
+    # `tuner host-check --seconds 60 --json` on a later H200 lease: 7.1-12.0 %, mixed correlation.
+    check = json.loads((results / "host-check-h200-60s.json").read_text())
+    assert [round(100 * c["cv_5s"], 1) for c in check["cpus"]] == [7.1, 7.6, 12.0]
+    assert round(check["worst_cv_5s"], 2) == 0.12 and check["steal_fraction"] < 0.001

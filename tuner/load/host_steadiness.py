@@ -106,8 +106,11 @@ class HostSteadiness:
             shape = " (too short a probe to tell whether the CPUs move together)"
         elif max(r for _, _, r in self.correlation_5s) < 0.5:
             shape = ", each CPU on its own (neighbours on the physical host, not its clock)"
-        else:
+        elif min(r for _, _, r in self.correlation_5s) >= 0.5:
             shape = ", the CPUs together (the host's clock or power)"
+        else:
+            # Some pairs move together, others against each other: neither one cause alone.
+            shape = ", some CPUs together and others not (neighbours on the physical host)"
         out.append(f"the CPUs' own speed varies by a CV of {100 * worst:.1f} % over 5-s stretches{shape}: "
                    f"at low concurrency, where a small model's speed is the CPU's, expect fresh starts "
                    f"of one configuration to differ by about that much")
