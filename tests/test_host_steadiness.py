@@ -116,3 +116,31 @@ def test_the_figures_the_docs_quote() -> None:
     check = json.loads((results / "host-check-h200-60s.json").read_text())
     assert [round(100 * c["cv_5s"], 1) for c in check["cpus"]] == [7.1, 7.6, 12.0]
     assert round(check["worst_cv_5s"], 2) == 0.12 and check["steal_fraction"] < 0.001
+
+
+def test_ctrl_c_stops_the_probe_at_once_and_leaves_no_process() -> None:
+    import signal
+    import time
+    import uuid
+
+    from tests.conftest import processes_with_env, wait_no_orphans
+
+    marker = uuid.uuid4().hex[:12]
+    proc = subprocess.Popen(tuner_argv("host-check", "--seconds", "60"), cwd=ROOT,
+                            env={**os.environ, "TUNER_TEST_ID": marker},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        # Wait until the pinned probe processes run (the CLI and one per CPU carry the marker).
+        while len(processes_with_env(marker)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        took = time.monotonic() - sent
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "interrupted" in err, err
+    assert "Traceback" not in err, err                   # the probes ignore SIGINT; the CLI stops them
+    assert took < 5.0, f"Ctrl-C took {took:.1f}s"       # not the rest of the 60 s run
+    assert not wait_no_orphans(marker)

@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue as queue_module
+import signal
 import time
 from typing import Any
+
+from tuner.errors import TunerError
 
 __all__ = ["default_cpus", "measure", "workload"]
 
@@ -25,6 +29,8 @@ def workload(n: int = 200_000) -> int:
 
 
 def _run_on(cpu: int, seconds: float, queue: Any) -> None:
+    # Ctrl-C is the parent's to handle: it stops these processes (no traceback from each).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     os.sched_setaffinity(0, {cpu})
     times: list[float] = []
     end = time.monotonic() + seconds
@@ -57,12 +63,32 @@ def measure(cpus: list[int], seconds: float) -> tuple[dict[int, list[float]], fl
     context = mp.get_context("spawn")
     queue = context.Queue()
     procs = [context.Process(target=_run_on, args=(cpu, seconds, queue), daemon=True) for cpu in cpus]
-    for p in procs:
-        p.start()
     try:
-        results = dict(queue.get(timeout=seconds + 60) for _ in procs)
+        # Ctrl-C waits until every probe has started: one arriving while a child reads its
+        # start-up data from the pipe would leave it orphaned, printing a traceback.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            for p in procs:
+                p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        try:
+            results = dict(queue.get(timeout=seconds + 60) for _ in procs)
+        except queue_module.Empty:
+            lost = [str(cpu) for cpu, p in zip(cpus, procs, strict=True) if p.exitcode not in (None, 0)]
+            raise TunerError(f"host-check: the probe on CPU(s) {', '.join(lost) or '?'} did not report "
+                             f"within {seconds + 60:g} s") from None
+    except BaseException:
+        # Ctrl-C (even while they start) or a lost probe: the others stop now, not at the end
+        # of their run.
+        for p in procs:
+            if p.pid is not None:
+                p.kill()
+        raise
     finally:
         for p in procs:
+            if p.pid is None:
+                continue
             p.join(timeout=5)
             if p.is_alive():
                 p.kill()
