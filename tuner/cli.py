@@ -395,6 +395,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     p.set_defaults(func=cmd_confirm)
 
+    _add_measuring_commands(sub)
+    return parser
+
+
+def _add_measuring_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The commands that measure something other than a study: a running server, the host."""
+
     p = sub.add_parser("measure", help="measure an already running server with a study file's load profile")
     p.add_argument("file", help="study file (its load and probe sections are used)")
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
@@ -409,7 +416,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cpus", help="CPUs to probe, e.g. 0,7,15 (default: the first, middle and last usable)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_host_check)
-    return parser
 
 
 def _quiet_optuna(args: argparse.Namespace) -> None:
