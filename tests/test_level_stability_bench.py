@@ -13,12 +13,18 @@ import pytest
 from tests.conftest import ROOT
 
 
-def test_level_stability_runs_both_arms_and_writes_the_figures(tmp_path: Path) -> None:
+def _bench():  # type: ignore[no-untyped-def]
+    """benchmarks/level_stability.py as a module (benchmarks/ is not a package)."""
     spec = importlib.util.spec_from_file_location(
         "level_stability", ROOT / "benchmarks" / "level_stability.py")
     assert spec is not None and spec.loader is not None
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_level_stability_runs_both_arms_and_writes_the_figures(tmp_path: Path) -> None:
+    bench = _bench()
     out = tmp_path / "ls.json"
     cpus = sorted(os.sched_getaffinity(0))
     mine = os.sched_getaffinity(0)
@@ -63,11 +69,7 @@ def _run_json(path: Path, tok_s: float, levels: list[int]) -> dict:
 
 
 def test_merge_joins_runs_of_one_configuration_and_refuses_two(tmp_path: Path) -> None:
-    spec = importlib.util.spec_from_file_location(
-        "level_stability", ROOT / "benchmarks" / "level_stability.py")
-    assert spec is not None and spec.loader is not None
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = _bench()
     _run_json(tmp_path / "a.json", 500.0, [1])
     b = _run_json(tmp_path / "b.json", 400.0, [1])
     b["argv"][-1] = "45678"                       # another port: still one configuration
