@@ -13,7 +13,9 @@ import argparse
 import json
 import logging
 import random
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -441,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     # box with the standard library alone).
     if args.func not in (cmd_status, cmd_host_check):
         _quiet_optuna(args)
+    _answer_ctrl_c()
     try:
         _check_names(args)
         return args.func(args)
@@ -457,6 +460,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+
+
+def _answer_ctrl_c() -> None:
+    """Make SIGINT raise KeyboardInterrupt even when this process inherited it ignored.
+
+    A shell without job control starts its background commands with SIGINT ignored, and
+    Python then installs no handler of its own: `tuner host-check` started that way by a
+    script ran its whole minute through a `kill -INT` (CI, 2026-12-03 and -04). `tuner run`
+    sets its own handler anyway; every command answers Ctrl-C alike: "interrupted", 130."""
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def _check_names(args: argparse.Namespace) -> None:
