@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite as CI runs it, in two pytest processes side by side: the real-vLLM tests
-# (`-m realvllm`: one vLLM CPU server at a time, CPU-bound, ~39 min on two cores) and all the
-# others (`-m "not realvllm"`: simulator, Ray and CLI processes that mostly wait, ~35 min).
+# (`-m realvllm`: one vLLM CPU server at a time, CPU-bound, 16.5 min on two idle cores) and all
+# the others (`-m "not realvllm"`: simulator, Ray and CLI processes that mostly wait, 19.5 min).
 # Tests marked quiethost judge the simulator's timing, which a vLLM server busy on both cores
 # would move: they run in the real-vLLM lane, one after another with its tests.
 # Run one after the other they took 80-88 min; side by side the suite takes as long as the
