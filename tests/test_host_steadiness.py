@@ -12,8 +12,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import ROOT, tuner_argv
+from tuner.adapters import host_probe
 from tuner.load.host_steadiness import buckets, summarize
 
 
@@ -153,3 +155,53 @@ def test_ctrl_c_stops_the_probe_at_once_and_leaves_no_process(inherited: str) ->
     assert "Traceback" not in err, err                   # the probes ignore SIGINT; the CLI stops them
     assert took < 5.0, f"Ctrl-C took {took:.1f}s"       # not the rest of the 60 s run
     assert not wait_no_orphans(marker)
+
+
+# -- load.host_check_s: the check a study runs by itself ------------------------------------
+
+
+@pytest.mark.parametrize("value", [5, 601, -1])
+def test_a_study_host_check_out_of_range_is_refused_naming_the_field(tmp_path: Path, value: float) -> None:
+    from tuner.errors import SpecError
+    from tuner.study.study_file import parse_study
+
+    data = yaml.safe_load((ROOT / "search_spaces" / "demo.yaml").read_text())
+    data.setdefault("load", {})["host_check_s"] = value
+    with pytest.raises(SpecError) as err:
+        parse_study(yaml.safe_dump(data), "demo.yaml")
+    assert "load.host_check_s" in str(err.value) and f"host_check_s={float(value)!r}" in str(err.value)
+    assert "0 (no check) or 10 to 600 seconds" in str(err.value)
+
+
+def test_the_status_line_says_whether_the_floor_covers_the_host() -> None:
+    from tuner.status import _host_check_line
+
+    below = _host_check_line({"at": "2026-12-04T16:00:00Z", "worst_cv_5s": 0.104, "noise_floor": 0.03})
+    assert "varied by 10.4 % over 5-s stretches" in below and "0.03 is BELOW it, set at least 0.10" in below
+    assert _host_check_line({"at": "x", "worst_cv_5s": 0.02, "noise_floor": 0.03}).endswith("0.03 covers it")
+    assert "too short to judge" in _host_check_line({"at": "x", "worst_cv_5s": None, "noise_floor": 0.03})
+
+
+@pytest.mark.slow
+def test_a_study_checks_its_host_before_the_first_server_and_status_shows_it(tmp_path: Path, orphan_check) -> None:
+    from tests.conftest import run_tuner, write_study
+    from tests.faultkit import FAST
+
+    updates = {**FAST, "budget.n_trials": 1, "load.host_check_s": 10, "load.noise_floor": 0.0}
+    path, marker = write_study(tmp_path, updates=updates)
+    orphan_check.append(marker)
+    results = tmp_path / "results"
+    out = run_tuner("run", str(path), "--results", str(results))
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # Before any server: the host lines come before the study's first line (printed once Ray
+    # and the GPU groups are up).
+    host_at = out.stdout.index("[host] timing CPU work on CPUs")
+    assert host_at < out.stdout.index(f"study {path.stem}: 1 trials")
+    # A floor of 0 is below any host that moves at all: the warning names the value to set.
+    assert "[warning] load.noise_floor 0 is below it" in out.stdout, out.stdout[:3000]
+    entries = json.loads((results / path.stem / "host-check.json").read_text())
+    assert len(entries) == 1 and entries[0]["seconds"] == 10 and entries[0]["noise_floor"] == 0.0
+    assert entries[0]["floor_below_host"] is True and entries[0]["worst_cv_5s"] > 0
+    assert [c["cpu"] for c in entries[0]["cpus"]] == host_probe.default_cpus()
+    status = run_tuner("status", path.stem, "--results", str(results))
+    assert "host check" in status.stdout and "load.noise_floor 0 is BELOW it" in status.stdout, status.stdout

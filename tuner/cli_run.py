@@ -80,10 +80,44 @@ def _with_secrets(spec: StudySpec) -> StudySpec:
         raise SpecError(str(exc)) from None
 
 
+def check_host_steadiness(paths: Any, seconds: float, noise_floor: float) -> dict[str, Any]:
+    """`tuner host-check` for a study: the CPUs' own spread measured while nothing of the study
+    runs, printed, and appended to host-check.json (one entry per run and resume: a resumed
+    study may run on another day's host). A floor below it is a warning, not an error: the
+    study still ranks within its intervals, they are only narrower than the host's noise."""
+
+    import json
+    import time
+
+    from tuner.adapters import host_probe
+    from tuner.adapters.artifacts import atomic_write_json
+    from tuner.load.host_steadiness import summarize
+
+    cpus = host_probe.default_cpus()
+    say(f"[host] timing CPU work on CPUs {','.join(map(str, cpus))} for {seconds:g} s before any server "
+        f"starts (load.host_check_s)")
+    series, steal = host_probe.measure(cpus, seconds)
+    host = summarize(series, steal)
+    worst = host.worst_cv_5s
+    below = worst is not None and noise_floor < worst
+    for line in host.verdict(noise_floor):
+        say(f"[warning] {line}" if below and line.startswith("load.noise_floor") else f"[host] {line}")
+    entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": seconds, **host.to_dict(),
+             "noise_floor": noise_floor, "floor_below_host": below}
+    history: list[Any] = []
+    with contextlib.suppress(OSError, ValueError):
+        previous = json.loads(paths.host_check_json.read_text(encoding="utf-8"))
+        history = previous if isinstance(previous, list) else []
+    atomic_write_json(paths.host_check_json, [*history, entry])
+    return entry
+
+
 @contextlib.contextmanager
-def _study_executor(handle: Any, args: argparse.Namespace) -> Iterator[Any]:
+def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool = False) -> Iterator[Any]:
     """The study's lock, Ray and a started executor for as long as the block runs; every
-    server, worker and the local Ray runtime are stopped after it, whatever happens."""
+    server, worker and the local Ray runtime are stopped after it, whatever happens.
+    ``check_host``: the study's host check first (load.host_check_s), before anything of
+    ours runs beside it."""
 
     from tuner.executor import RayExecutor, init_ray
     from tuner.runfile import clean_up_previous_run, clear_run, record_run
@@ -101,6 +135,8 @@ def _study_executor(handle: Any, args: argparse.Namespace) -> Iterator[Any]:
         stale = clean_up_previous_run(handle.paths.root)
         if stale:
             say(f"[resume] stopped {len(stale)} process(es) left by an earlier, killed run")
+        if check_host and spec.load.host_check_s:
+            check_host_steadiness(handle.paths, spec.load.host_check_s, spec.load.noise_floor)
         groups = spec.execution.parallel_trials
         declared = spec.server.gpus_per_trial * (groups or 1)
         init_ray(address=args.ray_address, gpus_needed=declared,
@@ -132,7 +168,7 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
     saved_trials, saved_timeout = saved_budget(read_study_json(handle.paths))
     n_trials = n_trials or saved_trials
     timeout_s = timeout_s if timeout_s is not None else saved_timeout
-    with _study_executor(handle, args) as executor:
+    with _study_executor(handle, args, check_host=True) as executor:
         orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s, progress=say)
         say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU group(s); "
             f"results in {handle.paths.root}")

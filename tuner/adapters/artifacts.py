@@ -167,6 +167,11 @@ class StudyPaths:
         return self.root / "run.lock"
 
     @property
+    def host_check_json(self) -> Path:
+        """The host's own CPU steadiness, one entry per `run`/`resume` (load.host_check_s)."""
+        return self.root / "host-check.json"
+
+    @property
     def exports(self) -> Path:
         return self.root / "exports"
 

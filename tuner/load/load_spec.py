@@ -16,7 +16,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tuner.load.host_steadiness import MIN_SECONDS as HOST_CHECK_MIN_S
 from tuner.load.rate_search import RateSearchSpec
+
+HOST_CHECK_MAX_S = 600.0
 
 __all__ = ["Api", "Arrival", "LoadSpec", "OnUnstable", "Sizing", "WorkloadClass", "WorkloadKind",
            "WorkloadSpec", "rate_level_name"]
@@ -172,6 +175,15 @@ class LoadSpec(BaseModel):
             "Every interval gets 1.96 x noise_floor x value added in quadrature. 0.03 is the "
             "target benchmarks/level_stability.py checks on a GPU (CV <= 3 % at c=32); "
             "measure your box with it and set what you see."
+        ),
+    )
+    host_check_s: float = Field(
+        default=0.0,
+        description=(
+            "Seconds of `tuner host-check` before the first server of every run and resume "
+            "(0: none; else 10 to 600). The CPUs' own spread is recorded in host-check.json, "
+            "printed, shown by `tuner status`, and a warning says when load.noise_floor is "
+            "below it."
         ),
     )
     on_unstable: OnUnstable = Field(
@@ -370,6 +382,17 @@ class LoadSpec(BaseModel):
             raise ValueError(
                 f"rate_duration_s={value!r} is not allowed; allowed: a finite number of "
                 "seconds > 0"
+            )
+        return value
+
+    @field_validator("host_check_s")
+    @classmethod
+    def _valid_host_check(cls, value: float) -> float:
+        # Two 5-s means at least (the spread is theirs), and no study waits longer than 10 min.
+        if value != 0 and not (HOST_CHECK_MIN_S <= value <= HOST_CHECK_MAX_S):
+            raise ValueError(
+                f"host_check_s={value!r} is not allowed; allowed: 0 (no check) or "
+                f"{HOST_CHECK_MIN_S:g} to {HOST_CHECK_MAX_S:g} seconds"
             )
         return value
 
