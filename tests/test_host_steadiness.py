@@ -174,7 +174,7 @@ def test_a_study_host_check_out_of_range_is_refused_naming_the_field(tmp_path: P
 
 
 def test_the_status_line_says_whether_the_floor_covers_the_host() -> None:
-    from tuner.status import _host_check_line
+    from tuner.load.host_steadiness import check_text as _host_check_line
 
     below = _host_check_line({"at": "2026-12-04T16:00:00Z", "worst_cv_5s": 0.104, "noise_floor": 0.03})
     assert "varied by 10.4 % over 5-s stretches" in below and "0.03 is BELOW it, set at least 0.10" in below
@@ -205,3 +205,10 @@ def test_a_study_checks_its_host_before_the_first_server_and_status_shows_it(tmp
     assert [c["cpu"] for c in entries[0]["cpus"]] == host_probe.default_cpus()
     status = run_tuner("status", path.stem, "--results", str(results))
     assert "host check" in status.stdout and "load.noise_floor 0 is BELOW it" in status.stdout, status.stdout
+    # The report says it too (HTML, Markdown and report.json).
+    report = run_tuner("report", path.stem, "--results", str(results))
+    assert report.returncode == 0, report.stderr
+    folder = results / path.stem / "report"
+    assert 'id="host-check">host check' in (folder / "report.html").read_text()
+    assert "load.noise_floor 0 is BELOW it" in (folder / "report.md").read_text()
+    assert json.loads((folder / "report.json").read_text())["host_check"]["floor_below_host"] is True

@@ -23,6 +23,7 @@ from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
 from tuner.export import ExportError, choose_record, noise_notes, render_export
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
+from tuner.load.host_steadiness import check_text
 from tuner.plots import best_so_far_png, importance_png, pareto_png, startup_png
 from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points
@@ -338,6 +339,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         "noise": {str(r.number): r.noise(labels) for r in front},
         "unstable": {str(r.number): r.unstable_levels for r in front if r.unstable_levels},
         "ties": shown.ties,
+        "host_check": handle.paths.last_host_check(),
         "confirmations": {str(n): c.get("verdict") for n, c in confirmations.items()},
         "importances": importances, "importance_note": importance_note,
     }, indent=2) + "\n")
@@ -420,6 +422,8 @@ def _report_html(shown: _Shown, records: list[TrialRecord], figures: dict[str, b
     )
     ties_html = "".join(f"<li>{html.escape(t)}</li>" for t in shown.ties)
     separation = _separation_html(handle.paths.confirm_root / "ties.json")
+    host = handle.paths.last_host_check()
+    host_html = f'<p id="host-check">{html.escape(check_text(host))}.</p>' if host else ""
     unstable_front = [r for r in front if r.unstable_levels]
     warn_html = "".join(
         f'<p class="unstable" id="unstable-warning">Trial {r.number} is on the front but '
@@ -441,6 +445,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 <p>Values are ± their 95 % interval (tuner.load.uncertainty): differences inside it are ties.</p>
 {f'<ul id="ties">{ties_html}</ul>' if ties_html else '<p id="ties">No ties within noise.</p>'}
 {separation}
+{host_html}
 <p>Baseline: {"trial " + str(baseline.number) + " — " + ", ".join(f"{l}={_fmt(baseline.values.get(l))}" for l in labels) if baseline else "not measured"}.</p>
 {slo_html}
 <h2>Chosen configuration ({html.escape(pick)})</h2>
@@ -473,6 +478,8 @@ def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> s
                   + " | " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items()) + " |")
     md += ["", "Values are ± their 95 % interval; differences inside it are ties."]
     md += [f"- {t}" for t in shown.ties]
+    if (host := shown.handle.paths.last_host_check()) is not None:
+        md += ["", check_text(host) + "."]
     md += slo_md
     if confirmations:
         md += ["", "## Confirmation re-runs", ""]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.adapters.artifacts import StudyPaths, saved_budget
+from tuner.load.host_steadiness import check_text
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.study.durations import format_duration
 from tuner.study.confirmation_text import summary_text
@@ -258,30 +259,8 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "confirmations": {str(k): _with_rerun_startups(paths, v) for k, v in paths.confirmations().items()},
         "trials": [_trial_row(r, paths) for r in runs],
         "startup": _startup_summary(runs),
-        "host_check": _last_host_check(paths),
+        "host_check": paths.last_host_check(),
     }
-
-
-def _last_host_check(paths: StudyPaths) -> dict[str, Any] | None:
-    """The newest entry of host-check.json (load.host_check_s), or None."""
-
-    with contextlib.suppress(OSError, ValueError):
-        entries = json.loads(paths.host_check_json.read_text(encoding="utf-8"))
-        if isinstance(entries, list) and entries and isinstance(entries[-1], dict):
-            return entries[-1]
-    return None
-
-
-def _host_check_line(check: dict[str, Any]) -> str:
-    worst, floor = check.get("worst_cv_5s"), check.get("noise_floor")
-    if not isinstance(worst, (int, float)):
-        return f"  host check {check.get('at', '?')}: too short to judge"
-    verdict = ""
-    if isinstance(floor, (int, float)):
-        verdict = (f"; load.noise_floor {floor:g} is BELOW it, set at least {worst:.2f}" if floor < worst
-                   else f"; load.noise_floor {floor:g} covers it")
-    return (f"  host check {check.get('at', '?')}: the CPUs' own speed varied by {100 * worst:.1f} % "
-            f"over 5-s stretches{verdict}")
 
 
 def _with_rerun_startups(paths: StudyPaths, confirmation: dict[str, Any]) -> dict[str, Any]:
@@ -379,7 +358,7 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
         + (f", left {format_duration(status['time_left_s'])}" if status["time_left_s"] is not None else ""),
     ]
     if status.get("host_check"):
-        lines.append(_host_check_line(status["host_check"]))
+        lines.append(f"  {check_text(status['host_check'])}")
     if status["running"]:
         lines.append(f"  running: trial(s) {', '.join(map(str, status['running']))}")
     skipped = status["skipped"]

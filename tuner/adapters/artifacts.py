@@ -190,6 +190,15 @@ class StudyPaths:
     def confirmation_json(self, number: int) -> Path:
         return self.confirm_root / f"{number:04d}.json"
 
+    def last_host_check(self) -> dict[str, Any] | None:
+        """The newest entry of host-check.json (load.host_check_s), or None."""
+
+        with contextlib.suppress(OSError, ValueError):
+            entries = json.loads(self.host_check_json.read_text(encoding="utf-8"))
+            if isinstance(entries, list) and entries and isinstance(entries[-1], dict):
+                return entries[-1]
+        return None
+
     def confirmations(self) -> dict[int, dict[str, Any]]:
         """Every readable confirmation verdict, by trial number (plain JSON: status reads
         these without importing the models)."""

@@ -17,7 +17,7 @@ import math
 import statistics
 from dataclasses import dataclass
 
-__all__ = ["CpuSteadiness", "HostSteadiness", "MIN_SECONDS", "buckets", "summarize"]
+__all__ = ["CpuSteadiness", "HostSteadiness", "MIN_SECONDS", "buckets", "check_text", "summarize"]
 
 # Two 5-s means at least, or the spread over 5 s has no meaning.
 MIN_SECONDS = 10.0
@@ -122,6 +122,20 @@ class HostSteadiness:
             else:
                 out.append(f"load.noise_floor {noise_floor:g} covers it")
         return out
+
+
+def check_text(entry: dict[str, object]) -> str:
+    """One line for a study's recorded host check (an entry of host-check.json), as `tuner
+    status` and the report show it."""
+
+    worst, floor, at = entry.get("worst_cv_5s"), entry.get("noise_floor"), entry.get("at", "?")
+    if not isinstance(worst, (int, float)):
+        return f"host check {at}: too short to judge"
+    verdict = ""
+    if isinstance(floor, (int, float)):
+        verdict = (f"; load.noise_floor {floor:g} is BELOW it, set at least {worst:.2f}" if floor < worst
+                   else f"; load.noise_floor {floor:g} covers it")
+    return f"host check {at}: the CPUs' own speed varied by {100 * worst:.1f} % over 5-s stretches{verdict}"
 
 
 def _pct(x: float | None) -> str:
