@@ -18,6 +18,7 @@ import pytest
 from tests.conftest import load_trials, processes_with_env, run_tuner, wait_no_orphans
 from tests.faultkit import SLOW_START, Tuner, fault_study, wait_for
 from tuner.adapters import proctree
+from tuner.probe.agreement import agreement_line
 
 pytestmark = pytest.mark.slow
 
@@ -106,6 +107,8 @@ def test_late_divergence_is_caught_by_the_reference_layer_alone(probe_study: dic
     assert probe["reference"]["passed"] is False
     far = [s for s in probe["reference"]["scores"] if s["verdict"] == "far"]
     assert far and all(s["diverged_at"] >= 8 for s in far)
+    corrupt = sum(lvl["corrupt"] for lvl in probe["reference"]["levels"])
+    assert corrupt > 0 and f", {corrupt} corrupt position" in row["probe_agreement"], row
 
 
 def test_correct_trials_carry_per_prompt_reference_scores(probe_study: dict) -> None:
@@ -131,6 +134,15 @@ def test_correct_trials_carry_per_prompt_reference_scores(probe_study: dict) -> 
         assert all(s["verdict"] in ("exact", "close") for s in scores)
         outcome = json.loads((_trial_dir(probe_study, case) / "outcome.json").read_text())
         assert "buckets" in outcome["probe_coverage"]
+        # How far the answers moved from the reference's, stored with the outcome and
+        # shown by status: every scored answer is counted once.
+        exact = sum(lvl["exact"] for lvl in probe["reference"]["levels"])
+        asked = sum(lvl["prompts"] for lvl in probe["reference"]["levels"])
+        assert outcome["probe_agreement"] == agreement_line(probe["reference"])
+        assert outcome["probe_agreement"].startswith(
+            f"answers identical to the reference's: {exact}/{asked} over {len(levels)} batch sizes")
+        assert "0 corrupt positions" in outcome["probe_agreement"]
+        assert row["probe_agreement"] == outcome["probe_agreement"]
         assert probe["known_answers"]["total"] > 0
         outcome = json.loads((_trial_dir(probe_study, case) / "outcome.json").read_text())
         assert 0 < outcome["probe_s"] < outcome["trial_s"]

@@ -213,7 +213,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         from tuner.export import noise_notes
 
         notes = noise_notes(read_records(study), labels, directions, record)
-        text = render_export(handle.spec, handle.name, record, args.format, notes)
+        text = render_export(handle.spec, handle.name, record, args.format, notes,
+                             handle.paths.probe_agreement(record.number, record.attrs.get("outcome", {})))
         if args.check:
             return _check_export(handle, record, args)
     except (ExportError, ValueError) as exc:

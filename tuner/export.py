@@ -141,10 +141,12 @@ def _value_lines(record: TrialRecord) -> list[str]:
 
 
 def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
-                     notes: list[str] | None = None) -> Exported:
+                     notes: list[str] | None = None, agreement: str | None = None) -> Exported:
     """The trial's command for export: rendered from the public server section, secret
     references marked, the metadata every format shows (``notes``: ties noise leaves
-    around it, :func:`noise_notes`)."""
+    around it, :func:`noise_notes`; ``agreement``: how far its answers moved from the
+    reference's, ``StudyPaths.probe_agreement`` - a passing probe allows numerics, and the
+    person deploying it should see how much)."""
 
     public = spec.model_copy(update={"server": public_server(spec.server)})
     # 'python' rather than this machine's interpreter path: the export is for another box.
@@ -172,6 +174,8 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
     title = f"tuner study {study_name}, trial {record.number}"
     header = [f"tuner export: study {study_name}, trial {record.number} ({record.outcome})"]
     header += _value_lines(record) + _slo_lines(spec, record) + [f"  {n}" for n in notes or []]
+    if agreement:
+        header.append(f"  probe: {agreement}")
     header.append(f"  tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
     meta = {
         "study": study_name,
@@ -181,6 +185,7 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
         "noise": record.noise(list(record.values)),
         "unstable_levels": record.unstable_levels,
         "ties": list(notes or []),
+        "probe_agreement": agreement,
         "params": record.params,
         "slo": None if spec.slo is None else spec.slo.model_dump(mode="json"),
         "max_rate": record.attrs.get("outcome", {}).get("max_rate"),
@@ -196,15 +201,16 @@ _WRITERS = {"shell": shell_text, "env": env_text, "json": json_text, "systemd": 
 
 
 def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: str,
-                  notes: list[str] | None = None) -> str:
+                  notes: list[str] | None = None, agreement: str | None = None) -> str:
     """The trial in format ``fmt``; ExportError when the format cannot carry it.
-    ``notes``: ties noise leaves around it (:func:`noise_notes`), in the metadata."""
+    ``notes`` (ties noise leaves around it, :func:`noise_notes`) and ``agreement`` (its
+    answers against the reference's) go into the metadata."""
 
     writer = _WRITERS.get(fmt)
     if writer is None:
         raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
     try:
-        return writer(exported_command(spec, study_name, record, notes))
+        return writer(exported_command(spec, study_name, record, notes, agreement))
     except ExportFormatError as exc:
         raise ExportError(f"{fmt}: {exc}") from None
 

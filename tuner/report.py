@@ -194,6 +194,8 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
             )
         if outcome.get("probe_passed") is False:
             notes.append("probe failed: " + html.escape(str(outcome.get("probe_reason"))))
+        if (agreement := handle.paths.probe_agreement(r.number, outcome)) is not None:
+            notes.append("probe: " + html.escape(agreement))
         if outcome.get("max_rate"):
             notes.append(html.escape(max_rate_text(outcome["max_rate"])))
         failure = r.attrs.get("failure")
@@ -311,7 +313,8 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         chosen = choose_record(records, labels, directions, trial=None, pick=pick, filters=[], force=False,
                                confirmations=confirmations)
         export_text = render_export(handle.spec, handle.name, chosen, "shell",
-                                    noise_notes(records, labels, directions, chosen))
+                                    noise_notes(records, labels, directions, chosen),
+                                    handle.paths.probe_agreement(chosen.number, chosen.attrs.get("outcome", {})))
     except ExportError as exc:
         chosen, export_text = None, f"# nothing to export: {exc}\n"
     counts: dict[str, int] = {}
@@ -339,6 +342,8 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         "noise": {str(r.number): r.noise(labels) for r in front},
         "unstable": {str(r.number): r.unstable_levels for r in front if r.unstable_levels},
         "ties": shown.ties,
+        "probe_agreement": {str(r.number): a for r in front
+                            if (a := handle.paths.probe_agreement(r.number, r.attrs.get("outcome", {})))},
         "host_check": handle.paths.last_host_check(),
         "confirmations": {str(n): c.get("verdict") for n, c in confirmations.items()},
         "importances": importances, "importance_note": importance_note,
@@ -478,6 +483,11 @@ def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> s
                   + " | " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items()) + " |")
     md += ["", "Values are ± their 95 % interval; differences inside it are ties."]
     md += [f"- {t}" for t in shown.ties]
+    agreements = [(r.number, a) for r in front
+                  if (a := shown.handle.paths.probe_agreement(r.number, r.attrs.get("outcome", {})))]
+    if agreements:
+        md += ["", "The probe passed each of them; how far their answers moved from the reference's:"]
+        md += [f"- trial {n}: {a}" for n, a in agreements]
     if (host := shown.handle.paths.last_host_check()) is not None:
         md += ["", check_text(host) + "."]
     md += slo_md

@@ -103,6 +103,7 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
     outcome = record.attrs.get("outcome", {})
     checks = read_checks(handle, record.number) if handle is not None else []
     probe_s, trial_s = outcome.get("probe_s"), outcome.get("trial_s")
+    folder = (handle if isinstance(handle, StudyPaths) else handle.paths) if handle is not None else paths
     speculation = _speculation(outcome)
     method = None
     if speculation is not None:
@@ -126,6 +127,8 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "probe_passed": outcome.get("probe_passed"),
         "probe_reason": outcome.get("probe_reason"),
         "probe_coverage": outcome.get("probe_coverage"),
+        "probe_agreement": (folder.probe_agreement(record.number, outcome) if folder is not None
+                            else outcome.get("probe_agreement")),
         "startup_s": outcome.get("startup_s"),
         "probe_s": probe_s,
         "trial_s": trial_s,
@@ -385,6 +388,8 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
         lines.append(f"  trial {row['trial']:>3}{' [baseline]' if row['baseline'] else ''}: {vals}{gain}"
                      f"{_unstable_text(row)}")
         lines.append(f"             {params}")
+        if row.get("probe_agreement"):
+            lines.append(f"             {row['probe_agreement']}")
         if row.get("max_rate"):
             lines.append(f"             {max_rate_text(row['max_rate'])}")
         confirmation = status.get("confirmations", {}).get(str(row["trial"]))
@@ -446,6 +451,8 @@ def _trial_lines(row: dict[str, Any], labels: list[str], directions: list[str]) 
                  if row.get("probe_share") is not None else "")
         covered = f"; {row['probe_coverage']}" if row.get("probe_coverage") else ""
         lines.append(f"        probe {row['probe_s']:.1f}s{share}{covered}")
+    if row.get("probe_agreement"):
+        lines.append(f"        {row['probe_agreement']}")
     if row.get("startup"):
         lines.extend(_startup_lines(row))
     elif row.get("compile") and row["compile"].get("cache") not in (None, "none"):

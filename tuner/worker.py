@@ -34,6 +34,7 @@ from tuner.adapters.launcher import TAG_VAR, ServerProcess
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.sweep import run_sweep
 from tuner.load.uncertainty import with_noise_floor
+from tuner.probe.agreement import agreement_line
 from tuner.probe.client import load_probe_items, run_probe
 from tuner.probe.known_score import ProbeResult
 from tuner.probe.shapes import log_boundaries
@@ -313,7 +314,9 @@ class TrialWorker:
         outcome.probe_passed = result.passed
         outcome.probe_reason = result.reason
         outcome.probe_coverage = None if result.coverage is None else result.coverage.short()
-        self._write_json(trial_dir / "probe.json", result.model_dump(mode="json"))
+        record = result.model_dump(mode="json")
+        outcome.probe_agreement = agreement_line(record.get("reference"))
+        self._write_json(trial_dir / "probe.json", record)
 
     async def _record_reference(self, request: TrialRequest, outcome: TrialOutcome) -> None:
         """Record the study's reference from this (reference-configuration) server and

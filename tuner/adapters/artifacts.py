@@ -22,9 +22,11 @@ import errno
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tuner.probe.agreement import agreement_line
 from tuner.study.safe_yaml import MAX_BYTES
 from tuner.study.study_name import check_study_name
 from tuner.errors import ArtifactWriteError, SpecError
@@ -198,6 +200,21 @@ class StudyPaths:
             if isinstance(entries, list) and entries and isinstance(entries[-1], dict):
                 return entries[-1]
         return None
+
+    def probe_agreement(self, number: int, outcome: Mapping[str, Any]) -> str | None:
+        """How far trial ``number``'s answers moved from the reference's, one line
+        (tuner.probe.agreement): the stored attribute, or read back from its probe.json for
+        a trial recorded before that attribute existed. None without a reference probe."""
+
+        if outcome.get("probe_agreement"):
+            return str(outcome["probe_agreement"])
+        if outcome.get("probe_passed") is None:
+            return None
+        try:
+            data = json.loads((self.trial_dir(number) / "probe.json").read_text(encoding="utf-8"))
+            return agreement_line(data.get("reference")) if isinstance(data, dict) else None
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
 
     def confirmations(self) -> dict[int, dict[str, Any]]:
         """Every readable confirmation verdict, by trial number (plain JSON: status reads

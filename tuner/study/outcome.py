@@ -102,6 +102,9 @@ class TrialOutcome(BaseModel):
     probe_coverage: str | None = Field(
         default=None, description="What the probe covered (prompt-length buckets, decode "
         "batch sizes, strata, compared positions), one line: probe.shapes.Coverage.short")
+    probe_agreement: str | None = Field(
+        default=None, description="How far the answers moved from the reference's (identical "
+        "answers, near-tie divergences, corrupt positions), one line: probe.agreement")
     stop: dict[str, Any] = Field(default_factory=dict)
     early_stop: dict[str, Any] | None = Field(
         default=None, description="study.sweep_guard.SweepGuard.record: why and after which "

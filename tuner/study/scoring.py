@@ -149,6 +149,7 @@ def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
         "probe_passed": outcome.probe_passed,
         "probe_reason": outcome.probe_reason,
         "probe_coverage": outcome.probe_coverage,
+        "probe_agreement": outcome.probe_agreement,
         "levels": outcome.levels,
         "rate_levels": outcome.rate_levels,
         "max_rate": outcome.max_rate,
