@@ -60,6 +60,8 @@ def test_study_paths_prefers_the_stored_line_and_reads_old_folders(tmp_path: Pat
     paths = StudyPaths.of(H200.parent, H200.name)
     assert paths.probe_agreement(2, {"probe_agreement": "stored"}) == "stored"
     assert paths.probe_agreement(2, {}) is None          # no probe ran
+    # Stored as None (no reference compared): not looked for in probe.json again.
+    assert paths.probe_agreement(2, {"probe_agreement": None, "probe_passed": True}) is None
     probe = json.loads((H200 / "trials" / "0002" / "probe.json").read_text())
     assert paths.probe_agreement(2, {"probe_passed": True}) == agreement_line(probe["reference"])
     missing = StudyPaths.of(tmp_path, "gone")

@@ -206,8 +206,9 @@ class StudyPaths:
         (tuner.probe.agreement): the stored attribute, or read back from its probe.json for
         a trial recorded before that attribute existed. None without a reference probe."""
 
-        if outcome.get("probe_agreement"):
-            return str(outcome["probe_agreement"])
+        if "probe_agreement" in outcome:    # stored - None when no reference was compared
+            line = outcome["probe_agreement"]
+            return None if line is None else str(line)
         if outcome.get("probe_passed") is None:
             return None
         try:
