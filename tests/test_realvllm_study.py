@@ -205,6 +205,14 @@ def check_study_artifacts(results: Path, name: str) -> None:
         assert sum(r["correct"] for r in known["records"]) == known["correct"]
         # Greedy agreement with the study's eager reference, scored prompt by prompt.
         assert probe["reference"]["passed"] is True, (number, probe["reference"])
+        # ... and how far its answers moved, stored with the outcome for status and export.
+        line = json.loads((study_dir / "trials" / f"{number:04d}" / "outcome.json").read_text())[
+            "probe_agreement"]
+        identical = sum(lv["exact"] for lv in probe["reference"]["levels"])
+        asked = sum(lv["prompts"] for lv in probe["reference"]["levels"])
+        assert line.startswith(f"answers identical to the reference's: {identical}/{asked} over 4 "
+                               "batch sizes"), (number, line)
+        assert "0 corrupt positions" in line, (number, line)
     check_reference(study_dir, by_params[ngram_key])
 
     # -- the silent cudagraph downgrade is caught, shown, and kept off the front -----------
