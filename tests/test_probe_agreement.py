@@ -106,3 +106,21 @@ def test_export_and_report_carry_it(h200_copy: Path) -> None:
     assert FDO in (folder / "report.md").read_text()
     assert "41 corrupt positions" in (folder / "report.html").read_text()
     assert json.loads((folder / "report.json").read_text())["probe_agreement"]["2"] == FDO
+
+
+def test_a_folder_study_derives_it_from_each_probe(tmp_path: Path) -> None:
+    """results/examples/smollm2-cpu has no Optuna storage: status rebuilds it from the trial
+    files (tuner.study.folder), which predate the stored line. The real CPU figures: eager
+    float32 with n-gram speculation left every answer identical to the eager float32
+    reference's, bfloat16 changed 3 of 18 at near ties."""
+
+    shutil.copytree(ROOT / "results" / "examples" / "smollm2-cpu", tmp_path / "smollm2-cpu")
+    rows = json.loads(run_tuner("status", "smollm2-cpu", "--results", str(tmp_path), "--json").stdout)
+    by_trial = {r["trial"]: r for r in rows["trials"]}
+    assert by_trial[2]["params"]["dtype"] == "bfloat16"
+    assert by_trial[2]["probe_agreement"].startswith(
+        "answers identical to the reference's: 15/18 over 2 batch sizes (14/16 at batch 8); "
+        "3 diverged at a near tie, 0 corrupt positions")
+    assert by_trial[4]["params"]["spec_method"] == "ngram"
+    assert by_trial[4]["probe_agreement"].startswith("answers identical to the reference's: 18/18 ")
+    assert by_trial[1]["probe_agreement"] is None          # stopped before its probe

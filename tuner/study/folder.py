@@ -27,6 +27,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from tuner.adapters.artifacts import StudyPaths, open_private, read_text_bounded
 from tuner.study import samplers, space
+from tuner.probe.agreement import agreement_line
 from tuner.study.outcome import TrialOutcome
 from tuner.vllm.knobs import RenderedCommand, shell_line
 from tuner.study.spec import StudySpec
@@ -129,6 +130,10 @@ def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
         return None
     if outcome.number != number:
         return None
+    if "probe_agreement" not in outcome_data and outcome.probe_passed is not None:
+        # Recorded before the worker stored this line: derived from the trial's probe.json.
+        probe = _read_json(trial_dir / "probe.json")
+        outcome.probe_agreement = agreement_line(probe.get("reference")) if probe else None
     values: dict[str, Any] = dict(command["values"])
     params: dict[str, Any] = {}
     distributions: dict[str, optuna.distributions.BaseDistribution] = {}
