@@ -122,7 +122,12 @@ def test_status_from_this_folder_is_what_the_box_printed(tmp_path: Path,
     box = (STUDY / "status.txt").read_text().replace(
         "(bound, c=32 skipped)  tpot_ms.mean@c1=4.663  [stopped after inside c32:",
         "(bound, c=32 stopped inside)  tpot_ms.mean@c1=7.552±2.9  [stopped inside c32:")
-    assert capsys.readouterr().out == box
+    # And each probed trial now has a line the box's tuner did not print: how far its answers
+    # moved from the reference's (read back from its probe.json), on the front and per trial.
+    out = capsys.readouterr().out
+    added = [line for line in out.splitlines() if line.lstrip().startswith("answers identical to")]
+    assert len(added) == 9, added   # the front's trial 2 + all 8 trials (FULL's too)
+    assert "\n".join(line for line in out.splitlines() if line not in added) + "\n" == box
 
 
 def test_the_front_is_full_decode_only_tied_with_full_and_piecewise() -> None:
