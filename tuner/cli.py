@@ -214,7 +214,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         notes = noise_notes(read_records(study), labels, directions, record)
         text = render_export(handle.spec, handle.name, record, args.format, notes,
-                             handle.paths.probe_agreement(record.number, record.attrs.get("outcome", {})))
+                             handle.paths.probe_agreement(record.number, record.attrs.get("outcome", {})),
+                             handle.paths.environment()[0])
         if args.check:
             return _check_export(handle, record, args)
     except (ExportError, ValueError) as exc:
@@ -326,6 +327,12 @@ def cmd_host_check(args: argparse.Namespace) -> int:
 # -- parser -----------------------------------------------------------------------
 
 
+def _allow_environment_change(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--allow-environment-change", action="store_true",
+                   help="continue a study although its vLLM, torch, GPU, driver, CPU or model files "
+                        "changed since its first run (recorded in study.json)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tuner", description="Find the best vLLM serving configuration.")
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
@@ -351,6 +358,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--n-trials", type=int, help="trials to reach (overrides budget.n_trials)")
         p.add_argument("--timeout", help="wall-clock limit such as 8h (overrides budget.timeout)")
         p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+        _allow_environment_change(p)
         p.set_defaults(func=cmd_run if name == "run" else cmd_resume)
 
     p = sub.add_parser("status", help="progress, failures and the current Pareto front")
@@ -386,6 +394,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--confirm", action="store_true",
                    help="first re-run the chosen point on a fresh server (confirm: section); export only if it holds up")
     p.add_argument("--ray-address", help="with --confirm: join this Ray cluster instead of starting a local one")
+    _allow_environment_change(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("confirm", help="re-run front points (or given trials) on a fresh server and compare")
@@ -396,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, choices=range(1, 6), metavar="1-5", help="re-runs per trial (default: confirm.repeats)")
     p.add_argument("--tolerance", type=float, help="allowed relative worsening, e.g. 0.1 (default: confirm.tolerance)")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+    _allow_environment_change(p)
     p.set_defaults(func=cmd_confirm)
 
     _add_measuring_commands(sub)

@@ -135,6 +135,7 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
         stale = clean_up_previous_run(handle.paths.root)
         if stale:
             say(f"[resume] stopped {len(stale)} process(es) left by an earlier, killed run")
+        _check_environment(handle, allow_change=getattr(args, "allow_environment_change", False))
         if check_host and spec.load.host_check_s:
             check_host_steadiness(handle.paths, spec.load.host_check_s, spec.load.noise_floor)
         groups = spec.execution.parallel_trials
@@ -153,6 +154,23 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
 
             ray.shutdown()
             clear_run(handle.paths.root)
+
+
+def _check_environment(handle: Any, *, allow_change: bool) -> None:
+    """Refuse to add measurements from another environment to the study's (another vLLM,
+    driver, GPU, CPU or model: tuner.study.environment); pin it on the first run."""
+
+    from tuner.adapters.environment import current_environment
+    from tuner.study.environment import summary
+    from tuner.study.store import pin_environment
+
+    now = current_environment(handle.spec)
+    changed = pin_environment(handle.paths, now, allow_change=allow_change, name=handle.name)
+    if changed:
+        say(f"[warning] the environment changed since this study's first run: {'; '.join(changed)}; "
+            "continuing as --allow-environment-change asks (recorded in study.json)")
+    else:
+        say(f"[environment] {summary(now)}")
 
 
 def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None) -> int:

@@ -20,6 +20,7 @@ from tuner.export_formats import (FORMATS, Exported, ExportFormatError, env_text
 from tuner.secrets import MARK, as_reference, public_server, secret_slots
 from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.confirmation import blocks_export
+from tuner.study.environment import summary as environment_summary
 from tuner.study.pareto import Filter, pick_point
 from tuner.study.space import trial_command
 from tuner.study.spec import StudySpec
@@ -141,12 +142,14 @@ def _value_lines(record: TrialRecord) -> list[str]:
 
 
 def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
-                     notes: list[str] | None = None, agreement: str | None = None) -> Exported:
+                     notes: list[str] | None = None, agreement: str | None = None,
+                     environment: dict[str, Any] | None = None) -> Exported:
     """The trial's command for export: rendered from the public server section, secret
     references marked, the metadata every format shows (``notes``: ties noise leaves
     around it, :func:`noise_notes`; ``agreement``: how far its answers moved from the
     reference's, ``StudyPaths.probe_agreement`` - a passing probe allows numerics, and the
-    person deploying it should see how much)."""
+    person deploying it should see how much; ``environment``: what it was measured with,
+    tuner.study.environment - the same flags on another vLLM are another measurement)."""
 
     public = spec.model_copy(update={"server": public_server(spec.server)})
     # 'python' rather than this machine's interpreter path: the export is for another box.
@@ -176,6 +179,8 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
     header += _value_lines(record) + _slo_lines(spec, record) + [f"  {n}" for n in notes or []]
     if agreement:
         header.append(f"  probe: {agreement}")
+    if environment:
+        header.append(f"  measured with: {environment_summary(environment)}")
     header.append(f"  tuner {__version__}, {time.strftime('%Y-%m-%d %H:%M:%S')}")
     meta = {
         "study": study_name,
@@ -186,6 +191,7 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
         "unstable_levels": record.unstable_levels,
         "ties": list(notes or []),
         "probe_agreement": agreement,
+        "environment": environment,
         "params": record.params,
         "slo": None if spec.slo is None else spec.slo.model_dump(mode="json"),
         "max_rate": record.attrs.get("outcome", {}).get("max_rate"),
@@ -201,16 +207,18 @@ _WRITERS = {"shell": shell_text, "env": env_text, "json": json_text, "systemd": 
 
 
 def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: str,
-                  notes: list[str] | None = None, agreement: str | None = None) -> str:
+                  notes: list[str] | None = None, agreement: str | None = None,
+                  environment: dict[str, Any] | None = None) -> str:
     """The trial in format ``fmt``; ExportError when the format cannot carry it.
-    ``notes`` (ties noise leaves around it, :func:`noise_notes`) and ``agreement`` (its
-    answers against the reference's) go into the metadata."""
+    ``notes`` (ties noise leaves around it, :func:`noise_notes`), ``agreement`` (its
+    answers against the reference's) and ``environment`` (what it was measured with) go
+    into the metadata."""
 
     writer = _WRITERS.get(fmt)
     if writer is None:
         raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
     try:
-        return writer(exported_command(spec, study_name, record, notes, agreement))
+        return writer(exported_command(spec, study_name, record, notes, agreement, environment))
     except ExportFormatError as exc:
         raise ExportError(f"{fmt}: {exc}") from None
 

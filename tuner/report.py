@@ -20,6 +20,7 @@ import optuna
 
 from tuner.adapters.artifacts import atomic_write_text, make_private_dir, open_private
 from tuner.study.durations import format_duration
+from tuner.study.environment import environment_lines
 from tuner.study.confirmation_text import summary_text
 from tuner.export import ExportError, choose_record, noise_notes, render_export
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
@@ -314,7 +315,8 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
                                confirmations=confirmations)
         export_text = render_export(handle.spec, handle.name, chosen, "shell",
                                     noise_notes(records, labels, directions, chosen),
-                                    handle.paths.probe_agreement(chosen.number, chosen.attrs.get("outcome", {})))
+                                    handle.paths.probe_agreement(chosen.number, chosen.attrs.get("outcome", {})),
+                                    handle.paths.environment()[0])
     except ExportError as exc:
         chosen, export_text = None, f"# nothing to export: {exc}\n"
     counts: dict[str, int] = {}
@@ -345,6 +347,8 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         "probe_agreement": {str(r.number): a for r in front
                             if (a := handle.paths.probe_agreement(r.number, r.attrs.get("outcome", {})))},
         "host_check": handle.paths.last_host_check(),
+        "environment": handle.paths.environment()[0],
+        "environment_changes": handle.paths.environment()[1],
         "confirmations": {str(n): c.get("verdict") for n, c in confirmations.items()},
         "importances": importances, "importance_note": importance_note,
     }, indent=2) + "\n")
@@ -429,6 +433,8 @@ def _report_html(shown: _Shown, records: list[TrialRecord], figures: dict[str, b
     separation = _separation_html(handle.paths.confirm_root / "ties.json")
     host = handle.paths.last_host_check()
     host_html = f'<p id="host-check">{html.escape(check_text(host))}.</p>' if host else ""
+    host_html += "".join(f'<p class="environment">{html.escape(line.strip())}</p>'
+                         for line in environment_lines(*handle.paths.environment()))
     unstable_front = [r for r in front if r.unstable_levels]
     warn_html = "".join(
         f'<p class="unstable" id="unstable-warning">Trial {r.number} is on the front but '
@@ -490,6 +496,7 @@ def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> s
         md += [f"- trial {n}: {a}" for n, a in agreements]
     if (host := shown.handle.paths.last_host_check()) is not None:
         md += ["", check_text(host) + "."]
+    md += [line.strip() for line in environment_lines(*shown.handle.paths.environment())]
     md += slo_md
     if confirmations:
         md += ["", "## Confirmation re-runs", ""]

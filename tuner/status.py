@@ -14,6 +14,7 @@ from tuner.adapters.artifacts import StudyPaths, saved_budget
 from tuner.load.host_steadiness import check_text
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.study.durations import format_duration
+from tuner.study.environment import environment_lines
 from tuner.study.confirmation_text import summary_text
 from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points, stop_record_text
@@ -263,6 +264,8 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "trials": [_trial_row(r, paths) for r in runs],
         "startup": _startup_summary(runs),
         "host_check": paths.last_host_check(),
+        "environment": (environment := paths.environment())[0],
+        "environment_changes": environment[1],
     }
 
 
@@ -362,6 +365,7 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     ]
     if status.get("host_check"):
         lines.append(f"  {check_text(status['host_check'])}")
+    lines.extend(environment_lines(status.get("environment"), status.get("environment_changes") or []))
     if status["running"]:
         lines.append(f"  running: trial(s) {', '.join(map(str, status['running']))}")
     skipped = status["skipped"]

@@ -217,6 +217,18 @@ class StudyPaths:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
+    def environment(self) -> tuple[dict[str, Any] | None, list[dict[str, Any]]]:
+        """The environment the study pinned on its first run and the changes allowed since
+        (study.json; tuner.study.environment), read as plain JSON for status and report."""
+
+        with contextlib.suppress(OSError, ValueError):
+            meta = json.loads(self.study_json.read_text(encoding="utf-8"))
+            if isinstance(meta, dict):
+                pinned = meta.get("environment")
+                changes = [c for c in meta.get("environment_changes") or [] if isinstance(c, dict)]
+                return (pinned if isinstance(pinned, dict) else None), changes
+        return None, []
+
     def confirmations(self) -> dict[int, dict[str, Any]]:
         """Every readable confirmation verdict, by trial number (plain JSON: status reads
         these without importing the models)."""

@@ -326,6 +326,45 @@ def remember_budget(paths: StudyPaths, *, n_trials: int | None, timeout_s: float
     return None
 
 
+def pin_environment(paths: StudyPaths, now: dict[str, Any], *, allow_change: bool,
+                    name: str) -> list[str]:
+    """Compare this machine's environment with the one the study pinned on its first run
+    (tuner.study.environment); pin it when there is none yet.
+
+    Returns what changed (empty when nothing did), after recording the change in
+    study.json under ``environment_changes`` when ``allow_change``.
+
+    Raises:
+        StudyError: the environment changed and ``allow_change`` is false; the message
+            names every change and both ways on.
+    """
+
+    from tuner.study.environment import differences
+
+    meta = read_study_json(paths)
+    pinned = meta.get("environment")
+    if not isinstance(pinned, dict):
+        meta["environment"] = now
+        atomic_write_json(paths.study_json, meta)
+        return []
+    changed = differences(pinned, now)
+    if not changed:
+        return []
+    if not allow_change:
+        raise StudyError(
+            f"study {name!r} was measured in another environment: {'; '.join(changed)}. Numbers "
+            "from the two are not comparable (one configuration measured 46 % apart on two H200 "
+            "boxes), so nothing was started. Start a new study (`tuner run FILE --study NEW_NAME`), "
+            "or pass --allow-environment-change to continue this one anyway: the change is then "
+            "recorded in study.json and shown by `tuner status`")
+    finished = finished_trial_numbers(paths)
+    meta.setdefault("environment_changes", []).append(
+        {"unix": time.time(), "changes": changed, "environment": now,
+         "from_trial": finished[-1] + 1 if finished else 0})
+    atomic_write_json(paths.study_json, meta)
+    return changed
+
+
 def read_study_json(paths: StudyPaths) -> dict[str, Any]:
     """study.json as a mapping, or StudyError in one line when it is damaged."""
 

