@@ -31,7 +31,16 @@ __all__ = ["say", "load_spec_file", "on_this_host", "confirm", "cmd_run", "cmd_r
 
 
 def say(line: str) -> None:
-    print(line, flush=True)
+    """Print a progress line. A study outlives its console: when stdout has gone (`tuner run
+    ... | head`, a closed `tee`), further lines go to /dev/null and the study runs on - its
+    record is the study folder, not the terminal."""
+
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 def load_spec_file(path: str) -> StudySpec:
