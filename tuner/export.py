@@ -11,6 +11,7 @@ reference already.
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from tuner import __version__
@@ -143,7 +144,7 @@ def _value_lines(record: TrialRecord) -> list[str]:
 
 def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
                      notes: list[str] | None = None, agreement: str | None = None,
-                     environment: dict[str, Any] | None = None) -> Exported:
+                     environment: Mapping[str, Any] | None = None) -> Exported:
     """The trial's command for export: rendered from the public server section, secret
     references marked, the metadata every format shows (``notes``: ties noise leaves
     around it, :func:`noise_notes`; ``agreement``: how far its answers moved from the
@@ -191,7 +192,7 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
         "unstable_levels": record.unstable_levels,
         "ties": list(notes or []),
         "probe_agreement": agreement,
-        "environment": environment,
+        "environment": None if environment is None else dict(environment),
         "params": record.params,
         "slo": None if spec.slo is None else spec.slo.model_dump(mode="json"),
         "max_rate": record.attrs.get("outcome", {}).get("max_rate"),
@@ -208,7 +209,7 @@ _WRITERS = {"shell": shell_text, "env": env_text, "json": json_text, "systemd": 
 
 def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: str,
                   notes: list[str] | None = None, agreement: str | None = None,
-                  environment: dict[str, Any] | None = None) -> str:
+                  environment: Mapping[str, Any] | None = None) -> str:
     """The trial in format ``fmt``; ExportError when the format cannot carry it.
     ``notes`` (ties noise leaves around it, :func:`noise_notes`), ``agreement`` (its
     answers against the reference's) and ``environment`` (what it was measured with) go

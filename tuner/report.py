@@ -20,7 +20,7 @@ import optuna
 
 from tuner.adapters.artifacts import atomic_write_text, make_private_dir, open_private
 from tuner.study.durations import format_duration
-from tuner.study.environment import environment_lines
+from tuner.study.environment import environment_for, environment_lines
 from tuner.study.confirmation_text import summary_text
 from tuner.export import ExportError, choose_record, noise_notes, render_export
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
@@ -316,7 +316,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         export_text = render_export(handle.spec, handle.name, chosen, "shell",
                                     noise_notes(records, labels, directions, chosen),
                                     handle.paths.probe_agreement(chosen.number, chosen.attrs.get("outcome", {})),
-                                    handle.paths.environment()[0])
+                                    environment_for(chosen.number, *handle.paths.environment()))
     except ExportError as exc:
         chosen, export_text = None, f"# nothing to export: {exc}\n"
     counts: dict[str, int] = {}

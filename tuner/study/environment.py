@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["COMPARED", "differences", "environment_lines", "summary"]
+__all__ = ["COMPARED", "differences", "environment_for", "environment_lines", "summary"]
 
 # The fields compared, with the words a change is reported in.
 COMPARED: dict[str, str] = {
@@ -80,7 +80,7 @@ def summary(env: Mapping[str, Any]) -> str:
         names = sorted(set(gpus))
         parts.append(f"{len(gpus)} x {' + '.join(names)}" + (f" (driver {driver})" if driver else ""))
     else:
-        parts.append("no GPU seen" if gpus == [] else "GPUs unknown")
+        parts.append("no GPU seen" if gpus == [] else "no GPU facts (no nvidia-smi answer)")
     cpu = env.get("cpu_model")
     if cpu:
         parts.append(f"{env.get('cpus') or '?'} x {cpu}")
@@ -105,3 +105,16 @@ def environment_lines(pinned: Mapping[str, Any] | None,
                      + "; ".join(str(c) for c in change.get("changes") or [])
                      + " - trials before and after are not comparable")
     return lines
+
+
+def environment_for(trial: int, pinned: Mapping[str, Any] | None,
+                    changes: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The environment trial ``trial`` was measured in: the pinned one, or that of the last
+    allowed change from which on it ran (an export must not claim the pinned versions for a
+    trial measured after an upgrade)."""
+
+    current = pinned
+    for change in sorted(changes, key=lambda c: int(c.get("from_trial", 0))):
+        if int(change.get("from_trial", 0)) <= trial and isinstance(change.get("environment"), Mapping):
+            current = change["environment"]
+    return current
