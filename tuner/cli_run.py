@@ -144,7 +144,8 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
         stale = clean_up_previous_run(handle.paths.root)
         if stale:
             say(f"[resume] stopped {len(stale)} process(es) left by an earlier, killed run")
-        _check_environment(handle, allow_change=getattr(args, "allow_environment_change", False))
+        _check_environment(handle, allow_change=getattr(args, "allow_environment_change", False),
+                           cluster=getattr(args, "ray_address", None) is not None)
         if check_host and spec.load.host_check_s:
             check_host_steadiness(handle.paths, spec.load.host_check_s, spec.load.noise_floor)
         groups = spec.execution.parallel_trials
@@ -165,7 +166,7 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
             clear_run(handle.paths.root)
 
 
-def _check_environment(handle: Any, *, allow_change: bool) -> None:
+def _check_environment(handle: Any, *, allow_change: bool, cluster: bool) -> None:
     """Refuse to add measurements from another environment to the study's (another vLLM,
     driver, GPU, CPU or model: tuner.study.environment); pin it on the first run."""
 
@@ -173,7 +174,7 @@ def _check_environment(handle: Any, *, allow_change: bool) -> None:
     from tuner.study.environment import summary
     from tuner.study.store import pin_environment
 
-    now = current_environment(handle.spec)
+    now = current_environment(handle.spec, cluster=cluster)
     changed = pin_environment(handle.paths, now, allow_change=allow_change, name=handle.name)
     if changed:
         say(f"[warning] the environment changed since this study's first run: {'; '.join(changed)}; "

@@ -134,8 +134,10 @@ def model_digest(model: str) -> str:
     return h.hexdigest()[:16]
 
 
-def current_environment(spec: StudySpec) -> dict[str, Any]:
-    """This machine's environment for ``spec`` (tuner.study.environment's fields)."""
+def current_environment(spec: StudySpec, *, cluster: bool = False) -> dict[str, Any]:
+    """This machine's environment for ``spec`` (tuner.study.environment's fields);
+    ``cluster``: the run joins a Ray cluster (--ray-address), so its trials may run on
+    other hosts than this one."""
 
     gpus, driver = _gpus()
     try:
@@ -154,4 +156,5 @@ def current_environment(spec: StudySpec) -> dict[str, Any]:
         "cpus": cpus,
         "model": model,
         "host": socket.gethostname(),
+        "cluster": cluster,
     }
