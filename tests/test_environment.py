@@ -91,6 +91,19 @@ def test_the_simulator_study_reports_this_tuner_and_machine() -> None:
         assert env["gpus"] is None and env["gpu_driver"] is None
 
 
+def test_packages_are_asked_with_the_servers_own_environment(tmp_path: Path) -> None:
+    """A kit unpacked onto PYTHONPATH (the offline GPU box) is seen through server.env."""
+
+    dist = tmp_path / "kit" / "vllm-0.26.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
+    spec = load_spec_file(str(ROOT / "search_spaces" / "demo.yaml"))
+    assert "vllm" not in (server_packages(spec) or {})
+    spec = spec.model_copy(update={"server": spec.server.model_copy(
+        update={"env": {**spec.server.env, "PYTHONPATH": str(tmp_path / "kit")}})})
+    assert (server_packages(spec) or {}).get("vllm") == "0.26.0"
+
+
 def test_a_server_command_that_is_not_python_gives_unknown_packages() -> None:
     spec = load_spec_file(str(ROOT / "search_spaces" / "demo.yaml"))
     spec = spec.model_copy(update={"server": spec.server.model_copy(

@@ -75,9 +75,13 @@ def server_packages(spec: StudySpec, timeout_s: float = 60.0) -> dict[str, str] 
     python = server_python(spec.server.command)
     if python is None:
         return None
+    # The server's own fixed environment too: a kit unpacked onto PYTHONPATH (an offline
+    # GPU box) is only visible with it.
+    env = {**os.environ, **{k: str(v) for k, v in spec.server.env.items()}}
     try:
         done = subprocess.run([python, "-c", _REPORT_VERSIONS, *PACKAGES], capture_output=True,
-                              text=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL)
+                              text=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL,
+                              env=env)
         found = json.loads(done.stdout) if done.returncode == 0 else None
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
