@@ -82,7 +82,7 @@ def test_model_digest_follows_config_and_weight_sizes(tmp_path: Path) -> None:
 
 def test_the_simulator_study_reports_this_tuner_and_machine() -> None:
     spec = load_spec_file(str(ROOT / "search_spaces" / "demo.yaml"))
-    env = current_environment(spec)
+    env = current_environment(spec.server)
     from tuner import __version__
 
     assert env["packages"] is not None and env["packages"].get("vllm-tuner") == __version__
@@ -98,17 +98,17 @@ def test_packages_are_asked_with_the_servers_own_environment(tmp_path: Path) -> 
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: vllm\nVersion: 0.26.0\n")
     spec = load_spec_file(str(ROOT / "search_spaces" / "demo.yaml"))
-    assert "vllm" not in (server_packages(spec) or {})
+    assert "vllm" not in (server_packages(spec.server) or {})
     spec = spec.model_copy(update={"server": spec.server.model_copy(
         update={"env": {**spec.server.env, "PYTHONPATH": str(tmp_path / "kit")}})})
-    assert (server_packages(spec) or {}).get("vllm") == "0.26.0"
+    assert (server_packages(spec.server) or {}).get("vllm") == "0.26.0"
 
 
 def test_a_server_command_that_is_not_python_gives_unknown_packages() -> None:
     spec = load_spec_file(str(ROOT / "search_spaces" / "demo.yaml"))
     spec = spec.model_copy(update={"server": spec.server.model_copy(
         update={"command": ["docker", "run", "--rm", "vllm/vllm-openai"]})})
-    assert server_packages(spec) is None
+    assert server_packages(spec.server) is None
 
 
 @pytest.mark.slow
@@ -128,7 +128,7 @@ def test_resume_refuses_another_environment_and_continues_when_allowed(tmp_path:
     meta["environment"]["packages"]["vllm"] = "0.32.0"
     meta["environment"]["gpus"], meta["environment"]["gpu_driver"] = ["NVIDIA H200"], "550.54.15"
     meta_path.write_text(json.dumps(meta))
-    gpus_known = current_environment(load_spec_file(str(path)))["gpus"] is not None
+    gpus_known = current_environment(load_spec_file(str(path)).server)["gpus"] is not None
     refused = run_tuner("resume", "envcheck", "--results", str(results), "--n-trials", "2", timeout=300)
     assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "measured in another environment: vllm 0.32.0 -> not installed" in refused.stderr

@@ -144,8 +144,9 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
         stale = clean_up_previous_run(handle.paths.root)
         if stale:
             say(f"[resume] stopped {len(stale)} process(es) left by an earlier, killed run")
-        _check_environment(handle, allow_change=getattr(args, "allow_environment_change", False),
-                           cluster=getattr(args, "ray_address", None) is not None)
+        allow_change = getattr(args, "allow_environment_change", False)
+        cluster = getattr(args, "ray_address", None) is not None
+        pinned = _check_environment(handle, allow_change=allow_change, cluster=cluster)
         if check_host and spec.load.host_check_s:
             check_host_steadiness(handle.paths, spec.load.host_check_s, spec.load.noise_floor)
         groups = spec.execution.parallel_trials
@@ -153,8 +154,14 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
         init_ray(address=args.ray_address, gpus_needed=declared,
                  cpus_needed=spec.server.cpus_per_trial * (groups or 1))
         record_run(handle.paths.root, local_ray=args.ray_address is None)
+        # On a cluster every node is judged too, before its group gets a trial; on one
+        # machine the check above already covers the workers.
+        node_check: dict[str, Any] = {} if not cluster else {
+            "server": spec.server.model_dump(mode="json"),
+            "accept": lambda info: _node_refusal(info, pinned, allow_change=allow_change)}
         executor = RayExecutor(gpus_per_trial=spec.server.gpus_per_trial,
-                               cpus_per_trial=spec.server.cpus_per_trial, groups=groups, progress=say)
+                               cpus_per_trial=spec.server.cpus_per_trial, groups=groups, progress=say,
+                               **node_check)
         try:
             executor.start()
             yield executor
@@ -166,21 +173,45 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
             clear_run(handle.paths.root)
 
 
-def _check_environment(handle: Any, *, allow_change: bool, cluster: bool) -> None:
+def _check_environment(handle: Any, *, allow_change: bool, cluster: bool) -> dict[str, Any]:
     """Refuse to add measurements from another environment to the study's (another vLLM,
-    driver, GPU, CPU or model: tuner.study.environment); pin it on the first run."""
+    driver, GPU, CPU or model: tuner.study.environment); pin it on the first run. Returns
+    the pinned environment."""
 
     from tuner.adapters.environment import current_environment
     from tuner.study.environment import summary
     from tuner.study.store import pin_environment
 
-    now = current_environment(handle.spec, cluster=cluster)
+    now = current_environment(handle.spec.server, cluster=cluster)
     changed = pin_environment(handle.paths, now, allow_change=allow_change, name=handle.name)
     if changed:
         say(f"[warning] the environment changed since this study's first run: {'; '.join(changed)}; "
             "continuing as --allow-environment-change asks (recorded in study.json)")
     else:
         say(f"[environment] {summary(now)}")
+    pinned, _ = handle.paths.environment()
+    return pinned or now
+
+
+def _node_refusal(info: dict[str, Any], pinned: dict[str, Any], *, allow_change: bool) -> str | None:
+    """Why a cluster node's trial worker must not run this study's trials: its environment
+    differs from the pinned one (each change named), or could not be read. With
+    --allow-environment-change a differing node is only named."""
+
+    from tuner.study.environment import differences
+
+    env = info.get("environment")
+    if env is None:
+        return f"its environment could not be read ({info.get('environment_error', 'no answer')})"
+    changed = differences(pinned, env)
+    if not changed:
+        return None
+    if allow_change:
+        say(f"[warning] group {info.get('group')} on {info.get('host')} runs in another environment: "
+            f"{'; '.join(changed)}; used as --allow-environment-change asks")
+        return None
+    return ("another environment than the study's: " + "; ".join(changed)
+            + " (a study mixes no environments; --allow-environment-change to use it anyway)")
 
 
 def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None) -> int:

@@ -129,13 +129,22 @@ class _Group:
 
 class RayExecutor:
     def __init__(self, *, gpus_per_trial: int, cpus_per_trial: float, groups: int | None = None,
-                 progress: Callable[[str], None] = lambda line: None) -> None:
+                 progress: Callable[[str], None] = lambda line: None,
+                 server: dict[str, Any] | None = None,
+                 accept: Callable[[dict[str, Any]], str | None] | None = None) -> None:
+        """``server`` (the study's server section) makes each worker describe its node's
+        environment; ``accept`` judges that description when the worker first answers and
+        returns why the group must not run trials (None: it may). A refused group is
+        retired; when none is left the study stops (NoWorkersLeft)."""
+
         self.gpus_per_trial = gpus_per_trial
         self.cpus_per_trial = cpus_per_trial
         self._requested_groups = groups
         self._groups: list[_Group] = []
         self._running: dict[int, _Running] = {}
         self.progress = progress
+        self._server = server
+        self._accept = accept
 
     @property
     def n_groups(self) -> int:
@@ -164,7 +173,7 @@ class RayExecutor:
             max_restarts=0,
             max_concurrency=4,  # run_trial plus describe()/note_cancel() while a trial runs
         ).remote(index)
-        return _Group(index, actor, actor.describe.remote(), deaths_in_a_row=deaths_in_a_row)
+        return _Group(index, actor, actor.describe.remote(self._server), deaths_in_a_row=deaths_in_a_row)
 
     # -- state ------------------------------------------------------------------
 
@@ -234,7 +243,24 @@ class RayExecutor:
         group.deaths_in_a_row = 0
         info = group.info
         node = f" (node {info['node_id'][:12]})" if info.get("node_id") else ""
+        refusal = self._accept(info) if self._accept is not None else None
+        if refusal is not None:
+            self._retire(group, f"[worker] group {group.index} on {info.get('host')}{node} refused: {refusal}",
+                         f"every trial worker was refused: {refusal}")
+            return
         self.progress(f"[worker] group {group.index} ready: pid {info.get('pid')} on {info.get('host')}{node}")
+
+    def _retire(self, group: _Group, line: str, none_left: str) -> None:
+        """Take ``group`` out of the study for good; NoWorkersLeft when it was the last."""
+
+        try:
+            ray.kill(group.actor, no_restart=True)
+        except (RayError, ValueError):
+            logger.debug("killing the actor of group %d failed", group.index, exc_info=True)
+        group.retired = True
+        self.progress(line)
+        if self.n_groups == 0:
+            raise NoWorkersLeft(none_left)
 
     def _enforce_deadlines(self, stop_grace_s: float) -> list[Finished]:
         now = time.monotonic()
@@ -295,11 +321,9 @@ class RayExecutor:
             logger.debug("killing the actor of group %d failed", index, exc_info=True)
         deaths = old.deaths_in_a_row + 1 if died_starting else 0
         if deaths >= MAX_CREATION_FAILURES:
-            old.retired = True
-            self.progress(f"[worker] group {index} retired: its worker died {deaths} times while starting")
-            if self.n_groups == 0:
-                raise NoWorkersLeft(f"every trial worker died {MAX_CREATION_FAILURES} times while "
-                                    "starting; see the Ray logs (/tmp/ray/session_latest/logs)")
+            self._retire(old, f"[worker] group {index} retired: its worker died {deaths} times while starting",
+                         f"every trial worker died {MAX_CREATION_FAILURES} times while starting; see the "
+                         "Ray logs (/tmp/ray/session_latest/logs)")
             return
         self._groups[index] = self._new_group(index, deaths)
         self.progress(f"[worker] group {index}: replacing its trial worker")

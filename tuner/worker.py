@@ -34,6 +34,7 @@ from tuner.adapters.launcher import TAG_VAR, ServerProcess
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.sweep import run_sweep
 from tuner.load.uncertainty import with_noise_floor
+from tuner.adapters.environment import current_environment
 from tuner.probe.agreement import agreement_line
 from tuner.probe.client import load_probe_items, run_probe
 from tuner.probe.known_score import ProbeResult
@@ -42,6 +43,7 @@ from tuner.probe.trial import reference_known_answers, run_trial_probe
 from tuner.probe.recording import ReferenceRecordError, check_reference, load_reference_sources, record_reference
 from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.startup import parse_startup
+from tuner.study.server_spec import ServerSpec
 from tuner.study.sweep_guard import SweepGuard
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.load.load_spec import rate_level_name
@@ -77,20 +79,31 @@ class TrialWorker:
         self._jobs: dict[int, dict[str, Any]] = {}
         self._redactor = Redactor()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, server: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Who this worker is (group, host, pid, Ray node, GPUs); with the study's ``server``
+        section also its node's environment (tuner.study.environment), which a study on a
+        Ray cluster compares with the one it pinned before this group gets a trial."""
+
         node = None
         with contextlib.suppress(ImportError, RuntimeError, AttributeError):
             import ray
 
             if ray.is_initialized():
                 node = ray.get_runtime_context().get_node_id()
-        return {
+        info: dict[str, Any] = {
             "group": self.group_index,
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "node_id": node,
             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
         }
+        if server is not None:
+            try:
+                info["environment"] = current_environment(ServerSpec.model_validate(server), cluster=True)
+            except Exception as exc:  # noqa: BLE001 - an unreadable node is refused, not a crash
+                info["environment"] = None
+                info["environment_error"] = f"{type(exc).__name__}: {exc}"
+        return info
 
     def note_cancel(self, number: int, reason: str) -> None:
         """Why the driver is about to cancel trial ``number`` (ray.cancel carries no reason)."""

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tuner.study.spec import StudySpec
+from tuner.study.server_spec import ServerSpec
 
 __all__ = ["current_environment", "model_digest", "server_packages", "server_python"]
 
@@ -68,16 +68,16 @@ def server_python(command: list[str]) -> str | None:
     return shebang[2:].split()[0] if shebang.startswith("#!") and "python" in shebang else None
 
 
-def server_packages(spec: StudySpec, timeout_s: float = 60.0) -> dict[str, str] | None:
+def server_packages(server: ServerSpec, timeout_s: float = 60.0) -> dict[str, str] | None:
     """Versions of :data:`PACKAGES` installed beside the server's interpreter, or None when
     that interpreter cannot be found or asked."""
 
-    python = server_python(spec.server.command)
+    python = server_python(server.command)
     if python is None:
         return None
     # The server's own fixed environment too: a kit unpacked onto PYTHONPATH (an offline
     # GPU box) is only visible with it.
-    env = {**os.environ, **{k: str(v) for k, v in spec.server.env.items()}}
+    env = {**os.environ, **{k: str(v) for k, v in server.env.items()}}
     try:
         done = subprocess.run([python, "-c", _REPORT_VERSIONS, *PACKAGES], capture_output=True,
                               text=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL,
@@ -138,8 +138,9 @@ def model_digest(model: str) -> str:
     return h.hexdigest()[:16]
 
 
-def current_environment(spec: StudySpec, *, cluster: bool = False) -> dict[str, Any]:
-    """This machine's environment for ``spec`` (tuner.study.environment's fields);
+def current_environment(server: ServerSpec, *, cluster: bool = False) -> dict[str, Any]:
+    """This machine's environment for the study's ``server`` section (tuner.study.environment's
+    fields);
     ``cluster``: the run joins a Ray cluster (--ray-address), so its trials may run on
     other hosts than this one."""
 
@@ -149,11 +150,11 @@ def current_environment(spec: StudySpec, *, cluster: bool = False) -> dict[str, 
     except (AttributeError, OSError):
         cpus = os.cpu_count()
     try:
-        model: str | None = model_digest(spec.server.model)
+        model: str | None = model_digest(server.model)
     except OSError:
         model = None
     return {
-        "packages": server_packages(spec),
+        "packages": server_packages(server),
         "gpus": gpus,
         "gpu_driver": driver,
         "cpu_model": _cpu_model(),
