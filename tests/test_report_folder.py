@@ -27,8 +27,9 @@ FAULTS = [
 # Known only to the storage: proposals that never ran, and the run's own clock.
 STORAGE_ONLY = {"skipped", "elapsed_s", "time_left_s"}
 # Known only to the run record (study.json, left out of the copy below): the --n-trials given
-# to `tuner run`. Without it the target is the study file's own budget.
-RUN_RECORD_ONLY = {"target_trials"}
+# to `tuner run` (without it the target is the study file's own budget), and the environment
+# the first run pinned.
+RUN_RECORD_ONLY = {"target_trials", "environment", "environment_changes"}
 
 
 def _status(results: Path, name: str) -> dict:
@@ -59,6 +60,7 @@ def test_folder_without_storage_reads_back_like_the_storage(tmp_path: Path, orph
     for key in original.keys() - STORAGE_ONLY - RUN_RECORD_ONLY:
         assert rebuilt[key] == original[key], key
     assert original["target_trials"] == 8
+    assert original["environment"]["host"] and rebuilt["environment"] is None
     assert rebuilt["target_trials"] == yaml.safe_load(study.read_text())["budget"]["n_trials"]
 
     for pick in ("knee", "best-throughput", "lowest-latency"):
@@ -66,8 +68,9 @@ def test_folder_without_storage_reads_back_like_the_storage(tmp_path: Path, orph
         b = run_tuner("export", name, "--results", str(files_only), "--pick", pick, "--format", "json")
         assert a.returncode == b.returncode == 0, a.stderr + b.stderr
         ja, jb = json.loads(a.stdout), json.loads(b.stdout)
-        assert {k: v for k, v in ja.items() if k != "exported_unix"} == \
-            {k: v for k, v in jb.items() if k != "exported_unix"}, pick
+        assert {k: v for k, v in ja.items() if k not in ("exported_unix", "environment")} == \
+            {k: v for k, v in jb.items() if k not in ("exported_unix", "environment")}, pick
+        assert ja["environment"]["packages"]["vllm-tuner"] and jb["environment"] is None
 
     report = run_tuner("report", name, "--results", str(files_only), "-o", str(tmp_path / "rep"))
     assert report.returncode == 0, report.stderr
