@@ -3,12 +3,13 @@ then `tuner resume` that refuses to mix environments unless told to."""
 
 from __future__ import annotations
 
+import os
 import json
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.conftest import run_tuner, write_study
 from tests.faultkit import FAST
@@ -156,3 +157,46 @@ def test_resume_refuses_another_environment_and_continues_when_allowed(tmp_path:
                         "--force", "--format", "json")
         assert out.returncode == 0, out.stderr
         assert json.loads(out.stdout)["environment"]["packages"].get("vllm") == vllm
+
+
+H200_FACTS = ROOT / "tests" / "fixtures" / "h200-environment"
+
+
+def _stand_in_nvidia_smi(tmp_path: Path, answer: str) -> Path:
+    """A `nvidia-smi` that answers the environment's query with recorded text."""
+
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    (folder / "answer.txt").write_text(answer)
+    smi = folder / "nvidia-smi"
+    smi.write_text(f"#!{sys.executable}\nimport sys\n"
+                   f"assert sys.argv[1:] == ['--query-gpu=name,driver_version', '--format=csv,noheader']\n"
+                   f"sys.stdout.write(open({str(folder / 'answer.txt')!r}).read())\n")
+    smi.chmod(0o755)
+    return folder
+
+
+def test_the_h200_boxs_own_nvidia_smi_answer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the lent H200 printed (tests/fixtures/h200-environment), read by the real code
+    path: one GPU, its name and its driver; a box of 8 with one odd driver names both."""
+
+    from tuner.adapters import environment
+
+    recorded = (H200_FACTS / "query-gpu-name-driver.csv").read_text()
+    assert recorded == "NVIDIA H200, 580.159.04\n"
+    monkeypatch.setenv("PATH", f"{_stand_in_nvidia_smi(tmp_path, recorded)}:{os.environ['PATH']}")
+    assert environment._gpus() == (["NVIDIA H200"], "580.159.04")
+    spec = load_spec_file(str(ROOT / "search_spaces" / "demo.yaml"))
+    env = current_environment(spec.server)
+    assert env["gpus"] == ["NVIDIA H200"] and env["gpu_driver"] == "580.159.04"
+    h200 = env | {"packages": {"torch": "2.11.0", "transformers": "5.17.0", "triton": "3.6.0",
+                               "nvidia-nccl-cu13": "2.28.9", "vllm": "0.26.0"},
+                  "cpu_model": "Intel(R) Xeon(R) Processor", "cpus": 16}
+    assert summary(h200).startswith("nvidia-nccl-cu13 2.28.9, torch 2.11.0, transformers 5.17.0, "
+                                    "triton 3.6.0, vllm 0.26.0; 1 x NVIDIA H200 (driver 580.159.04); "
+                                    "16 x Intel(R) Xeon(R) Processor")
+    (tmp_path / "bin" / "answer.txt").write_text(recorded * 7 + "NVIDIA H200, 570.86.15\n")
+    assert environment._gpus() == (["NVIDIA H200"] * 8, "570.86.15, 580.159.04")
+    # The memory query's answer (4 columns) is not this one: no facts rather than wrong ones.
+    (tmp_path / "bin" / "answer.txt").write_text("0, GPU-5f3c8a61, 0, 143771\n")
+    assert environment._gpus() == (None, None)
