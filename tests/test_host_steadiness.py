@@ -135,7 +135,7 @@ def test_ctrl_c_stops_the_probe_at_once_and_leaves_no_process(inherited: str) ->
     # SIGINT to SIG_IGN, and Python then installs no handler): CI ran the suite that way and
     # the probe ran its whole minute through the SIGINT, twice, until the CLI took Ctrl-C back.
     ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if inherited == "ignored" else None
-    proc = subprocess.Popen(tuner_argv("host-check", "--seconds", "60"), cwd=ROOT,
+    proc = subprocess.Popen(tuner_argv("host-check", "--seconds", "120"), cwd=ROOT,
                             env={**os.environ, "TUNER_TEST_ID": marker}, preexec_fn=ignore,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -153,7 +153,10 @@ def test_ctrl_c_stops_the_probe_at_once_and_leaves_no_process(inherited: str) ->
         proc.kill()
     assert proc.returncode == 130 and "interrupted" in err, err
     assert "Traceback" not in err, err                   # the probes ignore SIGINT; the CLI stops them
-    assert took < 5.0, f"Ctrl-C took {took:.1f}s"       # not the rest of the 60 s run
+    # Not the rest of the 120 s run. The bound is wide on purpose: on CI this test runs beside
+    # a real vLLM server busy on both cores, and there Ctrl-C once took 12.8 s (the killed
+    # probes, just exec'd, were slow to die); a probe that ignored it ran its whole run.
+    assert took < 40.0, f"Ctrl-C took {took:.1f}s"
     assert not wait_no_orphans(marker)
 
 

@@ -188,7 +188,15 @@ def check_study_artifacts(results: Path, name: str) -> None:
             flat = outcome["levels"][level]
             assert flat["output_tok_s"] > 0, (number, level, flat)
             assert flat["ttft_ms.mean"] > 0, (number, level, flat)
-            assert flat["tpot_ms.mean"] > 0, (number, level, flat)
+            if flat["tpot_ms.mean"] is None:
+                # Allowed only when the tuner said why: the client loop ran late (CI, the
+                # real-vLLM half beside the fast half on 2 cores: the n-gram trial's c=4) and
+                # every reply came in one read, which tells nothing about the time between
+                # tokens; the level is then flagged, never scored as steady.
+                assert flat["client_bound"] == 1.0 and flat["unstable"] == 1.0, (number, level, flat)
+                assert flat["burst_requests"] == flat["completed"] > 0, (number, level, flat)
+            else:
+                assert flat["tpot_ms.mean"] > 0, (number, level, flat)
             assert flat["failed"] == 0, (number, level, flat)
         assert not (trial_dir / "server.pid").exists()
         assert outcome["stop"]["leftover_pids"] == []
