@@ -291,7 +291,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     records = read_records(study)
     if args.trial:
         trials = list(dict.fromkeys(args.trial))
-        measured = sorted(r.number for r in records if r.kind == "run" and r.state == "COMPLETE" and r.values)
+        measured = sorted(r.number for r in records if r.values and r.measured_values() == r.values)
         for trial in trials:
             if trial not in measured:
                 raise SpecError(f"--trial: {trial} is not a measured trial of {handle.name}; "

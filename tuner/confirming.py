@@ -22,7 +22,6 @@ from tuner.study.confirmation import Confirmation, RunResult, judge, summary_tex
 from tuner.study.outcome import TrialOutcome
 from tuner.errors import ArtifactWriteError, StudyError
 from tuner.execution import Finished, JobHost, NoWorkersLeft
-from tuner.study.trials import KIND_RUN
 from tuner.study.records import read_records
 from tuner.study.policy import told_for
 
@@ -124,7 +123,7 @@ def _plan(host: JobHost, by_number: dict[int, Any], trials: list[int], repeats: 
     counter = CONFIRM_JOB_BASE
     for trial in trials:
         record = by_number.get(trial)
-        if record is None or record.kind != KIND_RUN or record.state != "COMPLETE" or not record.values:
+        if record is None or not record.values or record.measured_values() != record.values:
             raise StudyError(f"trial {trial} is not a completed trial of study {host.name}; "
                              "only measured trials can be confirmed")
         first = _next_rerun(host.paths, trial)

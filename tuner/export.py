@@ -19,13 +19,13 @@ from tuner.load.max_rate_text import max_rate_text
 from tuner.export_formats import (FORMATS, Exported, ExportFormatError, env_text, json_text, shell_text,
                                   systemd_text, yaml_text)
 from tuner.secrets import MARK, as_reference, public_server, secret_slots
-from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text, unstable_text
+from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.confirmation import blocks_export
 from tuner.study.environment import summary as environment_summary
 from tuner.study.pareto import Filter, pick_point
 from tuner.study.space import trial_command
 from tuner.study.spec import StudySpec
-from tuner.study.trials import TrialRecord, record_points
+from tuner.study.trials import TrialRecord, noisy_points, record_points
 from tuner.vllm.knobs import PYTHON_PLACEHOLDER, mismatch_text
 
 __all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]
@@ -108,9 +108,7 @@ def noise_notes(records: list[TrialRecord], labels: list[str], directions: list[
                 record: TrialRecord) -> list[str]:
     """The ties noise leaves around an exported point (tuner.study.noise), as sentences."""
 
-    noisy = [NoisyPoint(p.number, tuple(p.values), tuple(
-        next(r for r in records if r.number == p.number).noise(labels).values()))
-        for p in record_points(records, labels)]
+    noisy = noisy_points(records, labels)
     if not any(p.number == record.number for p in noisy):
         return []
     _, ties = noisy_front(noisy, directions, labels)
@@ -133,9 +131,11 @@ def _slo_lines(spec: StudySpec, record: TrialRecord) -> list[str]:
 def _value_lines(record: TrialRecord) -> list[str]:
     """``  label = value ± noise`` per objective, and a loud line for an unstable trial."""
 
-    noise = record.noise(list(record.values))
+    measured = record.measured_values()
+    noise = record.noise(list(measured))
     lines = [f"  {k} = {plus_minus(float(v), noise.get(k), ' ± ')}"
-             + (" (95 %)" if noise.get(k) is not None else "") for k, v in record.values.items()]
+             + (" (95 %)" if noise.get(k) is not None else "") for k, v in measured.items()]
+    lines += [f"  {k}: not measured (the trial stopped before it)" for k in record.values if k not in measured]
     if record.unstable_levels:
         lines.append("  UNSTABLE: " + unstable_text(record.unstable_levels, record.client_bound_levels)
                      + "; these numbers are not the server's steady figures")
@@ -187,8 +187,8 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
         "study": study_name,
         "trial": record.number,
         "outcome": record.outcome,
-        "objectives": record.values,
-        "noise": record.noise(list(record.values)),
+        "objectives": record.measured_values(),
+        "noise": record.noise(list(record.measured_values())),
         "unstable_levels": record.unstable_levels,
         "ties": list(notes or []),
         "probe_agreement": agreement,
@@ -225,4 +225,4 @@ def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: st
 
 
 def summary(record: TrialRecord) -> dict[str, Any]:
-    return {"trial": record.number, "values": record.values, "outcome": record.outcome}
+    return {"trial": record.number, "values": record.measured_values(), "outcome": record.outcome}

@@ -45,17 +45,16 @@ def pareto_png(records: Sequence[TrialRecord], labels: Sequence[str], directions
 
     fig, ax = plt.subplots(figsize=(7.5, 5))
     y_label, x_label = labels[0], labels[1] if len(labels) > 1 else labels[0]
-    # Placeholder values (a trial stopped before its load, told the worst seen so far) are
-    # no measurement: such a trial would sit on top of another point and mislead.
-    measured = [r for r in records if r.kind == "run" and r.state == "COMPLETE"
-                and y_label in r.values and x_label in r.values
-                and not r.attrs.get("placeholder_values")]
+    # Only measured values are plotted: a trial stopped early was told bounds or the worst
+    # values seen, and such a point would sit on top of another one and mislead.
+    measured = [r for r in records if {y_label, x_label} <= set(r.measured_values())]
     for outcome, (marker, colour, legend) in OUTCOME_STYLE.items():
         pts = [r for r in measured if r.outcome == outcome]
         if pts:
             ax.scatter([r.values[x_label] for r in pts], [r.values[y_label] for r in pts],
                        marker=marker, c=colour, s=46, alpha=0.8, label=f"{legend} ({len(pts)})")
-    points = [Point(r.number, tuple(r.values[l] for l in labels), r.feasible) for r in measured]
+    points = [Point(r.number, tuple(r.values[l] for l in labels), r.feasible) for r in measured
+              if set(labels) <= set(r.measured_values())]
     front = pareto_front(points, directions)
     on_front = {p.number for p in front}
     for r in measured:
@@ -77,10 +76,11 @@ def pareto_png(records: Sequence[TrialRecord], labels: Sequence[str], directions
         ax.scatter([baseline.values[x_label]], [baseline.values[y_label]], marker="D", s=80,
                    facecolors="none", edgecolors="black", lw=1.5, label="baseline", zorder=4)
     crashed = sum(1 for r in records if r.kind == "run" and r.state == "FAIL")
-    unmeasured = sum(1 for r in records if r.kind == "run" and r.state == "COMPLETE"
-                     and r.attrs.get("placeholder_values"))
+    shown = {r.number for r in measured}
+    unmeasured = sum(1 for r in records if r.kind == "run" and r.state == "COMPLETE" and r.number not in shown)
     notes = ([f"{crashed} trial(s) failed to run"] if crashed else []) + (
-        [f"{unmeasured} trial(s) stopped before the load (e.g. config not applied)"] if unmeasured else [])
+        [f"{unmeasured} trial(s) stopped before measuring these objectives (e.g. config not applied)"]
+        if unmeasured else [])
     if notes:
         ax.text(0.99, 0.01, "; ".join(notes) + " - not plotted", transform=ax.transAxes,
                 ha="right", va="bottom", fontsize=8, color="#555")

@@ -26,8 +26,8 @@ from tuner.export import ExportError, choose_record, noise_notes, render_export
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.load.host_steadiness import check_text
 from tuner.plots import best_so_far_png, importance_png, pareto_png, startup_png
-from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, tie_text, unstable_text
-from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points
+from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
+from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points
 from tuner.study.records import read_records
 from tuner.status import read_checks
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
@@ -47,7 +47,10 @@ def knob_importances(study: optuna.Study, records: list[TrialRecord]) -> tuple[d
     the trials that ran. Conditional knobs absent from some trials are left out by Optuna.
     """
 
-    real = {r.number for r in records if r.kind == KIND_RUN and r.state == "COMPLETE"}
+    # Only trials that measured every objective: bounds and placeholders are what the
+    # sampler was told, not how a knob moved the server.
+    labels = list(study.metric_names or [])
+    real = {r.number for r in records if set(r.measured_values()) >= set(labels)}
     trials = [t for t in study.get_trials(deepcopy=False) if t.number in real and t.values]
     if len(trials) < 4:
         return {}, "fewer than 4 measured trials: importance not computed"
@@ -55,7 +58,6 @@ def knob_importances(study: optuna.Study, records: list[TrialRecord]) -> tuple[d
     for t in trials:
         scratch.add_trial(optuna.trial.create_trial(
             params=t.params, distributions=t.distributions, values=t.values))
-    labels = list(study.metric_names or [])
     out: dict[str, dict[str, float]] = {}
     try:
         with warnings.catch_warnings():
@@ -85,7 +87,7 @@ def _value(r: TrialRecord, label: str) -> str:
     record = r.attrs.get("outcome", {}).get("max_rate")
     if label == MAX_RATE and record:
         return max_rate_value_text(record)
-    return _fmt(r.values.get(label))
+    return _fmt(r.measured_values().get(label))
 
 
 def _share(value: Any) -> str:
@@ -121,23 +123,22 @@ def slo_section(slo_text: str, front: list[TrialRecord]) -> tuple[str, list[str]
 def _pm(r: TrialRecord, label: str) -> str:
     """A value with its 95 % half-width, e.g. ``8648 ± 210``."""
 
-    value = r.values.get(label)
     if label == MAX_RATE and r.attrs.get("outcome", {}).get("max_rate"):
         return _value(r, label)       # as its search says it: >=high, 0 (slo_unmet)
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        level = r.bound_labels([label]).get(label)
-        if level is not None:      # stopped early before this level's end: not a measurement
-            return f"{_fmt(value)} (bound, c={level} not measured)"
+    value = r.measured_values().get(label)
+    if value is not None:
         return plus_minus(float(value), r.noise([label]).get(label), " ± ")
-    return _fmt(value)
+    told = r.values.get(label)
+    level = r.bound_labels([label]).get(label)
+    if told is not None and level is not None:   # stopped early before this level's end
+        return f"{_fmt(told)} (bound, c={level} not measured)"
+    return "not measured" if r.kind == KIND_RUN and r.state == "COMPLETE" else "–"
 
 
 def noise_ties(records: list[TrialRecord], labels: list[str], directions: list[str]) -> list[str]:
     """Every tie noise leaves on and around the front, as sentences."""
 
-    by_number = {r.number: r for r in records}
-    noisy = [NoisyPoint(p.number, tuple(p.values), tuple(by_number[p.number].noise(labels).values()))
-             for p in record_points(records, labels)]
+    noisy = noisy_points(records, labels)
     return [tie_text(t) for t in noisy_front(noisy, directions, labels)[1]] if noisy else []
 
 
@@ -403,10 +404,11 @@ class _Shown:
     export_text: str  # the chosen configuration as a shell command
 
     def ratio(self, r: TrialRecord, label: str) -> str:
-        baseline = self.baseline
-        if baseline is None or not baseline.values.get(label):
+        base = self.baseline.measured_values() if self.baseline is not None else {}
+        value = r.measured_values().get(label)
+        if not base.get(label) or value is None:
             return ""
-        return f" ({r.values[label] / baseline.values[label]:.2f}× baseline)"
+        return f" ({value / base[label]:.2f}× baseline)"
 
     def confirmed(self, r: TrialRecord) -> str:
         found = self.confirmations.get(r.number)
@@ -457,7 +459,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 {f'<ul id="ties">{ties_html}</ul>' if ties_html else '<p id="ties">No ties within noise.</p>'}
 {separation}
 {host_html}
-<p>Baseline: {"trial " + str(baseline.number) + " — " + ", ".join(f"{l}={_fmt(baseline.values.get(l))}" for l in labels) if baseline else "not measured"}.</p>
+<p>Baseline: {"trial " + str(baseline.number) + " — " + ", ".join(f"{l}={_fmt(baseline.measured_values().get(l))}" for l in labels) if baseline else "not measured"}.</p>
 {slo_html}
 <h2>Chosen configuration ({html.escape(pick)})</h2>
 <pre id="export">{html.escape(export_text)}</pre>

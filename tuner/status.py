@@ -16,8 +16,8 @@ from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.study.durations import format_duration
 from tuner.study.environment import environment_lines
 from tuner.study.confirmation_text import summary_text
-from tuner.study.noise import NoisyPoint, noisy_front, plus_minus, unstable_text
-from tuner.study.trials import KIND_RUN, TrialRecord, front_records, record_points, stop_record_text
+from tuner.study.noise import noisy_front, plus_minus, unstable_text
+from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points, stop_record_text
 from tuner.study.records import StoredStudy, read_records_direct, read_sqlite_study
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
@@ -110,16 +110,20 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
     if speculation is not None:
         method = _spec_method(checks if handle is not None else
                               read_checks(paths, record.number) if paths is not None else [])
+    measured = record.measured_values()
     return {
         "trial": record.number,
         "state": record.state,
         "outcome": record.outcome,
         "baseline": record.is_baseline,
         "params": record.params,
-        "values": record.values,
+        # Only what the trial measured: the bounds and placeholders a trial stopped early
+        # was told are the optimizer's business (``bound_labels`` and ``early_stop`` say
+        # what it was judged on).
+        "values": measured,
         # 95 % half-width of each objective value (tuner.load.uncertainty), and the levels
         # whose throughput never met the stability rule.
-        "noise": record.noise(list(record.values)),
+        "noise": record.noise(list(measured)),
         "unstable_levels": record.unstable_levels,
         "client_bound_levels": record.client_bound_levels,
         "seconds": record.seconds,
@@ -239,9 +243,7 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
     elapsed = float(study.user_attrs.get("elapsed_s", 0.0))
     front = front_records(records, labels, directions)
     baseline = next((r for r in runs if r.is_baseline and r.state == "COMPLETE"), None)
-    by_number = {r.number: r for r in records}
-    noisy = [NoisyPoint(p.number, tuple(p.values), tuple(by_number[p.number].noise(labels).values()))
-             for p in record_points(records, labels)] if labels else []
+    noisy = noisy_points(records, labels) if labels else []
     _, ties = noisy_front(noisy, directions, labels) if noisy else ([], [])
     return {
         "study": name,
@@ -256,7 +258,8 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "elapsed_s": elapsed,
         "time_left_s": None if timeout is None else max(0.0, timeout - elapsed),
         "objectives": [{"label": l, "direction": d} for l, d in zip(labels, directions)],
-        "baseline": None if baseline is None else {"trial": baseline.number, "values": baseline.values},
+        "baseline": None if baseline is None else {"trial": baseline.number,
+                                                    "values": baseline.measured_values()},
         "front": [_trial_row(r, paths=paths) for r in front],
         "ties": [t.as_dict() for t in ties],
         # Confirmation re-runs (confirm/), by trial number; shown under the front.

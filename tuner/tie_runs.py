@@ -17,9 +17,9 @@ import optuna
 from tuner.adapters.artifacts import atomic_write_json
 from tuner.confirming import confirm_trials
 from tuner.errors import ArtifactWriteError
-from tuner.study.noise import NoisyPoint, noisy_front
+from tuner.study.noise import noisy_front
 from tuner.study.records import read_records
-from tuner.study.trials import record_points
+from tuner.study.trials import noisy_points
 from tuner.study.ties import Pooled, next_runs, pooled, remaining_ties
 
 if TYPE_CHECKING:
@@ -36,8 +36,7 @@ def _candidates(host: JobHost, study: optuna.Study) -> list[Pooled]:
     """The noisy front's points, pooled with their re-runs so far."""
     labels, directions = _objectives(host)
     records = {r.number: r for r in read_records(study)}
-    points = [NoisyPoint(p.number, tuple(p.values), tuple(records[p.number].noise(labels).values()))
-              for p in record_points(list(records.values()), labels)]
+    points = noisy_points(list(records.values()), labels)
     near, _ = noisy_front(points, directions, labels)
     confirmations = host.paths.confirmations()
     out = []

@@ -10,13 +10,13 @@ from __future__ import annotations
 from typing import Any
 
 from tuner.study.outcome import TrialOutcome
-from tuner.study.noise import NoisyPoint, level_unstable, noisy_front, resolve_level
+from tuner.study.noise import level_unstable, noisy_front, resolve_level
 from tuner.study.pareto import pareto_front
 from tuner.load.load_spec import rate_level_name
 from tuner.load.max_rate_text import max_rate_value_text
 from tuner.study.objectives import MAX_RATE, ObjectiveSpec
 from tuner.study.spec import StudySpec
-from tuner.study.trials import EARLY_STOPPED, KIND_RUN, TrialRecord, record_points, stop_record_text
+from tuner.study.trials import EARLY_STOPPED, KIND_RUN, TrialRecord, noisy_points, record_points, stop_record_text
 
 __all__ = ["stopped_told", "stop_text", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs",
            "pareto_payload", "result_text", "values_text", "TRIAL_METRICS", "max_rate_value"]
@@ -175,11 +175,11 @@ def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
     by_number = {r.number: r for r in records}
     points = record_points(records, labels)
     front = pareto_front(points, directions)
-    noisy = [NoisyPoint(p.number, tuple(p.values),
-                        tuple(by_number[p.number].noise(labels).values())) for p in points]
+    noisy = noisy_points(records, labels)
     near, ties = noisy_front(noisy, directions, labels)
     on_front = {p.number for p in front}
     baseline = next((r for r in records if r.is_baseline and r.state == "COMPLETE" and r.kind == KIND_RUN), None)
+    base = baseline.measured_values() if baseline is not None else {}
     entries = []
     for point in front:
         record = by_number[point.number]
@@ -203,7 +203,7 @@ def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
                 "max_rate", "status", "lower_bound", "bracket", "precision", "levels", "probes")}
         if baseline is not None:
             entry["vs_baseline"] = {
-                label: (v / baseline.values[label] if baseline.values.get(label) else None)
+                label: (v / base[label] if base.get(label) else None)
                 for label, v in zip(labels, point.values)
             }
         entries.append(entry)
@@ -212,11 +212,11 @@ def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
         "objectives": [{"label": l, "direction": d} for l, d in zip(labels, directions)],
         "updated_unix": now,
         "trials_finished": sum(1 for r in records if r.kind == KIND_RUN and r.state in ("COMPLETE", "FAIL")),
-        "baseline": None if baseline is None else {"trial": baseline.number, "values": baseline.values},
+        "baseline": None if baseline is None else {"trial": baseline.number, "values": base},
         "front": entries,
         # Points only noise keeps off the front, and front points noise cannot tell apart.
         "within_noise": [
-            {"trial": n, "values": {label: by_number[n].values.get(label) for label in labels},
+            {"trial": n, "values": {label: by_number[n].measured_values().get(label) for label in labels},
              "noise": by_number[n].noise(labels), "unstable": bool(by_number[n].unstable_levels)}
             for n in near if n not in on_front],
         "ties": [t.as_dict() for t in ties],

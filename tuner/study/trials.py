@@ -8,16 +8,24 @@ Pure: no Optuna, no storage. ``tuner.study.records`` reads records from an Optun
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from tuner.study.noise import label_noise, level_client_bound, level_unstable, max_rate_noise, unmeasured_level
+from tuner.study.noise import (NoisyPoint, label_noise, level_client_bound, level_unstable, max_rate_noise,
+                               resolve_level, unmeasured_level)
 from tuner.study.pareto import Point, pareto_front
 
 __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "EARLY_STOPPED",
-           "outcome_word", "point_key", "record_points", "front_records", "stop_record_text"]
+           "label_measured", "noisy_points", "outcome_word", "point_key", "record_points", "front_records",
+           "stop_record_text"]
+
+# Trial-level objectives (tuner.study.objectives.TRIAL_METRICS, MAX_RATE), named here so the
+# record stays free of the spec's pydantic models.
+_TRIAL_METRICS = ("startup_s", "probe_s", "trial_s")
+_MAX_RATE = "max_rate@slo"
 
 def point_key(values: Mapping[str, Any]) -> str:
     """A canonical text of a parameter set, to spot duplicates (``space.params_key``)."""
@@ -32,6 +40,30 @@ def stop_record_text(record: Mapping[str, Any]) -> str:
     after = str(record.get("after"))
     where = after if after.startswith("inside ") else f"after {after}"
     return f"stopped {where}: {record.get('reason')}"
+
+
+def label_measured(label: str, outcome: Mapping[str, Any]) -> bool:
+    """Whether a trial's outcome holds a measurement for the objective ``label``: its level's
+    metric (``metric@cN``, ``@cmax``/``@cmin`` at the highest/lowest level run, ``metric@r2.0``
+    at an open-loop level), its own reading (``startup_s``), or a finished max_rate@slo search.
+
+    A value told for a label without one is a bound or a placeholder the optimizer needed,
+    never something to show a person as measured."""
+
+    if label == _MAX_RATE:
+        record = outcome.get("max_rate") or {}
+        return record.get("status") != "stopped" and record.get("max_rate") is not None
+    if label in _TRIAL_METRICS:
+        return outcome.get(label) is not None
+    metric, sep, level = label.rpartition("@c")
+    levels: Mapping[str, Any] = outcome.get("levels") or {}
+    if not sep:
+        metric, sep, level = label.rpartition("@")
+        if not (sep and level.startswith("r")):
+            return False
+        levels = outcome.get("rate_levels") or {}
+    found = (levels.get(resolve_level(levels, level)) or {}).get(metric)
+    return isinstance(found, (int, float)) and not isinstance(found, bool) and math.isfinite(found)
 
 
 KIND_RUN = "run"
@@ -118,6 +150,24 @@ class TrialRecord:
         found = {label: unmeasured_level(label, self.levels, skipped) for label in labels}
         return {label: level for label, level in found.items() if level is not None}
 
+    def measured_values(self) -> dict[str, float]:
+        """The objective values this trial measured: what a person is shown as its numbers.
+
+        A trial told without measuring (not applied, stopped before a level, forbidden, a
+        duplicate) was told bounds or the worst values seen, because the optimizer needs a
+        number for every point; those stay between the study and its sampler. A label is
+        measured when its level holds the metric and no early stop made it a bound."""
+
+        if self.kind != KIND_RUN or self.state != "COMPLETE":
+            return {}
+        outcome = self.attrs.get("outcome") or {}
+        stop = outcome.get("early_stop") or {}
+        if not stop and not self.attrs.get("placeholder_values"):
+            return dict(self.values)
+        bounds = self.bound_labels(list(self.values))
+        return {label: value for label, value in self.values.items()
+                if label not in bounds and label_measured(label, outcome)}
+
     @property
     def compile_record(self) -> dict[str, Any] | None:
         """The trial's torch.compile record (tuner.vllm.compile_cache.CompileRecord as JSON:
@@ -198,6 +248,20 @@ def record_points(records: list[TrialRecord], labels: list[str]) -> list[Point]:
         # nothing) are no measurement: never plotted, never a front candidate.
         and not r.attrs.get("placeholder_values")
     ]
+
+
+def noisy_points(records: list[TrialRecord], labels: list[str]) -> list[NoisyPoint]:
+    """The feasible measured trials with each value's 95 % half-width: what ties are found
+    among. A tie names an alternative a person could pick, so a trial that failed its probe,
+    was not applied or stopped early is never one, however close its numbers."""
+
+    by_number = {r.number: r for r in records}
+    out = []
+    for p in record_points(records, labels):
+        if p.feasible:
+            noise = by_number[p.number].noise(labels)
+            out.append(NoisyPoint(p.number, p.values, tuple(noise[label] for label in labels)))
+    return out
 
 
 def front_records(records: list[TrialRecord], labels: list[str], directions: list[str]) -> list[TrialRecord]:
