@@ -29,6 +29,7 @@ from typing import Any
 from tuner.probe.agreement import agreement_line
 from tuner.study.safe_yaml import MAX_BYTES
 from tuner.study.study_name import check_study_name
+from tuner.study.trial_folders import DAMAGED_SUFFIX, TRIAL_FILES, TrialFolders, looks_numbered, sort_out
 from tuner.errors import ArtifactWriteError, SpecError
 
 __all__ = [
@@ -180,6 +181,18 @@ class StudyPaths:
     def trial_dir(self, number: int) -> Path:
         return self.root / "trials" / f"{number:04d}"
 
+    def trial_folders(self) -> TrialFolders:
+        """The study's trial folders and the numbered entries of ``trials/`` that are not
+        (tuner.study.trial_folders). One listing of ``trials/`` and of each numbered folder."""
+
+        entries = []
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            with os.scandir(self.root / "trials") as listing:
+                for entry in listing:
+                    if looks_numbered(entry.name) and entry.is_dir(follow_symlinks=False):
+                        entries.append((entry.name, _holds_trial_files(Path(entry.path))))
+        return sort_out(entries)
+
     @property
     def confirm_root(self) -> Path:
         """Confirmation re-runs: ``NNNN-K/`` per re-run, ``NNNN.json`` per trial's verdict."""
@@ -277,6 +290,17 @@ class StudyPaths:
 
     def default_storage_url(self) -> str:
         return f"sqlite:///{self.sqlite.resolve()}"
+
+
+def _holds_trial_files(folder: Path) -> bool:
+    """A trial's own files in ``folder``, or one of them set aside as damaged
+    (``outcome.json.damaged-<time>``)."""
+
+    try:
+        with os.scandir(folder) as listing:
+            return any(entry.name.split(DAMAGED_SUFFIX)[0] in TRIAL_FILES for entry in listing)
+    except OSError:
+        return False
 
 
 def saved_budget(meta: dict[str, Any]) -> tuple[int | None, float | None]:

@@ -279,11 +279,9 @@ def finished_trial_numbers(paths: StudyPaths) -> list[int]:
     """Trials whose folder holds an outcome: measured (or failed) and final, never to be
     written again."""
 
-    root = paths.root / "trials"
-    if not root.is_dir():
-        return []
-    return sorted(int(d.name) for d in root.iterdir()
-                  if d.name.isdigit() and (d / "outcome.json").is_file())
+    # Only the study's own trial folders: a stray numbered one (a backup named 20261206)
+    # is no finished trial of this study (tuner.study.trial_folders).
+    return [n for n in paths.trial_folders().numbers if (paths.trial_dir(n) / "outcome.json").is_file()]
 
 
 def check_storage_covers_folder(study: optuna.Study, paths: StudyPaths, storage_url: str) -> None:

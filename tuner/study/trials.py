@@ -16,7 +16,7 @@ from typing import Any
 from tuner.study.noise import label_noise, level_client_bound, level_unstable, max_rate_noise, unmeasured_level
 from tuner.study.pareto import Point, pareto_front
 
-__all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "EARLY_STOPPED",
+__all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "KIND_DAMAGED", "EARLY_STOPPED",
            "outcome_word", "point_key", "record_points", "front_records", "stop_record_text"]
 
 def point_key(values: Mapping[str, Any]) -> str:
@@ -37,6 +37,9 @@ def stop_record_text(record: Mapping[str, Any]) -> str:
 KIND_RUN = "run"
 KIND_DUPLICATE = "duplicate"
 KIND_FORBIDDEN = "forbidden"
+# A trial rebuilt from its files whose outcome.json or command.json could not be read
+# (tuner.study.folder): not a measurement, not a failure of its configuration.
+KIND_DAMAGED = "damaged_record"
 # The constraint a trial stopped early carries (tuner.study.scoring.stopped_told).
 EARLY_STOPPED = "early_stopped"
 
