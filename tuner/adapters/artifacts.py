@@ -1,7 +1,8 @@
 """The study folder on disk, and writes that never leave a half-written file.
 
     results/<study>/
-        study.json          name, storage URL (credentials removed), versions, created
+        study.json          name, storage URL (credentials removed), versions, created,
+                            what spec.yaml held then (saved_spec: readers refuse an edit)
         spec.yaml           the resolved study spec (resume runs exactly this)
         optuna.db           the Optuna storage, unless another URL was given
         pareto.json         the current front, rewritten atomically after every trial

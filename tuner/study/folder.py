@@ -28,20 +28,20 @@ from typing import Any
 import optuna
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.adapters.artifacts import StudyPaths, open_private, read_text_bounded
+from tuner.adapters.artifacts import StudyPaths, open_private
 from tuner.study import samplers, space
 from tuner.probe.agreement import agreement_line
 from tuner.study.outcome import TrialOutcome
 from tuner.vllm.knobs import RenderedCommand, shell_line
 from tuner.study.spec import StudySpec
-from tuner.study.study_file import parse_study
-from tuner.errors import SpecError, StudyError
+from tuner.errors import StudyError
 from tuner.study.trial_folders import DAMAGED_SUFFIX
 from tuner.study.trials import KIND_DAMAGED, KIND_RUN
 from tuner.study.policy import told_for, worst_values
 from tuner.study.records import read_records
 from tuner.study.scoring import outcome_attrs
-from tuner.study.store import StudyHandle, finished_trial_numbers, make_storage, open_existing
+from tuner.study.store import (StudyHandle, finished_trial_numbers, make_storage, open_existing, read_saved_spec,
+                               read_study_json)
 
 __all__ = ["FolderStudyHandle", "open_for_reading", "study_from_trial_files", "KIND_NOT_IN_FOLDER",
            "restore_storage"]
@@ -69,18 +69,19 @@ def _has_storage(paths: StudyPaths) -> bool:
     return not meta.get("storage_is_default", True) or paths.sqlite.exists()
 
 
-def open_for_reading(results_root: Path, name: str, *, storage_url: str | None = None) -> StudyHandle:
-    """The study's handle for reading: its Optuna storage when it has one, else its trial files."""
+def open_for_reading(results_root: Path, name: str, *, storage_url: str | None = None,
+                     edited_spec_ok: bool = False) -> StudyHandle:
+    """The study's handle for reading: its Optuna storage when it has one, else its trial
+    files. An edited spec.yaml is refused, or with ``edited_spec_ok`` returned with its
+    changes (``store.open_existing``)."""
 
     paths = StudyPaths.of(results_root, name)
     if storage_url is not None or _has_storage(paths) or not paths.spec_yaml.exists() \
             or not (paths.root / "trials").is_dir():
-        return open_existing(results_root, name, storage_url=storage_url)
-    try:
-        spec = parse_study(read_text_bounded(paths.spec_yaml, "saved spec"), str(paths.spec_yaml))
-    except SpecError as exc:
-        raise StudyError(f"the saved spec of study {name!r} no longer validates: {exc}") from None
-    return FolderStudyHandle(paths.root.name, paths, FOLDER_STORAGE, spec)
+        return open_existing(results_root, name, storage_url=storage_url, edited_spec_ok=edited_spec_ok)
+    meta = read_study_json(paths) if paths.study_json.exists() else None
+    spec, changes = read_saved_spec(paths, meta, edited_spec_ok=edited_spec_ok)
+    return FolderStudyHandle(paths.root.name, paths, FOLDER_STORAGE, spec, changes)
 
 
 def restore_storage(handle: StudyHandle, progress: Callable[[str], None] = lambda line: None) -> int:

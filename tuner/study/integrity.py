@@ -13,8 +13,13 @@ Three things can make the folder disagree with its own measurements:
   spec model: a newer tuner that adds a field with a default reads the same file as an
   older one did, and must not take that for an edit (the model-based ``spec_digest`` of
   every committed example study differs from what it recorded, for that reason alone).
-  ``budget``, ``description`` and ``execution`` are not compared (as ``spec_digest``):
-  how many trials and where they run is not what a trial measured.
+  ``budget``, ``description``, ``execution`` (as ``spec_digest``) and ``server.port`` are
+  not compared: how many trials, where they run and on which port (each GPU group's server
+  listens on its own) is not what a trial measured.
+
+A study created before that record was kept, or a folder copied without study.json, is
+held to its trials' recorded commands instead (``command_changes``, tuner.study.
+spec_guard): what the spec renders for a trial now must be what the trial ran.
 
 Pure: the callers read the files.
 """
@@ -29,9 +34,10 @@ from typing import Any
 from tuner.secrets import is_secret_name
 from tuner.study.trials import KIND_DAMAGED, TrialRecord
 
-__all__ = ["UNCHECKED", "saved_spec", "spec_changes", "spec_changed_text", "damaged_rows", "integrity_lines"]
+__all__ = ["UNCHECKED", "saved_spec", "spec_changes", "spec_changed_text", "command_changes", "damaged_rows",
+           "integrity_lines"]
 
-UNCHECKED = ("budget", "description", "execution")
+UNCHECKED = ("budget", "description", "execution", "server.port")
 _SHOWN_CHANGES = 8
 _SHOWN_STRAY = 5
 _VALUE_CHARS = 60
@@ -46,9 +52,15 @@ def _canonical(data: Any) -> Any:
 
 
 def _measured(data: Any) -> Any:
-    if not isinstance(data, Mapping):
-        return _canonical(data)
-    return _canonical({k: v for k, v in data.items() if k not in UNCHECKED})
+    fields = _canonical(data)
+    for dotted in UNCHECKED:
+        *parents, leaf = dotted.split(".")
+        node = fields
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(leaf, None)
+    return fields
 
 
 def _digest(fields: Any) -> str:
@@ -101,13 +113,52 @@ def _shown(value: Any) -> str:
     return text if len(text) <= _VALUE_CHARS else text[:_VALUE_CHARS - 3] + "..."
 
 
-def spec_changed_text(file: str, changes: Sequence[str]) -> str:
+def spec_changed_text(file: str, changes: Sequence[str], *,
+                      measured_with: str = "the spec study.json recorded") -> str:
     """One line naming the edited spec.yaml and its changed fields."""
 
     shown = "; ".join(changes[:_SHOWN_CHANGES])
     more = f"; and {len(changes) - _SHOWN_CHANGES} more" if len(changes) > _SHOWN_CHANGES else ""
     return (f"{file} was edited after the study was created ({shown}{more}): its trials were measured "
-            "with the spec study.json recorded, not with this one")
+            f"with {measured_with}, not with this one")
+
+
+def _flags(argv: Sequence[str]) -> dict[str, list[str]]:
+    """A command line as flag -> its words (``--flag=value`` too; the words before the
+    first flag under ``(command)``)."""
+
+    out: dict[str, list[str]] = {}
+    key = "(command)"
+    for word in argv:
+        if word.startswith("--"):
+            key, equals, inline = word.partition("=")
+            out.setdefault(key, []).extend([inline] if equals else [])
+        else:
+            out.setdefault(key, []).append(word)
+    return out
+
+
+def command_changes(ran_argv: Sequence[str], ran_env: Mapping[str, str], argv: Sequence[str],
+                    env: Mapping[str, str], *, ignore: Sequence[str] = ("--port",)) -> list[str]:
+    """How a command rendered now (``argv``, the configuration's ``env``) differs from the
+    one a trial ran, flag by flag and variable by variable; the interpreter (``argv[0]``)
+    and the flags in ``ignore`` (each GPU group's own port) aside. The trial's environment
+    also holds what the tuner adds to measure, so only the variables rendered now are
+    compared."""
+
+    before, after = _flags(ran_argv[1:]), _flags(argv[1:])
+    out = []
+    for flag in [*before, *(f for f in after if f not in before)]:
+        if flag in ignore or before.get(flag) == after.get(flag):
+            continue
+        old = " ".join([flag, *before[flag]]) if flag in before else "(absent)"
+        new = " ".join([flag, *after[flag]]) if flag in after else "(absent)"
+        out.append(f"{old} -> {new}" if not is_secret_name(flag.lstrip("-")) else f"{flag}: (a secret; not shown)")
+    for name, value in env.items():
+        if ran_env.get(name) != value:
+            out.append(f"{name}: (a secret; not shown)" if is_secret_name(name)
+                       else f"{name}={ran_env.get(name, '(unset)')} -> {name}={value}")
+    return out
 
 
 def damaged_rows(records: Sequence[TrialRecord]) -> list[dict[str, Any]]:
@@ -132,7 +183,7 @@ def integrity_lines(status: Mapping[str, Any]) -> list[str]:
     lines = []
     if status.get("spec_changes"):
         lines.append("  !! " + spec_changed_text("spec.yaml", status["spec_changes"])
-                     + "; export, report and resume refuse the study until it is restored")
+                     + "; every other command refuses the study until spec.yaml is restored")
     for row in status.get("damaged") or []:
         line = f"  !! trial {row['trial']} not counted: {row['file']} {row['reason']}"
         if row.get("kept_as") is None:
