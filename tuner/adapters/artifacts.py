@@ -191,7 +191,7 @@ class StudyPaths:
             with os.scandir(self.root / "trials") as listing:
                 for entry in listing:
                     if looks_numbered(entry.name) and entry.is_dir(follow_symlinks=False):
-                        entries.append((entry.name, _holds_trial_files(Path(entry.path))))
+                        entries.append((entry.name, _holds_trial_files(entry.path)))
         return sort_out(entries)
 
     @property
@@ -293,10 +293,14 @@ class StudyPaths:
         return f"sqlite:///{self.sqlite.resolve()}"
 
 
-def _holds_trial_files(folder: Path) -> bool:
+def _holds_trial_files(folder: str) -> bool:
     """A trial's own files in ``folder``, or one of them set aside as damaged
     (``outcome.json.damaged-<time>``)."""
 
+    # One stat for nearly every folder (`tuner status` lists them all); a listing only for
+    # a folder without command.json.
+    if os.path.isfile(os.path.join(folder, TRIAL_FILES[0])):
+        return True
     try:
         with os.scandir(folder) as listing:
             return any(entry.name.split(DAMAGED_SUFFIX)[0] in TRIAL_FILES for entry in listing)

@@ -11,7 +11,10 @@ into the folder.
 What the folder does not hold is left out: proposals that never ran (duplicates,
 forbidden points) have no trial folder and appear as ``kind = "not_in_folder"`` gaps so
 trial numbers stay those of the original run; the run's wall-clock time is taken as the
-span from the first trial's start to the last trial's end.
+span from the first trial's start to the last trial's end. What it holds but cannot be
+read is never such a silent gap: a trial whose outcome.json or command.json is damaged is
+a ``damaged_record`` trial naming the file and what is wrong with it (``Damage``), and
+only the study's own trial folders are read (tuner.study.trial_folders).
 """
 
 from __future__ import annotations
