@@ -43,6 +43,7 @@ PURE = [
     "tuner.study.scoring", "tuner.study.server_spec", "tuner.study.spec_base", "tuner.study.surrogate",
     "tuner.study.sweep_guard",
     "tuner.study.space", "tuner.study.spec", "tuner.study.study_file", "tuner.study.study_name",
+    "tuner.study.integrity", "tuner.study.trial_folders",
     "tuner.study.noise", "tuner.study.ties", "tuner.study.trials", "tuner.vllm",
     "tuner.vllm.compile_cache", "tuner.vllm.compile_order", "tuner.vllm.effective_config",
     "tuner.vllm.failure_signatures", "tuner.vllm.knob_values", "tuner.vllm.knobs", "tuner.vllm.multicast", "tuner.vllm.startup",

@@ -119,7 +119,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         from tuner.status import build_status
 
         _quiet_optuna(args)
-        handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
+        # Status shows a study whose spec.yaml was edited, and says so; the others refuse it.
+        handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage, edited_spec_ok=True)
         status = build_status(handle, handle.load())
     if args.json:
         say(json.dumps(status, indent=2, default=str))
@@ -179,6 +180,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from tuner.export import ExportError, choose_record, render_export
     from tuner.study.records import read_records
     from tuner.study.folder import open_for_reading
+    from tuner.study.spec_guard import check_measured_command
 
     if args.output:
         _check_output_file(args.output)
@@ -195,6 +197,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                                # --confirm --trial N re-checks N now: its last verdict is not the judge.
                                confirmations={} if args.confirm and args.trial is not None
                                else handle.paths.confirmations())
+        # The command printed must be the one the trial ran, whatever spec.yaml says now.
+        check_measured_command(handle.paths, handle.spec, record.number)
         if args.confirm:
             # Re-run the chosen point on a fresh server now; export it only if it holds up.
             if not handle.paths.sqlite.exists() and args.storage is None:

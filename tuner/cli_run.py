@@ -137,7 +137,7 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
     with StudyLock(handle.paths):
         from tuner.study.folder import restore_storage
 
-        rebuilt = restore_storage(handle)
+        rebuilt = restore_storage(handle, progress=say)
         if rebuilt:
             say(f"[resume] the study storage was missing: rebuilt it from the trial files ({rebuilt} "
                 f"trials); new trials continue after them")

@@ -15,6 +15,7 @@ from tuner.load.host_steadiness import check_text
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.study.durations import format_duration
 from tuner.study.environment import environment_lines
+from tuner.study.integrity import damaged_rows, integrity_lines, spec_changes
 from tuner.study.confirmation_text import summary_text
 from tuner.study.noise import noisy_front, plus_minus, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points, stop_record_text
@@ -163,7 +164,8 @@ def build_status(handle: StudyHandle, study: optuna.Study) -> dict[str, Any]:
     with contextlib.suppress(OSError, ValueError):
         meta = json.loads(handle.paths.study_json.read_text())
     n_trials, timeout = _target(meta, handle.spec.budget.n_trials, handle.spec.budget.timeout)
-    return _status(handle.paths, stored, n_trials, timeout, name=handle.name)
+    return _status(handle.paths, stored, n_trials, timeout, name=handle.name,
+                   spec_changes=list(getattr(handle, "spec_changes", [])))
 
 
 def _target(meta: Any, n_trials: int, timeout: float | None) -> tuple[int, float | None]:
@@ -190,7 +192,8 @@ def status_from_folder(results_root: Path, name: str) -> dict[str, Any] | None:
         meta = json.loads(paths.study_json.read_text())
         if not meta.get("storage_is_default", True) or not paths.sqlite.is_file():
             return None
-        budget = _saved_budget(paths.spec_yaml)
+        data = _spec_data(paths.spec_yaml)
+        budget = _saved_budget(data)
     except (OSError, ValueError, AttributeError):
         return None
     if budget is None:
@@ -198,10 +201,23 @@ def status_from_folder(results_root: Path, name: str) -> dict[str, Any] | None:
     stored = read_sqlite_study(paths.sqlite, name)
     if stored is None:
         return None
-    return _status(paths, stored, *_target(meta, *budget), name=name)
+    return _status(paths, stored, *_target(meta, *budget), name=name,
+                   spec_changes=spec_changes(meta.get("saved_spec"), data) or [])
 
 
-def _saved_budget(spec_yaml: Path) -> tuple[int, float | None] | None:
+def _spec_data(spec_yaml: Path) -> Any:
+    """The saved spec.yaml as loaded YAML; None when it is not YAML."""
+
+    from tuner.study.safe_yaml import YamlInputError, load_bounded
+
+    try:
+        # Bounded like a study file: a copied folder's spec.yaml is input like any other.
+        return load_bounded(spec_yaml.read_text(encoding="utf-8"))
+    except (YamlInputError, UnicodeDecodeError):
+        return None
+
+
+def _saved_budget(data: Any) -> tuple[int, float | None] | None:
     """(n_trials, timeout seconds) of the resolved spec the study saved, or None if odd.
 
     spec.yaml is written by the tuner from the validated spec (durations already seconds),
@@ -210,13 +226,6 @@ def _saved_budget(spec_yaml: Path) -> tuple[int, float | None] | None:
 
     import math
 
-    from tuner.study.safe_yaml import YamlInputError, load_bounded
-
-    try:
-        # Bounded like a study file: a copied folder's spec.yaml is input like any other.
-        data = load_bounded(spec_yaml.read_text(encoding="utf-8"))
-    except (YamlInputError, UnicodeDecodeError):
-        return None
     budget = data.get("budget") if isinstance(data, dict) else None
     if not isinstance(budget, dict):
         return None
@@ -229,7 +238,7 @@ def _saved_budget(spec_yaml: Path) -> tuple[int, float | None] | None:
 
 
 def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: float | None, *,
-            name: str) -> dict[str, Any]:
+            name: str, spec_changes: list[str]) -> dict[str, Any]:
     records = study.records
     labels = list(study.metric_names or [])
     directions = study.directions
@@ -269,6 +278,10 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "host_check": paths.last_host_check(),
         "environment": (environment := paths.environment())[0],
         "environment_changes": environment[1],
+        # What the folder no longer says as it was measured (tuner.study.integrity).
+        "spec_changes": spec_changes,
+        "damaged": damaged_rows(records),
+        "stray_folders": [stray.as_dict() for stray in paths.trial_folders().stray],
     }
 
 
@@ -369,6 +382,7 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     if status.get("host_check"):
         lines.append(f"  {check_text(status['host_check'])}")
     lines.extend(environment_lines(status.get("environment"), status.get("environment_changes") or []))
+    lines.extend(integrity_lines(status))
     if status["running"]:
         lines.append(f"  running: trial(s) {', '.join(map(str, status['running']))}")
     skipped = status["skipped"]

@@ -1,7 +1,8 @@
 """The study folder on disk, and writes that never leave a half-written file.
 
     results/<study>/
-        study.json          name, storage URL (credentials removed), versions, created
+        study.json          name, storage URL (credentials removed), versions, created,
+                            what spec.yaml held then (saved_spec: readers refuse an edit)
         spec.yaml           the resolved study spec (resume runs exactly this)
         optuna.db           the Optuna storage, unless another URL was given
         pareto.json         the current front, rewritten atomically after every trial
@@ -29,6 +30,7 @@ from typing import Any
 from tuner.probe.agreement import agreement_line
 from tuner.study.safe_yaml import MAX_BYTES
 from tuner.study.study_name import check_study_name
+from tuner.study.trial_folders import DAMAGED_SUFFIX, TRIAL_FILES, TrialFolders, looks_numbered, sort_out
 from tuner.errors import ArtifactWriteError, SpecError
 
 __all__ = [
@@ -180,6 +182,18 @@ class StudyPaths:
     def trial_dir(self, number: int) -> Path:
         return self.root / "trials" / f"{number:04d}"
 
+    def trial_folders(self) -> TrialFolders:
+        """The study's trial folders and the numbered entries of ``trials/`` that are not
+        (tuner.study.trial_folders). One listing of ``trials/`` and of each numbered folder."""
+
+        entries = []
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            with os.scandir(self.root / "trials") as listing:
+                for entry in listing:
+                    if looks_numbered(entry.name) and entry.is_dir(follow_symlinks=False):
+                        entries.append((entry.name, _holds_trial_files(entry.path)))
+        return sort_out(entries)
+
     @property
     def confirm_root(self) -> Path:
         """Confirmation re-runs: ``NNNN-K/`` per re-run, ``NNNN.json`` per trial's verdict."""
@@ -277,6 +291,21 @@ class StudyPaths:
 
     def default_storage_url(self) -> str:
         return f"sqlite:///{self.sqlite.resolve()}"
+
+
+def _holds_trial_files(folder: str) -> bool:
+    """A trial's own files in ``folder``, or one of them set aside as damaged
+    (``outcome.json.damaged-<time>``)."""
+
+    # One stat for nearly every folder (`tuner status` lists them all); a listing only for
+    # a folder without command.json.
+    if os.path.isfile(os.path.join(folder, TRIAL_FILES[0])):
+        return True
+    try:
+        with os.scandir(folder) as listing:
+            return any(entry.name.split(DAMAGED_SUFFIX)[0] in TRIAL_FILES for entry in listing)
+    except OSError:
+        return False
 
 
 def saved_budget(meta: dict[str, Any]) -> tuple[int | None, float | None]:

@@ -27,7 +27,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -40,6 +40,8 @@ from tuner import __version__
 from tuner.adapters.artifacts import (StudyPaths, atomic_write_json, atomic_write_text, make_private_dir,
                                      open_private, read_text_bounded, redact_url)
 from tuner.secrets import public_spec
+from tuner.study.integrity import saved_spec
+from tuner.study.safe_yaml import load_bounded
 from tuner.study.spec import StudySpec
 from tuner.study.study_file import parse_study
 from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
@@ -218,6 +220,9 @@ class StudyHandle:
     paths: StudyPaths
     storage_url: str
     spec: StudySpec
+    # How spec.yaml differs from what the study recorded (tuner.study.spec_guard); only a
+    # reader that shows an edited study (status) gets a handle with any.
+    spec_changes: list[str] = field(default_factory=list)
 
     def load(self) -> optuna.Study:
         try:
@@ -261,13 +266,15 @@ def create_or_open(spec: StudySpec, results_root: Path, *, name: str | None = No
     if storage_url is None and not paths.sqlite.exists():
         # SQLite creates the file with the umask's mode; it keeps an existing file's.
         open_private(paths.sqlite, "ab").close()
-    atomic_write_text(paths.spec_yaml,
-                      yaml.safe_dump(public_spec(spec).model_dump(mode="json"), sort_keys=False))
+    spec_text = yaml.safe_dump(public_spec(spec).model_dump(mode="json"), sort_keys=False)
+    atomic_write_text(paths.spec_yaml, spec_text)
     meta = {
         "name": name,
         "storage": redact_url(url),
         "storage_is_default": storage_url is None,
         "spec_digest": spec_digest(spec),
+        # What spec.yaml holds, as its own data: every reader holds the file to it.
+        "saved_spec": saved_spec(load_bounded(spec_text)),
         "created_unix": time.time(),
         "fingerprint": _fingerprint(spec),
     }
@@ -279,11 +286,9 @@ def finished_trial_numbers(paths: StudyPaths) -> list[int]:
     """Trials whose folder holds an outcome: measured (or failed) and final, never to be
     written again."""
 
-    root = paths.root / "trials"
-    if not root.is_dir():
-        return []
-    return sorted(int(d.name) for d in root.iterdir()
-                  if d.name.isdigit() and (d / "outcome.json").is_file())
+    # Only the study's own trial folders: a stray numbered one (a backup named 20261206)
+    # is no finished trial of this study (tuner.study.trial_folders).
+    return [n for n in paths.trial_folders().numbers if (paths.trial_dir(n) / "outcome.json").is_file()]
 
 
 def check_storage_covers_folder(study: optuna.Study, paths: StudyPaths, storage_url: str) -> None:
@@ -379,24 +384,42 @@ def read_study_json(paths: StudyPaths) -> dict[str, Any]:
     return meta
 
 
-def open_existing(results_root: Path, name: str, *, storage_url: str | None = None) -> StudyHandle:
+def open_existing(results_root: Path, name: str, *, storage_url: str | None = None,
+                  edited_spec_ok: bool = False) -> StudyHandle:
+    """The study ``name`` as its folder records it. ``edited_spec_ok``: a spec.yaml edited
+    since the study was created is returned with its changes (``spec_changes``) instead of
+    refused (StudyError naming them; tuner.study.spec_guard)."""
+
     paths = StudyPaths.of(results_root, name)
     if not paths.study_json.exists():
         known = sorted(p.parent.name for p in results_root.glob("*/study.json")) if results_root.exists() else []
         hint = f"; known studies: {', '.join(known)}" if known else ""
         raise StudyError(f"no study named {name!r} under {results_root}{hint}")
     meta = read_study_json(paths)
-    try:
-        spec = parse_study(read_text_bounded(paths.spec_yaml, "saved spec"), str(paths.spec_yaml))
-    except SpecError as exc:
-        raise StudyError(f"the saved spec of study {name!r} no longer validates: {exc}") from None
+    spec, changes = read_saved_spec(paths, meta, edited_spec_ok=edited_spec_ok)
     if storage_url is None:
         if not meta.get("storage_is_default", True):
             raise StudyError(
                 f"study {name!r} uses a non-default storage ({meta.get('storage')}); pass --storage URL"
             )
         storage_url = paths.default_storage_url()
-    return StudyHandle(name, paths, storage_url, spec)
+    return StudyHandle(name, paths, storage_url, spec, changes)
+
+
+def read_saved_spec(paths: StudyPaths, meta: dict[str, Any] | None, *,
+                    edited_spec_ok: bool = False) -> tuple[StudySpec, list[str]]:
+    """The study's spec.yaml, validated and held to what the study recorded
+    (``open_existing``); ``meta``: study.json, None when the folder has none."""
+
+    from tuner.study.spec_guard import check_saved_spec
+
+    text = read_text_bounded(paths.spec_yaml, "saved spec")
+    try:
+        spec = parse_study(text, str(paths.spec_yaml))
+    except SpecError as exc:
+        raise StudyError(f"the saved spec of study {paths.root.name!r} no longer validates: {exc}") from None
+    matches = meta is not None and meta.get("spec_digest") == spec_digest(spec)
+    return spec, check_saved_spec(paths, meta, text, spec, digest_matches=matches, refuse=not edited_spec_ok)
 
 
 class StudyLock:

@@ -18,7 +18,7 @@ from tuner.study.noise import (NoisyPoint, label_noise, level_client_bound, leve
                                resolve_level, unmeasured_level)
 from tuner.study.pareto import Point, pareto_front
 
-__all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "EARLY_STOPPED",
+__all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "KIND_DAMAGED", "EARLY_STOPPED",
            "label_measured", "noisy_points", "outcome_word", "point_key", "record_points", "front_records",
            "stop_record_text"]
 
@@ -69,6 +69,9 @@ def label_measured(label: str, outcome: Mapping[str, Any]) -> bool:
 KIND_RUN = "run"
 KIND_DUPLICATE = "duplicate"
 KIND_FORBIDDEN = "forbidden"
+# A trial rebuilt from its files whose outcome.json or command.json could not be read
+# (tuner.study.folder): not a measurement, not a failure of its configuration.
+KIND_DAMAGED = "damaged_record"
 # The constraint a trial stopped early carries (tuner.study.scoring.stopped_told).
 EARLY_STOPPED = "early_stopped"
 
