@@ -27,6 +27,7 @@ __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "KIND_
 _TRIAL_METRICS = ("startup_s", "probe_s", "trial_s")
 _MAX_RATE = "max_rate@slo"
 
+
 def point_key(values: Mapping[str, Any]) -> str:
     """A canonical text of a parameter set, to spot duplicates (``space.params_key``)."""
 
