@@ -13,6 +13,10 @@ Files written into ``out_dir``:
   deltas, token agreement, warm-up, warnings), as a trial's ``metrics.json``;
 * ``probe.json``            the probe result (with ``probe``);
 * ``summary.json``          what :func:`measure` returns.
+
+A measurement a trial could not be scored on (failed requests, token counts the server was
+not believed on: :meth:`SweepResult.problems`) is still written, and listed in the
+summary's ``problems``; ``tuner measure`` then exits 4 with one line per problem.
 """
 
 from __future__ import annotations
@@ -160,6 +164,7 @@ async def ameasure(
         "slo": None if spec.slo is None else spec.slo.text(),
         "max_rate": None if sweep.max_rate is None else sweep.max_rate.model_dump(mode="json"),
         "skipped_levels": sweep.skipped_levels,
+        "problems": sweep.problems(),
         "warnings": notes + sweep.warnings,
         "out_dir": str(out_dir),
     }
@@ -276,6 +281,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             notes.append("no steady window")
         if lv["low_confidence_p99"]:
             notes.append("p99 low-conf")
+        if m.get("token_mismatch"):
+            notes.append(f"{int(m['token_mismatch'])} token counts not believed")
         if lv["token_agreement"] is False:
             notes.append(f"tokens differ {lv['token_relative_diff']:.1%} from server")
         if lv["deadline_hit"]:

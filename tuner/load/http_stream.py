@@ -100,6 +100,7 @@ class StreamConnection(asyncio.Protocol):
         self._done: asyncio.Future[None] | None = None
         self._head_seen: asyncio.Future[int] | None = None
         self.status = 0
+        self.content_type = ""  # of the last response, as sent
         self._error_body = bytearray()
         self._idle_since = 0.0  # time.monotonic() when the last response ended
 
@@ -181,6 +182,7 @@ class StreamConnection(asyncio.Protocol):
         self._buf = b""
         self._error_body.clear()
         self.status = 0
+        self.content_type = ""
         self._state = _HEAD
         self._transport.write(
             self._head_prefix + b"Content-Length: %d\r\n\r\n" % len(body) + body
@@ -278,6 +280,8 @@ class StreamConnection(asyncio.Protocol):
                     self._keep_alive = False
                 elif v == b"keep-alive":
                     self._keep_alive = True
+            elif name == b"content-type":
+                self.content_type = value.strip()[:100].decode("latin-1")
             elif name == b"content-encoding" and value.strip().lower() not in (b"identity", b""):
                 raise HttpProtocolError(f"compressed response ({value.strip().decode()!r})")
         if chunked:

@@ -17,7 +17,7 @@ from tuner.study.noise import label_noise, level_client_bound, level_unstable, m
 from tuner.study.pareto import Point, pareto_front
 
 __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "EARLY_STOPPED",
-           "outcome_word", "point_key", "record_points", "front_records", "stop_record_text"]
+           "TOKEN_COUNT_MISMATCH", "outcome_word", "point_key", "record_points", "front_records", "stop_record_text"]
 
 def point_key(values: Mapping[str, Any]) -> str:
     """A canonical text of a parameter set, to spot duplicates (``space.params_key``)."""
@@ -37,6 +37,9 @@ def stop_record_text(record: Mapping[str, Any]) -> str:
 KIND_RUN = "run"
 KIND_DUPLICATE = "duplicate"
 KIND_FORBIDDEN = "forbidden"
+# The constraint of a trial whose server token counts were not believed
+# (tuner.study.scoring.constraints).
+TOKEN_COUNT_MISMATCH = "token_count_mismatch"
 # The constraint a trial stopped early carries (tuner.study.scoring.stopped_told).
 EARLY_STOPPED = "early_stopped"
 
@@ -164,7 +167,8 @@ class TrialRecord:
 
 def outcome_word(state: str, kind: str, constraints: Mapping[str, float], failure_reason: Any) -> str:
     """A finished trial's verdict in one word: ``failed:<reason>``, ``forbidden``,
-    ``duplicate``, ``not_applied``, ``probe_failed``, ``load_errors``, ``limit_missed``,
+    ``duplicate``, ``not_applied``, ``probe_failed``, ``load_errors``,
+    ``token_count_mismatch``, ``limit_missed``,
     ``unstable``, ``stopped_early`` (its values are bounds, not measurements) or ``feasible``."""
 
     if kind != KIND_RUN:
@@ -177,6 +181,8 @@ def outcome_word(state: str, kind: str, constraints: Mapping[str, float], failur
         return "probe_failed"
     if constraints.get("load_errors", 0) > 0:
         return "load_errors"
+    if constraints.get(TOKEN_COUNT_MISMATCH, 0) > 0:
+        return TOKEN_COUNT_MISMATCH
     if any(v > 0 for k, v in constraints.items() if k.startswith("limit:")):
         return "limit_missed"
     if constraints.get("unstable", 0) > 0:
