@@ -166,7 +166,8 @@ class StreamConnection(asyncio.Protocol):
         """Send ``body`` and feed the response body to ``sink`` until it ends.
 
         Returns the HTTP status. For a status other than 200 the body is not streamed to
-        ``sink``; it is collected (up to 64 KiB) and available as :attr:`error_body`.
+        ``sink``; it is collected (up to 64 KiB, then the connection is dropped) and
+        available as :attr:`error_body`.
 
         Raises:
             HttpProtocolError: the server closed the connection or broke the framing.
@@ -392,8 +393,14 @@ class StreamConnection(asyncio.Protocol):
             if sink is not None and sink(payload, now):
                 self._keep_alive = False
                 self._finish()
-        elif len(self._error_body) < _MAX_ERROR_BODY:
-            self._error_body += payload[: _MAX_ERROR_BODY - len(self._error_body)]
+        else:
+            room = _MAX_ERROR_BODY - len(self._error_body)
+            self._error_body += payload[:room]
+            if len(payload) >= room:
+                # Enough to say what went wrong; the rest of an error page (however many
+                # megabytes) is not read, so a bad status costs no more than its cap.
+                self._keep_alive = False
+                self._finish()
 
     def _finish(self) -> None:
         self._state = _IDLE
