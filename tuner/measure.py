@@ -34,7 +34,7 @@ from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.load.max_rate_text import max_rate_text
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.results import SweepResult
-from tuner.load.server_calls import scrape_metrics, server_client
+from tuner.load.server_calls import ReplyTooLarge, capped_request, scrape_metrics, server_client
 from tuner.load.sweep import run_sweep
 from tuner.load.load_spec import rate_level_name
 from tuner.study.spec import StudySpec
@@ -68,8 +68,8 @@ async def discover_model(
         MeasureError: /v1/models unreachable or unusable, or several models and none wanted.
     """
     try:
-        resp = await client.get(_root(base_url) + "/v1/models", timeout=_TIMEOUT_S)
-    except httpx.HTTPError as exc:
+        resp = await capped_request(client, "GET", _root(base_url) + "/v1/models", timeout=_TIMEOUT_S)
+    except (httpx.HTTPError, ReplyTooLarge) as exc:
         raise MeasureError(f"{base_url}: cannot reach /v1/models ({type(exc).__name__}: {exc})") from exc
     if resp.status_code != 200:
         raise MeasureError(f"{base_url}/v1/models answered HTTP {resp.status_code}: {resp.text[:200]}")
