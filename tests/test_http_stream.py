@@ -110,6 +110,15 @@ def test_error_status_body_is_collected_not_streamed() -> None:
     assert out["conn"].error_body == b'{"error":"x"}'
 
 
+def test_an_error_body_is_read_up_to_its_cap_and_no_further() -> None:
+    # A 100 MB error page: the request ends at 64 KiB, the connection is dropped unread.
+    head = b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 100000000\r\n\r\n"
+    out = run([head + b"<html>" + b"x" * 65536, b"y" * 65536])
+    assert out["status"] == 500 and len(out["conn"].error_body) == 64 * 1024
+    assert out["conn"].error_body.startswith(b"<html>")
+    assert out["transport"].aborted and not out["conn"].usable
+
+
 def test_body_until_close_and_connection_close_header() -> None:
     out = run([b"HTTP/1.0 200 OK\r\n\r\nsome", b" data"], lose=True)
     assert out["status"] == 200 and out["body"] == b"some data"

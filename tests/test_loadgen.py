@@ -123,8 +123,10 @@ def build_app(state: FakeState) -> Starlette:
                 state.prompt_tokens += n_prompt
                 state.generation_tokens += state.uncounted_tokens
                 if script.get("usage", True):
+                    # "claim": what a lying server says it generated instead.
+                    claimed = script["claim"] if "claim" in script else total
                     yield _sse({"id": "x", "object": kind, "choices": [],
-                                "usage": {"prompt_tokens": n_prompt, "completion_tokens": total,
+                                "usage": {"prompt_tokens": n_prompt, "completion_tokens": claimed,
                                           "total_tokens": n_prompt + total}})
                 if not script.get("no_done"):
                     yield b"data: [DONE]\n\n"
@@ -222,7 +224,8 @@ SPEC_SCRIPT = {"chunks": [[0.15, 1], [0.06, 1], [0.06, 3], [0.06, 1]]}
 
 
 def test_known_timings_and_a_speculative_chunk(served: Served) -> None:
-    (r,) = level(served, [plan_item(0, SPEC_SCRIPT)])
+    # max_tokens 6: the script generates 6 tokens, and no server generates past max_tokens.
+    (r,) = level(served, [plan_item(0, SPEC_SCRIPT, max_tokens=6)])
     assert r.ok and r.error is None and r.http_status == 200
     assert r.chunk_tokens == [1, 1, 3, 1]
     assert r.output_tokens == 6
@@ -249,7 +252,7 @@ def test_request_body_is_what_vllm_bench_sends(served: Served) -> None:
 
 
 def test_without_per_chunk_usage_the_total_comes_from_the_usage_chunk(served: Served) -> None:
-    (r,) = level(served, [plan_item(0, SPEC_SCRIPT)], continuous_usage=False)
+    (r,) = level(served, [plan_item(0, SPEC_SCRIPT, max_tokens=6)], continuous_usage=False)
     assert r.ok and r.chunk_tokens is None and r.output_tokens == 6
     assert r.chunk_chars == [4, 4, 12, 4]  # the 3-token chunk carries 3x the text
 
@@ -263,6 +266,20 @@ def test_chat_api_role_chunk_counts_for_ttft(served: Served) -> None:
     assert "prompt" not in body
     assert r.chunk_chars == [0, 4, 8]  # role chunk, then content
     assert r.output_tokens == 3
+
+
+@pytest.mark.parametrize("claim", [10_000, -3, "10", float("nan"), 1e300, True, 1])
+def test_token_counts_the_stream_cannot_hold_are_not_believed(served: Served, claim: Any) -> None:
+    # Ten one-token chunks arrived; the server's final usage says otherwise. The request
+    # keeps its timings, its tokens are the client's count and the record says why.
+    script = {"chunks": [[0.0, 1]] * 10, "continuous": False, "claim": claim}
+    (r,) = level(served, [plan_item(0, script, max_tokens=10)], continuous_usage=False)
+    assert r.ok and r.error is None and r.output_tokens is None
+    assert r.usage_rejected is not None and "usage.completion_tokens" in r.usage_rejected
+    assert r.n_output_tokens() == 10 and r.tokens_estimated
+    m = compute_level_metrics([r], concurrency=1)
+    assert m.token_mismatch == 1 and m.total_output_tokens == 10
+    assert m.flat()["token_mismatch"] == 1.0 and m.token_mismatch_example == r.usage_rejected
 
 
 def test_http_500_is_a_typed_failure(served: Served) -> None:

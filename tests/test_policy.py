@@ -28,10 +28,11 @@ def record(number: int, values: dict[str, Any], state: str = "COMPLETE", told: t
                        constraints=dict(constraints or {}), attrs={"kind": kind, "values": dict(values), **attrs})
 
 
-def levels(*, thr: float = 900.0, tpot: float = 5.0, ttft: float = 100.0, failed: float = 0.0) -> dict[str, Any]:
+def levels(*, thr: float = 900.0, tpot: float = 5.0, ttft: float = 100.0, failed: float = 0.0,
+           mismatch: float = 0.0) -> dict[str, Any]:
     return {"1": {"tpot_ms.mean": tpot, "ttft_ms.p90": ttft, "failed": failed},
             "4": {"output_tok_s": thr / 2, "failed": 0.0},
-            "16": {"output_tok_s": thr, "failed": 0.0}}
+            "16": {"output_tok_s": thr, "failed": 0.0, "token_mismatch": mismatch}}
 
 
 def completed(**kw: Any) -> TrialOutcome:
@@ -61,6 +62,7 @@ def test_a_measured_trial_is_told_its_values_and_met_constraints() -> None:
     (completed(applied=False, mismatches=[{"target": "a"}, {"target": "b"}]), "applied", "not_applied"),
     (completed(levels=levels(ttft=7000.0)), "limit:ttft_ms.p90@c1<=5000.0", "limit_missed"),
     (completed(levels=levels(failed=3.0)), "load_errors", "load_errors"),
+    (completed(levels=levels(mismatch=16.0)), "token_count_mismatch", "token_count_mismatch"),
 ])
 def test_an_infeasible_trial_keeps_its_values_with_a_violated_constraint(outcome: TrialOutcome,
                                                                           violated: str, verdict: str) -> None:
@@ -79,6 +81,21 @@ def test_a_trial_without_an_objective_value_fails_no_measurement() -> None:
     told = policy.told_for(SPEC, completed(levels=lv), no_worst)
     assert told.how == "no_measurement" and told.values is None
     assert told.missing == ["tpot_ms.mean@c1"] and told.attrs["failure"]["reason"] == "no_measurement"
+
+
+def test_a_trial_whose_objective_level_only_failed_fails_load_errors_with_the_reason() -> None:
+    # A server answering HTTP 500 to everything is no slow server with too few samples.
+    lv = levels(failed=4.0)
+    del lv["1"]["tpot_ms.mean"]
+    text = "4 of 4 measured requests failed: 4 http_status (HTTP 500: Internal Server Error)"
+    told = policy.told_for(SPEC, completed(levels=lv, load_failures={"1": text}), no_worst)
+    assert told.how == "load_errors" and told.values is None
+    assert told.verdict == "failed:load_errors" and told.missing == ["tpot_ms.mean@c1"]
+    assert told.attrs["failure"] == {"reason": "load_errors", "phase": "load",
+                                     "message": f"no value for tpot_ms.mean@c1: c=1: {text}"}
+    # An outcome from before load_failures was kept: the count alone.
+    told = policy.told_for(SPEC, completed(levels=lv), no_worst)
+    assert told.attrs["failure"]["message"] == "no value for tpot_ms.mean@c1: c=1: 4 measured requests failed"
 
 
 # -- failed trials ---------------------------------------------------------------------

@@ -21,7 +21,8 @@ def test_parse_faults_validates():
     assert parse_faults(None) == []
     assert parse_faults(faults({"fault": "garbage"}))[0].fault == "garbage"
     for bad in ("[{", '[{"fault": "nope"}]', '[{"fault": "slow_start"}]',
-                '[{"fault": "garbage", "extra": 1}]'):
+                '[{"fault": "garbage", "extra": 1}]', '[{"fault": "usage_lie"}]',
+                '[{"fault": "usage_lie", "value": 1, "factor": 2}]', '[{"fault": "huge_reply"}]'):
         with pytest.raises(FaultError):
             parse_faults(bad)
 

@@ -286,7 +286,10 @@ def cmd_measure(args: argparse.Namespace) -> int:
         print(f"tuner measure: {exc}", file=sys.stderr)
         return 3
     say(format_summary(summary))
-    return 0
+    # Numbers a trial would not be scored on: written, shown, and not passed as a result.
+    for problem in summary["problems"]:
+        print(f"tuner measure: {problem}", file=sys.stderr)
+    return 4 if summary["problems"] else 0
 
 
 # -- host-check -------------------------------------------------------------------

@@ -159,6 +159,7 @@ def _run_result(spec: Any, job: _Job, item: Finished) -> RunResult:
     outcome = TrialOutcome.model_validate(item.result)
     told = told_for(spec, outcome, lambda: None)
     word = told.verdict
-    message = outcome.message or outcome.probe_reason if word != "feasible" else None
+    failure = (told.attrs.get("failure") or {}).get("message")
+    message = outcome.message or failure or outcome.probe_reason if word != "feasible" else None
     return RunResult(folder=job.folder.name, values=told.values, feasible=word == "feasible",
                      outcome=word, message=message, trial_s=outcome.trial_s)

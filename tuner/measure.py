@@ -13,6 +13,10 @@ Files written into ``out_dir``:
   deltas, token agreement, warm-up, warnings), as a trial's ``metrics.json``;
 * ``probe.json``            the probe result (with ``probe``);
 * ``summary.json``          what :func:`measure` returns.
+
+A measurement a trial could not be scored on (failed requests, token counts the server was
+not believed on: :meth:`SweepResult.problems`) is still written, and listed in the
+summary's ``problems``; ``tuner measure`` then exits 4 with one line per problem.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.load.max_rate_text import max_rate_text
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.results import SweepResult
-from tuner.load.server_calls import scrape_metrics, server_client
+from tuner.load.server_calls import ReplyTooLarge, capped_request, scrape_metrics, server_client
 from tuner.load.sweep import run_sweep
 from tuner.load.load_spec import rate_level_name
 from tuner.study.spec import StudySpec
@@ -64,8 +68,8 @@ async def discover_model(
         MeasureError: /v1/models unreachable or unusable, or several models and none wanted.
     """
     try:
-        resp = await client.get(_root(base_url) + "/v1/models", timeout=_TIMEOUT_S)
-    except httpx.HTTPError as exc:
+        resp = await capped_request(client, "GET", _root(base_url) + "/v1/models", timeout=_TIMEOUT_S)
+    except (httpx.HTTPError, ReplyTooLarge) as exc:
         raise MeasureError(f"{base_url}: cannot reach /v1/models ({type(exc).__name__}: {exc})") from exc
     if resp.status_code != 200:
         raise MeasureError(f"{base_url}/v1/models answered HTTP {resp.status_code}: {resp.text[:200]}")
@@ -160,6 +164,7 @@ async def ameasure(
         "slo": None if spec.slo is None else spec.slo.text(),
         "max_rate": None if sweep.max_rate is None else sweep.max_rate.model_dump(mode="json"),
         "skipped_levels": sweep.skipped_levels,
+        "problems": sweep.problems(),
         "warnings": notes + sweep.warnings,
         "out_dir": str(out_dir),
     }
@@ -276,6 +281,8 @@ def format_summary(summary: dict[str, Any]) -> str:
             notes.append("no steady window")
         if lv["low_confidence_p99"]:
             notes.append("p99 low-conf")
+        if m.get("token_mismatch"):
+            notes.append(f"{int(m['token_mismatch'])} token counts not believed")
         if lv["token_agreement"] is False:
             notes.append(f"tokens differ {lv['token_relative_diff']:.1%} from server")
         if lv["deadline_hit"]:

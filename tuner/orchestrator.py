@@ -331,6 +331,8 @@ class StudyLoop:
             self.progress(f"[trial {number}] {stop_text(outcome)} after {outcome.trial_s or 0:.1f}s")
         elif told.how == "no_measurement":
             self.progress(f"[trial {number}] FAILED (no_measurement) for {', '.join(told.missing)}")
+        elif told.how == "load_errors":
+            self.progress(f"[trial {number}] FAILED (load_errors) {told.attrs['failure']['message']}")
         else:
             front = pareto_front(record_points(records, self.labels), self.directions)
             self.progress(f"[trial {number}] done in {outcome.trial_s or 0:.1f}s: " + result_text(

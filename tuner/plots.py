@@ -28,6 +28,9 @@ OUTCOME_STYLE = {
     "probe_failed": ("X", "#d62728", "probe failed"),
     "not_applied": ("^", "#ff7f0e", "config not applied"),
     "limit_missed": ("s", "#9467bd", "limit missed"),
+    "load_errors": ("P", "#8c564b", "requests failed"),
+    # Measured by the client's own token count: the server's was not believed.
+    "token_count_mismatch": ("D", "#e377c2", "token counts not believed"),
     # Stopped inside its sweep: one objective is the optimistic bound it was judged on.
     "stopped_early": ("v", "#7f7f7f", "stopped early (bound)"),
 }

@@ -436,6 +436,7 @@ class TrialWorker:
             write_records_jsonl(trial_dir / f"requests-{name}.jsonl", level.records)
         if sweep.max_rate is not None:
             outcome.max_rate = sweep.max_rate.model_dump(mode="json")
+        outcome.load_failures = sweep.load_failures()
         # A level stopped at its last dispatch (early stop rule 4a) has its objective measured:
         # its output tok/s is recorded so the trial is told with it, like any completed one.
         for key, value in ((guard.record or {}).get("measured") or {}).items():

@@ -4,7 +4,8 @@ Pure modules (data and arithmetic; no sockets, processes, clocks, environment or
 
 * ``load_spec``   the study file's ``load:`` section (pydantic).
 * ``workload``    deterministic synthetic prompts, token fitting, arrival schedules.
-* ``sse``         incremental Server-Sent Events parser (the client's hot path).
+* ``sse``         incremental Server-Sent Events parser (the client's hot path), lines capped.
+* ``token_counts`` whether a server's usage counts are believed, against what arrived.
 * ``protocol``    request bodies, URL paths, what a streamed response said (StreamState),
                   the record it makes.
 * ``records``     one request's raw timings (RequestRecord) and its token timeline.
@@ -15,7 +16,8 @@ Pure modules (data and arithmetic; no sockets, processes, clocks, environment or
 * ``live_window`` the window of a level still running (early stop inside a level).
 * ``metrics``     records → per-level metrics (vLLM's definitions), repeats.
 * ``prometheus``  ``/metrics`` text → snapshots and server-side deltas.
-* ``results``     what a sweep produced (LevelResult, SweepResult, token agreement).
+* ``results``     what a sweep produced (LevelResult, SweepResult, token agreement), and
+                  what in it a trial could not be scored on (``problems``).
 * ``host_steadiness`` the host's own CPU spread (`tuner host-check`) and its verdict.
 
 I/O modules:
@@ -27,7 +29,8 @@ I/O modules:
 * ``closed_loop``  one closed-loop level (``run_level``).
 * ``steady_loop``  one closed-loop level sized by time and steady state (``run_steady_level``).
 * ``open_loop``    one open-loop rate level (``run_rate_level``).
-* ``server_calls`` ``/tokenize`` (prompt fitting) and ``/metrics`` scrapes, through httpx.
+* ``server_calls`` ``/tokenize`` (prompt fitting) and ``/metrics`` scrapes, through httpx;
+                   every non-streamed reply read up to a cap (``capped_request``).
 * ``warmup``       the warm-up before a level.
 * ``sweep``        every level of a study's load section against one server (``run_sweep``).
 * ``record_files`` records as JSON lines.

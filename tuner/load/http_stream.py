@@ -100,6 +100,7 @@ class StreamConnection(asyncio.Protocol):
         self._done: asyncio.Future[None] | None = None
         self._head_seen: asyncio.Future[int] | None = None
         self.status = 0
+        self.content_type = ""  # of the last response, as sent
         self._error_body = bytearray()
         self._idle_since = 0.0  # time.monotonic() when the last response ended
 
@@ -165,7 +166,8 @@ class StreamConnection(asyncio.Protocol):
         """Send ``body`` and feed the response body to ``sink`` until it ends.
 
         Returns the HTTP status. For a status other than 200 the body is not streamed to
-        ``sink``; it is collected (up to 64 KiB) and available as :attr:`error_body`.
+        ``sink``; it is collected (up to 64 KiB, then the connection is dropped) and
+        available as :attr:`error_body`.
 
         Raises:
             HttpProtocolError: the server closed the connection or broke the framing.
@@ -181,6 +183,7 @@ class StreamConnection(asyncio.Protocol):
         self._buf = b""
         self._error_body.clear()
         self.status = 0
+        self.content_type = ""
         self._state = _HEAD
         self._transport.write(
             self._head_prefix + b"Content-Length: %d\r\n\r\n" % len(body) + body
@@ -278,6 +281,8 @@ class StreamConnection(asyncio.Protocol):
                     self._keep_alive = False
                 elif v == b"keep-alive":
                     self._keep_alive = True
+            elif name == b"content-type":
+                self.content_type = value.strip()[:100].decode("latin-1")
             elif name == b"content-encoding" and value.strip().lower() not in (b"identity", b""):
                 raise HttpProtocolError(f"compressed response ({value.strip().decode()!r})")
         if chunked:
@@ -388,8 +393,14 @@ class StreamConnection(asyncio.Protocol):
             if sink is not None and sink(payload, now):
                 self._keep_alive = False
                 self._finish()
-        elif len(self._error_body) < _MAX_ERROR_BODY:
-            self._error_body += payload[: _MAX_ERROR_BODY - len(self._error_body)]
+        else:
+            room = _MAX_ERROR_BODY - len(self._error_body)
+            self._error_body += payload[:room]
+            if len(payload) >= room:
+                # Enough to say what went wrong; the rest of an error page (however many
+                # megabytes) is not read, so a bad status costs no more than its cap.
+                self._keep_alive = False
+                self._finish()
 
     def _finish(self) -> None:
         self._state = _IDLE

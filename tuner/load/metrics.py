@@ -13,6 +13,8 @@ Definitions (measurement.md §1, vLLM ``benchmarks/serve.py::calculate_metrics``
   With speculative decoding one chunk carries several tokens, so compare speculative and
   plain configs on TPOT, E2EL and throughput, never on ITL.
 * Failed requests are excluded from every latency statistic and counted in ``failed``.
+* **Token mismatch**: completed requests whose server token counts were not believed
+  (:mod:`tuner.load.token_counts`); their tokens are the client's count of chunks with text.
 * **Client-bound**: the load generator's event loop ran late (tuner.load.loop_lag) by more
   than :data:`CLIENT_LAG_SHARE` of the level's median TTFT at its p99: the latencies then
   measure the client. The level counts as unstable (``flat()["unstable"]``), so the trial
@@ -87,12 +89,14 @@ EXTRA_FLAT_KEYS: tuple[str, ...] = (
     "unstable",
     *(f"{k}.{suffix}" for k in NOISY_KEYS for suffix in ("ci95", "n")),
     *("client_lag_ms.p99", "client_bound", "burst_requests"),
+    "token_mismatch",
 )
 """Keys :meth:`LevelMetrics.flat` adds after :data:`FLAT_KEYS` (added later; NaN = none).
 ``unstable`` is 1.0 when the level's throughput never settled or the level was
 client-bound (0.0 when neither, NaN when there was no window to judge)."""
 
-_CLIENT_KEYS = ("client_lag_ms.p99", "client_bound", "burst_requests")
+# Flat keys kept last, in EXTRA_FLAT_KEYS' order.
+_TAIL_KEYS = ("client_lag_ms.p99", "client_bound", "burst_requests", "token_mismatch")
 
 CLIENT_LAG_SHARE = 0.5
 """A level is client-bound when the client loop's p99 lateness exceeds this share of its
@@ -174,6 +178,13 @@ class LevelMetrics(BaseModel):
         default=None,
         description=f"client_lag_ms.p99 > {CLIENT_LAG_SHARE} x ttft_ms.p50: the latencies "
         "measure the client (module docstring). None: not monitored.")
+    token_mismatch: int = Field(
+        default=0,
+        description="Completed measured requests whose server token counts were not believed "
+        "(tuner.load.token_counts): counted by the client instead; > 0 makes a trial "
+        "infeasible (token_count_mismatch).")
+    token_mismatch_example: str | None = Field(
+        default=None, description="Why the first of them was not believed.")
 
     output_tok_s: float
     total_tok_s: float
@@ -268,7 +279,7 @@ class LevelMetrics(BaseModel):
         out = self.flat_single()
         rs = self.repeats
         if rs is not None:
-            for key in (*FLAT_KEYS, "run_output_tok_s", "stability_ratio"):
+            for key in (*FLAT_KEYS, "run_output_tok_s", "stability_ratio", "token_mismatch"):
                 if key in rs.median:
                     out[key] = _nan(rs.median[key])
             out["repeats"] = float(rs.n)
@@ -291,7 +302,7 @@ class LevelMetrics(BaseModel):
             # What changes between server starts, which no single run can see.
             out[f"{key}.ci95"] = with_noise_floor(ci, out.get(key, math.nan), self.noise_floor)
             out[f"{key}.n"] = n
-        for key in _CLIENT_KEYS:      # after the intervals, in EXTRA_FLAT_KEYS' order
+        for key in _TAIL_KEYS:      # after the intervals, in EXTRA_FLAT_KEYS' order
             out[key] = out.pop(key)
         if self.slo is not None:
             out.update(self.slo.flat())
@@ -321,6 +332,7 @@ class LevelMetrics(BaseModel):
         out["client_lag_ms.p99"] = _nan(self.client_lag_ms.p99)
         out["client_bound"] = math.nan if self.client_bound is None else float(self.client_bound)
         out["burst_requests"] = float(self.burst_requests)
+        out["token_mismatch"] = float(self.token_mismatch)
         return out
 
 
@@ -400,6 +412,7 @@ def compute_level_metrics(
     for r in bad:
         kind = r.error.type if r.error else "unknown"
         examples.setdefault(kind, r.error.message if r.error else "")
+    rejected = [r.usage_rejected for r in ok if r.usage_rejected is not None]
     total_out = sum(r.n_output_tokens() for r in ok)
     total_prompt = sum(r.prompt_tokens or 0 for r in ok)
     if steady is not None and records:
@@ -434,6 +447,8 @@ def compute_level_metrics(
         client_lag_ms=lag,
         burst_requests=sum(1 for r in ok if _is_burst(r)),
         client_bound=client_bound(lag, ttft),
+        token_mismatch=len(rejected),
+        token_mismatch_example=rejected[0] if rejected else None,
         output_tok_s_per_user=_per_user(ok),
         total_output_tokens=total_out,
         total_prompt_tokens=total_prompt,
@@ -501,7 +516,7 @@ def _uncertainty(rates: WindowRates, samples: dict[str, list[float]],
     return out
 
 
-_COUNT_KEYS = ("failed", "completed")
+_COUNT_KEYS = ("failed", "completed", "token_mismatch")
 _NOT_SUMMARIZED = ("repeats", "output_tok_s_cv")
 
 
@@ -511,7 +526,8 @@ def summarize_repeats(runs: Sequence[LevelMetrics]) -> LevelMetrics:
     The detailed fields (latency stats, window, sub-windows) are those of the run with the
     median output_tok_s (the lower median for an even count), so they stay one consistent
     measurement; ``flat()`` then reports per-key medians across runs, except ``failed`` and
-    ``completed``, which are totals: a failure in any repeat must stay visible.
+    ``completed`` and ``token_mismatch``, which are totals: a failure in any repeat must
+    stay visible.
     """
     if not runs:
         raise ValueError("summarize_repeats needs at least one run")
@@ -543,4 +559,8 @@ def summarize_repeats(runs: Sequence[LevelMetrics]) -> LevelMetrics:
         cv=cv,
         per_repeat=[{k: (None if math.isnan(f[k]) else f[k]) for k in keys} for f in flats],
     )
-    return runs[rep].model_copy(update={"repeats": summary})
+    # A count the server was not believed on in any repeat stays visible, as a failure does.
+    examples = [r.token_mismatch_example for r in runs if r.token_mismatch_example]
+    return runs[rep].model_copy(update={
+        "repeats": summary, "token_mismatch": sum(r.token_mismatch for r in runs),
+        "token_mismatch_example": examples[0] if examples else None})

@@ -14,6 +14,7 @@ from typing import Any
 from tuner.load.load_spec import Api
 from tuner.load.records import RequestError, RequestRecord
 from tuner.load.sse import SSEError
+from tuner.load.token_counts import check_usage
 from tuner.load.workload import RequestPlan
 
 __all__ = ["API_PATHS", "IDLE_REUSE_LIMIT_S", "Live", "StreamState", "encode_body", "make_record", "request_body",
@@ -72,7 +73,7 @@ class StreamState:
     """What one streamed response has told us so far (the per-event hot path)."""
 
     __slots__ = (
-        "chat", "times", "chars", "cumulative", "per_chunk_usage", "finish",
+        "chat", "times", "chars", "cumulative", "per_chunk_usage", "bad_cumulative", "finish",
         "prompt_tokens", "output_tokens", "error",
     )
 
@@ -82,16 +83,17 @@ class StreamState:
         self.chars: list[int] = []
         self.cumulative: list[int] = []
         self.per_chunk_usage = True
+        self.bad_cumulative: Any = None  # the first per-chunk count that was no integer
         self.finish: str | None = None
-        self.prompt_tokens: int | None = None
-        self.output_tokens: int | None = None
+        # As the server sent them, whatever their JSON type: make_record checks them.
+        self.prompt_tokens: Any = None
+        self.output_tokens: Any = None
         self.error: RequestError | None = None
 
     def on_events(self, events: list[dict[str, Any] | SSEError], now: float) -> None:
         for ev in events:
             if isinstance(ev, SSEError):
-                kind = "server_error" if ev.kind == "server_error" else "malformed_stream"
-                self.error = RequestError(type=kind, message=ev.message)
+                self.error = RequestError(type=_ERROR_TYPES[ev.kind], message=ev.message)
                 return
             choices = ev.get("choices")
             usage = ev.get("usage")
@@ -112,14 +114,22 @@ class StreamState:
                 self.chars.append(len(text))
                 if c0.get("finish_reason"):
                     self.finish = c0["finish_reason"]
-                if usage and usage.get("completion_tokens") is not None:
-                    self.cumulative.append(usage["completion_tokens"])
+                count = usage.get("completion_tokens") if usage else None
+                if type(count) is int:
+                    # Integers only: in-flight counts are summed while the level runs
+                    # (tuner.load.live_window), before make_record judges them.
+                    self.cumulative.append(count)
                 else:
                     self.per_chunk_usage = False
+                    if count is not None and self.bad_cumulative is None:
+                        self.bad_cumulative = count
             elif usage:
                 self.prompt_tokens = usage.get("prompt_tokens")
                 self.output_tokens = usage.get("completion_tokens")
 
+
+_ERROR_TYPES = {"server_error": "server_error", "malformed": "malformed_stream",
+                "too_large": "reply_too_large"}
 
 # In-flight requests by plan position: (dispatch time, stream state, max_tokens). Read by
 # the early-stop judgement inside a level (tuner.load.live_window).
@@ -135,12 +145,19 @@ def make_record(
     if error is None and not times:
         error = RequestError(type="no_content", message="stream carried no choices")
     exact = st.per_chunk_usage and bool(times) and len(st.cumulative) == len(times)
-    output_tokens = st.output_tokens
-    if output_tokens is None and exact:
-        output_tokens = st.cumulative[-1]  # usage-only chunk lost; the last cumulative is it
+    claimed = st.output_tokens
+    if claimed is None and exact:
+        claimed = st.cumulative[-1]  # usage-only chunk lost; the last cumulative is it
+    # The server's counts are believed only within what the client received
+    # (tuner.load.token_counts); otherwise the client counts its chunks and says why.
+    usage = check_usage(prompt_tokens=st.prompt_tokens, output_tokens=claimed,
+                        cumulative=st.cumulative, bad_cumulative=st.bad_cumulative,
+                        chars=st.chars, max_tokens=item.max_tokens, prompt_chars=len(item.prompt))
+    output_tokens = usage.output_tokens
     chunk_tokens = None
-    if exact:
-        chunk_tokens = [b - a for a, b in zip([0, *st.cumulative], st.cumulative, strict=False)]
+    if exact and usage.cumulative is not None:
+        chunk_tokens = [b - a for a, b in zip([0, *usage.cumulative], usage.cumulative,
+                                              strict=False)]
     return RequestRecord(
         index=item.index,
         class_name=item.class_name,
@@ -151,8 +168,9 @@ def make_record(
         chunk_tokens=chunk_tokens,
         chunk_chars=st.chars,
         done_s=done_s,
-        prompt_tokens=st.prompt_tokens,
+        prompt_tokens=usage.prompt_tokens,
         output_tokens=output_tokens,
+        usage_rejected=usage.problem,
         ok=error is None,
         error=error,
         finish_reason=st.finish,

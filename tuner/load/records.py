@@ -16,8 +16,9 @@ __all__ = ["RequestError", "RequestRecord", "token_timeline"]
 
 class RequestError(BaseModel):
     """Why a request failed. ``type`` is a fixed vocabulary set by the load generator:
-    http_status, server_error, malformed_stream, incomplete_stream, no_content, timeout,
-    connect_error, connection_error, client_exception."""
+    http_status, server_error, malformed_stream, reply_too_large (a stream line or event over
+    tuner.load.sse.MAX_LINE_BYTES), incomplete_stream, no_content, timeout, connect_error,
+    connection_error, client_exception."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -75,7 +76,14 @@ class RequestRecord(BaseModel):
         ),
     )
     prompt_tokens: int | None = Field(default=None, description="usage.prompt_tokens.")
-    output_tokens: int | None = Field(default=None, description="usage.completion_tokens.")
+    output_tokens: int | None = Field(
+        default=None,
+        description="usage.completion_tokens; None when the server sent none or it was not "
+        "believed (usage_rejected): the client's count of chunks with text is used then.")
+    usage_rejected: str | None = Field(
+        default=None,
+        description="Why the server's token counts were not believed: a count outside what "
+        "the client received (tuner.load.token_counts); None: believed, or none sent.")
     ok: bool
     error: RequestError | None = None
     finish_reason: str | None = None
@@ -100,7 +108,8 @@ class RequestRecord(BaseModel):
 
     @property
     def tokens_estimated(self) -> bool:
-        """True when the server sent no usage and tokens are estimated from chunks."""
+        """True when tokens are estimated from chunks: the server sent no usage, or it was
+        not believed."""
         return self.output_tokens is None
 
     def n_output_tokens(self) -> int:

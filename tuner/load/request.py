@@ -129,6 +129,10 @@ async def one_request(
             if st.error is None:
                 on_events(parser.close(), clock() - t0)
             error = st.error
+            if error is None and not st.times and "event-stream" not in conn.content_type:
+                # A proxy's login page or an API that ignored "stream": named, not "empty".
+                error = RequestError(type="malformed_stream", message=(
+                    f"a {conn.content_type or 'Content-Type-less'} reply, not an event stream"))
             if error is None and not parser.done:
                 error = RequestError(
                     type="incomplete_stream", message="stream ended without data: [DONE]"

@@ -14,7 +14,7 @@ from tuner.load.rate_search import MaxRateResult
 from tuner.load.records import RequestRecord
 
 __all__ = ["TOKEN_AGREEMENT_TOLERANCE", "LevelResult", "SweepResult", "TokenAgreement",
-           "WarmupSummary", "agreement_of"]
+           "WarmupSummary", "agreement_of", "count_notes", "failure_text", "level_label"]
 
 # aiperf flags client/server usage discrepancies; measurement.md §4.7 asks for 1 %.
 TOKEN_AGREEMENT_TOLERANCE = 0.01
@@ -113,12 +113,82 @@ class SweepResult(BaseModel):
         return {rate_level_name(lv.request_rate or 0.0): lv.metrics.flat()
                 for lv in self.rate_levels}
 
+    def load_failures(self) -> dict[str, str]:
+        """:func:`failure_text` of every level with failed measured requests, keyed as a
+        trial's outcome keys its levels (``"4"``, ``"r2.0"``)."""
+        return {_key(lv): failure_text(lv.metrics)
+                for lv in (*self.levels, *self.rate_levels) if lv.metrics.failed}
+
+    def problems(self) -> list[str]:
+        """Why the sweep's numbers cannot stand for the server, one line per level: measured
+        requests failed at a concurrency level (a trial is then infeasible, ``load_errors``),
+        every request failed at a rate level (an overloaded rate level may time some out by
+        design), or the server's token counts were not believed (``token_count_mismatch``).
+        Empty: nothing of the kind."""
+        out = []
+        for lv in (*self.levels, *self.rate_levels):
+            m = lv.metrics
+            if m.failed and (lv.request_rate is None or not m.completed):
+                out.append(f"{level_label(lv)}: {failure_text(m)}")
+            if m.token_mismatch:
+                out.append(f"{level_label(lv)}: {_mismatch_text(m)}")
+        return out
+
+
+def level_label(level: LevelResult) -> str:
+    """``c=4`` for a concurrency level, ``r2.0`` for a rate level (how messages name them)."""
+    return f"c={level.concurrency}" if level.request_rate is None else _key(level)
+
+
+def _key(level: LevelResult) -> str:
+    return str(level.concurrency) if level.request_rate is None \
+        else rate_level_name(level.request_rate)
+
+
+def failure_text(m: LevelMetrics) -> str:
+    """The failed requests of a level in one line: how many, of which type, the first
+    message of each type (``4 of 4 measured requests failed: 4 http_status (HTTP 500: ...)``)."""
+    kinds = ", ".join(f"{n} {kind} ({_short(m.failure_examples.get(kind, ''))})"
+                      for kind, n in sorted(m.failure_reasons.items(), key=lambda kv: -kv[1]))
+    return f"{m.failed} of {m.issued} measured requests failed: {kinds}"
+
+
+def _mismatch_text(m: LevelMetrics) -> str:
+    return (f"the server's token counts were not believed for {m.token_mismatch} of "
+            f"{m.completed} completed requests ({m.token_mismatch_example}); tokens were "
+            "counted by the client, one per chunk of text")
+
+
+def _short(text: str, limit: int = 120) -> str:
+    one = " ".join(text.split())
+    return one if len(one) <= limit else one[:limit - 3] + "..."
+
+
+def count_notes(levels: Sequence[LevelResult]) -> list[str]:
+    """The sweep's warnings about token counts: a level whose server counts were not believed,
+    and one whose clients' sum and the server's /metrics disagree by more than
+    TOKEN_AGREEMENT_TOLERANCE (recorded in metrics.json; said here too)."""
+    out = []
+    for lv in levels:
+        if lv.metrics.token_mismatch:
+            out.append(f"{level_label(lv)}: {_mismatch_text(lv.metrics)}")
+        a = lv.token_agreement
+        if a.agree is False:
+            apart = "" if a.relative_diff is None else f" ({a.relative_diff:.1%} apart)"
+            out.append(f"{level_label(lv)}: the clients counted {a.client_output_tokens:,} "
+                       f"output tokens, the server's /metrics "
+                       f"{a.server_generation_tokens or 0:,.0f}{apart}"
+                       + (f"; {a.note}" if a.note else ""))
+    return out
+
 
 def agreement_of(
     records: Sequence[RequestRecord], server: dict[str, Any] | None
 ) -> TokenAgreement:
-    """Client Σ usage.completion_tokens of ``records`` against the server's delta."""
-    client = sum(r.output_tokens or 0 for r in records)
+    """Client Σ usage.completion_tokens of ``records`` against the server's delta (where a
+    request's usage was not believed, the client's own count of it)."""
+    client = sum((r.output_tokens if r.usage_rejected is None else r.n_output_tokens()) or 0
+                 for r in records)
     gen = server.get("generation_tokens") if server else None
     if gen is None:
         return TokenAgreement(

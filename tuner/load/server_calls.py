@@ -23,9 +23,43 @@ from tuner.load.workload import (
     draft_requests,
 )
 
-__all__ = ["calibrate_lengths", "fetch_token_count", "fit_plan", "scrape_metrics", "server_client"]
+__all__ = ["MAX_REPLY_BYTES", "ReplyTooLarge", "calibrate_lengths", "capped_request",
+           "fetch_token_count", "fit_plan", "scrape_metrics", "server_client"]
 
 logger = logging.getLogger(__name__)
+
+MAX_REPLY_BYTES = 32 << 20
+"""The largest non-streamed reply read from a server: 32 MiB. The largest the tuner asks
+for is a probe reply with top-k logprobs at every position: about 0.5 KB a position at
+top-5, so 32 MiB holds some 60,000 positions, far more than the probe's prompts and
+continuations (4096 generated tokens at most). Reading a larger one whole would cost
+memory without limit: 100 MB probe replies took ``measure --probe`` to 2 GB RSS."""
+
+
+class ReplyTooLarge(ValueError):
+    """A server's reply was longer than the cap; the message says how long it was allowed."""
+
+
+async def capped_request(client: httpx.AsyncClient, method: str, url: str, *,
+                         limit: int = MAX_REPLY_BYTES, **kwargs: Any) -> httpx.Response:
+    """``client.request`` that reads at most ``limit`` bytes of the (decoded) body.
+
+    Raises:
+        ReplyTooLarge: the body is longer; the connection is dropped without reading on.
+        httpx.HTTPError: as ``client.request``.
+    """
+    async with client.stream(method, url, **kwargs) as response:
+        body = bytearray()
+        async for piece in response.aiter_bytes():
+            body += piece
+            if len(body) > limit:
+                raise ReplyTooLarge(f"{method} {response.request.url.path}: reply over the "
+                                    f"{limit >> 20} MiB cap (tuner.load.server_calls)")
+    # The body is decoded already: its encoding and framing headers no longer apply.
+    headers = [(k, v) for k, v in response.headers.multi_items()
+               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
+    return httpx.Response(response.status_code, headers=headers, content=bytes(body),
+                          request=response.request)
 
 
 def server_client(
@@ -63,7 +97,8 @@ async def fetch_token_count(
     else:
         body["prompt"] = text
     try:
-        resp = await client.post(server_root(base_url) + "/tokenize", json=body, timeout=AUX_TIMEOUT_S)
+        resp = await capped_request(client, "POST", server_root(base_url) + "/tokenize",
+                                    json=body, timeout=AUX_TIMEOUT_S)
         if resp.status_code != 200:
             return None
         data = resp.json()
@@ -117,8 +152,9 @@ async def fit_plan(
 async def scrape_metrics(client: httpx.AsyncClient, base_url: str) -> MetricsSnapshot | None:
     """Parsed ``/metrics``, or None when the server has no usable metrics endpoint."""
     try:
-        resp = await client.get(server_root(base_url) + "/metrics", timeout=AUX_TIMEOUT_S)
-    except httpx.HTTPError as exc:
+        resp = await capped_request(client, "GET", server_root(base_url) + "/metrics",
+                                    timeout=AUX_TIMEOUT_S)
+    except (httpx.HTTPError, ReplyTooLarge) as exc:
         logger.warning("/metrics unreachable: %s", exc)
         return None
     if resp.status_code != 200:

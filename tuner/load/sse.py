@@ -10,6 +10,11 @@ What it handles: several events per read, events and lines split across reads at
 byte, ``\\n`` or ``\\r\\n`` line ends, comment/keep-alive lines (``:``), multi-line
 ``data:``, ``event: error``, ``data: [DONE]``, and a JSON ``{"error": ...}`` object
 mid-stream (vLLM reports engine errors that way after the 200 status is sent).
+
+What it bounds: a line, and the data of one event, at :data:`MAX_LINE_BYTES`. A line cut
+by the reads is kept as a list of its pieces and joined once, when its end arrives, so a
+long line costs time in proportion to its length (re-joining the whole buffer at every read
+took 0.3 / 0.9 / 7.9 s of CPU for one 8 / 16 / 32 MB line: benchmarks/sse_long_line.py).
 """
 
 from __future__ import annotations
@@ -19,15 +24,23 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SSEError", "SSEParser"]
+__all__ = ["MAX_LINE_BYTES", "SSEError", "SSEParser"]
+
+MAX_LINE_BYTES = 1 << 20
+"""The longest line (and event) a stream may send: 1 MiB. The largest event vLLM streams to
+the load generator is one engine step's chunk, a few tokens of text plus the usage object,
+a few hundred bytes (the generator asks for no logprobs); a megabyte is thousands of those.
+A longer line is a broken or hostile server, and holding it would cost memory and CPU
+without limit while the request waited for its timeout."""
 
 
 @dataclass(frozen=True, slots=True)
 class SSEError:
     """An error reported inside the stream (the HTTP status was already 200).
 
-    ``kind`` is ``"server_error"`` for an error event or ``{"error": ...}`` object and
-    ``"malformed"`` for data that is not a JSON object.
+    ``kind`` is ``"server_error"`` for an error event or ``{"error": ...}`` object,
+    ``"malformed"`` for data that is not a JSON object and ``"too_large"`` for a line or an
+    event longer than the parser's limit (after which it reads nothing more).
     """
 
     kind: str
@@ -40,22 +53,31 @@ class SSEParser:
     ``feed`` returns the events completed by that chunk in order. After ``data: [DONE]``
     :attr:`done` is True. Call :meth:`close` at end of stream to flush an event that was
     not terminated by a blank line (lenient: some proxies drop the final blank line).
+    ``max_line``: the longest line and event accepted (:data:`MAX_LINE_BYTES`).
     """
 
-    __slots__ = ("_buf", "_data", "_event", "done")
+    __slots__ = ("_pending", "_pending_len", "_data", "_data_len", "_event", "done",
+                 "max_line", "overflowed")
 
-    def __init__(self) -> None:
-        self._buf = b""
+    def __init__(self, max_line: int = MAX_LINE_BYTES) -> None:
+        # The line still waiting for its end, as the pieces the reads brought.
+        self._pending: list[bytes] = []
+        self._pending_len = 0
         # Data lines of the event being assembled. Almost every event has exactly one,
         # so a single bytes object is kept and a list is only built for the rare rest.
         self._data: bytes | list[bytes] | None = None
+        self._data_len = 0
         self._event: bytes | None = None
         self.done = False
+        self.max_line = max_line
+        self.overflowed = False
 
     def feed(self, chunk: bytes) -> list[dict[str, Any] | SSEError]:
         out: list[dict[str, Any] | SSEError] = []
+        if self.overflowed:
+            return out
         if (
-            not self._buf
+            not self._pending
             and self._data is None
             and self._event is None
             and chunk.endswith(b"\n\n")
@@ -87,9 +109,20 @@ class SSEParser:
                     self._dispatch(out)
                 # blank, comment (":"), id:, retry: -- nothing to dispatch
             return out
-        buf = self._buf + chunk if self._buf else chunk
+        if self._pending:
+            if b"\n" not in chunk:
+                # Still inside the same line: keep the piece, copy nothing.
+                self._pending.append(chunk)
+                self._pending_len += len(chunk)
+                return self._overflow(out) if self._pending_len > self.max_line else out
+            self._pending.append(chunk)
+            buf = b"".join(self._pending)  # once per completed line: linear in its length
+            self._pending = []
+            self._pending_len = 0
+        else:
+            buf = chunk
         lines = buf.split(b"\n")
-        self._buf = lines.pop()  # text after the last newline is an incomplete line
+        tail = lines.pop()  # text after the last newline is an incomplete line
         for line in lines:
             if line.endswith(b"\r"):
                 line = line[:-1]
@@ -99,6 +132,9 @@ class SSEParser:
                 continue
             if line.startswith(b"data:"):
                 value = line[6:] if line.startswith(b"data: ") else line[5:]
+                self._data_len += len(value)
+                if self._data_len > self.max_line:
+                    return self._overflow(out)
                 if self._data is None:
                     self._data = value
                 elif isinstance(self._data, list):
@@ -110,11 +146,29 @@ class SSEParser:
             elif line.startswith(b"event:"):
                 self._event = line[6:].strip()
             # id:, retry: and unknown fields carry nothing the runner needs.
+        if tail:
+            if len(tail) > self.max_line:
+                return self._overflow(out)
+            self._pending = [tail]
+            self._pending_len = len(tail)
+        return out
+
+    def _overflow(self, out: list[dict[str, Any] | SSEError]) -> list[dict[str, Any] | SSEError]:
+        """Give up on the stream: drop what is held and report it once."""
+        held = self._pending_len + self._data_len
+        self._pending = []
+        self._pending_len = 0
+        self._data = None
+        self._data_len = 0
+        self._event = None
+        self.overflowed = True
+        out.append(SSEError("too_large", f"a stream line or event over {self.max_line:,} bytes "
+                                         f"({held:,} bytes without its end)"))
         return out
 
     def close(self) -> list[dict[str, Any] | SSEError]:
         """Flush a pending final line and event at end of stream."""
-        out = self.feed(b"\n\n") if self._buf else []
+        out = self.feed(b"\n\n") if self._pending else []
         if self._data is not None or self._event is not None:
             self._dispatch(out)
         return out
@@ -123,6 +177,7 @@ class SSEParser:
         data = self._data
         event = self._event
         self._data = None
+        self._data_len = 0
         self._event = None
         if isinstance(data, list):
             data = b"\n".join(data)

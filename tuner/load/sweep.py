@@ -32,13 +32,8 @@ from tuner.load.prometheus import MetricsSnapshot, server_side_metrics
 from tuner.load.rate_search import MaxRateResult, RateSearchSpec
 from tuner.load.records import RequestRecord
 from tuner.load.request import AUX_TIMEOUT_S, LevelContext
-from tuner.load.results import (
-    LevelResult,
-    SweepResult,
-    TokenAgreement,
-    WarmupSummary,
-    agreement_of,
-)
+from tuner.load.results import (LevelResult, SweepResult, TokenAgreement, WarmupSummary,
+                                agreement_of, count_notes)
 from tuner.load.server_calls import (
     calibrate_lengths,
     fetch_token_count,
@@ -141,7 +136,7 @@ async def run_sweep(
         levels=results,
         skipped_levels=skipped,
         stopped_levels=stopped,
-        warnings=notes,
+        warnings=[*notes, *count_notes([*results, *rate_results])],
         rate_levels=rate_results,
         skipped_rates=skipped_rates,
         stopped_rates=stopped_rates,

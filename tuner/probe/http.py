@@ -4,7 +4,9 @@ readable ``ValueError``, and per-request timeouts capped by the probe's deadline
 A request the server resets before answering (a keep-alive connection closed under it) is
 sent once more on a new connection: the probe's requests are greedy and idempotent, and a
 connection's timing says nothing about the configuration's answers. A server that really
-died fails the second attempt too, and the error names both.
+died fails the second attempt too, and the error names both. A reply is read up to
+``tuner.load.server_calls.MAX_REPLY_BYTES`` and no further (``ReplyTooLarge``, a
+``ValueError``: the item's answer is a bad body).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from tuner.load.server_calls import server_client
+from tuner.load.server_calls import capped_request, server_client
 from tuner.probe.spec import ProbeSpec
 
 __all__ = ["describe", "make_client", "post", "post_json", "request_timeout"]
@@ -48,12 +50,13 @@ async def post(
     Raises:
         httpx.TimeoutException: no answer in ``timeout`` (not retried: the time is spent).
         httpx.HTTPError: any other failure; a reset twice raises the second with both named.
+        ReplyTooLarge: the reply is longer than MAX_REPLY_BYTES (not retried).
     """
     try:
-        return await client.post(path, json=body, timeout=timeout)
+        return await capped_request(client, "POST", path, json=body, timeout=timeout)
     except _RESET as first:  # (a timeout is none of these: it is not resent)
         try:
-            return await client.post(path, json=body, timeout=timeout)
+            return await capped_request(client, "POST", path, json=body, timeout=timeout)
         except httpx.TimeoutException:
             raise
         except httpx.HTTPError as second:

@@ -21,7 +21,7 @@ FaultName = Literal[
     "diverge_after_tokens", "garbage_when_batch_gt", "garbage_when_batch_lt",
     "garbage_when_prompt_gt", "garbage_when_prompt_in", "garbage_when_batch_eq",
     "garbage_for_wording", "garbage_on_turn",
-    "silent_downgrade",
+    "silent_downgrade", "usage_lie", "html_reply", "huge_reply",
 ]
 FAULT_NAMES: tuple[str, ...] = FaultName.__args__  # type: ignore[attr-defined]
 
@@ -36,6 +36,7 @@ _REQUIRED: dict[str, tuple[str, ...]] = {
     "garbage_for_wording": ("pattern",),
     "garbage_on_turn": ("turn",),
     "silent_downgrade": ("target", "value"),
+    "huge_reply": ("megabytes",),
 }
 
 
@@ -60,13 +61,18 @@ class Fault(BaseModel):
     pattern: str | None = None          # garbage_for_wording: regex on the last user message
     turn: int | None = None             # garbage_on_turn: chats with at least this many user turns
     target: str | None = None           # silent_downgrade: e.g. compilation_config.cudagraph_mode
-    value: Any = None                   # silent_downgrade: the value actually used
+    value: Any = None                   # silent_downgrade: the value actually used;
+    #                                     usage_lie: the completion_tokens streamed instead
+    factor: float | None = None         # usage_lie: streamed completion_tokens x factor
+    megabytes: float | None = None      # huge_reply: size of the one line / body sent
 
     @model_validator(mode="after")
     def _params(self) -> Fault:
         missing = [p for p in _REQUIRED.get(self.fault, ()) if getattr(self, p) is None]
         if missing:
             raise ValueError(f"fault {self.fault!r} needs {', '.join(missing)}")
+        if self.fault == "usage_lie" and (self.value is None) == (self.factor is None):
+            raise ValueError("fault 'usage_lie' needs one of value (the count sent) or factor")
         if self.after_requests < 0 or self.count < 0:
             raise ValueError("after_requests and count must be >= 0")
         return self

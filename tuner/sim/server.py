@@ -1,7 +1,9 @@
 """The simulator's OpenAI-compatible HTTP API (starlette), shaped like vLLM's responses.
 
-Request-count faults (http_5xx, garbage_sse, hang_mid_stream, crash_mid_load) are applied here
-because they concern the HTTP layer; token content comes from the engine.
+Request-count faults (http_5xx, garbage_sse, hang_mid_stream, crash_mid_load) and the
+untrustworthy replies (usage_lie and html_reply on streamed requests, huge_reply on every
+generation request) are applied here because they concern the HTTP layer; token content
+comes from the engine.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import uvicorn
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import (HTMLResponse, JSONResponse, PlainTextResponse, Response,
+                                 StreamingResponse)
 from starlette.routing import Route
 
 from tuner.sim.effective import Effective
@@ -200,6 +203,10 @@ class SimServer:
             place = _place(f, idx)
             if place is not None and f.after_requests <= place < f.after_requests + f.count:
                 return error(500, "Internal Server Error", "InternalServerError")
+        if parsed.stream and self._fault_active("html_reply", idx):
+            # A proxy's page where the event stream should be, with a 200 status.
+            return HTMLResponse("<!DOCTYPE html>\n<html><head><title>Gateway</title></head>\n"
+                                "<body><h1>Please sign in</h1></body></html>\n")
         parsed.__dict__["_idx"] = idx
         return parsed
 
@@ -305,12 +312,28 @@ class SimServer:
             for r in reqs:
                 self.engine.finish(r, "abort")
 
-    def _usage(self, reqs: list[GenRequest]) -> dict[str, Any]:
+    def _usage(self, reqs: list[GenRequest], lie: Fault | None = None) -> dict[str, Any]:
         # n>1 samples of one prompt count its prompt tokens once, as vLLM does.
         prompt = sum(len(r.prompt_ids) for r in reqs if r.req_id.endswith("-0"))
-        completion = sum(r.emitted for r in reqs)
-        return {"prompt_tokens": prompt, "total_tokens": prompt + completion,
+        completion: Any = sum(r.emitted for r in reqs)
+        total: Any = prompt + completion
+        if lie is not None:
+            completion = lie.value if lie.factor is None else int(completion * lie.factor)
+            total = completion
+        return {"prompt_tokens": prompt, "total_tokens": total,
                 "completion_tokens": completion, "prompt_tokens_details": None}
+
+    @staticmethod
+    async def _huge(head: str, megabytes: float, tail: str) -> AsyncIterator[bytes]:
+        """``head``, then ``megabytes`` MB of "x" without a line end, then ``tail``: sent in
+        64 KiB pieces, so a client that gives up early costs this server little."""
+        yield head.encode()
+        left = int(megabytes * 1_000_000)
+        piece = b"x" * 65536
+        while left > 0:
+            yield piece[:left]
+            left -= len(piece)
+        yield tail.encode()
 
     def _logprobs(self, chunk: Chunk, chat: bool, offset: int, as_ids: bool = False) -> Any:
         if chunk.logprobs is None:
@@ -342,10 +365,20 @@ class SimServer:
         obj = "chat.completion" if chat else "text_completion"
         stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
         hang = self._fault_active("hang_mid_stream", idx)
+        huge = self.faults.get("huge_reply") if self._fault_active("huge_reply", idx) else None
+        if huge is not None and huge.megabytes is not None:
+            if body.stream:
+                return StreamingResponse(self._huge(
+                    f'data: {{"id":"{rid}","choices":[{{"index":0,"text":"', huge.megabytes,
+                    '"}]}\n\ndata: [DONE]\n\n'), media_type="text/event-stream")
+            return StreamingResponse(self._huge(
+                f'{{"id":"{rid}","choices":[{{"index":0,"text":"', huge.megabytes,
+                '","finish_reason":"length"}]}'), media_type="application/json")
         if not body.stream:
             return await self._respond_full(body, reqs, chat, rid, name, obj, stops, hang, idx)
         opts = body.stream_options or {}
         garbage = self._fault_active("garbage_sse", idx)
+        lie = self.faults.get("usage_lie") if self._fault_active("usage_lie", idx) else None
         as_ids = bool(body.return_tokens_as_token_ids)
 
         async def events() -> AsyncIterator[str]:
@@ -377,7 +410,7 @@ class SimServer:
                                            "created": self.created, "model": name,
                                            "choices": [choice]}
                 if opts.get("continuous_usage_stats"):
-                    payload["usage"] = self._usage(reqs)
+                    payload["usage"] = self._usage(reqs, lie)
                 line = json.dumps(payload)
                 if garbage:
                     line = line[: max(5, len(line) // 2)]   # truncated JSON: malformed event
@@ -386,7 +419,7 @@ class SimServer:
             if opts.get("include_usage"):
                 tail = {"id": rid, "object": obj + ("" if not chat else ".chunk"),
                         "created": self.created, "model": name, "choices": [],
-                        "usage": self._usage(reqs)}
+                        "usage": self._usage(reqs, lie)}
                 yield f"data: {json.dumps(tail)}\n\n"
             yield "data: [DONE]\n\n"
 

@@ -95,6 +95,10 @@ class TrialOutcome(BaseModel):
         default=None, description="load.rate_search.MaxRateResult of the max_rate@slo search "
         "(answer, status, bracket, every probed rate); None: not searched")
     server_side: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    load_failures: dict[str, str] = Field(
+        default_factory=dict, description="level key as in levels / rate_levels -> its failed "
+        "measured requests in one line (load.results.failure_text); a level whose objective has "
+        "no value because of them fails the trial load_errors")
     applied: bool | None = None
     mismatches: list[dict[str, Any]] = Field(default_factory=list)
     probe_passed: bool | None = None

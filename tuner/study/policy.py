@@ -26,7 +26,8 @@ stopped early by its worker        measured values, optimistic bounds or the wor
                                    values seen, and a violated ``early_stopped``
                                    (``stopped``); rule 4a (``dominated_exact``)
                                    measured its objectives: told as ``measured``
-completed without an objective     FAIL ``no_measurement``
+completed without an objective     FAIL ``no_measurement``; FAIL ``load_errors`` when the
+                                   objective's level measured failed requests
 failed (start, crash, timeout,     FAIL with the worker's typed reason (``failed``);
 worker lost, interrupted)          an interrupted one is re-run (``retry``)
 forbidden point                    the worst values seen and a violated ``forbidden``
@@ -89,8 +90,9 @@ class Told:
     ``values`` None: told FAIL. ``attrs``: user attributes to set before telling (``kind``,
     ``failure``, ``placeholder_values``, ``duplicate_of``). ``how``: ``measured``,
     ``stopped`` (stopped early by its worker), ``failed`` (the worker reported a failure),
-    ``no_measurement`` (completed without a value for an objective), ``forbidden`` or
-    ``duplicate`` (never ran); ``missing``: the objectives without a value.
+    ``no_measurement`` (completed without a value for an objective), ``load_errors`` (no
+    value because the level's measured requests failed), ``forbidden`` or ``duplicate``
+    (never ran); ``missing``: the objectives without a value.
     """
 
     how: str
@@ -320,9 +322,34 @@ def told_for(spec: StudySpec, outcome: TrialOutcome, worst: Callable[[], list[fl
     measured = [metric_value(spec, outcome, o) for o in spec.objectives]
     missing = [o.label for o, v in zip(spec.objectives, measured) if v is None]
     if missing:
+        failed = _failed_levels(spec, outcome, [o for o, v in zip(spec.objectives, measured) if v is None])
+        if failed:
+            # Not a slow server with too few samples: one that answers with errors.
+            return Told("load_errors", None, missing=missing, attrs={"failure": {
+                "reason": "load_errors", "phase": "load",
+                "message": f"no value for {', '.join(missing)}: {'; '.join(failed)}"}})
         return Told("no_measurement", None, missing=missing, attrs={"failure": {
             "reason": "no_measurement", "message": f"no value for {', '.join(missing)}", "phase": "load"}})
     return Told("measured", [float(v) for v in measured if v is not None], constraints(spec, outcome))
+
+
+def _failed_levels(spec: StudySpec, outcome: TrialOutcome, objectives: Sequence[Any]) -> list[str]:
+    """The failed requests of the levels ``objectives`` are read at, one line a level."""
+
+    out = []
+    for o in objectives:
+        if o.metric in TRIAL_METRICS or o.metric == MAX_RATE:
+            continue
+        key = rate_level_name(o.rate) if getattr(o, "rate", None) is not None else str(level_of(spec, o))
+        text = outcome.load_failures.get(key)
+        if text is None:
+            # An outcome written before load_failures was kept: its count alone.
+            level = (outcome.rate_levels if key.startswith("r") else outcome.levels).get(key) or {}
+            text = f"{level['failed']:.0f} measured requests failed" if level.get("failed") else None
+        line = None if text is None else f"{key if key.startswith('r') else 'c=' + key}: {text}"
+        if line is not None and line not in out:
+            out.append(line)
+    return out
 
 
 # -- what a starting trial is told about the study ----------------------------------------

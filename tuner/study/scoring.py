@@ -16,7 +16,8 @@ from tuner.load.load_spec import rate_level_name
 from tuner.load.max_rate_text import max_rate_value_text
 from tuner.study.objectives import MAX_RATE, ObjectiveSpec
 from tuner.study.spec import StudySpec
-from tuner.study.trials import EARLY_STOPPED, KIND_RUN, TrialRecord, noisy_points, record_points, stop_record_text
+from tuner.study.trials import (EARLY_STOPPED, KIND_RUN, TOKEN_COUNT_MISMATCH, TrialRecord,
+                                noisy_points, record_points, stop_record_text)
 
 __all__ = ["stopped_told", "stop_text", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs",
            "pareto_payload", "result_text", "values_text", "TRIAL_METRICS", "max_rate_value"]
@@ -71,7 +72,9 @@ def constraints(spec: StudySpec, outcome: TrialOutcome) -> dict[str, float]:
 
     ``load_errors`` counts measured requests that failed (HTTP 5xx, malformed streams,
     timeouts): the statistics of the rest would describe a server that does not really
-    serve this load, so such a point never reaches the front.
+    serve this load, so such a point never reaches the front. ``token_count_mismatch``
+    (only when violated) counts completed requests, at any level, whose server token counts
+    were not believed (tuner.load.token_counts): throughput rests on the server's word.
     """
 
     failed = sum(float(level.get("failed") or 0.0) for level in outcome.levels.values())
@@ -81,6 +84,10 @@ def constraints(spec: StudySpec, outcome: TrialOutcome) -> dict[str, float]:
         else float(max(1, len(outcome.mismatches))),
         "load_errors": failed,
     }
+    mismatched = sum(float(level.get("token_mismatch") or 0.0) for level in
+                     (*outcome.levels.values(), *outcome.rate_levels.values()))
+    if mismatched:
+        result[TOKEN_COUNT_MISMATCH] = mismatched
     if spec.load.on_unstable == "infeasible":
         # A level that never settled measured noise; the study asked not to rank on it.
         result["unstable"] = float(len(level_unstable(outcome.levels)))
@@ -249,4 +256,6 @@ def result_text(labels: list[str], values: list[float | None], outcome: TrialOut
         text += f" max_rate@slo={max_rate_value_text(outcome.max_rate)}"
     if violated.get("load_errors", 0) > 0:
         text += f" failed_requests={violated['load_errors']:.0f}"
+    if violated.get(TOKEN_COUNT_MISMATCH, 0) > 0:
+        text += f" token_counts_not_believed={violated[TOKEN_COUNT_MISMATCH]:.0f}"
     return text

@@ -19,8 +19,8 @@ from tuner.study.noise import (NoisyPoint, label_noise, level_client_bound, leve
 from tuner.study.pareto import Point, pareto_front
 
 __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "KIND_DAMAGED", "EARLY_STOPPED",
-           "label_measured", "noisy_points", "outcome_word", "point_key", "record_points", "front_records",
-           "stop_record_text"]
+           "TOKEN_COUNT_MISMATCH", "label_measured", "noisy_points", "outcome_word", "point_key",
+           "record_points", "front_records", "stop_record_text"]
 
 # Trial-level objectives (tuner.study.objectives.TRIAL_METRICS, MAX_RATE), named here so the
 # record stays free of the spec's pydantic models.
@@ -73,6 +73,9 @@ KIND_FORBIDDEN = "forbidden"
 # A trial rebuilt from its files whose outcome.json or command.json could not be read
 # (tuner.study.folder): not a measurement, not a failure of its configuration.
 KIND_DAMAGED = "damaged_record"
+# The constraint of a trial whose server token counts were not believed
+# (tuner.study.scoring.constraints).
+TOKEN_COUNT_MISMATCH = "token_count_mismatch"
 # The constraint a trial stopped early carries (tuner.study.scoring.stopped_told).
 EARLY_STOPPED = "early_stopped"
 
@@ -218,7 +221,8 @@ class TrialRecord:
 
 def outcome_word(state: str, kind: str, constraints: Mapping[str, float], failure_reason: Any) -> str:
     """A finished trial's verdict in one word: ``failed:<reason>``, ``forbidden``,
-    ``duplicate``, ``not_applied``, ``probe_failed``, ``load_errors``, ``limit_missed``,
+    ``duplicate``, ``not_applied``, ``probe_failed``, ``load_errors``,
+    ``token_count_mismatch``, ``limit_missed``,
     ``unstable``, ``stopped_early`` (its values are bounds, not measurements) or ``feasible``."""
 
     if kind != KIND_RUN:
@@ -231,6 +235,8 @@ def outcome_word(state: str, kind: str, constraints: Mapping[str, float], failur
         return "probe_failed"
     if constraints.get("load_errors", 0) > 0:
         return "load_errors"
+    if constraints.get(TOKEN_COUNT_MISMATCH, 0) > 0:
+        return TOKEN_COUNT_MISMATCH
     if any(v > 0 for k, v in constraints.items() if k.startswith("limit:")):
         return "limit_missed"
     if constraints.get("unstable", 0) > 0:
