@@ -58,9 +58,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from tuner.study import space
 
     spec = load_spec_file(args.file)
+    names_from = check_study_inputs(spec, args.file)
     # Counting walks the space point by point (~60 us each): a few seconds at most here.
     size, continuous, exact = space.discrete_size(spec, cap=100_000)
-    names_from = check_study_inputs(spec, args.file)
     say(f"{args.file}: valid study {spec.name!r}")
     say(f"names checked against {names_from}")
     say(f"server: {' '.join(spec.server.command)} --model {spec.server.model} "

