@@ -49,7 +49,8 @@ def validate(path: Path, capsys: pytest.CaptureFixture[str]) -> tuple[int, str, 
 
 # -- the cases of the issue, through `tuner validate` and `tuner run` ---------------------------
 
-def test_a_misspelled_flag_is_refused_with_the_closest_name(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_misspelled_flag_is_refused_with_the_closest_name(tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
     path = study_file(tmp_path, parameters="  - {name: eager, flag: enforce_eagr, kind: bool}")
     code, out, err = validate(path, capsys)
     assert code == 2, out + err
@@ -77,7 +78,8 @@ def test_an_unknown_vllm_or_nccl_variable_is_a_warning(tmp_path: Path, capsys: p
     assert code == 0, err
     warnings = [line for line in out.splitlines() if line.startswith("[warning]")]
     assert len(warnings) == 2, warnings   # HF_HUB_OFFLINE is nobody's typo; NCCL_NVLS_ENABLE is NCCL's
-    assert "server.env.VLLM_USE_FLASHINFER_SAMPLR" in warnings[0] and "did you mean VLLM_USE_FLASHINFER_SAMPLER" in warnings[0]
+    assert "server.env.VLLM_USE_FLASHINFER_SAMPLR" in warnings[0]
+    assert "did you mean VLLM_USE_FLASHINFER_SAMPLER" in warnings[0]
     assert "parameters[0] (proto).env: 'NCCL_PROTOO' is not one of NCCL's documented variables" in warnings[1]
     assert "did you mean NCCL_PROTO?" in warnings[1] and "no trial can verify it" in warnings[1]
 
@@ -92,7 +94,8 @@ def test_run_refuses_a_misspelled_flag_before_the_study_exists(tmp_path: Path) -
 
 
 def test_every_shipped_space_and_example_names_only_known_knobs(capsys: pytest.CaptureFixture[str]) -> None:
-    files = sorted((ROOT / "search_spaces").glob("*.yaml")) + sorted((ROOT / "results" / "examples").glob("*/spec.yaml"))
+    files = sorted((ROOT / "search_spaces").glob("*.yaml"))
+    files += sorted((ROOT / "results" / "examples").glob("*/spec.yaml"))
     for path in files:
         code, out, err = validate(path, capsys)
         assert code == 0 and "[warning]" not in out, (path, out, err)
@@ -239,7 +242,8 @@ def test_status_and_report_show_a_searched_knob_no_trial_could_verify(tmp_path: 
     assert len(runs) >= 5
     assert main(["status", CPU_EXAMPLE.name, "--results", str(results)]) == 0
     out = capsys.readouterr().out
-    assert out.count("        NOT VERIFIED: env:VLLM_CPU_KVCACHE_SPACE=2 (vLLM does not log this variable's value)") == len(runs)
+    line = "        NOT VERIFIED: env:VLLM_CPU_KVCACHE_SPACE=2 (vLLM does not log this variable's value)"
+    assert out.count(line) == len(runs)
     [summary] = [line for line in out.splitlines() if line.startswith("  !! NOT VERIFIED")]
     assert "env:VLLM_CPU_KVCACHE_SPACE" in summary and "yet those trials count as applied" in summary
     # A fixed variable nothing verifies either (VLLM_USE_AOT_COMPILE) is the same in every trial: not repeated.
