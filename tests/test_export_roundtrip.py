@@ -142,10 +142,10 @@ def check_round_trip(note: str, template: str, model: str, tmp: Path | None = No
     argv, env, args = measured(spec)
     secrets = secrets_of(spec)
     for fmt in ("shell", "env", "json", "systemd", "yaml"):
-        can = fmt != "yaml" or _yaml_can(spec.server.env["MY_NOTE"])
+        can = fmt != "yaml" or _yaml_can(spec.server.env["MY_NOTE"], template, model)
         text = render_export(spec, "rt", record(), fmt) if can else None
         if text is None:
-            with pytest.raises(ExportError, match="comment line"):
+            with pytest.raises(ExportError, match="comment line|starts with '-'"):
                 render_export(spec, "rt", record(), fmt)
             continue
         for secret in secrets.values():
@@ -179,10 +179,11 @@ def check_round_trip(note: str, template: str, model: str, tmp: Path | None = No
                 ["vllm", "serve", "--api-key", API_KEY, "--config", "THIS_FILE.yaml"]
 
 
-def _yaml_can(note: str) -> bool:
-    """The yaml format writes the environment into a comment line: printable values only."""
+def _yaml_can(note: str, *values: str) -> bool:
+    """The yaml format writes the environment into a comment line: printable values only;
+    and vLLM's --config reader would read a value starting with '-' as a flag."""
 
-    return all(c.isprintable() or c == " " for c in note)
+    return all(c.isprintable() or c == " " for c in note) and not any(v.startswith("-") for v in values)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -200,6 +201,7 @@ def test_every_format_round_trips_hostile_values(note: str, template: str, model
     "",
     "tab\there\rcr\x01ctl\x7fdel",
     "漢字 é 🙂 \u2028 \u202e",
+    "--trust-remote-code",
 ])
 def test_examples_round_trip_and_verify_with_systemd(note: str, tmp_path: Path) -> None:
     check_round_trip(note, note + " template", "/models/m " + note.replace("\n", " ") + "x", tmp_path)

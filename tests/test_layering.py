@@ -45,8 +45,8 @@ PURE = [
     "tuner.study.sweep_guard",
     "tuner.study.space", "tuner.study.spec", "tuner.study.study_file", "tuner.study.study_name",
     "tuner.study.integrity", "tuner.study.trial_folders",
-    "tuner.study.noise", "tuner.study.ties", "tuner.study.trials", "tuner.vllm",
-    "tuner.vllm.compile_cache", "tuner.vllm.compile_order", "tuner.vllm.effective_config",
+    "tuner.study.noise", "tuner.study.ties", "tuner.study.trials", "tuner.terminal", "tuner.vllm",
+    "tuner.vllm.argument_names", "tuner.vllm.compile_cache", "tuner.vllm.compile_order", "tuner.vllm.effective_config",
     "tuner.vllm.failure_signatures", "tuner.vllm.knob_values", "tuner.vllm.knobs", "tuner.vllm.multicast", "tuner.vllm.startup",
     "tuner.vllm.verify",
 ]
@@ -58,8 +58,8 @@ TYPED = sorted(set(PURE) - NOT_YET_TYPED - {"tuner.load", "tuner.probe", "tuner.
 
 # Standard-library and third-party modules a pure module may import (by top-level name).
 ALLOWED_EXTERNAL = {
-    "__future__", "abc", "ast", "bisect", "collections", "copy", "dataclasses", "decimal", "enum",
-    "functools", "hashlib", "heapq", "itertools", "json", "math", "numbers", "operator",
+    "__future__", "abc", "ast", "bisect", "collections", "copy", "dataclasses", "decimal", "difflib",
+    "enum", "functools", "hashlib", "heapq", "ipaddress", "itertools", "json", "math", "numbers", "operator",
     "posixpath",  # path strings only (no file system, no current directory)
     "random", "re", "shlex", "statistics", "string", "sys", "textwrap", "typing", "unicodedata",
     "pydantic", "yaml",

@@ -200,7 +200,7 @@ def test_cli_measure_server_down_exits_3_with_the_reason(tmp_path: Path) -> None
     run = run_tuner("measure", str(_study_file(tmp_path)), "--url", url, "-o", str(tmp_path / "o"),
                     timeout=120)
     assert run.returncode == 3, run.stdout + run.stderr
-    assert f"tuner measure: {url}: cannot reach /v1/models" in run.stderr
+    assert f"error: {url}: cannot reach /v1/models" in run.stderr
     assert "Traceback" not in run.stderr and not (tmp_path / "o").exists()
 
 
@@ -212,3 +212,24 @@ def test_cli_measure_bad_study_file_exits_2(tmp_path: Path) -> None:
     assert run.stderr.startswith("error: ") and "bad.yaml" in run.stderr and "concurrency" in run.stderr
     missing = run_tuner("measure", "--url", "http://127.0.0.1:9", timeout=60)
     assert missing.returncode == 2 and "file" in missing.stderr  # argparse: positional required
+
+
+def test_cli_measure_refuses_to_overwrite_a_finished_trials_files(sim: str, tmp_path: Path) -> None:
+    """-o into a trial's folder (a copy of a real one) would replace its measurements with
+    another server's: refused, naming the files, unless --force."""
+    import shutil
+
+    from tests.conftest import CPU_EXAMPLE
+
+    trial = tmp_path / "trial"
+    shutil.copytree(CPU_EXAMPLE / "trials" / "0000", trial)
+    before = {p.name: p.read_bytes() for p in trial.iterdir()}
+    run = run_tuner("measure", str(_study_file(tmp_path)), "--url", sim + "/v1", "-o", str(trial), timeout=300)
+    assert run.returncode == 2, run.stdout + run.stderr
+    assert run.stderr.startswith(f"error: -o {trial}: holds command.json, metrics.json, outcome.json")
+    assert "--force to overwrite them" in run.stderr
+    assert {p.name: p.read_bytes() for p in trial.iterdir()} == before
+    forced = run_tuner("measure", str(_study_file(tmp_path)), "--url", sim + "/v1", "-o", str(trial), "--force",
+                       timeout=300)
+    assert forced.returncode == 0, forced.stdout + forced.stderr
+    assert (trial / "metrics.json").read_bytes() != before["metrics.json"] and (trial / "summary.json").exists()

@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner import __version__
-from tuner.cli_run import cmd_confirm, cmd_resume, cmd_run, confirm, load_spec_file, say
+from tuner.cli_run import check_study_inputs, cmd_confirm, cmd_resume, cmd_run, confirm, load_spec_file, say
 from tuner.study.durations import format_duration
 from tuner.errors import SpecError, StudyError, TunerError
+from tuner.terminal import for_terminal
 
 if TYPE_CHECKING:
     from tuner.study.spec import StudySpec
@@ -57,9 +58,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from tuner.study import space
 
     spec = load_spec_file(args.file)
+    names_from = check_study_inputs(spec, args.file)
     # Counting walks the space point by point (~60 us each): a few seconds at most here.
     size, continuous, exact = space.discrete_size(spec, cap=100_000)
     say(f"{args.file}: valid study {spec.name!r}")
+    say(f"names checked against {names_from}")
     say(f"server: {' '.join(spec.server.command)} --model {spec.server.model} "
         f"({spec.server.gpus_per_trial} GPUs per trial, {spec.server.host}:{spec.server.port})")
     say("")
@@ -212,8 +215,8 @@ def cmd_export(args: argparse.Namespace) -> int:
             if not verdicts:
                 raise ExportError(f"the confirmation of trial {record.number} did not finish")
             if verdicts[0].verdict != "reproduced" and not args.force:
-                print(f"tuner export: trial {record.number} did not reproduce ({verdicts[0].reason}); "
-                      "nothing exported (use --force to export it anyway)", file=sys.stderr)
+                _error(f"trial {record.number} did not reproduce ({verdicts[0].reason}); "
+                       "nothing exported (use --force to export it anyway)")
                 return 1
         from tuner.export import noise_notes
         from tuner.study.environment import environment_for
@@ -225,13 +228,14 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.check:
             return _check_export(handle, record, args)
     except (ExportError, ValueError) as exc:
-        print(f"tuner export: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 2
     if args.output:
         atomic_write_text(Path(args.output), text)
         print(f"wrote {args.output} (trial {record.number})", file=sys.stderr)
     else:
-        sys.stdout.write(text)
+        # Byte for byte into a file or a pipe; a terminal sees control characters escaped.
+        sys.stdout.write(for_terminal(text) if sys.stdout.isatty() else text)
     return 0
 
 
@@ -271,11 +275,17 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_measure(args: argparse.Namespace) -> int:
     """Run a study file's load profile (and with --probe its probe) against a running server."""
 
-    from tuner.measure import MeasureError, format_summary, measure
+    from tuner.measure import MeasureError, files_in_the_way, format_summary, measure
 
     spec = load_spec_file(args.file)
     if args.output:
         out_dir = Path(args.output)
+        in_the_way = files_in_the_way(out_dir)
+        if in_the_way and not args.force:
+            shown = ", ".join(in_the_way[:6]) + (f" and {len(in_the_way) - 6} more" if len(in_the_way) > 6 else "")
+            raise SpecError(f"-o {args.output}: holds {shown} (a trial's or an earlier measurement's files), "
+                            "which this measurement would overwrite; give a new folder, or --force to "
+                            "overwrite them")
     else:
         # One folder per run, so measuring the same server twice keeps both.
         stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -283,7 +293,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
     try:
         summary = measure(args.url, spec, probe=args.probe, out_dir=out_dir)
     except MeasureError as exc:
-        print(f"tuner measure: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 3
     say(format_summary(summary))
     # Numbers a trial would not be scored on: written, shown, and not passed as a result.
@@ -429,6 +439,8 @@ def _add_measuring_commands(sub: argparse._SubParsersAction[argparse.ArgumentPar
     p.add_argument("--url", required=True, help="the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--probe", action="store_true", help="also run the study's correctness probe first")
     p.add_argument("-o", "--output", help="folder for the files (default: results/NAME/measure/DATE-TIME)")
+    p.add_argument("--force", action="store_true",
+                   help="with -o: overwrite the measurement or trial files already in that folder")
     p.add_argument("--results", default=str(DEFAULT_RESULTS), help="results root (default: results)")
     p.set_defaults(func=cmd_measure)
 
@@ -468,14 +480,14 @@ def main(argv: list[str] | None = None) -> int:
         _check_names(args)
         return args.func(args)
     except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 2
     except StudyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 3
     except TunerError as exc:
         # E.g. an artifact that could not be written outside a trial.
-        print(f"error: {exc}", file=sys.stderr)
+        _error(str(exc))
         return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
@@ -487,6 +499,13 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 141
+
+
+def _error(text: str) -> None:
+    """One error as every command prints it: ``error: ...`` on stderr, control characters
+    escaped (a value from a study file or a server must not reach the terminal raw)."""
+
+    print(f"error: {for_terminal(text)}", file=sys.stderr)
 
 
 def _answer_ctrl_c() -> None:

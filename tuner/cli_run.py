@@ -27,7 +27,8 @@ if TYPE_CHECKING:
 # Each command imports what it needs inside its function (see tuner.cli): `tuner status`
 # imports this module too and must answer in well under a second.
 
-__all__ = ["say", "load_spec_file", "on_this_host", "confirm", "cmd_run", "cmd_resume", "cmd_confirm"]
+__all__ = ["say", "load_spec_file", "check_study_inputs", "on_this_host", "confirm", "cmd_run", "cmd_resume",
+           "cmd_confirm"]
 
 
 def say(line: str) -> None:
@@ -35,8 +36,10 @@ def say(line: str) -> None:
     ... | head`, a closed `tee`), further lines go to /dev/null and the study runs on - its
     record is the study folder, not the terminal."""
 
+    from tuner.terminal import for_terminal
+
     try:
-        print(line, flush=True)
+        print(for_terminal(line), flush=True)
     except BrokenPipeError:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
@@ -54,6 +57,28 @@ def load_spec_file(path: str) -> StudySpec:
     from tuner.referencing import resolve_probe_files
 
     return spec.model_copy(update={"probe": resolve_probe_files(spec.probe, file.parent.resolve())})
+
+
+def check_study_inputs(spec: StudySpec, source: str) -> str:
+    """Before any server starts: every flag, config field and variable the study names must
+    exist in its vLLM (tuner.vllm.argument_names), else SpecError naming each with the closest
+    names; doubtful names and a server listening beyond loopback are printed as warnings.
+    Returns where the names were checked against (the recording or the vLLM asked)."""
+
+    from tuner.adapters.vllm_arguments import arguments_for, study_targets
+    from tuner.study.server_spec import exposure_warning
+    from tuner.vllm.argument_names import check_names
+
+    known = arguments_for(spec.server, progress=say)
+    problems = check_names(study_targets(spec), known)
+    errors = [f"{source}: {p}" for p in problems if p.error]
+    if errors:
+        raise SpecError("\n".join(errors + [f"{source}: (names checked against {known.source})"]))
+    for problem in problems:
+        say(f"[warning] {source}: {problem}")
+    if warning := exposure_warning(spec.server):
+        say(f"[warning] {source}: {warning}")
+    return known.source
 
 
 def on_this_host(spec: StudySpec, *, source: str | None = None) -> StudySpec:
@@ -327,6 +352,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tuner.study.store import create_or_open
 
     spec = load_spec_file(args.file)
+    check_study_inputs(spec, args.file)
     timeout_s = _option_duration(args.timeout, "--timeout")
     handle = create_or_open(spec, Path(args.results), name=args.study, storage_url=args.storage)
     return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)

@@ -26,7 +26,7 @@ from tuner.study.pareto import Filter, pick_point
 from tuner.study.space import trial_command
 from tuner.study.spec import StudySpec
 from tuner.study.trials import TrialRecord, noisy_points, record_points
-from tuner.vllm.knobs import PYTHON_PLACEHOLDER, mismatch_text
+from tuner.vllm.knobs import PYTHON_PLACEHOLDER, argument_words, mismatch_text
 
 __all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]
 
@@ -87,21 +87,6 @@ def _why(record: TrialRecord) -> str:
     if record.outcome == "limit_missed":
         return ", ".join(k for k, v in record.constraints.items() if k.startswith("limit:") and v > 0)
     return record.outcome
-
-
-def _arg_words(key: str, value: Any) -> list[str]:
-    """One engine argument as the renderer writes it on a command line (render_command)."""
-
-    import json
-
-    flag = "--" + key.replace("_", "-")
-    if isinstance(value, bool):
-        return [flag if value else "--no-" + key.replace("_", "-")]
-    if isinstance(value, dict):
-        return [flag, json.dumps(value, separators=(",", ":"))]
-    if isinstance(value, list):
-        return [flag, *(str(v) for v in value)]
-    return [flag, str(value)]
 
 
 def noise_notes(records: list[TrialRecord], labels: list[str], directions: list[str],
@@ -170,7 +155,7 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
     config: dict[str, Any] = {}
     config_argv: list[str] = []
     for key, value in command.args.items():
-        words = [mark(w) for w in _arg_words(key, value)]
+        words = [mark(w) for w in argument_words(key, value)]
         if any(MARK in w for w in words):
             config_argv += words       # vLLM cannot read a variable from its config file
         else:

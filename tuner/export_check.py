@@ -21,7 +21,7 @@ from tuner.adapters.environment import server_python
 from tuner.export_formats import read_shell, read_systemd_exec
 from tuner.study.spec import StudySpec
 
-__all__ = ["CheckResult", "vllm_python_for", "argv_from_export", "check_arguments", "env_from_export",
+__all__ = ["CheckResult", "VllmUnavailable", "vllm_python_for", "argv_from_export", "check_arguments", "env_from_export",
            "vllm_message", "CHECK_SCRIPT"]
 
 # Runs inside the vLLM environment. Import paths moved between vLLM releases; the first
@@ -30,12 +30,16 @@ CHECK_SCRIPT = r"""
 import contextlib, io, json, sys, traceback
 argvs = json.loads(sys.argv[1])
 build = sys.argv[2] == "1"
-from vllm.utils.argparse_utils import FlexibleArgumentParser
 try:
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
-except ImportError:
-    from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
-from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    try:
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser, validate_parsed_serve_args
+    except ImportError:
+        from vllm.entrypoints.openai.cli_args import make_arg_parser, validate_parsed_serve_args
+    from vllm.engine.arg_utils import AsyncEngineArgs
+except ImportError as exc:
+    print("TUNER-NO-VLLM " + json.dumps(f"{type(exc).__name__}: {exc}"), flush=True)
+    sys.exit(3)
 for argv in argvs:
     err = io.StringIO()
     ok = False
@@ -55,6 +59,11 @@ for argv in argvs:
         message = err.getvalue() + traceback.format_exc()
     print("TUNER-CHECK " + json.dumps({"ok": ok, "message": message}), flush=True)
 """
+
+
+class VllmUnavailable(ValueError):
+    """The interpreter cannot run vLLM's parser at all (missing, no vLLM, vLLM broken): one
+    reason for every format, not a verdict on any."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +111,11 @@ def argv_from_export(fmt: str, text: str, spec: StudySpec) -> tuple[list[str], P
 
 def check_arguments(python: str, argvs: list[list[str]], *, env: dict[str, str], build_engine: bool,
                     timeout_s: float = 600) -> list[tuple[bool, str]]:
-    """(accepted, vLLM's message) for each argument vector, in one vLLM process."""
+    """(accepted, vLLM's message) for each argument vector, in one vLLM process.
+
+    Raises:
+        VllmUnavailable: ``python`` cannot be run or cannot import vLLM's parser.
+    """
 
     full_env = dict(os.environ)
     full_env.update(env)
@@ -111,10 +124,16 @@ def check_arguments(python: str, argvs: list[list[str]], *, env: dict[str, str],
             [python, "-c", CHECK_SCRIPT, json.dumps(argvs), "1" if build_engine else "0"],
             capture_output=True, text=True, timeout=timeout_s, env=full_env, check=False,
         )
-    except FileNotFoundError as exc:
-        return [(False, f"cannot run the vLLM interpreter {python}: {exc}")] * len(argvs)
+    except OSError as exc:
+        raise VllmUnavailable(f"--check: cannot run {python} ({exc.strerror or exc}); pass --vllm-python "
+                              "with the vLLM environment's interpreter") from None
     except subprocess.TimeoutExpired:
         return [(False, f"vLLM's check did not finish within {timeout_s:.0f}s")] * len(argvs)
+    for line in proc.stdout.splitlines():
+        if line.startswith("TUNER-NO-VLLM "):
+            raise VllmUnavailable(f"--check: {python} cannot import vLLM's argument parser "
+                                  f"({json.loads(line[len('TUNER-NO-VLLM '):])}); pass --vllm-python "
+                                  "with the vLLM environment's interpreter")
     results = [json.loads(line[len("TUNER-CHECK "):]) for line in proc.stdout.splitlines()
                if line.startswith("TUNER-CHECK ")]
     if len(results) != len(argvs):

@@ -243,6 +243,13 @@ def yaml_text(exported: Exported) -> str:
     any secret flag go on the start command in the header."""
 
     _check(exported, "yaml")
+    for key, value in exported.config.items():
+        # vLLM's --config reader turns `key: value` into `--key value`: a value starting
+        # with '-' becomes a flag of its own there.
+        if isinstance(value, str) and value.startswith("-"):
+            raise ExportFormatError(
+                f"--{key}: the value {value!r} starts with '-', which vLLM's --config reader passes "
+                "on as a flag, not as this argument's value; use --format shell, env, json or systemd")
     start = [_shell_assignment(k, v) for k, v in exported.env.items()]
     start += [_shell_word(w, command=i == 0) for i, w in enumerate(exported.prefix)]
     start += [_shell_word(w) for w in exported.config_argv] + ["--config", "THIS_FILE.yaml"]

@@ -39,7 +39,7 @@ from tuner.load.sweep import run_sweep
 from tuner.load.load_spec import rate_level_name
 from tuner.study.spec import StudySpec
 
-__all__ = ["MeasureError", "ameasure", "discover_model", "format_summary", "measure"]
+__all__ = ["MeasureError", "ameasure", "discover_model", "files_in_the_way", "format_summary", "measure"]
 
 _TIMEOUT_S = 30.0
 # Flat metrics shown per level in the summary (all of flat() is in metrics.json).
@@ -170,6 +170,22 @@ async def ameasure(
     }
     atomic_write_json(out_dir / "summary.json", summary)
     return summary
+
+
+# What a trial folder holds besides what measure writes: a folder with one of these is a
+# trial's (tuner.adapters.artifacts), whose measurements must not be replaced.
+_TRIAL_FILES = ("outcome.json", "command.json", "verification.json", "server.log")
+
+
+def files_in_the_way(out_dir: Path) -> list[str]:
+    """The files in ``out_dir`` a measurement would overwrite, or that make it a trial's
+    folder (sorted names; empty when the folder is new or holds none of them)."""
+
+    if not out_dir.is_dir():
+        return []
+    ours = {"summary.json", "metrics.json", "probe.json", *_TRIAL_FILES}
+    return sorted(p.name for p in out_dir.iterdir()
+                  if p.name in ours or (p.name.startswith("requests-") and p.name.endswith(".jsonl")))
 
 
 def _write_levels(out_dir: Path, sweep: SweepResult) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from tuner.plots import best_so_far_png, importance_png, pareto_png, startup_png
 from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points
 from tuner.study.records import read_records
-from tuner.status import read_checks
+from tuner.status import read_checks, searched_targets, unverified, unverified_summary, unverified_text
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.study.store import StudyHandle
 from tuner.vllm.knobs import mismatch_text
@@ -177,6 +177,7 @@ def _img(data: bytes, alt: str) -> str:
 
 def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHandle) -> str:
     rows = []
+    searched = searched_targets(handle.paths.spec_yaml)
     for r in sorted((r for r in records if r.kind == KIND_RUN), key=lambda r: r.number):
         outcome = r.attrs.get("outcome", {})
         values = "".join(f"<td>{html.escape(_pm(r, l))}</td>" for l in labels)
@@ -184,8 +185,12 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
         notes = []
         if r.unstable_levels:
             notes.append(f'<span class="unstable">{html.escape(_unstable(r))}</span>')
-        verified = [c for c in read_checks(handle, r.number)
+        checks = read_checks(handle, r.number)
+        verified = [c for c in checks
                     if c.get("status") == "applied" and not str(c.get("target")).startswith("env:TUNER_")]
+        for check in unverified(checks, searched):
+            notes.append(f'<span class="unstable">NOT VERIFIED: {html.escape(str(check["target"]))}='
+                         f'{html.escape(_fmt(check.get("asked")))} ({html.escape(str(check.get("note")))})</span>')
         if verified:
             notes.append("applied: " + ", ".join(
                 f"{html.escape(str(c['target']))}={html.escape(_fmt(c.get('got')))}" for c in verified))
@@ -503,6 +508,11 @@ def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> s
     if confirmations:
         md += ["", "## Confirmation re-runs", ""]
         md += [f"- trial {n}: {summary_text(c)}" for n, c in sorted(confirmations.items())]
+    searched = searched_targets(shown.handle.paths.spec_yaml)
+    never = unverified_summary([{"trial": r.number, "unverified": unverified(read_checks(shown.handle, r.number),
+                                                                             searched)} for r in runs])
+    if never:
+        md += ["", "## Searched knobs never verified", ""] + [f"- {unverified_text(item)}" for item in never]
     problems = [r for r in runs if r.outcome != "feasible"]
     if problems:
         md += ["", "## Not on the front because", ""]

@@ -97,10 +97,56 @@ def _spec_method(checks: list[dict[str, Any]]) -> str | None:
     return None
 
 
+def searched_targets(spec_yaml: Path) -> frozenset[str]:
+    """The targets the study's parameters search (``enforce_eager``, ``env:NCCL_PROTO``),
+    read from its saved spec.yaml without the spec models; empty when it cannot be read."""
+
+    from tuner.study.safe_yaml import YamlInputError, load_bounded
+
+    try:
+        data = load_bounded(spec_yaml.read_text(encoding="utf-8"))
+    except (OSError, YamlInputError, UnicodeDecodeError):
+        return frozenset()
+    params = data.get("parameters") if isinstance(data, dict) else None
+    return frozenset(str(p["flag"]) if p.get("flag") is not None else f"env:{p.get('env')}"
+                     for p in params or [] if isinstance(p, dict))
+
+
+def unverified(checks: list[dict[str, Any]], searched: frozenset[str]) -> list[dict[str, Any]]:
+    """The searched knobs a trial's log could not confirm: the trial counts as applied, but
+    nothing shows its server ran what was asked (a variable vLLM never logs, a name
+    nothing reads). Fixed settings are left out: they are the same in every trial."""
+
+    return [{"target": c.get("target"), "asked": c.get("asked"), "note": c.get("note")}
+            for c in checks if c.get("status") == "unverifiable" and c.get("target") in searched]
+
+
+def unverified_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per searched knob never confirmed: why (the first note) and in which trials."""
+
+    found: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        for check in row.get("unverified") or []:
+            item = found.setdefault(str(check["target"]), {"target": check["target"], "note": check["note"],
+                                                           "trials": []})
+            item["trials"].append(row["trial"])
+    return list(found.values())
+
+
+def unverified_text(item: dict[str, Any]) -> str:
+    """One :func:`unverified_summary` item as the line status and the report show."""
+
+    trials = item["trials"]
+    shown = ", ".join(map(str, trials[:8])) + (f" and {len(trials) - 8} more" if len(trials) > 8 else "")
+    return (f"NOT VERIFIED: {item['target']} ({item['note'] or 'the log does not show it'}) in trial(s) "
+            f"{shown}: nothing shows the server applied it, yet those trials count as applied")
+
+
 def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = None,
-               paths: StudyPaths | None = None) -> dict[str, Any]:
+               paths: StudyPaths | None = None, searched: frozenset[str] = frozenset()) -> dict[str, Any]:
     """One trial as status shows it. ``handle``: read its asked-vs-got table into
-    ``checks``; ``paths`` alone: read it only for the speculative method's name."""
+    ``checks`` (and the ``searched`` knobs it could not verify into ``unverified``);
+    ``paths`` alone: read it only for the speculative method's name."""
 
     outcome = record.attrs.get("outcome", {})
     checks = read_checks(handle, record.number) if handle is not None else []
@@ -152,6 +198,7 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "bound_labels": record.bound_labels(list(record.values)),
         "max_rate": outcome.get("max_rate"),
         "checks": checks,
+        "unverified": unverified(checks, searched),
     }
 
 
@@ -254,6 +301,8 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
     baseline = next((r for r in runs if r.is_baseline and r.state == "COMPLETE"), None)
     noisy = noisy_points(records, labels) if labels else []
     _, ties = noisy_front(noisy, directions, labels) if noisy else ([], [])
+    searched = searched_targets(paths.spec_yaml)
+    trials = [_trial_row(r, paths, searched=searched) for r in runs]
     return {
         "study": name,
         "running_now": study_is_running(paths),
@@ -273,7 +322,8 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "ties": [t.as_dict() for t in ties],
         # Confirmation re-runs (confirm/), by trial number; shown under the front.
         "confirmations": {str(k): _with_rerun_startups(paths, v) for k, v in paths.confirmations().items()},
-        "trials": [_trial_row(r, paths) for r in runs],
+        "trials": trials,
+        "unverified": unverified_summary(trials),
         "startup": _startup_summary(runs),
         "host_check": paths.last_host_check(),
         "environment": (environment := paths.environment())[0],
@@ -431,6 +481,8 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
             + " - its numbers are not the server's steady figures; re-run or lengthen the levels"
             + (", and give a client-bound level more client processes (load.client_processes) "
                "or a quieter host" if any(row.get("client_bound_levels") for row in unsteady) else ""))
+    for item in status.get("unverified") or []:
+        lines.append(f"  !! {unverified_text(item)}")
     if verbose:
         lines.append("")
         lines.append("Trials:")
@@ -457,6 +509,9 @@ def _trial_lines(row: dict[str, Any], labels: list[str], directions: list[str]) 
             f"{c['target']}={_fmt(c.get('asked'))}"
             + ("" if c.get("status") == "applied" else f" -> GOT {_fmt(c.get('got'))}")
             for c in checked))
+    for check in row.get("unverified") or []:
+        lines.append(f"        NOT VERIFIED: {check['target']}={_fmt(check.get('asked'))}"
+                     + (f" ({check['note']})" if check.get("note") else ""))
     for m in row["mismatches"]:
         # The knob table's label; imported here, so a status without mismatches
         # does not pay for loading it.

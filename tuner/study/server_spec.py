@@ -3,14 +3,15 @@ flags and environment fixed for every trial, and which of them are secrets."""
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
 from tuner.study.spec_base import Scalar, Seconds, Strict, env_text_or_none
-from tuner.vllm.knobs import check_target_name, check_value
+from tuner.vllm.knobs import check_argument_value, check_target_name, check_value
 
-__all__ = ["ServerSpec", "leaves", "fixed_targets"]
+__all__ = ["ServerSpec", "leaves", "fixed_targets", "exposure_warning"]
 
 
 class ServerSpec(Strict):
@@ -76,7 +77,7 @@ class ServerSpec(Strict):
             if error := check_target_name(key):
                 raise ValueError(f"flags.{key}: {error}")
             for target, leaf in leaves(key, value):
-                if error := check_value(target, leaf):
+                if error := check_value(target, leaf) or check_argument_value(leaf):
                     raise ValueError(f"flags.{target}: {error}")
         return flags
 
@@ -109,4 +110,24 @@ def fixed_targets(server: ServerSpec) -> set[str]:
     fixed = {t for key, value in server.flags.items() for t, _ in leaves(key, value)}
     fixed |= {f"env:{name}" for name in server.env}
     return fixed
+
+
+def exposure_warning(server: ServerSpec) -> str | None:
+    """Why ``server.host`` is a risk, or None for a loopback address (the default)."""
+
+    host = server.host.strip("[]")
+    if host.lower() == "localhost":
+        return None
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        address = None   # a host name: it may resolve to anything
+    if address is not None and address.is_loopback:
+        return None
+    where = ("on every network interface of this machine" if address is not None and address.is_unspecified
+             else f"on {server.host}, an address other machines may reach")
+    guard = "" if "api_key" in server.flags else " (server.flags sets no api_key)"
+    return (f"server.host {server.host!r}: every server the study starts listens {where}: anyone "
+            f"who can reach it can send it requests{guard}, and their load lands inside the "
+            "measurements; use 127.0.0.1 unless the server must be reached from another machine")
 

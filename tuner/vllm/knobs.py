@@ -57,7 +57,7 @@ if TYPE_CHECKING:  # only for annotations: `tuner status` reads labels without p
 
 __all__ = ["Knob", "KNOBS", "knob", "mismatch_text", "check_value", "check_target_name",
            "NCCL_LOG_ENV", "CACHE_ROOT_ENV", "IGNORED_VLLM_ENV", "RenderedCommand",
-           "render_command", "shell_line", "env_text", "PYTHON_PLACEHOLDER", "GRAPH_KINDS",
+           "render_command", "argument_words", "check_argument_value", "shell_line", "env_text", "PYTHON_PLACEHOLDER", "GRAPH_KINDS",
            "CUDAGRAPH_MODE", "COMPILATION_MODE", "SPECULATIVE_METHOD", "DTYPE", "NCCL_ALGOS",
            "MULTICAST_ALGOS"]
 
@@ -426,14 +426,50 @@ def _set_nested(tree: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+def check_argument_value(value: Any) -> str | None:
+    """Error text if a list value has an element vLLM would read as a flag (see
+    :func:`argument_words`); None otherwise."""
+
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            if str(item).startswith("-"):
+                return (f"element {i} ({str(item)!r}) starts with '-': vLLM would read it as a flag, "
+                        "not as a value (a list is written as words after its flag, which cannot "
+                        "take the --flag=value form)")
+    return None
+
+
+def argument_words(key: str, value: Any) -> list[str]:
+    """One engine argument on a command line: ``--flag``/``--no-flag`` for a boolean, one
+    compact JSON word for a config object, the elements after the flag for a list, else
+    the value after the flag - as ``--flag=value`` when it starts with '-', since argparse
+    reads a separate ``--trust-remote-code`` as the next flag, not as this one's value.
+
+    Raises:
+        ValueError: a list element starts with '-' (a list cannot take the ``=`` form).
+    """
+
+    flag = "--" + key.replace("_", "-")
+    if isinstance(value, bool):
+        return [flag if value else "--no-" + key.replace("_", "-")]
+    if isinstance(value, dict):
+        return [flag, json.dumps(value, separators=(",", ":"))]
+    if isinstance(value, list):
+        if error := check_argument_value(value):
+            raise ValueError(f"{key}: {error}")
+        return [flag, *(str(v) for v in value)]
+    text = str(value)
+    return [f"{flag}={text}"] if text.startswith("-") else [flag, text]
+
+
 def render_command(server: ServerLike, settings: Mapping[str, Any], *, python: str = "python",
                    port: int | None = None, nccl_debug: Literal["auto", "on", "off"] = "off",
                    searched: Iterable[str] = (), compile_cache_dir: str | None = None,
                    ) -> RenderedCommand:
     """The command for ``settings`` (trial values by target; null: server default).
 
-    Booleans render as ``--flag`` / ``--no-flag``; lists as repeated values after the flag;
-    the fields of one config argument as one compact JSON value. ``nccl_debug`` "auto"
+    Each argument renders as :func:`argument_words` writes it; the fields of one config
+    argument become one JSON value. ``nccl_debug`` "auto"
     adds the log environment the ``searched`` targets need to be verified, "on" NCCL's
     always. ``compile_cache_dir`` (absolute: expand ``~`` and variables before) becomes
     VLLM_CACHE_ROOT. Neither overrides a variable the configuration sets itself.
@@ -458,15 +494,7 @@ def render_command(server: ServerLike, settings: Mapping[str, Any], *, python: s
             args[target] = value
     argv = [python if part == PYTHON_PLACEHOLDER else part for part in server.command]
     for key, value in args.items():
-        flag = "--" + key.replace("_", "-")
-        if isinstance(value, bool):
-            argv.append(flag if value else "--no-" + key.replace("_", "-"))
-        elif isinstance(value, dict):
-            argv += [flag, json.dumps(value, separators=(",", ":"))]
-        elif isinstance(value, list):
-            argv += [flag, *(str(v) for v in value)]
-        else:
-            argv += [flag, str(value)]
+        argv += argument_words(key, value)
     log_env: dict[str, str] = dict(NCCL_LOG_ENV) if nccl_debug == "on" else {}
     if nccl_debug != "off":
         for target in searched:
