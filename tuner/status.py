@@ -22,6 +22,7 @@ from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_point
 from tuner.study.records import StoredStudy, read_records_direct, read_sqlite_study
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
+from tuner.vllm.verify import unverified, unverified_summary, unverified_text
 
 if TYPE_CHECKING:
     import optuna
@@ -110,36 +111,6 @@ def searched_targets(spec_yaml: Path) -> frozenset[str]:
     params = data.get("parameters") if isinstance(data, dict) else None
     return frozenset(str(p["flag"]) if p.get("flag") is not None else f"env:{p.get('env')}"
                      for p in params or [] if isinstance(p, dict))
-
-
-def unverified(checks: list[dict[str, Any]], searched: frozenset[str]) -> list[dict[str, Any]]:
-    """The searched knobs a trial's log could not confirm: the trial counts as applied, but
-    nothing shows its server ran what was asked (a variable vLLM never logs, a name
-    nothing reads). Fixed settings are left out: they are the same in every trial."""
-
-    return [{"target": c.get("target"), "asked": c.get("asked"), "note": c.get("note")}
-            for c in checks if c.get("status") == "unverifiable" and c.get("target") in searched]
-
-
-def unverified_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per searched knob never confirmed: why (the first note) and in which trials."""
-
-    found: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        for check in row.get("unverified") or []:
-            item = found.setdefault(str(check["target"]), {"target": check["target"], "note": check["note"],
-                                                           "trials": []})
-            item["trials"].append(row["trial"])
-    return list(found.values())
-
-
-def unverified_text(item: dict[str, Any]) -> str:
-    """One :func:`unverified_summary` item as the line status and the report show."""
-
-    trials = item["trials"]
-    shown = ", ".join(map(str, trials[:8])) + (f" and {len(trials) - 8} more" if len(trials) > 8 else "")
-    return (f"NOT VERIFIED: {item['target']} ({item['note'] or 'the log does not show it'}) in trial(s) "
-            f"{shown}: nothing shows the server applied it, yet those trials count as applied")
 
 
 def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = None,
