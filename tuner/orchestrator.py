@@ -21,6 +21,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,9 +77,10 @@ class StudyLoop:
     def __init__(self, spec: StudySpec, name: str, executor: Executor, *, trials_root: Path,
                  n_trials: int | None = None, timeout_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 progress: Callable[[str], None] = lambda line: None) -> None:
+                 progress: Callable[[str], None] = lambda line: None, run: str = "") -> None:
         self.spec = spec
         self.name = name
+        self.run_id = run
         self.executor = executor
         self.trials_root = trials_root
         self.n_trials = n_trials or spec.budget.n_trials
@@ -258,7 +260,7 @@ class StudyLoop:
         return TrialRequest(
             # asked is what verification compares with the server's log, which the worker
             # writes with secrets as references: so asked holds them as references too.
-            study=self.name, number=number, values=values, asked=Redactor(secrets).data(command.asked),
+            study=self.name, run=self.run_id, number=number, values=values, asked=Redactor(secrets).data(command.asked),
             argv=pinned(command.argv), env=command.launch_env, secret_env=list(spec.server.secret_env),
             secrets=secrets, host=spec.server.host,
             port=port, served_model_name=spec.server.served_model_name or spec.server.model,
@@ -357,8 +359,9 @@ class Orchestrator(StudyLoop):
                                 os.environ)
         spec = handle.spec.model_copy(update={"execution": handle.spec.execution.model_copy(
             update={"compile_cache_dir": root})})
+        # A new id for every run: what this run's servers are tagged with (worker.server_tag).
         super().__init__(spec, handle.name, executor, trials_root=handle.paths.root / "trials",
-                         n_trials=n_trials, timeout_s=timeout_s, progress=progress)
+                         n_trials=n_trials, timeout_s=timeout_s, progress=progress, run=uuid.uuid4().hex[:12])
         self.handle = handle
         self._interrupts = 0
 
@@ -515,7 +518,7 @@ class Orchestrator(StudyLoop):
             return self.trial_request(number, values, group=group, trial_dir=folder, early_stop=None)
 
         return JobHost(self.spec, self.handle.name, self.handle.paths, self.executor, self.progress,
-                       lambda: self.interrupted, self.kill_running_now, request)
+                       lambda: self.interrupted, self.kill_running_now, request, self.run_id)
 
     def prepare_reference(self) -> bool:
         """Have the study's reference before the first trial (``tuner.referencing``); False
