@@ -8,9 +8,9 @@ the fast tests. ``Orchestrator`` is a study run on a real executor: the Optuna s
 reconciliation after a kill, the reference, Ctrl-C, pareto.json after every trial, the
 confirmation re-runs at the end, and a storage that stops answering.
 
-Stopping: the first Ctrl-C cancels the running trials (their servers are stopped), marks
-them interrupted (re-run on resume) and returns; a second one kills the local servers and
-the workers at once. A storage that keeps failing (see tuner.study.store) stops the study
+Stopping: the first Ctrl-C or SIGTERM cancels the running trials (their servers are
+stopped), marks them interrupted (re-run on resume) and returns; a second one kills the
+local servers and the workers at once. A storage that keeps failing (see tuner.study.store) stops the study
 the same way, resumably; a full disk fails the trial that could not write its files, and a
 pareto.json that cannot be rewritten keeps its previous, complete content.
 """
@@ -33,7 +33,7 @@ from optuna.trial import Trial, TrialState
 from tuner import recovery
 from tuner.adapters.artifacts import atomic_write_json
 from tuner.confirming import confirm_trials
-from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError
+from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError, Terminated
 from tuner.execution import Executor, Finished, JobHost, NoWorkersLeft
 from tuner.referencing import WORKER_WAIT_S, pinned, prepare_reference, study_probe
 from tuner.study import policy, space
@@ -54,9 +54,16 @@ from tuner.secrets import Redactor, known_values
 from tuner.vllm.compile_cache import study_cache_root
 from tuner.vllm.knobs import RenderedCommand, shell_line
 
-__all__ = ["StudyLoop", "Orchestrator", "RunSummary"]
+__all__ = ["StudyLoop", "Orchestrator", "RunSummary", "restore_signals"]
 
 logger = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def restore_signals(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 @dataclass
@@ -364,6 +371,7 @@ class Orchestrator(StudyLoop):
                          n_trials=n_trials, timeout_s=timeout_s, progress=progress, run=uuid.uuid4().hex[:12])
         self.handle = handle
         self._interrupts = 0
+        self.stopped_by: str | None = None   # "SIGINT" (Ctrl-C) or "SIGTERM", once one came
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -421,8 +429,7 @@ class Orchestrator(StudyLoop):
             raise self._storage_stop(exc) from exc
         began = time.monotonic()
         prior_elapsed = float(study.user_attrs.get("elapsed_s", 0.0))
-        previous_handler = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, self.on_sigint)
+        previous_handlers = self.catch_stop_signals()
         storage_ok = True
         try:
             if self.prepare_reference():
@@ -443,7 +450,7 @@ class Orchestrator(StudyLoop):
             self.executor.cancel_all(wait_s=self.spec.server.stop_timeout + 30)
             raise self._storage_stop(exc) from exc
         finally:
-            signal.signal(signal.SIGINT, previous_handler)
+            restore_signals(previous_handlers)
             if storage_ok:
                 try:
                     study.set_user_attr("elapsed_s", prior_elapsed + time.monotonic() - began)
@@ -466,14 +473,26 @@ class Orchestrator(StudyLoop):
             f"were stopped. When the storage is back, continue with `tuner resume {self.handle.name}`."
         )
 
+    def catch_stop_signals(self) -> dict[int, Any]:
+        """Ctrl-C and SIGTERM stop this run (``on_sigint``) from now on; the handlers they
+        replace, for ``restore_signals``. SIGTERM is how `timeout`, systemd and Kubernetes
+        stop a process: the same clean stop, said as such, with its own exit code."""
+
+        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self.on_sigint)
+        return previous
+
     def on_sigint(self, signum: int, frame: Any) -> None:
         self._interrupts += 1
+        self.stopped_by = self.stopped_by or signal.Signals(signum).name
         if self._interrupts == 1:
-            self.progress("[interrupt] stopping: aborting running trials and stopping servers "
-                          "(Ctrl-C again to stop at once)")
+            how = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+            self.progress(f"[interrupt] {how}: stopping: aborting running trials and stopping servers "
+                          f"({how} again to stop at once)")
             self.stop_reason = "interrupted"
         else:
-            raise KeyboardInterrupt
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
     def _stop_now(self, study: optuna.Study) -> None:
         """Second Ctrl-C: kill the local servers and the workers, without waiting."""
@@ -488,14 +507,16 @@ class Orchestrator(StudyLoop):
     def kill_running_now(self) -> list[Finished]:
         """Second Ctrl-C: SIGKILL the servers of every running job (trial, reference or
         confirmation re-run) and abandon the workers, without waiting; the abandoned jobs,
-        failed ``interrupted``. SIGINT is ignored meanwhile: this must not be cut short."""
+        failed ``interrupted``. SIGINT and SIGTERM are ignored meanwhile: this must not be
+        cut short."""
 
         self.stop_reason = "interrupted"
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
         try:
-            items = self.executor.kill_now("interrupted", "stopped at once by a second Ctrl-C")
+            how = "SIGTERM" if self.stopped_by == "SIGTERM" else "Ctrl-C"
+            items = self.executor.kill_now("interrupted", f"stopped at once by a second {how}")
         finally:
-            signal.signal(signal.SIGINT, previous)
+            restore_signals(previous)
         self.progress(f"[interrupt] stopped now: abandoned {len(items)} job(s), their servers killed")
         return items
 
