@@ -202,8 +202,7 @@ def test_sigterm_before_the_trials_start_is_an_interruption_too(tmp_path: Path) 
     assert "Traceback" not in tuner.output, tuner.output[-3000:]
 
 
-def test_port_moves_the_runs_servers_and_a_finished_study_has_nothing_to_do(
-        tmp_path: Path, orphan_check: list[str]) -> None:
+def test_port_moves_the_runs_servers_and_is_not_saved(tmp_path: Path, orphan_check: list[str]) -> None:
     study, marker = fault_study(tmp_path, {256: [], 257: []})
     orphan_check.append(marker)
     name, results = study.stem, tmp_path / "results"
@@ -213,21 +212,27 @@ def test_port_moves_the_runs_servers_and_a_finished_study_has_nothing_to_do(
     assert not results.exists()
     run = run_tuner("run", str(study), "--results", str(results), "--port", str(port), timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    used = [json.loads(p.read_text()) for p in (results / name / "trials").glob("*/outcome.json")]
-    assert len(used) == 2
     argv = [json.loads((d / "command.json").read_text())["argv"] for d in (results / name / "trials").iterdir()]
-    assert all(a[a.index("--port") + 1] == str(port) for a in argv), argv
+    assert len(argv) == 2 and all(a[a.index("--port") + 1] == str(port) for a in argv), argv
     # The saved spec keeps the study file's port: the same file runs again as the same study.
-    saved = (results / name / "spec.yaml").read_text()
-    assert f"port: {port}\n" not in saved
+    assert f"port: {port}\n" not in (results / name / "spec.yaml").read_text()
+    assert not wait_no_orphans(marker)
+
+
+def test_a_finished_study_run_again_has_nothing_to_do(tmp_path: Path, orphan_check: list[str]) -> None:
+    study, marker = fault_study(tmp_path, {256: [], 257: []}, n_trials=1)
+    orphan_check.append(marker)
+    name, results = study.stem, tmp_path / "results"
+    first = run_tuner("run", str(study), "--results", str(results), timeout=400)
+    assert first.returncode == 0, first.stdout[-3000:] + first.stderr[-3000:]
     kept = _digests(results / name)
     began = time.monotonic()
     again = run_tuner("run", str(study), "--results", str(results), timeout=120)
     took = time.monotonic() - began
     print(again.stdout, again.stderr, f"{took:.2f} s", sep="\n")
     assert again.returncode == 0, again.stderr
-    assert f"study {name} has nothing to do: 2/2 trials finished" in again.stdout
-    assert f"`tuner resume {name} --n-trials 4`" in again.stdout
+    assert f"study {name} has nothing to do: 1/1 trials finished" in again.stdout
+    assert f"`tuner resume {name} --n-trials 2`" in again.stdout
     assert "[worker]" not in again.stdout          # no Ray, no server
     assert _digests(results / name) == kept
     assert not wait_no_orphans(marker)
