@@ -180,7 +180,7 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_status_says_nothing_runs(
     assert len(waiting) == 1 and waiting[0].user_attrs["retry_of"] == number
     status = run_tuner("status", name, "--results", str(results), "--brief").stdout
     assert f"nothing is running; `tuner resume {name}` continues" in status, status
-    assert "running: trial" not in status
+    assert "\n  running: trial" not in status
     assert not wait_no_orphans(marker)
 
 

@@ -245,6 +245,10 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
     from tuner.adapters.artifacts import saved_budget
     from tuner.study.store import read_study_json
 
+    # A secret missing from this environment is bad input, said before anything is locked or
+    # written, also when the study turns out to have nothing left to do. (Resolved again,
+    # and only then kept, where the servers are started: the saved spec holds references.)
+    _with_secrets(handle.spec)
     try:
         # --n-trials/--timeout given now are kept for later resumes and for `tuner status`;
         # without them, those given last time apply (then the study file's budget).

@@ -50,9 +50,10 @@ MARKER = "tuner:run"     # the study's system attribute that names the run holdi
 HEARTBEAT_S = 30.0       # how often a run refreshes its marker
 STALE_S = 300.0          # a marker from another host this old is a dead run's (> the storage retries)
 CONFIRM_S = 0.3          # written, then read back after this: a run that wrote at the same instant loses
-# The lock's own storage calls give up soon: a missed heartbeat costs nothing, and a release
-# must not hold up a run that is stopping because its storage is gone.
-_POLICY = RetryPolicy(busy_timeout_s=2.0, budget_s=10.0)
+# A heartbeat and the release make one short attempt: a missed beat costs nothing, and a
+# release must not hold up a run that is stopping because its storage is gone (the marker
+# is then taken over as a dead run's). Taking the lock retries like any storage call.
+_ONE_TRY = RetryPolicy(busy_timeout_s=1.0, budget_s=0.0)
 
 
 class StorageLock:
@@ -67,6 +68,7 @@ class StorageLock:
                    "folder": str(folder.resolve())}
         self._fd: int | None = None
         self._storage: optuna.storages.BaseStorage | None = None
+        self._quick: optuna.storages.BaseStorage | None = None   # heartbeat and release (_ONE_TRY)
         self._study_id: int | None = None
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
@@ -86,10 +88,11 @@ class StorageLock:
         self._stop.set()
         if self._beat is not None:
             self._beat.join(timeout=5)
-        if self._study_id is not None and self._storage is not None:
+        if self._study_id is not None and self._beat is not None:
             with contextlib.suppress(Exception):   # stopping anyway: a stale marker is taken over
-                if self._is_mine(self._holder()):
-                    self._storage.set_study_system_attr(self._study_id, MARKER, None)
+                quick = self._quick_storage()
+                if self._is_mine(self._holder(quick)):
+                    quick.set_study_system_attr(self._study_id, MARKER, None)
         self._unlock_file()
 
     def hold(self, directions: list[str]) -> None:
@@ -124,12 +127,18 @@ class StorageLock:
 
     def _open(self) -> optuna.storages.BaseStorage:
         if self._storage is None:
-            self._storage = make_storage(self.url, _POLICY)
+            self._storage = make_storage(self.url)
         return self._storage
 
-    def _holder(self) -> Any:
-        assert self._storage is not None and self._study_id is not None
-        return self._storage.get_study_system_attrs(self._study_id).get(MARKER)
+    def _quick_storage(self) -> optuna.storages.BaseStorage:
+        if self._quick is None:
+            self._quick = make_storage(self.url, _ONE_TRY)
+        return self._quick
+
+    def _holder(self, storage: optuna.storages.BaseStorage | None = None) -> Any:
+        storage = storage or self._storage
+        assert storage is not None and self._study_id is not None
+        return storage.get_study_system_attrs(self._study_id).get(MARKER)
 
     def _is_mine(self, holder: Any) -> bool:
         return isinstance(holder, dict) and holder.get("run") == self.me["run"]
@@ -165,11 +174,12 @@ class StorageLock:
     def _heartbeat(self) -> None:
         while not self._stop.wait(HEARTBEAT_S):
             try:
-                if not self._is_mine(self._holder()):
+                quick = self._quick_storage()
+                if not self._is_mine(self._holder(quick)):
                     logger.warning("study %s: another run took over this run's storage lock", self.name)
                     return
-                assert self._storage is not None and self._study_id is not None
-                self._storage.set_study_system_attr(self._study_id, MARKER, self._marker())
+                assert self._study_id is not None
+                quick.set_study_system_attr(self._study_id, MARKER, self._marker())
             except Exception:  # noqa: BLE001 - a missed beat is retried; only STALE_S of them matter
                 logger.warning("study %s: storage lock heartbeat failed", self.name, exc_info=True)
 
