@@ -26,8 +26,8 @@ import pytest
 
 from tests.conftest import (failure_reasons, free_port_block, load_trials, lost_completed, run_tuner,
                             wait_no_orphans, write_study)
-from tests.faultkit import (FAST, SIM_ENV, SLOW_START, STOP_TIMEOUT_S, Tuner, fault_study, running_trial_dirs,
-                            server_pgid_of, wait_for)
+from tests.faultkit import (FAST, SIM_ENV, SLOW_START, STOP_TIMEOUT_S, Tuner, fault_study,
+                            running_trial_dirs, server_pgid_of, wait_for)
 from tuner.adapters import proctree
 
 pytestmark = pytest.mark.slow
@@ -120,7 +120,8 @@ def test_a_second_run_on_a_shared_storage_is_refused_and_changes_nothing(
     assert not (elsewhere / "results").exists(), sorted(elsewhere.rglob("*"))
     print(f"refused in {refused_in:.2f} s")
     assert code == 0, first.own_output[-3000:]
-    trials = [t for t in load_trials(first_results, name, storage) if t.user_attrs.get("kind", "run") == "run"]
+    trials = [t for t in load_trials(first_results, name, storage)
+              if t.user_attrs.get("kind", "run") == "run"]
     assert [t.state.name for t in trials] == ["COMPLETE"]
     assert "1/1 trials finished" in first.output
 
@@ -212,7 +213,8 @@ def test_port_moves_the_runs_servers_and_is_not_saved(tmp_path: Path, orphan_che
     assert not results.exists()
     run = run_tuner("run", str(study), "--results", str(results), "--port", str(port), timeout=400)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    argv = [json.loads((d / "command.json").read_text())["argv"] for d in (results / name / "trials").iterdir()]
+    argv = [json.loads((d / "command.json").read_text())["argv"]
+            for d in (results / name / "trials").iterdir()]
     assert len(argv) == 2 and all(a[a.index("--port") + 1] == str(port) for a in argv), argv
     # The saved spec keeps the study file's port: the same file runs again as the same study.
     assert f"port: {port}\n" not in (results / name / "spec.yaml").read_text()

@@ -10,9 +10,10 @@ confirmation re-runs at the end, and a storage that stops answering.
 
 Stopping: the first Ctrl-C or SIGTERM cancels the running trials (their servers are
 stopped), marks them interrupted (re-run on resume) and returns; a second one kills the
-local servers and the workers at once. A storage that keeps failing (see tuner.study.store) stops the study
-the same way, resumably; a full disk fails the trial that could not write its files, and a
-pareto.json that cannot be rewritten keeps its previous, complete content.
+local servers and the workers at once. A storage that keeps failing (see
+tuner.study.store) stops the study the same way, resumably; a full disk fails the trial
+that could not write its files, and a pareto.json that cannot be rewritten keeps its
+previous, complete content.
 """
 
 from __future__ import annotations
@@ -368,7 +369,8 @@ class Orchestrator(StudyLoop):
             update={"compile_cache_dir": root})})
         # A new id for every run: what this run's servers are tagged with (worker.server_tag).
         super().__init__(spec, handle.name, executor, trials_root=handle.paths.root / "trials",
-                         n_trials=n_trials, timeout_s=timeout_s, progress=progress, run=uuid.uuid4().hex[:12])
+                         n_trials=n_trials, timeout_s=timeout_s, progress=progress,
+                         run=uuid.uuid4().hex[:12])
         self.handle = handle
         self._interrupts = 0
         self.stopped_by: str | None = None   # "SIGINT" (Ctrl-C) or "SIGTERM", once one came
@@ -474,9 +476,8 @@ class Orchestrator(StudyLoop):
         )
 
     def catch_stop_signals(self) -> dict[int, Any]:
-        """Ctrl-C and SIGTERM stop this run (``on_sigint``) from now on; the handlers they
-        replace, for ``restore_signals``. SIGTERM is how `timeout`, systemd and Kubernetes
-        stop a process: the same clean stop, said as such, with its own exit code."""
+        """Ctrl-C and SIGTERM (`timeout`, systemd, Kubernetes) stop this run (``on_sigint``)
+        from now on; the handlers they replace, for ``restore_signals``."""
 
         previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         for sig in STOP_SIGNALS:
@@ -507,8 +508,7 @@ class Orchestrator(StudyLoop):
     def kill_running_now(self) -> list[Finished]:
         """Second Ctrl-C: SIGKILL the servers of every running job (trial, reference or
         confirmation re-run) and abandon the workers, without waiting; the abandoned jobs,
-        failed ``interrupted``. SIGINT and SIGTERM are ignored meanwhile: this must not be
-        cut short."""
+        failed ``interrupted``. Stop signals are ignored meanwhile: this must not be cut short."""
 
         self.stop_reason = "interrupted"
         previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}

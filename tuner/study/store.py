@@ -44,7 +44,8 @@ from tuner.study.spec import StudySpec
 from tuner.study.study_file import parse_study
 from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
 
-__all__ = ["StudyHandle", "create_or_open", "write_new_study", "open_existing", "StudyLock", "make_storage", "spec_digest",
+__all__ = ["StudyHandle", "create_or_open", "write_new_study", "open_existing", "StudyLock", "make_storage",
+           "spec_digest",
            "RetryPolicy", "RetryingRDBStorage", "is_transient_storage_error"]
 
 logger = logging.getLogger(__name__)
