@@ -167,6 +167,10 @@ class StorageLock:
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(holder.get("since_unix") or 0)))
             who = (f"pid {holder.get('pid')} on {holder.get('host')} since {since} "
                    f"(its results: {holder.get('folder')})")
+            if holder.get("host") != socket.gethostname() and isinstance(holder.get("heartbeat_unix"), float):
+                silent = time.time() - holder["heartbeat_unix"]
+                who += (f", last heard from {silent:.0f} s ago (a run on another host that is gone is "
+                        f"taken over once it has been silent for {STALE_S / 60:.0f} minutes)")
         return (f"study {self.name!r} in the storage {redact_url(self.url)} is already being run by {who}; "
                 "one study in one storage is one run at a time, so nothing was started or written: "
                 "wait for that run to finish or stop it first")
