@@ -67,6 +67,11 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, orphan_check: list[str]) 
     # and a resume's --timeout count it), although the run never reached its own ending.
     killed_elapsed = optuna.load_study(study_name=name, storage=storage).user_attrs.get("elapsed_s", 0.0)
     assert killed_elapsed > 0.0
+    # The storage still holds the trial the kill cut off as running; status says nothing runs it.
+    cut_off = [n for n, v in before.items() if v[0] == "RUNNING"]
+    status = run_tuner("status", name, "--results", str(results), "--brief").stdout
+    assert f"nothing is running: trial(s) {', '.join(map(str, cut_off))} were cut off" in status, status
+    assert f"`tuner resume {name}`" in status and "\n  running: trial" not in status, status
 
     # A second resume while the first runs must refuse; start the first in the background.
     first = subprocess.Popen(tuner_argv("resume", name, "--results", str(results)), cwd=ROOT,

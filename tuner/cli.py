@@ -4,7 +4,8 @@ run, resume, confirm - and the study file as this host reads it).
 
 Exit codes: 0 done, 1 unexpected error, 2 invalid input (study file, arguments),
 3 the study cannot run (locked, missing, mismatched), 4 the study ran but has no feasible
-configuration (every trial failed or was infeasible), 130 interrupted (resumable).
+configuration (every trial failed or was infeasible), 130 interrupted by Ctrl-C, 143 by SIGTERM
+(both resumable).
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from tuner import __version__
 from tuner.cli_run import check_study_inputs, cmd_confirm, cmd_resume, cmd_run, confirm, load_spec_file, say
 from tuner.study.durations import format_duration
-from tuner.errors import SpecError, StudyError, TunerError
+from tuner.errors import SpecError, StudyError, Terminated, TunerError
 from tuner.terminal import for_terminal
 
 if TYPE_CHECKING:
@@ -377,6 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--n-trials", type=int, help="trials to reach (overrides budget.n_trials)")
         p.add_argument("--timeout", help="wall-clock limit such as 8h (overrides budget.timeout)")
         p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+        p.add_argument("--port", type=int, help="this run's servers listen here (GPU group k on PORT+k) "
+                                                "instead of on server.port")
         _allow_environment_change(p)
         p.set_defaults(func=cmd_run if name == "run" else cmd_resume)
 
@@ -476,6 +479,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.func not in (cmd_status, cmd_host_check):
         _quiet_optuna(args)
     _answer_ctrl_c()
+    previous_sigterm = _answer_sigterm()
     try:
         _check_names(args)
         return args.func(args)
@@ -489,6 +493,10 @@ def main(argv: list[str] | None = None) -> int:
         # E.g. an artifact that could not be written outside a trial.
         _error(str(exc))
         return 1
+    except Terminated:
+        # run and resume say what to run next themselves (cli_run.interrupted_line).
+        print("interrupted by SIGTERM", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -499,6 +507,25 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(devnull, sys.stdout.fileno())
         os.close(devnull)
         return 141
+    finally:
+        if previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, previous_sigterm)
+
+
+def _answer_sigterm() -> Any:
+    """SIGTERM raises Terminated (a KeyboardInterrupt) while a command runs: `timeout`,
+    systemd and Kubernetes stop a process with it, and every command answers it as it does
+    Ctrl-C - stopping what it started - with exit code 143 (128 + 15, the shell's). `tuner
+    run` catches it itself and stops its trials as on Ctrl-C. The handler it replaces (to
+    put back), or None when this is not the main thread (no handler can be set)."""
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _raise_terminated)
+
+
+def _raise_terminated(signum: int, frame: Any) -> None:
+    raise Terminated
 
 
 def _error(text: str) -> None:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.errors import SpecError, StudyError
+from tuner.errors import SpecError, StudyError, Terminated
 from tuner.study.durations import parse_duration
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 # imports this module too and must answer in well under a second.
 
 __all__ = ["say", "load_spec_file", "check_study_inputs", "on_this_host", "confirm", "cmd_run", "cmd_resume",
-           "cmd_confirm"]
+           "cmd_confirm", "interrupted_line"]
 
 
 def say(line: str) -> None:
@@ -147,55 +147,79 @@ def check_host_steadiness(paths: Any, seconds: float, noise_floor: float) -> dic
 
 
 @contextlib.contextmanager
-def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool = False) -> Iterator[Any]:
-    """The study's lock, Ray and a started executor for as long as the block runs; every
-    server, worker and the local Ray runtime are stopped after it, whatever happens.
-    ``check_host``: the study's host check first (load.host_check_s), before anything of
-    ours runs beside it."""
+def _locked_study(handle: Any, *, budget: tuple[int | None, float | None] | None = None) -> Iterator[None]:
+    """The study held by this run for as long as the block runs: its storage's lock (read
+    first: tuner.study.storage_lock), its folder's lock, then what a run writes before it
+    starts - a new study's files, a lost storage rebuilt, the run's marker in the storage,
+    ``budget`` (--n-trials, --timeout) kept for later resumes. Nothing is written before
+    both locks are held: a refused command leaves every file as it was."""
 
-    from tuner.executor import RayExecutor, init_ray
-    from tuner.runfile import clean_up_previous_run, clear_run, record_run
-    from tuner.study.store import StudyLock
+    from tuner.runfile import clean_up_previous_run
+    from tuner.study.folder import restore_storage
+    from tuner.study.storage_lock import StorageLock
+    from tuner.study.store import StudyLock, remember_budget, write_new_study
 
-    handle.spec = _with_secrets(handle.spec)
-    spec = handle.spec
-    with StudyLock(handle.paths):
-        from tuner.study.folder import restore_storage
-
+    with StorageLock(handle.storage_url, handle.name, handle.paths.root) as storage_lock, \
+            StudyLock(handle.paths):
+        write_new_study(handle)
         rebuilt = restore_storage(handle, progress=say)
         if rebuilt:
             say(f"[resume] the study storage was missing: rebuilt it from the trial files ({rebuilt} "
                 f"trials); new trials continue after them")
+        storage_lock.hold([o.direction for o in handle.spec.objectives])
+        if budget is not None and (warning := remember_budget(handle.paths, n_trials=budget[0],
+                                                              timeout_s=budget[1])):
+            say(f"[warning] {warning}")
         stale = clean_up_previous_run(handle.paths.root)
         if stale:
             say(f"[resume] stopped {len(stale)} process(es) left by an earlier, killed run")
-        allow_change = getattr(args, "allow_environment_change", False)
-        cluster = getattr(args, "ray_address", None) is not None
-        pinned = _check_environment(handle, allow_change=allow_change, cluster=cluster)
-        if check_host and spec.load.host_check_s:
-            check_host_steadiness(handle.paths, spec.load.host_check_s, spec.load.noise_floor)
-        groups = spec.execution.parallel_trials
-        declared = spec.server.gpus_per_trial * (groups or 1)
+        yield
+
+
+@contextlib.contextmanager
+def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool = False) -> Iterator[Any]:
+    """Ray and a started executor for as long as the block runs, inside ``_locked_study``;
+    every server, worker and the local Ray runtime are stopped after it, whatever happens.
+    ``check_host``: the study's host check first (load.host_check_s), before anything of
+    ours runs beside it."""
+
+    from tuner.executor import RayExecutor, init_ray
+    from tuner.runfile import clear_run, record_run
+
+    handle.spec = _with_secrets(handle.spec)
+    spec = handle.spec
+    allow_change = getattr(args, "allow_environment_change", False)
+    cluster = getattr(args, "ray_address", None) is not None
+    pinned = _check_environment(handle, allow_change=allow_change, cluster=cluster)
+    if check_host and spec.load.host_check_s:
+        check_host_steadiness(handle.paths, spec.load.host_check_s, spec.load.noise_floor)
+    groups = spec.execution.parallel_trials
+    declared = spec.server.gpus_per_trial * (groups or 1)
+    ours = signal.getsignal(signal.SIGTERM)
+    try:
         init_ray(address=args.ray_address, gpus_needed=declared,
                  cpus_needed=spec.server.cpus_per_trial * (groups or 1))
-        record_run(handle.paths.root, local_ray=args.ray_address is None)
-        # On a cluster every node is judged too, before its group gets a trial; on one
-        # machine the check above already covers the workers.
-        node_check: dict[str, Any] = {} if not cluster else {
-            "server": spec.server.model_dump(mode="json"),
-            "accept": lambda info: _node_refusal(info, pinned, allow_change=allow_change)}
-        executor = RayExecutor(gpus_per_trial=spec.server.gpus_per_trial,
-                               cpus_per_trial=spec.server.cpus_per_trial, groups=groups, progress=say,
-                               **node_check)
-        try:
-            executor.start()
-            yield executor
-        finally:
-            executor.shutdown()
-            import ray
+    finally:
+        # ray.init makes SIGTERM exit the driver at once; it stops this run cleanly instead.
+        signal.signal(signal.SIGTERM, ours)
+    record_run(handle.paths.root, local_ray=args.ray_address is None)
+    # On a cluster every node is judged too, before its group gets a trial; on one
+    # machine the check above already covers the workers.
+    node_check: dict[str, Any] = {} if not cluster else {
+        "server": spec.server.model_dump(mode="json"),
+        "accept": lambda info: _node_refusal(info, pinned, allow_change=allow_change)}
+    executor = RayExecutor(gpus_per_trial=spec.server.gpus_per_trial,
+                           cpus_per_trial=spec.server.cpus_per_trial, groups=groups, progress=say,
+                           **node_check)
+    try:
+        executor.start()
+        yield executor
+    finally:
+        executor.shutdown()
+        import ray
 
-            ray.shutdown()
-            clear_run(handle.paths.root)
+        ray.shutdown()
+        clear_run(handle.paths.root)
 
 
 def _check_environment(handle: Any, *, allow_change: bool, cluster: bool) -> dict[str, Any]:
@@ -243,28 +267,43 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
     from tuner.orchestrator import Orchestrator
     from tuner.status import build_status, format_status
     from tuner.adapters.artifacts import saved_budget
-    from tuner.study.store import read_study_json, remember_budget
+    from tuner.study.store import read_study_json
 
-    # --n-trials/--timeout given now are kept for later resumes and for `tuner status`;
-    # without them, those given last time apply (then the study file's budget).
-    if warning := remember_budget(handle.paths, n_trials=n_trials, timeout_s=timeout_s):
-        say(f"[warning] {warning}")
-    saved_trials, saved_timeout = saved_budget(read_study_json(handle.paths))
-    n_trials = n_trials or saved_trials
-    timeout_s = timeout_s if timeout_s is not None else saved_timeout
-    with _study_executor(handle, args, check_host=True) as executor:
-        orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s, progress=say)
-        say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU group(s); "
-            f"results in {handle.paths.root}")
-        summary = orchestrator.run()
+    # A secret missing from this environment is bad input, said before anything is locked or
+    # written, also when the study turns out to have nothing left to do. (Resolved again,
+    # and only then kept, where the servers are started: the saved spec holds references.)
+    _with_secrets(handle.spec)
+    try:
+        # --n-trials/--timeout given now are kept for later resumes and for `tuner status`;
+        # without them, those given last time apply (then the study file's budget).
+        with _locked_study(handle, budget=(n_trials, timeout_s)):
+            saved_trials, saved_timeout = saved_budget(read_study_json(handle.paths))
+            n_trials = n_trials or saved_trials or handle.spec.budget.n_trials
+            timeout_s = timeout_s if timeout_s is not None else saved_timeout
+            if (finished := _nothing_to_do(handle, n_trials, timeout_s)) is not None:
+                say(finished)
+                return 0
+            # This run's ports only: the saved spec keeps the study file's (an export, a
+            # later run of the same file).
+            handle.spec = _with_port(handle.spec, getattr(args, "port", None))
+            with _study_executor(handle, args, check_host=True) as executor:
+                orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s,
+                                            progress=say)
+                say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU "
+                    f"group(s); results in {handle.paths.root}")
+                summary = orchestrator.run()
+    except Terminated:
+        # Before the trial loop (Ray starting, the host check) or a second SIGTERM in it.
+        say(interrupted_line(handle.name, "SIGTERM"))
+        return 143
     study = handle.load()
     say("")
     status = build_status(handle, study)
     say(format_status(status, verbose=False))
     say(f"\npareto front written to {handle.paths.pareto_json}")
     if summary.stopped_because == "interrupted":
-        say(f"interrupted: continue with `tuner resume {handle.name}`")
-        return 130
+        say(interrupted_line(handle.name, orchestrator.stopped_by))
+        return 143 if orchestrator.stopped_by == "SIGTERM" else 130
     if not status["front"]:
         # A script must not take "ran" for "found a configuration".
         print(f"error: study {handle.name} has no feasible configuration: every trial failed or was "
@@ -279,24 +318,87 @@ def confirm(handle: Any, args: argparse.Namespace, trials: list[int], *, repeats
     recorded); their verdicts, also written to confirm/ and pareto.json."""
 
     from tuner.confirming import confirm_trials
-    from tuner.orchestrator import Orchestrator
+    from tuner.orchestrator import Orchestrator, restore_signals
 
-    with _study_executor(handle, args) as executor:
+    with _locked_study(handle), _study_executor(handle, args) as executor:
         orchestrator = Orchestrator(handle, executor, progress=say)
         study = orchestrator.open_study()
-        previous = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, orchestrator.on_sigint)
+        previous = orchestrator.catch_stop_signals()
         try:
             if not orchestrator.prepare_reference():
-                return []
-            verdicts = confirm_trials(orchestrator.job_host(), study, trials, repeats=repeats,
-                                      tolerance=tolerance)
+                verdicts = []
+            else:
+                verdicts = confirm_trials(orchestrator.job_host(), study, trials, repeats=repeats,
+                                          tolerance=tolerance)
         finally:
-            signal.signal(signal.SIGINT, previous)
+            restore_signals(previous)
             orchestrator.write_pareto(study)
     if orchestrator.interrupted:
-        raise KeyboardInterrupt
+        raise Terminated if orchestrator.stopped_by == "SIGTERM" else KeyboardInterrupt
     return verdicts
+
+
+def interrupted_line(name: str, signal_name: str | None) -> str:
+    """What a stopped run says last: what stopped it and what to run next."""
+
+    how = "by SIGTERM" if signal_name == "SIGTERM" else "by Ctrl-C"
+    return f"interrupted {how}; run `tuner resume {name}` to continue"
+
+
+def _nothing_to_do(handle: Any, n_trials: int, timeout_s: float | None) -> str | None:
+    """What a run of a finished study says instead of starting anything: its trial budget
+    reached or its wall-clock budget spent, no trial left running by a killed run, the
+    confirmation re-runs and tie runs done. None while there is work."""
+
+    import optuna
+
+    from tuner.study import policy
+    from tuner.study.confirmation import choose_candidates
+    from tuner.study.durations import format_duration
+    from tuner.study.records import read_records
+    from tuner.study.store import make_storage
+    from tuner.study.trials import record_points
+
+    try:
+        study = optuna.load_study(study_name=handle.name, storage=make_storage(handle.storage_url))
+    except KeyError:
+        return None
+    records = read_records(study)
+    finished = policy.finished_runs(records)
+    spent = timeout_s is not None and float(study.user_attrs.get("elapsed_s", 0.0)) >= timeout_s
+    if any(r.state == "RUNNING" for r in records) or (finished < n_trials and not spent):
+        return None
+    cfg, spec, paths = handle.spec.confirm, handle.spec, handle.paths
+    if not spent:   # a run out of time skips them (`tuner confirm` runs them)
+        chosen = choose_candidates(record_points(records, [o.label for o in spec.objectives]),
+                                   [o.direction for o in spec.objectives], cfg.candidates)
+        if any(n not in paths.confirmations() for n in chosen):
+            return None
+        if cfg.tie_runs > 0 and not (paths.confirm_root / "ties.json").exists():
+            return None
+    name = handle.name
+    if spent and timeout_s is not None:
+        why = f"its wall-clock budget of {format_duration(timeout_s)} is spent"
+        more = f"`tuner resume {name} --timeout {format_duration(2 * timeout_s)}`"
+    else:
+        why = f"{finished}/{n_trials} trials finished"
+        more = f"`tuner resume {name} --n-trials {n_trials + max(n_trials, 1)}`"
+    return (f"study {name} has nothing to do: {why}. To run more: {more}; to see its results: "
+            f"`tuner status {name}`, `tuner report {name}`")
+
+
+def _with_port(spec: StudySpec, port: int | None) -> StudySpec:
+    """``spec`` with its servers on ``port`` (GPU group k on port + k), as --port asks."""
+
+    if port is None:
+        return spec
+    return spec.model_copy(update={"server": spec.server.model_copy(update={"port": port})})
+
+
+def _check_port(port: int | None) -> None:
+    if port is not None and not 1 <= port <= 65535:
+        raise SpecError(f"--port: {port} is not allowed; give a TCP port from 1 to 65535 "
+                        "(GPU group k of the study listens on PORT+k)")
 
 
 def cmd_confirm(args: argparse.Namespace) -> int:
@@ -354,7 +456,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     spec = load_spec_file(args.file)
     check_study_inputs(spec, args.file)
     timeout_s = _option_duration(args.timeout, "--timeout")
-    handle = create_or_open(spec, Path(args.results), name=args.study, storage_url=args.storage)
+    _check_port(args.port)
+    # Written only once the run holds the study (_locked_study).
+    handle = create_or_open(spec, Path(args.results), name=args.study, storage_url=args.storage, write=False)
     return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)
 
 
@@ -364,4 +468,5 @@ def cmd_resume(args: argparse.Namespace) -> int:
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
     handle.spec = on_this_host(handle.spec, source=str(handle.paths.spec_yaml))
     timeout_s = _option_duration(args.timeout, "--timeout")
+    _check_port(args.port)
     return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)

@@ -16,6 +16,8 @@
         ├── TrialCancelled       the tuner cancelled the trial (Ctrl-C, deadline backstop)
         └── ArtifactWriteError   the trial's files could not be written (e.g. disk full)
 
+Beside them, ``Terminated`` (a KeyboardInterrupt): SIGTERM, answered like Ctrl-C.
+
 Every TrialError carries a stable ``reason`` id (what the optimizer and the report
 show), optionally an excerpt of the server log and, for a failed start, the fatal line's
 signature (``tuner.vllm.failure_signatures.FatalSignature`` as JSON).
@@ -91,3 +93,9 @@ class TrialCancelled(TrialError):
 
 class ArtifactWriteError(TrialError):
     reason = "artifact_write_failed"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived (`timeout`, systemd, Kubernetes stopping the run): answered as Ctrl-C
+    is, with its own exit code (143). A KeyboardInterrupt, not a TunerError, so every path
+    that stops servers on Ctrl-C stops them on it too."""

@@ -101,3 +101,4 @@ class JobHost:
     interrupted: Callable[[], bool]
     kill_now: Callable[[], list[Finished]]
     request: Callable[[int, dict[str, Any], int, Path], TrialRequest]
+    run: str = ""   # the run's id (TrialRequest.run)

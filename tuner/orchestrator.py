@@ -8,11 +8,12 @@ the fast tests. ``Orchestrator`` is a study run on a real executor: the Optuna s
 reconciliation after a kill, the reference, Ctrl-C, pareto.json after every trial, the
 confirmation re-runs at the end, and a storage that stops answering.
 
-Stopping: the first Ctrl-C cancels the running trials (their servers are stopped), marks
-them interrupted (re-run on resume) and returns; a second one kills the local servers and
-the workers at once. A storage that keeps failing (see tuner.study.store) stops the study
-the same way, resumably; a full disk fails the trial that could not write its files, and a
-pareto.json that cannot be rewritten keeps its previous, complete content.
+Stopping: the first Ctrl-C or SIGTERM cancels the running trials (their servers are
+stopped), marks them interrupted (re-run on resume) and returns; a second one kills the
+local servers and the workers at once. A storage that keeps failing (see
+tuner.study.store) stops the study the same way, resumably; a full disk fails the trial
+that could not write its files, and a pareto.json that cannot be rewritten keeps its
+previous, complete content.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import logging
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +34,7 @@ from optuna.trial import Trial, TrialState
 from tuner import recovery
 from tuner.adapters.artifacts import atomic_write_json
 from tuner.confirming import confirm_trials
-from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError
+from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError, Terminated
 from tuner.execution import Executor, Finished, JobHost, NoWorkersLeft
 from tuner.referencing import WORKER_WAIT_S, pinned, prepare_reference, study_probe
 from tuner.study import policy, space
@@ -53,9 +55,16 @@ from tuner.secrets import Redactor, known_values
 from tuner.vllm.compile_cache import study_cache_root
 from tuner.vllm.knobs import RenderedCommand, shell_line
 
-__all__ = ["StudyLoop", "Orchestrator", "RunSummary"]
+__all__ = ["StudyLoop", "Orchestrator", "RunSummary", "restore_signals"]
 
 logger = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def restore_signals(previous: dict[int, Any]) -> None:
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
 
 
 @dataclass
@@ -76,9 +85,10 @@ class StudyLoop:
     def __init__(self, spec: StudySpec, name: str, executor: Executor, *, trials_root: Path,
                  n_trials: int | None = None, timeout_s: float | None = None,
                  clock: Callable[[], float] = time.monotonic,
-                 progress: Callable[[str], None] = lambda line: None) -> None:
+                 progress: Callable[[str], None] = lambda line: None, run: str = "") -> None:
         self.spec = spec
         self.name = name
+        self.run_id = run
         self.executor = executor
         self.trials_root = trials_root
         self.n_trials = n_trials or spec.budget.n_trials
@@ -258,7 +268,7 @@ class StudyLoop:
         return TrialRequest(
             # asked is what verification compares with the server's log, which the worker
             # writes with secrets as references: so asked holds them as references too.
-            study=self.name, number=number, values=values, asked=Redactor(secrets).data(command.asked),
+            study=self.name, run=self.run_id, number=number, values=values, asked=Redactor(secrets).data(command.asked),
             argv=pinned(command.argv), env=command.launch_env, secret_env=list(spec.server.secret_env),
             secrets=secrets, host=spec.server.host,
             port=port, served_model_name=spec.server.served_model_name or spec.server.model,
@@ -359,10 +369,13 @@ class Orchestrator(StudyLoop):
                                 os.environ)
         spec = handle.spec.model_copy(update={"execution": handle.spec.execution.model_copy(
             update={"compile_cache_dir": root})})
+        # A new id for every run: what this run's servers are tagged with (worker.server_tag).
         super().__init__(spec, handle.name, executor, trials_root=handle.paths.root / "trials",
-                         n_trials=n_trials, timeout_s=timeout_s, progress=progress)
+                         n_trials=n_trials, timeout_s=timeout_s, progress=progress,
+                         run=uuid.uuid4().hex[:12])
         self.handle = handle
         self._interrupts = 0
+        self.stopped_by: str | None = None   # "SIGINT" (Ctrl-C) or "SIGTERM", once one came
 
     # -- setup ---------------------------------------------------------------------------
 
@@ -420,8 +433,7 @@ class Orchestrator(StudyLoop):
             raise self._storage_stop(exc) from exc
         began = time.monotonic()
         prior_elapsed = float(study.user_attrs.get("elapsed_s", 0.0))
-        previous_handler = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, self.on_sigint)
+        previous_handlers = self.catch_stop_signals()
         storage_ok = True
         try:
             if self.prepare_reference():
@@ -442,7 +454,7 @@ class Orchestrator(StudyLoop):
             self.executor.cancel_all(wait_s=self.spec.server.stop_timeout + 30)
             raise self._storage_stop(exc) from exc
         finally:
-            signal.signal(signal.SIGINT, previous_handler)
+            restore_signals(previous_handlers)
             if storage_ok:
                 try:
                     study.set_user_attr("elapsed_s", prior_elapsed + time.monotonic() - began)
@@ -465,14 +477,25 @@ class Orchestrator(StudyLoop):
             f"were stopped. When the storage is back, continue with `tuner resume {self.handle.name}`."
         )
 
+    def catch_stop_signals(self) -> dict[int, Any]:
+        """Ctrl-C and SIGTERM (`timeout`, systemd, Kubernetes) stop this run (``on_sigint``)
+        from now on; the handlers they replace, for ``restore_signals``."""
+
+        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self.on_sigint)
+        return previous
+
     def on_sigint(self, signum: int, frame: Any) -> None:
         self._interrupts += 1
+        self.stopped_by = self.stopped_by or signal.Signals(signum).name
         if self._interrupts == 1:
-            self.progress("[interrupt] stopping: aborting running trials and stopping servers "
-                          "(Ctrl-C again to stop at once)")
+            how = "SIGTERM" if signum == signal.SIGTERM else "Ctrl-C"
+            self.progress(f"[interrupt] {how}: stopping: aborting running trials and stopping servers "
+                          f"({how} again to stop at once)")
             self.stop_reason = "interrupted"
         else:
-            raise KeyboardInterrupt
+            raise Terminated if signum == signal.SIGTERM else KeyboardInterrupt
 
     def _stop_now(self, study: optuna.Study) -> None:
         """Second Ctrl-C: kill the local servers and the workers, without waiting."""
@@ -487,14 +510,15 @@ class Orchestrator(StudyLoop):
     def kill_running_now(self) -> list[Finished]:
         """Second Ctrl-C: SIGKILL the servers of every running job (trial, reference or
         confirmation re-run) and abandon the workers, without waiting; the abandoned jobs,
-        failed ``interrupted``. SIGINT is ignored meanwhile: this must not be cut short."""
+        failed ``interrupted``. Stop signals are ignored meanwhile: this must not be cut short."""
 
         self.stop_reason = "interrupted"
-        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
         try:
-            items = self.executor.kill_now("interrupted", "stopped at once by a second Ctrl-C")
+            how = "SIGTERM" if self.stopped_by == "SIGTERM" else "Ctrl-C"
+            items = self.executor.kill_now("interrupted", f"stopped at once by a second {how}")
         finally:
-            signal.signal(signal.SIGINT, previous)
+            restore_signals(previous)
         self.progress(f"[interrupt] stopped now: abandoned {len(items)} job(s), their servers killed")
         return items
 
@@ -517,7 +541,7 @@ class Orchestrator(StudyLoop):
             return self.trial_request(number, values, group=group, trial_dir=folder, early_stop=None)
 
         return JobHost(self.spec, self.handle.name, self.handle.paths, self.executor, self.progress,
-                       lambda: self.interrupted, self.kill_running_now, request)
+                       lambda: self.interrupted, self.kill_running_now, request, self.run_id)
 
     def prepare_reference(self) -> bool:
         """Have the study's reference before the first trial (``tuner.referencing``); False

@@ -168,7 +168,7 @@ def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference 
         probe = probe.model_copy(update={"reference_accuracy": None})
         secrets = known_values(spec.server)
         request = TrialRequest(
-            study=host.name, number=REFERENCE_JOB, kind="reference", values=config.values,
+            study=host.name, run=host.run, number=REFERENCE_JOB, kind="reference", values=config.values,
             asked=Redactor(secrets).data(config.asked), argv=config.argv, env=config.env,
             secret_env=list(spec.server.secret_env), secrets=secrets, host=spec.server.host, port=port,
             served_model_name=served, trial_dir=str(host.paths.reference_dir.resolve()),

@@ -392,6 +392,21 @@ def _unstable_text(row: dict[str, Any]) -> str:
     return " UNSTABLE (" + unstable_text(levels, row.get("client_bound_levels") or []) + ")"
 
 
+def _running_lines(status: dict[str, Any]) -> list[str]:
+    """What runs now. A trial the storage still holds as running while no run holds the
+    study was cut off by a kill (kill -9, a lost machine): nothing runs it any more."""
+
+    cut_off = ", ".join(map(str, status["running"]))
+    if status["running_now"]:
+        return [f"  running: trial(s) {cut_off}"] if cut_off else []
+    if cut_off:
+        return [f"  nothing is running: trial(s) {cut_off} were cut off when the run was killed; "
+                f"`tuner resume {status['study']}` re-runs them and continues"]
+    if status["finished_trials"] < status["target_trials"] and status["time_left_s"] != 0:
+        return [f"  nothing is running; `tuner resume {status['study']}` continues"]
+    return []
+
+
 def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     lines = [
         f"study {status['study']}: {status['finished_trials']}/{status['target_trials']} trials finished"
@@ -404,8 +419,7 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
         lines.append(f"  {check_text(status['host_check'])}")
     lines.extend(environment_lines(status.get("environment"), status.get("environment_changes") or []))
     lines.extend(integrity_lines(status))
-    if status["running"]:
-        lines.append(f"  running: trial(s) {', '.join(map(str, status['running']))}")
+    lines.extend(_running_lines(status))
     skipped = status["skipped"]
     if skipped["duplicate"] or skipped["forbidden"]:
         lines.append(f"  not run: {skipped['duplicate']} duplicate, {skipped['forbidden']} forbidden proposals")

@@ -110,10 +110,12 @@ class TrialWorker:
 
         self._cancel_reasons[number] = reason
 
-    def server_tag(self, study: str) -> str:
-        """The tag every process of this group's servers carries (see launcher.TAG_VAR)."""
+    def server_tag(self, request: TrialRequest) -> str:
+        """The tag every process of this group's servers carries (see launcher.TAG_VAR): the
+        run's id in it keeps another run of a study of the same name on this host (another
+        results folder or storage) from taking this run's servers for its own leftovers."""
 
-        return f"{study}:{self.group_index}"
+        return f"{request.study}:{request.run}:{self.group_index}"
 
     async def run_trial(self, request_data: dict[str, Any]) -> dict[str, Any]:
         request = TrialRequest.model_validate(request_data)
@@ -240,7 +242,7 @@ class TrialWorker:
         Those processes are ours by their tag, so after a grace they are killed.
         """
 
-        tag = self.server_tag(request.study)
+        tag = self.server_tag(request)
         left = await asyncio.to_thread(proctree.pids_with_env, TAG_VAR, tag)
         deadline = time.monotonic() + request.stop_timeout_s + 5
         while left and time.monotonic() < deadline:
@@ -271,7 +273,7 @@ class TrialWorker:
             host=request.host, port=request.port,
             served_model_name=request.served_model_name,
             pid_file=trial_dir / "server.pid",
-            tag=self.server_tag(request.study),
+            tag=self.server_tag(request),
             stop_grace_s=request.stop_timeout_s,
             redactor=self._redactor,
         )

@@ -64,9 +64,9 @@ def measure(cpus: list[int], seconds: float) -> tuple[dict[int, list[float]], fl
     queue = context.Queue()
     procs = [context.Process(target=_run_on, args=(cpu, seconds, queue), daemon=True) for cpu in cpus]
     try:
-        # Ctrl-C waits until every probe has started: one arriving while a child reads its
-        # start-up data from the pipe would leave it orphaned, printing a traceback.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        # Ctrl-C (and SIGTERM) waits until every probe has started: one arriving while a child
+        # reads its start-up data from the pipe would leave it orphaned, printing a traceback.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
         try:
             for p in procs:
                 p.start()

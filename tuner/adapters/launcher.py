@@ -51,7 +51,7 @@ PENDING_GRACE_S = 1.0
 # server can then ignore SIGTERM: on the H200 (KV cache too small) it held the GPU for the
 # whole 30 s stop timeout after the fatal line, against under 1 s to detect it.
 FATAL_STOP_GRACE_S = 5.0
-TAG_VAR = "TUNER_SERVER_GROUP"  # in the server's environment: "<study>:<group>"
+TAG_VAR = "TUNER_SERVER_GROUP"  # in the server's environment: "<study>:<run id>:<group>"
 WATCHDOG_TAG_VAR = "TUNER_WATCHDOG_OF"  # the same tag, in the watchdog's environment
 
 

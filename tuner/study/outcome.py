@@ -26,6 +26,9 @@ class TrialRequest(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     study: str
+    run: str = Field(default="", description="the study run this job belongs to (one per `tuner "
+                     "run`/`resume`/`confirm` process): with the study and the GPU group, the tag "
+                     "of its server's processes, so a run's clean-up never touches another run's")
     number: int
     values: dict[str, Any]
     asked: dict[str, Any] = Field(description="flat target -> value the server is asked for")

@@ -46,7 +46,8 @@ from tuner.study.spec import StudySpec
 from tuner.study.study_file import parse_study
 from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
 
-__all__ = ["StudyHandle", "create_or_open", "open_existing", "StudyLock", "make_storage", "spec_digest",
+__all__ = ["StudyHandle", "create_or_open", "write_new_study", "open_existing", "StudyLock", "make_storage",
+           "spec_digest",
            "RetryPolicy", "RetryingRDBStorage", "is_transient_storage_error"]
 
 logger = logging.getLogger(__name__)
@@ -248,8 +249,12 @@ def _fingerprint(spec: StudySpec) -> dict[str, Any]:
 
 
 def create_or_open(spec: StudySpec, results_root: Path, *, name: str | None = None,
-                   storage_url: str | None = None) -> StudyHandle:
-    """The folder for a new study, or the existing one when the same spec is run again."""
+                   storage_url: str | None = None, write: bool = True) -> StudyHandle:
+    """The folder for a new study, or the existing one when the same spec is run again.
+
+    ``write=False``: nothing is written yet; a run writes a new study's files with
+    ``write_new_study`` once it holds the study's locks (a refused run writes nothing).
+    """
 
     name = spec.name if name is None else name
     paths = StudyPaths.of(results_root, name)
@@ -261,9 +266,22 @@ def create_or_open(spec: StudySpec, results_root: Path, *, name: str | None = No
                 f"use `tuner resume {name}` to continue it, or --study NEW_NAME for a new study"
             )
         return StudyHandle(name, paths, handle.storage_url, spec)
+    handle = StudyHandle(name, paths, storage_url or paths.default_storage_url(), spec)
+    if write:
+        write_new_study(handle)
+    return handle
+
+
+def write_new_study(handle: StudyHandle) -> None:
+    """A new study's folder, saved spec and study.json (and its own SQLite file, created
+    private); nothing when study.json is there already."""
+
+    paths, spec, name, url = handle.paths, handle.spec, handle.name, handle.storage_url
+    if paths.study_json.exists():
+        return
+    storage_is_default = url == paths.default_storage_url()
     make_private_dir(paths.root)
-    url = storage_url or paths.default_storage_url()
-    if storage_url is None and not paths.sqlite.exists():
+    if storage_is_default and not paths.sqlite.exists():
         # SQLite creates the file with the umask's mode; it keeps an existing file's.
         open_private(paths.sqlite, "ab").close()
     spec_text = yaml.safe_dump(public_spec(spec).model_dump(mode="json"), sort_keys=False)
@@ -271,7 +289,7 @@ def create_or_open(spec: StudySpec, results_root: Path, *, name: str | None = No
     meta = {
         "name": name,
         "storage": redact_url(url),
-        "storage_is_default": storage_url is None,
+        "storage_is_default": storage_is_default,
         "spec_digest": spec_digest(spec),
         # What spec.yaml holds, as its own data: every reader holds the file to it.
         "saved_spec": saved_spec(load_bounded(spec_text)),
@@ -279,7 +297,6 @@ def create_or_open(spec: StudySpec, results_root: Path, *, name: str | None = No
         "fingerprint": _fingerprint(spec),
     }
     atomic_write_json(paths.study_json, meta)
-    return StudyHandle(name, paths, url, spec)
 
 
 def finished_trial_numbers(paths: StudyPaths) -> list[int]:
