@@ -30,7 +30,7 @@ from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points
 from tuner.study.records import read_records
 from tuner.status import read_checks, searched_targets
-from tuner.vllm.verify import unverified, unverified_summary, unverified_text
+from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.study.store import StudyHandle
 from tuner.vllm.knobs import mismatch_text

@@ -22,7 +22,7 @@ from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_point
 from tuner.study.records import StoredStudy, read_records_direct, read_sqlite_study
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
-from tuner.vllm.verify import unverified, unverified_summary, unverified_text
+from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
 
 if TYPE_CHECKING:
     import optuna
