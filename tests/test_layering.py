@@ -39,7 +39,7 @@ PURE = [
     "tuner.study.command", "tuner.study.confirmation", "tuner.study.confirmation_text",
     "tuner.study.bounds", "tuner.study.durations", "tuner.study.environment", "tuner.study.early_stop", "tuner.study.objectives",
     "tuner.study.outcome", "tuner.study.parameters", "tuner.study.pareto",
-    "tuner.study.planner", "tuner.study.policy", "tuner.study.safe_yaml", "tuner.study.sampling",
+    "tuner.study.planner", "tuner.study.policy", "tuner.study.preflight", "tuner.study.safe_yaml", "tuner.study.sampling",
     "tuner.study.scoring", "tuner.study.server_spec", "tuner.study.spec_base", "tuner.study.surrogate",
     "tuner.study.sweep_guard",
     "tuner.study.space", "tuner.study.spec", "tuner.study.study_file", "tuner.study.study_name",

@@ -98,6 +98,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     point = space.random_values(spec, random.Random(args.seed))
     say(f"random point (seed {args.seed}): " + (" ".join(f"{k}={_fmt(v)}" for k, v in point.items()) or "(none)"))
     say("  " + _command_text(spec, point))
+    if args.preflight:
+        from tuner.cli_run import preflight
+
+        say("")
+        preflight(spec, cluster=False)
     return 0
 
 
@@ -345,11 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--results", default=str(DEFAULT_RESULTS), help="results root (default: results)")
         p.add_argument("--storage", help="Optuna storage URL (default: SQLite file in the study folder)")
 
-    p = sub.add_parser("validate", help="check a study file and show its space and commands")
-    p.add_argument("file")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random example point")
-    p.set_defaults(func=cmd_validate)
-
+    _add_validate(sub)
     for name, helptext in (("run", "start (or continue) a study from a study file"),
                            ("resume", "continue an interrupted study by name")):
         p = sub.add_parser(name, help=helptext)
@@ -412,6 +413,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_measuring_commands(sub)
     return parser
+
+
+def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("validate", help="check a study file and show its space and commands")
+    p.add_argument("file")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random example point")
+    p.add_argument("--preflight", action="store_true",
+                   help="also check this machine as `run` does first: server executable, model path, GPUs, "
+                        "ports (exit 3 naming every problem)")
+    p.set_defaults(func=cmd_validate)
 
 
 def _add_measuring_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
