@@ -37,7 +37,7 @@ PURE = [
     "tuner.probe.selection", "tuner.probe.shapes", "tuner.probe.spec", "tuner.probe.verdict",
     "tuner.probe.wire", "tuner.secrets", "tuner.study",
     "tuner.study.command", "tuner.study.confirmation", "tuner.study.confirmation_text",
-    "tuner.study.bounds", "tuner.study.durations", "tuner.study.environment", "tuner.study.early_stop", "tuner.study.objectives",
+    "tuner.study.bounds", "tuner.study.dry_run", "tuner.study.durations", "tuner.study.environment", "tuner.study.early_stop", "tuner.study.objectives",
     "tuner.study.outcome", "tuner.study.parameters", "tuner.study.pareto",
     "tuner.study.planner", "tuner.study.policy", "tuner.study.preflight", "tuner.study.safe_yaml", "tuner.study.sampling",
     "tuner.study.scoring", "tuner.study.server_spec", "tuner.study.spec_base", "tuner.study.surrogate",

@@ -3,8 +3,9 @@ prints and chooses exit codes (with ``tuner.cli_run``: the commands that start s
 run, resume, confirm - and the study file as this host reads it).
 
 Exit codes: 0 done, 1 unexpected error, 2 invalid input (study file, arguments),
-3 the study cannot run (locked, missing, mismatched), 4 the study ran but has no feasible
-configuration (every trial failed or was infeasible), 130 interrupted (resumable).
+3 the study cannot run (locked, missing, mismatched, a pre-flight problem on this machine),
+4 the study ran but has no feasible configuration (every trial failed or was infeasible),
+130 interrupted (resumable).
 """
 
 from __future__ import annotations
@@ -361,8 +362,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--n-trials", type=int, help="trials to reach (overrides budget.n_trials)")
         p.add_argument("--timeout", help="wall-clock limit such as 8h (overrides budget.timeout)")
         p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
+        if name == "run":
+            p.add_argument("--dry-run", action="store_true",
+                           help="run the study file on the built-in simulator with fast clocks and short "
+                                "levels, in results/NAME-dry-run (minutes; nothing of the real study is touched)")
         _allow_environment_change(p)
-        p.set_defaults(func=cmd_run if name == "run" else cmd_resume)
+        p.set_defaults(func=_cmd_run if name == "run" else cmd_resume)
 
     p = sub.add_parser("status", help="progress, failures and the current Pareto front")
     p.add_argument("name")
@@ -423,6 +428,14 @@ def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
                    help="also check this machine as `run` does first: server executable, model path, GPUs, "
                         "ports (exit 3 naming every problem)")
     p.set_defaults(func=cmd_validate)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        from tuner.dry_run import cmd_dry_run
+
+        return cmd_dry_run(args)
+    return cmd_run(args)
 
 
 def _add_measuring_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
