@@ -82,9 +82,13 @@ def test_a_study_keeps_its_own_simulator_settings_and_loses_a_shared_cache() -> 
     assert not any(line.startswith("budget.n_trials") for line in dry.changes)
 
 
-def test_a_name_too_long_for_a_study_is_said() -> None:
+def test_a_name_too_long_for_a_study_is_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValueError, match="study name"):
         _dry(GLM5.read_text(), "n" * 121 + "-dry-run")   # 129 characters, one over
+    assert main(["run", str(GLM5), "--dry-run", "--study", "n" * 121, "--results", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --dry-run: the dry run is named after the study plus '-dry-run': study name ")
+    assert err.rstrip().endswith("give it a shorter name with --study") and not list(tmp_path.iterdir())
 
 
 def test_each_dry_run_replaces_the_last_but_nothing_else(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -32,7 +32,8 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
     from tuner.adapters.artifacts import StudyPaths, atomic_write_json
     from tuner.cli_run import _option_duration, _run_study, load_spec_file, preflight, say
     from tuner.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile
-    from tuner.study.dry_run import dry_run_name, dry_run_spec
+    from tuner.study.dry_run import SUFFIX, dry_run_name, dry_run_spec
+    from tuner.study.study_name import check_study_name
     from tuner.study.store import create_or_open
 
     if args.storage is not None:
@@ -41,6 +42,11 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
     spec = load_spec_file(args.file)
     timeout_s = _option_duration(args.timeout, "--timeout")
     name = dry_run_name(args.study or spec.name)
+    try:
+        check_study_name(name)
+    except ValueError as exc:
+        raise SpecError(f"--dry-run: the dry run is named after the study plus {SUFFIX!r}: {exc}; "
+                        "give it a shorter name with --study") from None
     paths = StudyPaths.of(Path(args.results), name)
     try:
         dry = dry_run_spec(spec, name=name, default_profile=DEFAULT_PROFILE,
