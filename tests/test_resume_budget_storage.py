@@ -105,6 +105,7 @@ def test_a_storage_behind_the_folder_is_refused_in_one_line(study: dict, tmp_pat
 def test_run_exits_non_zero_when_every_trial_failed(tmp_path: Path) -> None:
     path, marker = write_study(tmp_path, updates={
         "server.command": ["{python}", "-c", "import sys; sys.exit(3)"],   # every server dies at once
+        "server.model": "glm5-stand-in",   # a path that is not there would stop it before the first trial
         "probe.enabled": False, "budget.n_trials": 2, "server.startup_timeout": "20s"})
     run = run_tuner("run", str(path), "--results", str(tmp_path / "results"), timeout=600)
     assert run.returncode == 4, (run.returncode, run.stdout[-2000:], run.stderr[-2000:])

@@ -3,9 +3,9 @@ prints and chooses exit codes (with ``tuner.cli_run``: the commands that start s
 run, resume, confirm - and the study file as this host reads it).
 
 Exit codes: 0 done, 1 unexpected error, 2 invalid input (study file, arguments),
-3 the study cannot run (locked, missing, mismatched), 4 the study ran but has no feasible
-configuration (every trial failed or was infeasible), 130 interrupted by Ctrl-C, 143 by SIGTERM
-(both resumable).
+3 the study cannot run (locked, missing, mismatched, a pre-flight problem on this machine),
+4 the study ran but has no feasible configuration (every trial failed or was infeasible),
+130 interrupted by Ctrl-C, 143 by SIGTERM (both resumable).
 """
 
 from __future__ import annotations
@@ -102,6 +102,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     point = space.random_values(spec, random.Random(args.seed))
     say(f"random point (seed {args.seed}): " + (" ".join(f"{k}={_fmt(v)}" for k, v in point.items()) or "(none)"))
     say("  " + _command_text(spec, point))
+    if args.preflight:
+        from tuner.cli_run import preflight
+
+        say("")
+        preflight(spec, cluster=False)
     return 0
 
 
@@ -363,11 +368,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--results", default=str(DEFAULT_RESULTS), help="results root (default: results)")
         p.add_argument("--storage", help="Optuna storage URL (default: SQLite file in the study folder)")
 
-    p = sub.add_parser("validate", help="check a study file and show its space and commands")
-    p.add_argument("file")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random example point")
-    p.set_defaults(func=cmd_validate)
-
+    _add_validate(sub)
     for name, helptext in (("run", "start (or continue) a study from a study file"),
                            ("resume", "continue an interrupted study by name")):
         p = sub.add_parser(name, help=helptext)
@@ -380,8 +381,12 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
         p.add_argument("--port", type=int, help="this run's servers listen here (GPU group k on PORT+k) "
                                                 "instead of on server.port")
+        if name == "run":
+            p.add_argument("--dry-run", action="store_true",
+                           help="run the study file on the built-in simulator with fast clocks and short "
+                                "levels, in results/NAME-dry-run (minutes; nothing of the real study is touched)")
         _allow_environment_change(p)
-        p.set_defaults(func=cmd_run if name == "run" else cmd_resume)
+        p.set_defaults(func=_cmd_run if name == "run" else cmd_resume)
 
     p = sub.add_parser("status", help="progress, failures and the current Pareto front")
     p.add_argument("name")
@@ -432,6 +437,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_measuring_commands(sub)
     return parser
+
+
+def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("validate", help="check a study file and show its space and commands")
+    p.add_argument("file")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random example point")
+    p.add_argument("--preflight", action="store_true",
+                   help="also check this machine as `run` does first: server executable, model path, GPUs, "
+                        "ports (exit 3 naming every problem)")
+    p.set_defaults(func=cmd_validate)
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        from tuner.dry_run import cmd_dry_run
+
+        return cmd_dry_run(args)
+    return cmd_run(args)
 
 
 def _add_measuring_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -146,6 +146,25 @@ def check_host_steadiness(paths: Any, seconds: float, noise_floor: float) -> dic
     return entry
 
 
+def preflight(spec: StudySpec, *, cluster: bool) -> None:
+    """Refuse a study this machine cannot run, before Ray or any server starts: the server
+    executable, the model path, the GPUs and the ports (tuner.study.preflight), every problem
+    on its own line. On a Ray cluster they are the nodes' to have, not this machine's."""
+
+    from tuner.adapters.preflight import gather
+    from tuner.study.preflight import failure_text, problems, summary
+
+    if cluster:
+        say("[preflight] on a Ray cluster (--ray-address) the server command, model, GPUs and ports are "
+            "the nodes': not checked here")
+        return
+    facts = gather(spec)
+    found = problems(spec, facts)
+    if found:
+        raise StudyError(failure_text(found))
+    say(f"[preflight] {summary(spec, facts)}")
+
+
 @contextlib.contextmanager
 def _locked_study(handle: Any, *, budget: tuple[int | None, float | None] | None = None) -> Iterator[None]:
     """The study held by this run for as long as the block runs: its storage's lock (read
@@ -177,11 +196,14 @@ def _locked_study(handle: Any, *, budget: tuple[int | None, float | None] | None
 
 
 @contextlib.contextmanager
-def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool = False) -> Iterator[Any]:
+def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool = False,
+                    checked: bool = False) -> Iterator[Any]:
     """Ray and a started executor for as long as the block runs, inside ``_locked_study``;
     every server, worker and the local Ray runtime are stopped after it, whatever happens.
     ``check_host``: the study's host check first (load.host_check_s), before anything of
-    ours runs beside it."""
+    ours runs beside it. ``checked``: the pre-flight already ran (a new study's, before its
+    folder was made); otherwise it runs once the lock is held and an earlier run's leftover
+    servers are gone (they would hold the study's own ports)."""
 
     from tuner.executor import RayExecutor, init_ray
     from tuner.runfile import clear_run, record_run
@@ -190,6 +212,8 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
     spec = handle.spec
     allow_change = getattr(args, "allow_environment_change", False)
     cluster = getattr(args, "ray_address", None) is not None
+    if not checked:
+        preflight(spec, cluster=cluster)
     pinned = _check_environment(handle, allow_change=allow_change, cluster=cluster)
     if check_host and spec.load.host_check_s:
         check_host_steadiness(handle.paths, spec.load.host_check_s, spec.load.noise_floor)
@@ -263,7 +287,8 @@ def _node_refusal(info: dict[str, Any], pinned: dict[str, Any], *, allow_change:
             + " (a study mixes no environments; --allow-environment-change to use it anyway)")
 
 
-def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None) -> int:
+def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None,
+               checked: bool = False) -> int:
     from tuner.orchestrator import Orchestrator
     from tuner.status import build_status, format_status
     from tuner.adapters.artifacts import saved_budget
@@ -286,7 +311,7 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
             # This run's ports only: the saved spec keeps the study file's (an export, a
             # later run of the same file).
             handle.spec = _with_port(handle.spec, getattr(args, "port", None))
-            with _study_executor(handle, args, check_host=True) as executor:
+            with _study_executor(handle, args, check_host=True, checked=checked) as executor:
                 orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s,
                                             progress=say)
                 say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU "
@@ -451,15 +476,21 @@ def _option_duration(text: str | None, option: str) -> float | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from tuner.adapters.artifacts import StudyPaths
     from tuner.study.store import create_or_open
 
     spec = load_spec_file(args.file)
     check_study_inputs(spec, args.file)
     timeout_s = _option_duration(args.timeout, "--timeout")
     _check_port(args.port)
-    # Written only once the run holds the study (_locked_study).
+    # A new study is checked before its folder exists: a folder made for a study that could
+    # not start would hold the old spec, and the corrected file would then be refused as
+    # "a different spec". Written only once the run holds the study (_locked_study).
+    new = not StudyPaths.of(Path(args.results), args.study or spec.name).study_json.exists()
+    if new:
+        preflight(_with_port(spec, args.port), cluster=args.ray_address is not None)
     handle = create_or_open(spec, Path(args.results), name=args.study, storage_url=args.storage, write=False)
-    return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s)
+    return _run_study(handle, args, n_trials=args.n_trials, timeout_s=timeout_s, checked=new)
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
