@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import ROOT, free_port_block, processes_with_env, wait_no_orphans
 from tuner.adapters import gpu, proctree
 from tuner.adapters.launcher import TAG_VAR, ServerProcess, check_port_free
-from tuner.errors import PortInUse, ServerExited, ServerFatalLog
+from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerStartTimeout
 
 MODEL = "m"
 
@@ -223,3 +223,66 @@ def test_nvidia_smi_visible_devices_by_index_or_uuid() -> None:
     busy = [a for a in gpu.parse_compute_apps(COMPUTE_APPS)
             if a.gpu_uuid in gpu.select_uuids(INDEX_UUID, ["1", "2"])]
     assert [a.pid for a in busy] == [412338, 412339]
+
+
+ENDLESS_MODELS = r"""
+import http.server, sys, time
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        if self.path == "/health":
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        # /v1/models: a body that never ends, 100 MB/s
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        chunk = b" " * (1 << 20)
+        try:
+            self.wfile.write(b'{"data": [')
+            while True:
+                self.wfile.write(chunk)
+                time.sleep(0.01)
+        except OSError:
+            pass
+
+print("serving", flush=True)
+http.server.ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def test_readiness_reads_a_bounded_reply_from_an_endless_server(tmp_path: Path, marker: str) -> None:
+    """Whatever answers on the port, readiness reads at most a small cap of each reply: an
+    endless /v1/models body costs the start its deadline, never the tuner's memory (issue 39:
+    a reply is bounded wherever the tuner reads one)."""
+
+    import resource
+
+    port = free_port_block(1)
+    server = ServerProcess([sys.executable, "-c", ENDLESS_MODELS, str(port)], sim_env(marker),
+                           tmp_path / "server.log", host="127.0.0.1", port=port, served_model_name=MODEL)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+    async def scenario() -> float:
+        server.start()
+        began = time.monotonic()
+        try:
+            with pytest.raises(ServerStartTimeout):
+                await server.wait_ready(6)
+        finally:
+            await server.stop(5)
+        return time.monotonic() - began
+
+    spent = asyncio.run(scenario())
+    grown_mb = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    assert spent < 15, f"the start took {spent:.1f}s against a 6 s deadline"
+    # Uncapped, six seconds of this server are 600 MB read into one reply.
+    assert grown_mb < 150, f"readiness grew this process by {grown_mb:.0f} MB"
+    assert not wait_no_orphans(marker)

@@ -31,7 +31,7 @@ import httpx
 
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import open_private
-from tuner.load.server_calls import server_client
+from tuner.load.server_calls import ReplyTooLarge, capped_request, server_client
 from tuner.secrets import Redactor
 from tuner.vllm.failure_signatures import FatalLineScanner, FatalSignature, trial_reason, vllm_message
 from tuner.vllm.startup import has_log_stamp
@@ -51,6 +51,9 @@ PENDING_GRACE_S = 1.0
 # server can then ignore SIGTERM: on the H200 (KV cache too small) it held the GPU for the
 # whole 30 s stop timeout after the fatal line, against under 1 s to detect it.
 FATAL_STOP_GRACE_S = 5.0
+# /health and /v1/models are a few hundred bytes; a model list of thousands of adapters stays
+# well under this.
+READY_REPLY_BYTES = 1 << 20
 TAG_VAR = "TUNER_SERVER_GROUP"  # in the server's environment: "<study>:<run id>:<group>"
 WATCHDOG_TAG_VAR = "TUNER_WATCHDOG_OF"  # the same tag, in the watchdog's environment
 
@@ -316,15 +319,19 @@ class ServerProcess:
 
     async def _ready(self, client: httpx.AsyncClient) -> bool:
         try:
-            health = await client.get(f"{self.base_url}/health")
+            # Both read up to a cap: a server (or whatever holds the port) that answers an
+            # endless body must not hold the start, or the tuner's memory, until the deadline.
+            health = await capped_request(client, "GET", f"{self.base_url}/health",
+                                          limit=READY_REPLY_BYTES)
             if health.status_code != 200:
                 return False
-            models = await client.get(f"{self.base_url}/v1/models")
+            models = await capped_request(client, "GET", f"{self.base_url}/v1/models",
+                                          limit=READY_REPLY_BYTES)
             if models.status_code != 200:
                 return False
-            names = {m.get("id") for m in models.json().get("data", [])}
+            names = {m.get("id") for m in models.json().get("data", []) if isinstance(m, dict)}
             return self.served_model_name in names
-        except (httpx.HTTPError, ValueError):
+        except (httpx.HTTPError, ValueError, AttributeError, ReplyTooLarge):
             return False
 
     async def stop(self, grace_s: float) -> StopReport:
