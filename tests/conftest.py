@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
@@ -245,6 +246,28 @@ def render_in_chromium(page: Path, profile: Path) -> tuple[str, list[str]]:
 # -- the committed real CPU study (results/examples/smollm2-cpu) ------------------------
 
 CPU_EXAMPLE = ROOT / "results" / "examples" / "smollm2-cpu"
+
+
+def measured_with_flags(folder: Path, flags: dict[str, Any]) -> None:
+    """Make the study in ``folder`` one that was run with these fixed ``server.flags``: its
+    spec.yaml says so and so does every trial's recorded command. (An edit of spec.yaml
+    alone is refused by every command that reads the study: issue 39, item 6.)"""
+
+    from tuner.secrets import public_spec
+    from tuner.study.space import trial_command
+    from tuner.study.study_file import parse_study
+
+    data = yaml.safe_load((folder / "spec.yaml").read_text())
+    data["server"]["flags"].update(flags)
+    text = yaml.safe_dump(data, sort_keys=False)
+    (folder / "spec.yaml").write_text(text)
+    spec = public_spec(parse_study(text))
+    for command_json in sorted((folder / "trials").glob("*/command.json")):
+        ran = json.loads(command_json.read_text())
+        now = trial_command(spec, ran["values"], python=ran["argv"][0])
+        port = ran["argv"][ran["argv"].index("--port") + 1]
+        ran["argv"] = [port if prev == "--port" else word for prev, word in zip(["", *now.argv], now.argv)]
+        command_json.write_text(json.dumps(ran, indent=2))
 
 
 def copy_cpu_example(tmp_path: Path) -> Path:

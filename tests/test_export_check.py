@@ -7,9 +7,8 @@ from pathlib import Path
 
 import optuna
 import pytest
-import yaml
 
-from tests.conftest import CPU_EXAMPLE, ROOT, copy_cpu_example, run_tuner
+from tests.conftest import CPU_EXAMPLE, ROOT, copy_cpu_example, measured_with_flags, run_tuner
 from tuner.cli_run import load_spec_file
 from tuner.export import render_export
 from tuner.export_check import argv_from_export, check_arguments
@@ -118,10 +117,7 @@ def test_export_check_passes_on_the_cpu_examples_best_point(tmp_path: Path) -> N
 def test_export_check_fails_a_broken_flag_set_with_vllms_message(
         tmp_path: Path, flags: dict[str, object], vllm_says: str) -> None:
     results = copy_cpu_example(tmp_path)
-    spec_path = results / CPU_EXAMPLE.name / "spec.yaml"
-    data = yaml.safe_load(spec_path.read_text())
-    data["server"]["flags"].update(flags)  # fixed flags reach every exported trial
-    spec_path.write_text(yaml.safe_dump(data, sort_keys=False))
+    measured_with_flags(results / CPU_EXAMPLE.name, flags)  # fixed flags reach every exported trial
     out = _export_check(results)
     assert out.returncode == 1, out.stdout + out.stderr
     for fmt in FLAG_FORMATS:

@@ -6,7 +6,6 @@ values, `export --check` without vLLM, and the one error prefix of every command
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pty
 import select
@@ -16,11 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.conftest import CPU_EXAMPLE, ROOT, copy_cpu_example, run_tuner, tuner_argv
+from tests.conftest import CPU_EXAMPLE, ROOT, copy_cpu_example, measured_with_flags, run_tuner, tuner_argv
 from tuner.cli import main
-from tuner.secrets import public_spec
 from tuner.sim.args import parse_argv
 from tuner.study.space import trial_command
 from tuner.study.study_file import parse_study
@@ -81,7 +78,7 @@ def test_a_list_element_that_is_a_flag_is_refused_naming_the_field(tmp_path: Pat
 
 def test_the_yaml_export_refuses_a_value_vllms_config_reader_would_split(tmp_path: Path) -> None:
     results = copy_cpu_example(tmp_path)
-    _measured_with_flag(results, "chat_template", "--trust-remote-code")
+    measured_with_flags(results / CPU_EXAMPLE.name, {"chat_template": "--trust-remote-code"})
     base = ("export", CPU_EXAMPLE.name, "--results", str(results), "--pick", "best-throughput")
     shell = run_tuner(*base, "--format", "shell", timeout=120)
     assert shell.returncode == 0, shell.stderr
@@ -89,24 +86,6 @@ def test_the_yaml_export_refuses_a_value_vllms_config_reader_would_split(tmp_pat
     out = run_tuner(*base, "--format", "yaml", timeout=120)
     assert out.returncode == 2
     assert out.stderr.startswith("error: yaml: --chat-template: the value '--trust-remote-code' starts with '-'")
-
-
-def _measured_with_flag(results: Path, flag: str, value: str) -> None:
-    """Make the copied study one that was run with ``server.flags.<flag>: value``: its
-    spec.yaml says so and so does every trial's recorded command (an edit of spec.yaml
-    alone is refused by every command that reads the study, issue 39 item 6)."""
-
-    folder = results / CPU_EXAMPLE.name
-    data = yaml.safe_load((folder / "spec.yaml").read_text())
-    data["server"]["flags"][flag] = value
-    (folder / "spec.yaml").write_text(yaml.safe_dump(data, sort_keys=False))
-    spec = public_spec(parse_study(yaml.safe_dump(data)))
-    for command_json in sorted((folder / "trials").glob("*/command.json")):
-        ran = json.loads(command_json.read_text())
-        now = trial_command(spec, ran["values"], python=ran["argv"][0])
-        port = ran["argv"][ran["argv"].index("--port") + 1]
-        ran["argv"] = [port if prev == "--port" else word for prev, word in zip(["", *now.argv], now.argv)]
-        command_json.write_text(json.dumps(ran, indent=2))
 
 
 # -- item 14: host, control characters, export --check, the error prefix ------------------------
@@ -166,7 +145,7 @@ def _read_pty(argv: list[str], timeout_s: float = 120) -> tuple[int, bytes]:
 
 def test_an_export_is_exact_in_a_pipe_and_escaped_on_a_terminal(tmp_path: Path) -> None:
     results = copy_cpu_example(tmp_path)
-    _measured_with_flag(results, "chat_template", "\x1b]0;owned\x07")
+    measured_with_flags(results / CPU_EXAMPLE.name, {"chat_template": "\x1b]0;owned\x07"})
     args = ("export", CPU_EXAMPLE.name, "--results", str(results), "--pick", "best-throughput")
     piped = run_tuner(*args, timeout=120)
     assert piped.returncode == 0 and "'\x1b]0;owned\x07'" in piped.stdout   # the command, byte for byte
