@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 import tuner.load.http_stream as http_stream
-import tuner.load.server_calls as server_calls
+import tuner.adapters.http_client as http_client
 import tuner.probe.http as probe_http
 from tuner.load.request import LevelContext, Stream, one_request
 from tuner.load.workload import RequestPlan
@@ -177,7 +177,7 @@ async def _probe_posts(n: int, counts: Counts, gap: float = GAP) -> list[object]
 
 
 def test_probe_client_gives_up_idle_connections_before_the_server_does(monkeypatch) -> None:
-    monkeypatch.setattr(server_calls, "IDLE_REUSE_LIMIT_S", CLIENT_LIMIT)
+    monkeypatch.setattr(http_client, "IDLE_REUSE_LIMIT_S", CLIENT_LIMIT)
     counts = Counts()
     assert asyncio.run(_probe_posts(3, counts)) == [{"ok": True}] * 3
     assert counts.resets == 0 and counts.connections == 3
@@ -186,7 +186,7 @@ def test_probe_client_gives_up_idle_connections_before_the_server_does(monkeypat
 def test_probe_resends_a_request_reset_on_a_stale_connection(monkeypatch) -> None:
     # httpx's own default idle expiry equals uvicorn's timeout: the race CI lost. With the
     # limit off, the reset happens; the probe's second attempt on a new connection answers.
-    monkeypatch.setattr(server_calls, "IDLE_REUSE_LIMIT_S", NEVER)
+    monkeypatch.setattr(http_client, "IDLE_REUSE_LIMIT_S", NEVER)
     counts = Counts()
     assert asyncio.run(_probe_posts(3, counts, STALE)) == [{"ok": True}] * 3
     assert counts.resets == 2 and counts.answered == 3

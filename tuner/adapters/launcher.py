@@ -31,7 +31,7 @@ import httpx
 
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import open_private
-from tuner.load.server_calls import ReplyTooLarge, capped_request, server_client
+from tuner.adapters.http_client import ReplyTooLarge, capped_request, server_client
 from tuner.secrets import Redactor
 from tuner.vllm.failure_signatures import FatalLineScanner, FatalSignature, trial_reason, vllm_message
 from tuner.vllm.startup import has_log_stamp

@@ -30,7 +30,7 @@ I/O modules:
 * ``steady_loop``  one closed-loop level sized by time and steady state (``run_steady_level``).
 * ``open_loop``    one open-loop rate level (``run_rate_level``).
 * ``server_calls`` ``/tokenize`` (prompt fitting) and ``/metrics`` scrapes, through httpx;
-                   every non-streamed reply read up to a cap (``capped_request``).
+                   every non-streamed reply read up to a cap (tuner.adapters.http_client).
 * ``warmup``       the warm-up before a level.
 * ``sweep``        every level of a study's load section against one server (``run_sweep``).
 * ``record_files`` records as JSON lines.

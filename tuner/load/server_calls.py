@@ -1,6 +1,6 @@
 """The auxiliary (non-streamed) server calls of a sweep, through httpx: ``/tokenize`` to
-fit prompts to exact token counts, ``/metrics`` scraped around each measured level; and the
-httpx client every such call (and the probe, and the launcher's readiness poll) goes through."""
+fit prompts to exact token counts, ``/metrics`` scraped around each measured level (the
+client and the capped read are tuner.adapters.http_client's)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import httpx
 
 from tuner.load.load_spec import Api, WorkloadSpec
 from tuner.load.prometheus import MetricsSnapshot, parse_prometheus_text
-from tuner.load.protocol import IDLE_REUSE_LIMIT_S, server_root
+from tuner.adapters.http_client import ReplyTooLarge, capped_request
+from tuner.load.protocol import server_root
 from tuner.load.request import AUX_TIMEOUT_S
 from tuner.load.workload import (
     LengthModel,
@@ -23,64 +24,9 @@ from tuner.load.workload import (
     draft_requests,
 )
 
-__all__ = ["MAX_REPLY_BYTES", "ReplyTooLarge", "calibrate_lengths", "capped_request",
-           "fetch_token_count", "fit_plan", "scrape_metrics", "server_client"]
+__all__ = ["calibrate_lengths", "fetch_token_count", "fit_plan", "scrape_metrics"]
 
 logger = logging.getLogger(__name__)
-
-MAX_REPLY_BYTES = 32 << 20
-"""The largest non-streamed reply read from a server: 32 MiB. The largest the tuner asks
-for is a probe reply with top-k logprobs at every position: about 0.5 KB a position at
-top-5, so 32 MiB holds some 60,000 positions, far more than the probe's prompts and
-continuations (4096 generated tokens at most). Reading a larger one whole would cost
-memory without limit: 100 MB probe replies took ``measure --probe`` to 2 GB RSS."""
-
-
-class ReplyTooLarge(ValueError):
-    """A server's reply was longer than the cap; the message says how long it was allowed."""
-
-
-async def capped_request(client: httpx.AsyncClient, method: str, url: str, *,
-                         limit: int = MAX_REPLY_BYTES, **kwargs: Any) -> httpx.Response:
-    """``client.request`` that reads at most ``limit`` bytes of the (decoded) body.
-
-    Raises:
-        ReplyTooLarge: the body is longer; the connection is dropped without reading on.
-        httpx.HTTPError: as ``client.request``.
-    """
-    async with client.stream(method, url, **kwargs) as response:
-        body = bytearray()
-        async for piece in response.aiter_bytes():
-            body += piece
-            if len(body) > limit:
-                raise ReplyTooLarge(f"{method} {response.request.url.path}: reply over the "
-                                    f"{limit >> 20} MiB cap (tuner.load.server_calls)")
-    # The body is decoded already: its encoding and framing headers no longer apply.
-    headers = [(k, v) for k, v in response.headers.multi_items()
-               if k.lower() not in ("content-encoding", "content-length", "transfer-encoding")]
-    return httpx.Response(response.status_code, headers=headers, content=bytes(body),
-                          request=response.request)
-
-
-def server_client(
-    *,
-    timeout: float | httpx.Timeout = httpx.Timeout(5.0),
-    headers: dict[str, str] | None = None,
-    width: int | None = None,
-    base_url: str = "",
-) -> httpx.AsyncClient:
-    """An httpx client for a server the tuner started: no proxy from the environment in
-    between, and idle connections given up before the server's keep-alive close can race a
-    request (``IDLE_REUSE_LIMIT_S``). ``width``: connections it may hold (httpx's defaults
-    when None); ``timeout``'s default is httpx's own."""
-
-    sizes = {} if width is None else {"max_connections": width,
-                                      "max_keepalive_connections": width}
-    return httpx.AsyncClient(
-        base_url=base_url, headers=dict(headers or {}), timeout=timeout, trust_env=False,
-        limits=httpx.Limits(keepalive_expiry=IDLE_REUSE_LIMIT_S, **sizes),
-    )
-
 
 async def fetch_token_count(
     client: httpx.AsyncClient, base_url: str, model: str, text: str, *, chat: bool = False

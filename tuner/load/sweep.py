@@ -34,12 +34,12 @@ from tuner.load.records import RequestRecord
 from tuner.load.request import AUX_TIMEOUT_S, LevelContext
 from tuner.load.results import (LevelResult, SweepResult, TokenAgreement, WarmupSummary,
                                 agreement_of, count_notes)
+from tuner.adapters.http_client import server_client
 from tuner.load.server_calls import (
     calibrate_lengths,
     fetch_token_count,
     fit_plan,
     scrape_metrics,
-    server_client,
 )
 from tuner.load.steady import SteadyRule
 from tuner.load.steady_loop import SteadyRun, run_steady_level

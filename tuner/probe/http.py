@@ -5,7 +5,7 @@ A request the server resets before answering (a keep-alive connection closed und
 sent once more on a new connection: the probe's requests are greedy and idempotent, and a
 connection's timing says nothing about the configuration's answers. A server that really
 died fails the second attempt too, and the error names both. A reply is read up to
-``tuner.load.server_calls.MAX_REPLY_BYTES`` and no further (``ReplyTooLarge``, a
+``tuner.adapters.http_client.MAX_REPLY_BYTES`` and no further (``ReplyTooLarge``, a
 ``ValueError``: the item's answer is a bad body).
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 
-from tuner.load.server_calls import capped_request, server_client
+from tuner.adapters.http_client import capped_request, server_client
 from tuner.probe.spec import ProbeSpec
 
 __all__ = ["describe", "make_client", "post", "post_json", "request_timeout"]
