@@ -13,7 +13,7 @@ told infeasible) with multiplicative lognormal measurement noise, one GPU group,
 stop, until the budget or until every allowed point is known.
 
 Samplers: "default" (what a study file without a sampler: section runs,
-tuner.study.samplers.make_sampler), "tpe + local (previous default)" (ParetoLocalSampler
+tuner.engine.samplers.make_sampler), "tpe + local (previous default)" (ParetoLocalSampler
 around univariate TPE after 10 start-up trials: the default before issue 17), "random"
 (Optuna's RandomSampler) and "grid, file order" (every allowed point once, in the order of
 the study file's nested loops: the fixed-order sweep a grid tool runs).
@@ -50,7 +50,7 @@ import optuna  # noqa: E402
 from tuner.sim.landscape import ground_truth  # noqa: E402
 from tuner.sim.study import EarlyStopPolicy, run_study  # noqa: E402
 from tuner.sim.ground_truth import GroundTruth  # noqa: E402
-from tuner.study import samplers  # noqa: E402
+from tuner.engine import samplers  # noqa: E402
 from tuner.study.spec import ExecutionSpec, SamplerSpec, StudySpec  # noqa: E402
 from tuner.study.study_file import parse_study  # noqa: E402
 
@@ -131,7 +131,7 @@ class Job:
     early_stop: bool | None = None     # None: the anytime study; else the early-stop study's arm
 
 
-# What the tuner does (tuner/worker.py + study.early_stop): infeasible while starting / at
+# What the tuner does (tuner/engine/worker.py + study.early_stop): infeasible while starting / at
 # verification / after the probe / on a missed limit, objective levels first, dominated exact
 # or on a bound, and inside a level on its window so far.
 EARLY_STOP = EarlyStopPolicy(reorder=True, streaming_verify=True, inside=True)

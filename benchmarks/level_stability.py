@@ -250,7 +250,7 @@ def within_start(starts: list[dict[str, Any]], levels: list[int], key: str) -> d
 def study_command(path: str, values: dict[str, Any], port: int
                   ) -> tuple[list[str], dict[str, str], str, LoadSpec, bool]:
     """argv, env, served name, load section and ignore_eos of a study's configuration."""
-    from tuner.cli_run import load_spec_file
+    from tuner.commands.run import load_spec_file
     from tuner.study import space
 
     spec = load_spec_file(path)

@@ -2,7 +2,7 @@
 
     PYTHONPATH=. .venv/bin/python benchmarks/overhead.py [--trials 1000] [--profile]
 
-Builds a study folder + SQLite storage with ``tuner.study.store`` (as ``tuner run`` does),
+Builds a study folder + SQLite storage with ``tuner.store.handle`` (as ``tuner run`` does),
 fills it with trials that carry the user attributes and constraints a real trial gets
 (``create_trial`` for the bulk, because telling 1,000 trials through the loop costs minutes),
 and at several study sizes runs a few trials through the orchestrator's real code path with a
@@ -45,7 +45,8 @@ sys.path.insert(0, str(ROOT))
 import optuna  # noqa: E402
 from optuna.trial import TrialState, create_trial  # noqa: E402
 
-from tuner.study import samplers, space  # noqa: E402
+from tuner.store.folder import distribution  # noqa: E402
+from tuner.study import space  # noqa: E402
 from tuner.study.study_file import parse_study  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
@@ -81,7 +82,7 @@ def outcome_for(number: int, rng: random.Random, levels: tuple[int, ...]) -> dic
 
 
 class StandInExecutor:
-    """A tuner.execution.Executor that runs nothing: it keeps what it is handed, so the
+    """A tuner.engine.execution.Executor that runs nothing: it keeps what it is handed, so the
     loop's own cost (Orchestrator.start_next / tell) is what gets timed."""
 
     def __init__(self) -> None:
@@ -121,7 +122,7 @@ def fabricate(study: optuna.Study, spec: Any, count: int, rng: random.Random, st
     """``count`` finished trials as the orchestrator leaves them (user attrs, constraints)."""
 
     levels = tuple(spec.load.concurrency)
-    dists = {p.name: samplers.distribution(p) for p in space.ordered_parameters(spec)}
+    dists = {p.name: distribution(p) for p in space.ordered_parameters(spec)}
     for i in range(count):
         number = start + i
         values = space.random_values(spec, rng)
@@ -166,7 +167,7 @@ def timed(fn: Any) -> tuple[float, Any]:
 
 def measure_real_path(orch: Any, study: optuna.Study, executor: StandInExecutor, rng: random.Random,
                       k: int) -> dict[str, list[float]]:
-    from tuner.execution import Finished
+    from tuner.engine.execution import Finished
 
     out: dict[str, list[float]] = {"start_s": [], "tell_s": [], "start_cpu_s": [], "tell_cpu_s": [],
                                    "rejected": [0.0]}
@@ -202,7 +203,7 @@ def measure_real_path(orch: Any, study: optuna.Study, executor: StandInExecutor,
 def measure_bare(study: optuna.Study, spec: Any, k: int) -> list[float]:
     """study.ask() + suggestions + study.tell(): the sampler and storage alone."""
 
-    from tuner.study.samplers import suggest
+    from tuner.engine.samplers import suggest
 
     wall, cpu = [], []
     for _ in range(k):
@@ -245,9 +246,9 @@ def main() -> int:
 
     warnings.filterwarnings("ignore")
 
-    from tuner.orchestrator import Orchestrator
-    from tuner.status import build_status, format_status, status_from_folder
-    from tuner.study.store import create_or_open
+    from tuner.engine.orchestrator import Orchestrator
+    from tuner.views.status import build_status, format_status, status_from_folder
+    from tuner.store.handle import create_or_open
 
     spec = parse_study(SPEC.read_text(), str(SPEC)).model_copy()
     if args.sampler:
@@ -260,8 +261,8 @@ def main() -> int:
     orch.ensure_baseline(study)
     rng = random.Random(0)
     sizes = sorted({s for s in (1, 100, 300, args.trials) if s <= args.trials})
-    report: dict[str, Any] = {"spec": str(SPEC.relative_to(ROOT)), "storage": "sqlite (tuner.study.store)",
-                              "sampler": f"tuner.study.samplers.make_sampler ({spec.sampler.name})",
+    report: dict[str, Any] = {"spec": str(SPEC.relative_to(ROOT)), "storage": "sqlite (tuner.store.handle)",
+                              "sampler": f"tuner.engine.samplers.make_sampler ({spec.sampler.name})",
                               "sizes": {}, "targets": {"overhead_s": 1.0, "ask_tell_s": 0.1, "status_s": 1.0}}
     have = 0
     for size in sizes:
@@ -301,7 +302,7 @@ def main() -> int:
     # The command a user types, interpreter start-up and imports included.
     # Three runs, the median kept: one run on a shared machine is mostly its neighbours' load.
     runs = [timed(lambda: subprocess.run(  # noqa: PLW1510
-        [sys.executable, "-m", "tuner.cli", "status", handle.name, "--results", str(root), "--brief"],
+        [sys.executable, "-m", "tuner", "status", handle.name, "--results", str(root), "--brief"],
         capture_output=True, text=True, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}))
         for _ in range(3)]
     t_cli, proc = sorted(runs, key=lambda run: run[0])[1]
@@ -317,7 +318,7 @@ def main() -> int:
     if proc.returncode != 0:
         print(proc.stderr[-2000:])
     if args.profile:
-        from tuner.execution import Finished
+        from tuner.engine.execution import Finished
 
         number = None
         for i in range(100):

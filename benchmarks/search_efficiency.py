@@ -4,7 +4,7 @@
     PYTHONPATH=. .venv/bin/python benchmarks/search_efficiency.py --quick    # 3 seeds, fewer variants
 
 Each study is simulated without servers (tuner.sim.study): an in-memory Optuna study driven
-by the tuner's own study loop and policy (tuner.orchestrator.StudyLoop, tuner.study.policy)
+by the tuner's own study loop and policy (tuner.engine.orchestrator.StudyLoop, tuner.study.policy)
 through the in-process executor (tuner.sim.executor), every trial answered from the ground
 truth of benchmarks/truth.py (simulator performance model at every point of the space) with
 multiplicative lognormal measurement noise. For every (space, sampler, seed) it records the
@@ -44,7 +44,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import optuna  # noqa: E402
 
-from tuner.study import sampling, samplers  # noqa: E402
+from tuner.engine import samplers  # noqa: E402
+from tuner.study import sampling  # noqa: E402
 from tuner.study.spec import SamplerSpec, StudySpec  # noqa: E402
 from tuner.sim.ground_truth import GroundTruth  # noqa: E402
 from tuner.sim.study import EarlyStopPolicy, StudyRun, run_study  # noqa: E402
@@ -66,7 +67,7 @@ def _with(spec: StudySpec, name: str, seed: int, n_startup: int | None = None) -
 
 @dataclass(frozen=True)
 class Default:
-    """The orchestrator's sampler for a study's ``sampler.name`` (tuner.study.samplers.make_sampler)."""
+    """The orchestrator's sampler for a study's ``sampler.name`` (tuner.engine.samplers.make_sampler)."""
 
     name: str
 
@@ -77,7 +78,7 @@ class Default:
 @dataclass(frozen=True)
 class TPE:
     """A TPESampler with explicit settings (picklable, for the process pool); with a design,
-    its random start-up shrinks by the design's size as tuner/study/samplers.py does."""
+    its random start-up shrinks by the design's size as tuner/engine/samplers.py does."""
 
     settings: tuple[tuple[str, Any], ...] = ()
     design: str | None = None
@@ -92,7 +93,7 @@ class TPE:
 
 @dataclass(frozen=True)
 class AvoidSeen:
-    """tuner/study/samplers.py AvoidSeenSampler around a TPE variant."""
+    """tuner/engine/samplers.py AvoidSeenSampler around a TPE variant."""
 
     inner: TPE
 
@@ -102,7 +103,7 @@ class AvoidSeen:
 
 @dataclass(frozen=True)
 class Local:
-    """tuner/study/samplers.py ParetoLocalSampler around a sampler variant."""
+    """tuner/engine/samplers.py ParetoLocalSampler around a sampler variant."""
 
     inner: Any
     local: float = 0.5
@@ -158,14 +159,14 @@ def variants(names: list[str] | None) -> list[Variant]:
         Variant("grid (shuffled)", random_factory, grid=True, budget_factor=4,
                 note="every point once, random order"),
         Variant("default", default_factory("auto"),
-                note="what a study without a sampler: section runs (tuner.study.samplers.make_sampler, "
+                note="what a study without a sampler: section runs (tuner.engine.samplers.make_sampler, "
                      "'auto'): initial design, then the largest expected improvement (tuner.study.planner)"),
         Variant("tpe + local (previous default)", default_factory("tpe"),
                 note="`sampler: {name: tpe}`: ParetoLocalSampler(univariate TPE, constant_liar), local share 0.5, "
                      "after 10 random start-up trials"),
         Variant("tpe multivariate (old default)", tpe_factory(**MV),
                 note="the earlier default: multivariate, group, constant_liar, 10 random start-up"),
-        Variant("nsga2", default_factory("nsga2"), note="tuner.study.samplers.make_sampler population"),
+        Variant("nsga2", default_factory("nsga2"), note="tuner.engine.samplers.make_sampler population"),
         Variant("tpe independent", tpe_factory(constant_liar=True), note="univariate TPE, 10 start-up"),
         Variant("tpe + OFAT design", tpe_factory(design="top", **MV), design="top",
                 note="baseline, one knob at a time (tuner/study/sampling.initial_design), then multivariate TPE"),
@@ -533,7 +534,7 @@ def print_table(results: dict[str, Any], spaces: list[str]) -> None:
 # ------------------------------------------------------------------------------- early stop
 
 
-# "all" is what the tuner does (tuner/worker.py + study.sweep_guard.SweepGuard): infeasible
+# "all" is what the tuner does (tuner/engine/worker.py + study.sweep_guard.SweepGuard): infeasible
 # while starting / at verification / after the probe / on a missed limit, objective levels
 # first, dominated exact or on a bound, and inside a level on its window so far. The others
 # take it apart.

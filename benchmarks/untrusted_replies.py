@@ -89,7 +89,7 @@ def measure_huge(megabytes: float) -> dict[str, Any]:
                     time.sleep(0.1)
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             began = time.monotonic()
-            run = subprocess.run([sys.executable, "-m", "tuner.cli", "measure", str(study),
+            run = subprocess.run([sys.executable, "-m", "tuner", "measure", str(study),
                                   "--url", f"http://127.0.0.1:{port}", "--probe",
                                   "-o", str(Path(tmp) / "out")],
                                  cwd=ROOT, capture_output=True, text=True, timeout=900)

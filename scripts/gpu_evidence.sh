@@ -31,7 +31,7 @@ STEPS=${STEPS:-study,confirm,levels,scenarios}
 
 log() { echo "$(date -u +%H:%M:%S) $*" | tee -a "$OUT/steps.txt"; }
 want() { [[ ",$STEPS," == *",$1,"* ]]; }
-tuner() { "$PY" -m tuner.cli "$@"; }
+tuner() { "$PY" -m tuner "$@"; }
 
 nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version,clocks.current.sm,clocks.max.sm \
   --format=csv > "$OUT/gpu.txt" 2>&1 || log "nvidia-smi failed (no GPU?)"
@@ -39,7 +39,7 @@ nvidia-smi --query-gpu=name,memory.used,memory.total,driver_version,clocks.curre
 if want study; then
   limit=${STUDY_TIMEOUT:-1500}
   log "study $NAME: tuner run --timeout ${limit}s"
-  timeout -s INT $((limit + ${TRIAL_GRACE:-300})) "$PY" -m tuner.cli run "$STUDY" --timeout "${limit}s" \
+  timeout -s INT $((limit + ${TRIAL_GRACE:-300})) "$PY" -m tuner run "$STUDY" --timeout "${limit}s" \
     > "$OUT/run.log" 2>&1
   log "study rc=$?"
   tuner status "$NAME" > "$OUT/status.txt" 2>&1; log "status rc=$?"
@@ -53,7 +53,7 @@ fi
 
 if want confirm; then
   log "confirm: one fresh-server re-run of the front's first point"
-  timeout -s INT "${CONFIRM_LIMIT:-300}" "$PY" -m tuner.cli confirm "$NAME" --candidates 1 > "$OUT/confirm.log" 2>&1
+  timeout -s INT "${CONFIRM_LIMIT:-300}" "$PY" -m tuner confirm "$NAME" --candidates 1 > "$OUT/confirm.log" 2>&1
   log "confirm rc=$? (1: not reproduced)"
   tuner status "$NAME" > "$OUT/status.txt" 2>&1
 fi

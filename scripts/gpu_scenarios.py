@@ -6,7 +6,7 @@ the tuner's own CLI, and keep their logs and outcomes as evidence.
 
 From the study file only ``server`` is used (command, model, flags, env, GPUs per trial,
 timeouts); each scenario is a small study of its own with the probe off and one short load
-level, run by ``python -m tuner.cli run`` (an argument vector, as a user would):
+level, run by ``python -m tuner run`` (an argument vector, as a user would):
 
 a. **busy GPU**: a python3 process holds ``--hold-gib`` GiB on GPU 0 with torch; the first
    trial (``execution.gpu_free_timeout: 10s``) must fail ``gpus_not_free`` naming it,
@@ -237,7 +237,7 @@ class Runner:
     def tuner(self, *args: str, log: Path, timeout: float = STUDY_TIMEOUT_S) -> int:
         with open(log, "w") as out:
             try:
-                return subprocess.run([self.python, "-m", "tuner.cli", *args], cwd=ROOT, env=self.env,
+                return subprocess.run([self.python, "-m", "tuner", *args], cwd=ROOT, env=self.env,
                                       stdout=out, stderr=subprocess.STDOUT, timeout=timeout,
                                       check=False).returncode
             except subprocess.TimeoutExpired:
@@ -257,7 +257,7 @@ class Runner:
         waiting = self.results / name / "trials" / "0001" / "command.json"
         began = time.monotonic()
         with open(self.work / f"{name}.run.log", "w") as out:
-            proc = subprocess.Popen([self.python, "-m", "tuner.cli", "run", str(path), "--results", str(self.results)],
+            proc = subprocess.Popen([self.python, "-m", "tuner", "run", str(path), "--results", str(self.results)],
                                     cwd=ROOT, env=self.env, stdout=out, stderr=subprocess.STDOUT)
             seen: float | None = None
             while proc.poll() is None and time.monotonic() - began < STUDY_TIMEOUT_S:

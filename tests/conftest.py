@@ -90,7 +90,7 @@ def write_study(tmp_path: Path, *, base: str = "demo.yaml", name: str | None = N
 
 
 def tuner_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "tuner.cli", *args]
+    return [sys.executable, "-m", "tuner", *args]
 
 
 def run_tuner(*args: str, timeout: float = 600, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tuner(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "tuner.cli", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "tuner", *args], cwd=cwd,
                           capture_output=True, text=True, timeout=120)
 
 

@@ -210,7 +210,7 @@ def test_cache_dir_expansion_reads_only_what_it_is_given() -> None:
 
 def test_the_cli_expands_the_cache_dir_where_the_study_runs(monkeypatch: pytest.MonkeyPatch,
                                                              tmp_path: Path) -> None:
-    from tuner.cli_run import on_this_host
+    from tuner.commands.run import on_this_host
     from tuner.study.study_file import parse_study
     from tuner.errors import SpecError
 

@@ -94,7 +94,7 @@ def test_dry_log_never_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
 
 
 def _request(tmp_path: Path, number: int) -> Any:
-    from tuner.cli_run import load_spec_file
+    from tuner.commands.run import load_spec_file
     from tuner.study.outcome import TrialRequest
     from tuner.study.space import trial_command
 
@@ -114,7 +114,7 @@ def _request(tmp_path: Path, number: int) -> Any:
 
 def test_the_worker_records_the_compile_cache_per_trial(tmp_path: Path) -> None:
     from tuner.study.outcome import TrialOutcome
-    from tuner.worker import TrialWorker
+    from tuner.engine.worker import TrialWorker
 
     async def start_stop(request: Any) -> tuple[float, dict[str, Any]]:
         worker = TrialWorker()

@@ -10,7 +10,7 @@ from tuner.study.confirmation_text import blocks_export, confirmation_brief, sum
 from tuner.study.pareto import Point
 from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
-from tuner.export import ExportError, choose_record
+from tuner.views.export import ExportError, choose_record
 from tuner.study.trials import TrialRecord
 
 LABELS = ["output_tok_s@c16", "tpot_ms.mean@c1"]

@@ -8,7 +8,8 @@ import optuna
 import pytest
 
 from tests.sim_studies import SMALL_STUDY
-from tuner.study import sampling, samplers, space
+from tuner.engine import samplers
+from tuner.study import sampling, space
 from tuner.study.study_file import parse_study
 
 ROOT = Path(__file__).resolve().parents[1]

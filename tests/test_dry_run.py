@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, run_tuner, wait_no_orphans, write_study
-from tuner.cli import main
-from tuner.dry_run import MARKER, _clear_previous
+from tuner.commands.main import main
+from tuner.commands.dry_run import MARKER, _clear_previous
 from tuner.errors import StudyError
 from tuner.study.dry_run import dry_run_spec
-from tuner.study.store import StudyLock
+from tuner.store.handle import StudyLock
 from tuner.study.study_file import parse_study
 from tuner.adapters.artifacts import StudyPaths
 

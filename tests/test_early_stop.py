@@ -96,7 +96,7 @@ def test_real_landscape_replay_never_stops_a_trial_that_would_enter_the_front() 
 
     from tuner.sim.landscape import ground_truth
     from tuner.sim.study import EarlyStopPolicy, run_study
-    from tuner.study.samplers import make_sampler
+    from tuner.engine.samplers import make_sampler
     from tuner.study.spec import ExecutionSpec, SamplerSpec
     from tuner.study.study_file import parse_study
 
@@ -178,7 +178,7 @@ def small_truth():
 def test_never_stops_a_front_point_in_simulated_studies(small_truth) -> None:
     import optuna
 
-    from tuner.study.samplers import make_sampler
+    from tuner.engine.samplers import make_sampler
     from tuner.sim.study import EarlyStopPolicy, run_study
 
     spec, truth = small_truth
@@ -283,7 +283,7 @@ def test_plan_front_and_history_come_from_measured_feasible_trials() -> None:
     from tests.sim_studies import SMALL_STUDY
     from tuner.study.study_file import parse_study
     from tuner.study.policy import early_stop_plan
-    from tuner.study.records import to_record
+    from tuner.store.records import to_record
 
     spec = parse_study(SMALL_STUDY, "es-small")
     labels = [o.metric for o in spec.objectives]
@@ -342,7 +342,7 @@ def test_plan_with_startup_time_as_a_third_objective_keeps_its_history() -> None
     from tuner.study.early_stop import TRIAL_LEVEL
     from tuner.study.study_file import parse_study
     from tuner.study.policy import early_stop_plan
-    from tuner.study.records import to_record
+    from tuner.store.records import to_record
 
     spec = parse_study(SMALL_STUDY, "es-small")
     spec = spec.model_copy(update={"objectives": [*spec.objectives, spec.objectives[0].model_copy(

@@ -194,7 +194,7 @@ def truth3():
 def test_inside_a_level_never_stops_a_front_point_in_simulated_studies(truth3) -> None:
     import optuna
 
-    from tuner.study.samplers import make_sampler
+    from tuner.engine.samplers import make_sampler
     from tuner.sim.study import EarlyStopPolicy, run_study
 
     spec, truth = truth3

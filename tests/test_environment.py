@@ -15,7 +15,7 @@ from tests.conftest import run_tuner, write_study
 from tests.faultkit import FAST
 from tuner.adapters.environment import current_environment, model_digest, server_packages
 from tuner.study.environment import differences, environment_for, summary
-from tuner.cli_run import load_spec_file
+from tuner.commands.run import load_spec_file
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ import pytest
 
 from tuner.study.pareto import parse_filter
 from tuner.study.study_file import parse_study
-from tuner.export import ExportError, choose_record, render_export
+from tuner.views.export import ExportError, choose_record, render_export
 from tuner.study.trials import TrialRecord
 
 SPEC = parse_study(textwrap.dedent("""

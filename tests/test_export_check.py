@@ -9,11 +9,11 @@ import optuna
 import pytest
 
 from tests.conftest import CPU_EXAMPLE, ROOT, copy_cpu_example, measured_with_flags, run_tuner
-from tuner.cli_run import load_spec_file
-from tuner.export import render_export
-from tuner.export_check import argv_from_export, check_arguments
+from tuner.commands.run import load_spec_file
+from tuner.views.export import render_export
+from tuner.views.export_check import argv_from_export, check_arguments
 from tuner.study.trials import TrialRecord
-from tuner.study.store import create_or_open, make_storage
+from tuner.store.handle import create_or_open, make_storage
 
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL = ROOT / ".models" / "smollm2-135m-instruct"

@@ -22,9 +22,9 @@ from hypothesis import strategies as st
 
 from tests import systemd_syntax as sd
 from tuner.errors import SpecError
-from tuner.export import ExportError, exported_command, render_export
-from tuner.export_formats import ExportFormatError, read_systemd_exec, shell_text, systemd_text
-from tuner.export_formats import read_shell as export_read_shell
+from tuner.views.export import ExportError, exported_command, render_export
+from tuner.views.export_formats import ExportFormatError, read_systemd_exec, shell_text, systemd_text
+from tuner.views.export_formats import read_shell as export_read_shell
 from tuner.secrets import secret_slots
 from tuner.study.space import trial_command
 from tuner.study.trials import TrialRecord

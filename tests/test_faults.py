@@ -436,9 +436,9 @@ def test_driver_deadline_cancels_into_the_actor_and_stops_the_server(tmp_path: P
 
     import ray
 
-    from tuner.cli_run import load_spec_file
+    from tuner.commands.run import load_spec_file
     from tuner.study.outcome import TrialRequest
-    from tuner.executor import RayExecutor
+    from tuner.engine.ray_executor import RayExecutor
     from tuner.study.space import trial_command
 
     study, marker = fault_study(tmp_path, {256: [{"fault": "hang_at_start"}]},
@@ -492,7 +492,7 @@ def test_storage_retries_through_a_short_lock_and_gives_up_on_a_long_one(tmp_pat
     import optuna
 
     from tuner.errors import StorageUnavailable
-    from tuner.study.store import RetryPolicy, make_storage
+    from tuner.store.handle import RetryPolicy, make_storage
 
     db = tmp_path / "optuna.db"
     storage = make_storage(f"sqlite:///{db}", RetryPolicy(busy_timeout_s=0.2, budget_s=4, first_delay_s=0.2))
@@ -526,11 +526,11 @@ def test_resume_records_a_finished_trial_the_storage_never_got(tmp_path: Path) -
 
     import optuna
 
-    from tuner.cli_run import load_spec_file
+    from tuner.commands.run import load_spec_file
     from tuner.study.outcome import TrialOutcome
-    from tuner.orchestrator import Orchestrator
+    from tuner.engine.orchestrator import Orchestrator
     from tuner.sim.executor import SimExecutor
-    from tuner.study.store import create_or_open
+    from tuner.store.handle import create_or_open
 
     study_file, _ = fault_study(tmp_path, {256: [], 257: []})
     spec = load_spec_file(str(study_file))

@@ -145,7 +145,7 @@ def test_status_shows_the_reruns_cache_hit_start_under_the_verdict(tmp_path: Pat
                                                                    capsys: pytest.CaptureFixture[str]) -> None:
     import shutil
 
-    from tuner.cli import main
+    from tuner.commands.main import main
 
     shutil.copytree(STUDY, tmp_path / "smollm2-h200")
     assert main(["status", "smollm2-h200", "--results", str(tmp_path)]) == 0

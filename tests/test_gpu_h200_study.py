@@ -111,7 +111,7 @@ def test_the_correct_full_graph_modes_pass_with_near_ties_only(number: int) -> N
 
 def test_status_from_this_folder_is_what_the_box_printed(tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
-    from tuner.cli import main
+    from tuner.commands.main import main
 
     shutil.copytree(STUDY, tmp_path / "smollm2-h200")
     assert main(["status", "smollm2-h200", "--results", str(tmp_path)]) == 0

@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, copy_cpu_example, write_study
-from tuner.cli import main as tuner_main
+from tuner.commands.main import main as tuner_main
 
 DEMO = yaml.safe_load((ROOT / "search_spaces" / "demo.yaml").read_text())
 
@@ -33,7 +33,7 @@ VALIDATE_RSS_LIMIT_MB = 400
 _MEASURED = textwrap.dedent("""
     import contextlib, io, json, resource, sys
     resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-    from tuner.cli import main
+    from tuner.commands.main import main
     err = io.StringIO()
     out = io.StringIO()
     try:

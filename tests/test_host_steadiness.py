@@ -53,7 +53,7 @@ def test_each_cpu_on_its_own_and_a_floor_below_it_is_said() -> None:
 # What a bare GPU box has before any install: no Optuna, Ray or pydantic (host-check without
 # a study file must run there).
 BARE = ("import sys; sys.modules.update(optuna=None, ray=None, pydantic=None); "
-        "from tuner.cli import main; sys.exit(main(sys.argv[1:]))")
+        "from tuner.commands.main import main; sys.exit(main(sys.argv[1:]))")
 
 
 def test_host_check_measures_this_host_and_compares_with_the_study(tmp_path: Path) -> None:

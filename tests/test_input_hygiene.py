@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import CPU_EXAMPLE, ROOT, copy_cpu_example, measured_with_flags, run_tuner, tuner_argv
-from tuner.cli import main
+from tuner.commands.main import main
 from tuner.sim.args import parse_argv
 from tuner.study.space import trial_command
 from tuner.study.study_file import parse_study

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import CPU_EXAMPLE, ROOT, copy_cpu_example, run_tuner
-from tuner.cli import main
+from tuner.commands.main import main
 from tuner.study.study_file import parse_study
 from tuner.vllm.knobs import KNOBS
 

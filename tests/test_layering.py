@@ -1,5 +1,6 @@
-"""The package's shape, kept: no import cycle anywhere in ``tuner/``, and the pure layer free
-of processes, sockets, clocks, the environment, Ray, HTTP clients and file I/O.
+"""The package's shape, kept: no import cycle anywhere in ``tuner/``, every import pointing
+down the layers (``RANK``), and the pure layer free of processes, sockets, clocks, the
+environment, Ray, HTTP clients and file I/O.
 
 Read from the source with ``ast`` (module-level and function-level imports alike, and
 ``TYPE_CHECKING`` ones: a cycle hidden in a function is still a cycle), nothing is imported.
@@ -25,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # The pure layer, by module name (packages too: their __init__ is a docstring). A module
 # joins when it passes the checks below.
 PURE = [
-    "tuner.errors", "tuner.export_formats", "tuner.load", "tuner.load.live_window", "tuner.load.load_spec",
+    "tuner.errors", "tuner.views.export_formats", "tuner.load", "tuner.load.live_window", "tuner.load.load_spec",
     "tuner.load.metrics", "tuner.load.prometheus", "tuner.load.protocol", "tuner.load.records",
     "tuner.load.results", "tuner.load.sse", "tuner.load.stats", "tuner.load.steady",
     "tuner.load.slo", "tuner.load.goodput", "tuner.load.rate_search", "tuner.load.max_rate_text",
@@ -55,6 +56,23 @@ PURE = [
 NOT_YET_TYPED: set[str] = set()
 # What .ci/run type-checks with mypy --strict: the pure modules with code.
 TYPED = sorted(set(PURE) - NOT_YET_TYPED - {"tuner.load", "tuner.probe", "tuner.study", "tuner.vllm"})
+
+# The layers above the pure one, by package: a module may import a module of a lower rank,
+# or of its own package; every pure module (PURE) is rank 1, below all of them, and the
+# leaves (tuner's __init__) rank 0. A new package must be placed here (a test says so).
+RANK = {
+    "tuner.__main__": 8,      # python -m tuner
+    "tuner.commands": 7,      # what a user types: parsing, printing, exit codes
+    "tuner.views": 6,         # read-only views of a study: status, report, plots, export
+    "tuner.sim": 6,           # the stand-in server and its in-process executor (drives the engine)
+    "tuner.engine": 5,        # the study run: loop, Ray executor, worker, re-runs, recovery
+    "tuner.store": 4,         # the study folder and its Optuna storage
+    "tuner.probe": 4,         # the correctness probe's client (its rules are pure)
+    "tuner.load": 3,          # the load generator's sockets and processes (its rules are pure)
+    "tuner.adapters": 2,      # processes, /proc, nvidia-smi, files, the HTTP client
+    "tuner": 0,
+}
+
 
 # Standard-library and third-party modules a pure module may import (by top-level name).
 ALLOWED_EXTERNAL = {
@@ -195,6 +213,56 @@ def purity_problems(modules: dict[str, Module], pure: Iterable[str]) -> list[str
     return out
 
 
+def _rank(name: str, pure: set[str]) -> int | None:
+    if name in pure:
+        return 1
+    parts = name.split(".")
+    for key in (".".join(parts[:2]), name):
+        if key in RANK:
+            return RANK[key]
+    return None
+
+
+def upward_imports(modules: dict[str, Module], pure: Iterable[str]) -> list[str]:
+    """Imports that point up the layers or sideways into another package of the same rank,
+    and modules no layer holds."""
+
+    pure = set(pure)
+    out = []
+    for name, module in sorted(modules.items()):
+        rank = _rank(name, pure)
+        if rank is None:
+            out.append(f"{name}: in no layer (add its package to RANK)")
+            continue
+        for target in sorted(module.imports):
+            to = _rank(target, pure)
+            if to is None:
+                continue
+            if to > rank or (to == rank and rank > 1 and target.split(".")[:2] != name.split(".")[:2]):
+                out.append(f"{name} (rank {rank}) imports {target} (rank {to})")
+    return out
+
+
+def test_every_import_points_down() -> None:
+    assert upward_imports(scan(ROOT / "tuner"), PURE) == []
+
+
+def test_a_planted_upward_import_between_layers_is_found(copy_of_tuner: Path) -> None:
+    _plant(copy_of_tuner / "store" / "records.py", "from tuner.views.status import build_status  # noqa")
+    _plant(copy_of_tuner / "engine" / "worker.py", "from tuner.commands.main import main  # noqa")
+    _plant(copy_of_tuner / "views" / "report.py", "from tuner.sim.truth import evaluate  # noqa")
+    found = upward_imports(scan(copy_of_tuner), PURE)
+    assert "tuner.store.records (rank 4) imports tuner.views.status (rank 6)" in found
+    assert "tuner.engine.worker (rank 5) imports tuner.commands.main (rank 7)" in found
+    assert any(f.startswith("tuner.views.report (rank 6) imports tuner.sim.truth") for f in found)
+
+
+def test_a_module_in_a_new_package_must_be_placed(copy_of_tuner: Path) -> None:
+    (copy_of_tuner / "extras").mkdir()
+    (copy_of_tuner / "extras" / "__init__.py").write_text("")
+    assert "tuner.extras: in no layer (add its package to RANK)" in upward_imports(scan(copy_of_tuner), PURE)
+
+
 def test_no_import_cycle_in_the_package() -> None:
     assert cycles(scan(ROOT / "tuner")) == []
 
@@ -215,10 +283,10 @@ def _plant(path: Path, line: str) -> None:
 
 
 def test_a_planted_upward_import_is_found(copy_of_tuner: Path) -> None:
-    _plant(copy_of_tuner / "study" / "space.py", "from tuner.orchestrator import StudyLoop  # noqa")
+    _plant(copy_of_tuner / "study" / "space.py", "from tuner.engine.orchestrator import StudyLoop  # noqa")
     problems = purity_problems(scan(copy_of_tuner), PURE)
-    assert "tuner.study.space: imports tuner.orchestrator, which is not pure" in problems
-    assert any("tuner.study.space" in c and "tuner.orchestrator" in c for c in cycles(scan(copy_of_tuner)))
+    assert "tuner.study.space: imports tuner.engine.orchestrator, which is not pure" in problems
+    assert any("tuner.study.space" in c and "tuner.engine.orchestrator" in c for c in cycles(scan(copy_of_tuner)))
 
 
 def test_a_planted_cycle_is_found(copy_of_tuner: Path) -> None:
@@ -249,4 +317,5 @@ if __name__ == "__main__":   # a quick look: python tests/test_layering.py
     found = scan(ROOT / "tuner")
     print("cycles:", cycles(found))
     print("\n".join(purity_problems(found, PURE)) or "pure layer: clean")
+    print("\n".join(upward_imports(found, PURE)) or "layers: every import points down")
     sys.exit(0)

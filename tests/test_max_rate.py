@@ -221,7 +221,7 @@ def test_a_trial_whose_max_rate_cannot_reach_the_front_stops_its_search(tmp_path
     # level the trial is dominated whatever it finds; it stops there, recorded, and is told
     # with its bound (never on the front).
     from tests.test_search_early_stop_worker import _run
-    from tuner.cli_run import load_spec_file
+    from tuner.commands.run import load_spec_file
     from tuner.study.policy import early_stop_plan
     from tuner.study.space import trial_command
     from tests.conftest import write_study

@@ -1,4 +1,4 @@
-"""``tuner.measure`` against the simulator (a real process, started and stopped here)."""
+"""``tuner.engine.measure`` against the simulator (a real process, started and stopped here)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import pytest
 from tests.conftest import run_tuner
 from tuner.load.record_files import read_records_jsonl
 from tuner.study.study_file import parse_study
-from tuner.measure import MeasureError, format_summary, measure
+from tuner.engine.measure import MeasureError, format_summary, measure
 from tuner.probe.client import load_probe_items
 from tuner.probe.sample import known_sample
 

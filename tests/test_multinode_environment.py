@@ -77,7 +77,7 @@ def test_a_node_in_another_environment_gets_no_trial(tmp_path: Path, mixed_clust
 
 
 def test_a_node_is_judged_against_the_pin() -> None:
-    from tuner.cli_run import _node_refusal
+    from tuner.commands.run import _node_refusal
 
     pinned = {"packages": {"vllm": "0.26.0"}, "gpus": ["NVIDIA H200"] * 8, "cluster": False, "host": "a"}
     same = {"group": 1, "host": "b", "environment": dict(pinned, host="b", cluster=True)}

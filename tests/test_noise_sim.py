@@ -21,7 +21,7 @@ import yaml
 
 from tests.conftest import ROOT
 from tuner.adapters.launcher import ServerProcess
-from tuner.export import ExportError, choose_record
+from tuner.views.export import ExportError, choose_record
 from tuner.load.load_spec import LoadSpec, WorkloadClass, WorkloadSpec
 from tuner.load.results import SweepResult
 from tuner.load.sweep import run_sweep

@@ -11,8 +11,8 @@ import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import TrialState, create_trial
 
-from tuner.study import records
-from tuner.study.records import read_records, read_records_direct
+from tuner.store import records
+from tuner.store.records import read_records, read_records_direct
 
 
 def _study(tmp_path: Path) -> optuna.Study:

@@ -13,7 +13,8 @@ from tests.sim_studies import SMALL_STUDY
 from tuner.sim.profile import load_profile
 from tuner.sim.study import EarlyStopPolicy, run_study
 from tuner.sim.ground_truth import build_ground_truth
-from tuner.study import planner, samplers, space, surrogate
+from tuner.engine import samplers
+from tuner.study import planner, space, surrogate
 from tuner.study.planner import FAILED, FEASIBLE, INFEASIBLE, RUNNING, Observation, Planner
 from tuner.study.sampling import grid_points
 from tuner.study.study_file import parse_study

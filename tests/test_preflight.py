@@ -194,7 +194,7 @@ def test_run_refuses_before_anything_starts_naming_every_problem(tmp_path: Path)
     results = tmp_path / "results"
     began = time.monotonic()
     try:
-        run = subprocess.run([sys.executable, "-m", "tuner.cli", "run", str(path), "--results", str(results)],
+        run = subprocess.run([sys.executable, "-m", "tuner", "run", str(path), "--results", str(results)],
                              cwd=ROOT, capture_output=True, text=True, timeout=300,
                              env={**os.environ, "PATH": env_path})
     finally:

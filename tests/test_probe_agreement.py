@@ -110,7 +110,7 @@ def test_export_and_report_carry_it(h200_copy: Path) -> None:
 
 def test_a_folder_study_derives_it_from_each_probe(tmp_path: Path) -> None:
     """results/examples/smollm2-cpu has no Optuna storage: status rebuilds it from the trial
-    files (tuner.study.folder), which predate the stored line. The real CPU figures: eager
+    files (tuner.store.folder), which predate the stored line. The real CPU figures: eager
     float32 with n-gram speculation left every answer identical to the eager float32
     reference's, bfloat16 changed 3 of 18 at near ties."""
 

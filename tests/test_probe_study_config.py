@@ -13,7 +13,7 @@ import yaml
 from tuner.probe.prompts_file import PromptsFileError, ReferencePromptsError
 from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
-from tuner.referencing import resolve_probe_files
+from tuner.engine.referencing import resolve_probe_files
 from tuner.study.command import reference_configuration
 from tuner.study.space import trial_command
 

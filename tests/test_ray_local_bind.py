@@ -1,7 +1,7 @@
 """A local single-node run binds Ray to 127.0.0.1 only (issue 16, defect 9): the GCS, the
 raylet, the runtime-env agent, the driver and the workers listen on loopback, checked with
 `ss -ltnp` against the process tree of a fresh interpreter that started Ray as `tuner run`
-does (tuner.executor.init_ray)."""
+does (tuner.engine.ray_executor.init_ray)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ _SCRIPT = textwrap.dedent("""
     import json, os, subprocess, sys, time
     import ray                      # imported first, as `tuner run` may (study fingerprint)
     from tuner.adapters import proctree
-    from tuner.executor import init_ray
+    from tuner.engine.ray_executor import init_ray
     init_ray(address=None, gpus_needed=0, cpus_needed=1)
 
     @ray.remote

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner import recovery, runfile
+from tuner.engine import recovery, runfile
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import StudyPaths
 

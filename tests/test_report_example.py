@@ -2,7 +2,7 @@
 
 results/examples/smollm2-cpu is a real run of search_spaces/smollm2-cpu.yaml kept without
 its Optuna storage (text files only); the commands rebuild the study from the trial files
-(tuner/study/folder.py). The checks hold for any run of that study: they compare with the
+(tuner/store/folder.py). The checks hold for any run of that study: they compare with the
 pareto.json and export the real run wrote from its storage, not with fixed numbers.
 """
 

@@ -113,9 +113,9 @@ def test_resume_stops_a_server_left_by_a_killed_run(tmp_path: Path, orphan_check
 
     import sys
 
-    from tuner.cli_run import load_spec_file
-    from tuner.recovery import stop_leftover_servers
-    from tuner.study.store import create_or_open
+    from tuner.commands.run import load_spec_file
+    from tuner.engine.recovery import stop_leftover_servers
+    from tuner.store.handle import create_or_open
 
     study, marker = write_study(tmp_path)
     orphan_check.append(marker)

@@ -21,7 +21,7 @@ from tuner.study.scoring import stopped_told
 
 def _request(tmp_path: Path, values: dict[str, Any], plan_front: list[list[float]] | None,
              startup_scale: float = 0.02) -> tuple[Any, dict[str, Any]]:
-    from tuner.cli_run import load_spec_file
+    from tuner.commands.run import load_spec_file
     from tuner.study.space import trial_command
 
     study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": startup_scale},
@@ -42,7 +42,7 @@ def _request(tmp_path: Path, values: dict[str, Any], plan_front: list[list[float
 
 
 def _run(request: dict[str, Any]) -> TrialOutcome:
-    from tuner.worker import TrialWorker
+    from tuner.engine.worker import TrialWorker
 
     return TrialOutcome.model_validate(asyncio.run(TrialWorker().run_trial(request)))
 

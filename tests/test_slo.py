@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tuner.cli import main as tuner_main
+from tuner.commands.main import main as tuner_main
 from tuner.load.goodput import level_slo
 from tuner.load.metrics import compute_level_metrics
 from tuner.load.records import RequestError, RequestRecord

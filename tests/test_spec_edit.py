@@ -19,7 +19,7 @@ import yaml
 
 from tests.conftest import ROOT, run_tuner, wait_no_orphans, write_study
 from tuner.errors import StudyError
-from tuner.study.store import create_or_open, open_existing
+from tuner.store.handle import create_or_open, open_existing
 from tuner.study.study_file import parse_study
 
 EDIT = ("tensor_parallel_size: 8", "tensor_parallel_size: 4")

@@ -13,7 +13,7 @@ from tuner.study import space
 from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
 from tuner.study import policy
-from tuner.study.records import read_records
+from tuner.store.records import read_records
 
 STUDY = """
 name: t

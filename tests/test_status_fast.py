@@ -17,9 +17,9 @@ from optuna.trial import TrialState, create_trial
 from tests.test_overhead_records import _study
 from tuner.study import space
 from tuner.study.study_file import parse_study
-from tuner.study.records import read_records, read_sqlite_study
-from tuner.status import build_status, format_status, status_from_folder
-from tuner.study.store import create_or_open
+from tuner.store.records import read_records, read_sqlite_study
+from tuner.views.status import build_status, format_status, status_from_folder
+from tuner.store.handle import create_or_open
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("optuna", "sqlalchemy", "alembic", "numpy", "pydantic", "ray", "httpx")
@@ -98,7 +98,7 @@ def test_status_command_imports_nothing_heavy(tmp_path: Path) -> None:
     handle, _ = _filled_study(tmp_path)
     code = (
         "import json, sys\n"
-        "from tuner.cli import main\n"
+        "from tuner.commands.main import main\n"
         f"rc = main(['status', {handle.name!r}, '--results', {str(tmp_path)!r}, '--brief'])\n"
         f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"
         "print(json.dumps({'rc': rc, 'heavy': heavy}))\n"

@@ -9,7 +9,7 @@ from typing import Any
 
 from tuner.adapters.artifacts import StudyPaths
 from tuner.study.trials import TrialRecord
-from tuner.status import _trial_row, format_status
+from tuner.views.status import _trial_row, format_status
 
 NO_SPEC = {"spec_drafts": None, "spec_draft_tokens": None, "spec_accepted_tokens": None,
            "spec_acceptance_rate": None, "spec_mean_acceptance_length": None,

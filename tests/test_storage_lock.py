@@ -1,4 +1,4 @@
-"""The storage's own lock (tuner.study.storage_lock) on a SQLite file, in-process: who holds
+"""The storage's own lock (tuner.store.storage_lock) on a SQLite file, in-process: who holds
 a study, when a marker is a dead run's, the flock beside a shared file, the heartbeat.
 The same rules through real `tuner` processes: tests/test_study_isolation.py."""
 
@@ -13,9 +13,9 @@ import optuna
 import pytest
 
 from tuner.errors import StudyError
-from tuner.study import storage_lock
-from tuner.study.storage_lock import MARKER, StorageLock
-from tuner.study.store import make_storage
+from tuner.store import storage_lock
+from tuner.store.storage_lock import MARKER, StorageLock
+from tuner.store.handle import make_storage
 
 NAME = "shared-study"
 

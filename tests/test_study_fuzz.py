@@ -145,7 +145,7 @@ def _get(node: Any, path: tuple) -> Any:
 _RUNNER = textwrap.dedent("""
     import contextlib, io, json, resource, sys, time
     resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
-    from tuner.cli import main
+    from tuner.commands.main import main
     results = []
     for path in json.loads(sys.argv[1]):
         out, err = io.StringIO(), io.StringIO()

@@ -1,4 +1,4 @@
-"""The study loop (tuner.orchestrator.StudyLoop) with its real policy, driven through the
+"""The study loop (tuner.engine.orchestrator.StudyLoop) with its real policy, driven through the
 in-process executor (tuner.sim.executor.SimExecutor): no Ray, no processes, no files.
 
 Points are answered by a hand-written table (below), not by the simulator's model, so each
@@ -14,11 +14,11 @@ import optuna
 import pytest
 
 from tests.sim_studies import SMALL_STUDY
-from tuner.orchestrator import StudyLoop
+from tuner.engine.orchestrator import StudyLoop
 from tuner.sim.executor import EarlyStopPolicy, SimExecutor
 from tuner.sim.truth import LevelTruth, PointTruth
 from tuner.study import space
-from tuner.study.records import read_records
+from tuner.store.records import read_records
 from tuner.study.sampling import grid_points
 from tuner.study.study_file import parse_study
 

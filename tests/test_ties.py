@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.export import noise_notes, render_export
-from tuner.status import _unstable_text, _value
+from tuner.views.export import noise_notes, render_export
+from tuner.views.status import _unstable_text, _value
 from tuner.study.early_stop import Target, optimistic
 from tuner.study.noise import (NoisyPoint, label_noise, level_unstable, noisy_front, pick_ties,
                                 unmeasured_level)
@@ -76,7 +76,7 @@ def test_a_level_an_early_stop_never_measured_lends_no_value_or_noise() -> None:
     # "@cmax" of the bound is c=32, not c=1, the highest level it reached: c=1's noise (78)
     # must not appear as the bound's interval.
     assert stopped.noise(labels) == {"output_tok_s@cmax": None, "tpot_ms.mean@c1": 2.9}
-    from tuner.report import _pm
+    from tuner.views.report import _pm
     assert _pm(stopped, "output_tok_s@cmax") == "4581 (bound, c=32 not measured)"
     assert _pm(stopped, "tpot_ms.mean@c1") == "7.552 ± 2.9"
     # A trial that was not stopped has no bounds, whatever its levels.

@@ -97,7 +97,7 @@ def simulator(tmp_path: Path, faults: list[dict[str, Any]]) -> Iterator[str]:
 # The measure command in this process's interpreter, reporting its own peak memory on exit.
 _MEASURE = """
 import resource, sys
-from tuner.cli import main
+from tuner.commands.main import main
 code = main(sys.argv[1:])
 print(f"peak-rss-kb {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", file=sys.stderr)
 sys.exit(code)

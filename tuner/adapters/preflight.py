@@ -34,7 +34,7 @@ def command_facts(word: str, server_env: Mapping[str, object]) -> CommandFacts:
         return CommandFacts(word, sys.executable, exists=True)
     if "/" in word:
         # Relative paths are made absolute against the tuner's working directory before a
-        # server starts (tuner.referencing.pinned): judged the same way here.
+        # server starts (tuner.engine.referencing.pinned): judged the same way here.
         full = os.path.abspath(word)
         runnable = os.path.isfile(full) and os.access(full, os.X_OK)
         found = CommandFacts(word, full if runnable else None, exists=os.path.exists(full))

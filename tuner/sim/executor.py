@@ -1,11 +1,11 @@
 """An in-process executor: trials answered by the simulator's performance model, on
-simulated time (``tuner.execution.Executor``).
+simulated time (``tuner.engine.execution.Executor``).
 
 No server, no Ray, no files, no waiting: ``submit`` looks the point up (``lookup``: a
 ``GroundTruth`` table, or ``Evaluator.evaluate`` for a point at a time), plays the trial's
 timeline - start, verification, probe, each load level - with measurement noise and the
 early stop a worker would apply with the plan in the request, and ``poll`` returns the
-trial that finishes first, moving the clock (``now``) to its end. So ``tuner.orchestrator.
+trial that finishes first, moving the clock (``now``) to its end. So ``tuner.engine.orchestrator.
 StudyLoop`` runs exactly as on a cluster: parallel groups finish out of order, and
 constant-liar TPE sees the same pending trials.
 
@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.execution import Finished
+from tuner.engine.execution import Finished
 from tuner.sim.ground_truth import Measured, level_of, measure
 from tuner.sim.truth import PointTruth
 from tuner.study import early_stop, sweep_guard

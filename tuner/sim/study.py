@@ -1,4 +1,4 @@
-"""Simulated studies: the study loop (``tuner.orchestrator.StudyLoop``) and its policy
+"""Simulated studies: the study loop (``tuner.engine.orchestrator.StudyLoop``) and its policy
 (``tuner.study.policy``) driven through the in-process executor (``tuner.sim.executor``),
 every trial answered from a ``tuner.sim.ground_truth.GroundTruth`` table with measurement noise.
 
@@ -18,11 +18,11 @@ from typing import Any
 
 import optuna
 
-from tuner.orchestrator import StudyLoop
+from tuner.engine.orchestrator import StudyLoop
 from tuner.sim.executor import EarlyStopPolicy, SimExecutor, TrialLog
 from tuner.sim.ground_truth import GroundTruth
 from tuner.study import early_stop
-from tuner.study.records import read_records
+from tuner.store.records import read_records
 from tuner.study.spec import StudySpec
 from tuner.study.trials import KIND_DUPLICATE, KIND_FORBIDDEN
 

@@ -3,7 +3,7 @@
 Pure. It renders through ``tuner.study.space.server_command``, the same path as the
 trials, confirmation re-runs and ``tuner export`` (``space.trial_command``). Pinning a
 relative interpreter to the current folder (a trial runs elsewhere) is the caller's, at
-dispatch time (``tuner.orchestrator``).
+dispatch time (``tuner.engine.orchestrator``).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ most likely to be exported, because selection favours whatever was over-measured
 point is handed out as *the* command to run, the study can start it again on a fresh
 server, run the probe and the full sweep again (no early stop), and compare.
 
-Pure logic: the orchestrator runs the jobs (``tuner.confirming``) and hands the objective
+Pure logic: the orchestrator runs the jobs (``tuner.engine.confirming``) and hands the objective
 values of each re-run to ``judge``; the record it returns is what status, report, export
 and ``pareto.json`` show.
 """

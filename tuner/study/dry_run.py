@@ -11,7 +11,7 @@ it measures), the host check is skipped, the trial count is capped, and the stud
 name, folder, storage and compile cache, so nothing of it mixes with the real study's. The
 numbers it shows are the simulator's model, never a measurement of the box.
 
-Pure: ``tuner.dry_run`` reads the file, makes the folder and runs the study.
+Pure: ``tuner.commands.dry_run`` reads the file, makes the folder and runs the study.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Three things can make the folder disagree with its own measurements:
 
-- a damaged trial file (tuner.study.folder): a trial rebuilt from its files whose
+- a damaged trial file (tuner.store.folder): a trial rebuilt from its files whose
   outcome.json or command.json cannot be read is a ``KIND_DAMAGED`` trial, named, never a
   silent gap (``damaged_rows``);
 - a numbered folder in ``trials/`` that is not one of the study's trials

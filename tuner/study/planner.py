@@ -24,7 +24,7 @@ proposed while an allowed point remains unknown; when few remain they come in th
 their expected improvement. ``plan`` returns None only when every allowed point is known.
 
 Pure: plain values in, plain values out (``Observation`` records); the Optuna sampler that
-uses it is ``tuner.study.samplers.PlannedSampler``.
+uses it is ``tuner.engine.samplers.PlannedSampler``.
 """
 
 from __future__ import annotations

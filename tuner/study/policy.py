@@ -2,7 +2,7 @@
 over plain trial records (``tuner.study.trials.TrialRecord``) - Optuna's own style:
 algorithms over plain data. No Optuna, no storage, no processes, no clocks.
 
-The loop (``tuner.orchestrator.StudyLoop``) asks Optuna for a point and then does what these
+The loop (``tuner.engine.orchestrator.StudyLoop``) asks Optuna for a point and then does what these
 functions decide; the benchmarks and the fast tests drive the same loop through the
 simulator's in-process executor, so there is one policy, not a copy per caller.
 

@@ -194,7 +194,7 @@ def summary(spec: StudySpec, facts: HostFacts) -> str:
         gpus = "no GPUs asked"
     elif facts.gpus is None:
         # The simulator and vLLM's CPU build run this way: Ray schedules the declared GPUs
-        # exactly as real ones (tuner.executor.init_ray).
+        # exactly as real ones (tuner.engine.ray_executor.init_ray).
         gpus = f"no nvidia-smi here, so {per_trial * groups} GPU(s) are declared to Ray, not checked"
     else:
         gpus = f"{_gpu_names(facts.gpus)} for {groups} group(s) of {per_trial}"

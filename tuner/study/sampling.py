@@ -2,7 +2,7 @@
 point's one-knob neighbours. No Optuna: plain values over the study's space.
 
 The Optuna samplers that use them (``ParetoLocalSampler``, ``AvoidSeenSampler``) and the
-sampler a study runs (``make_sampler``) are in ``tuner.study.samplers``.
+sampler a study runs (``make_sampler``) are in ``tuner.engine.samplers``.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@ a point's server command (``trial_command``: its settings by target through the 
 renderer, ``tuner.vllm.knobs.render_command``; trials, confirmation re-runs, ``tuner
 export`` and the simulator's ground truth all call it, so a study exports what it measured).
 
-Pure functions over a ``StudySpec`` (no Optuna); ``tuner.study.samplers`` turns a parameter
+Pure functions over a ``StudySpec`` (no Optuna); ``tuner.engine.samplers`` turns a parameter
 into an Optuna distribution and suggests parameters in ``ordered_parameters()`` order, so a
 parameter is only suggested once every parameter its condition names has a value.
 """

@@ -10,7 +10,7 @@ one, the trial's own interval. Ties are judged on the pooled estimates with the 
 rule (tuner.study.noise); the next round re-runs the members of every remaining tie, those
 with the fewest runs first, until no tie is left or the budget of runs is spent.
 
-Pure: the orchestrator runs the re-runs (tuner.tie_runs) and hands the values back.
+Pure: the orchestrator runs the re-runs (tuner.engine.tie_runs) and hands the values back.
 """
 
 from __future__ import annotations

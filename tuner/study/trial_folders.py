@@ -28,7 +28,7 @@ __all__ = ["MAX_GAP", "TRIAL_FILES", "DAMAGED_SUFFIX", "Stray", "TrialFolders", 
 
 MAX_GAP = 1000
 # A trial folder holds at least one of these, or one of them set aside as damaged by a
-# resume (tuner.study.folder): ``outcome.json.damaged-20261207T031500``.
+# resume (tuner.store.folder): ``outcome.json.damaged-20261207T031500``.
 TRIAL_FILES = ("command.json", "outcome.json")
 DAMAGED_SUFFIX = ".damaged-"
 _NUMBERED = re.compile(r"[0-9]+")

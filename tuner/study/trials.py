@@ -1,8 +1,8 @@
 """A study's trials as plain records: the data every decision and every view of a study
 reads (the ask/tell policy, status, report, export, pareto.json).
 
-Pure: no Optuna, no storage. ``tuner.study.records`` reads records from an Optuna storage,
-``tuner.study.folder`` rebuilds them from a study folder's trial files.
+Pure: no Optuna, no storage. ``tuner.store.records`` reads records from an Optuna storage,
+``tuner.store.folder`` rebuilds them from a study folder's trial files.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ KIND_RUN = "run"
 KIND_DUPLICATE = "duplicate"
 KIND_FORBIDDEN = "forbidden"
 # A trial rebuilt from its files whose outcome.json or command.json could not be read
-# (tuner.study.folder): not a measurement, not a failure of its configuration.
+# (tuner.store.folder): not a measurement, not a failure of its configuration.
 KIND_DAMAGED = "damaged_record"
 # The constraint of a trial whose server token counts were not believed
 # (tuner.study.scoring.constraints).

@@ -29,10 +29,13 @@ from pathlib import Path
 from typing import Any
 
 import optuna
+from optuna.distributions import (BaseDistribution, CategoricalDistribution, FloatDistribution,
+                                  IntDistribution)
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.adapters.artifacts import StudyPaths, open_private
-from tuner.study import samplers, space
+from tuner.study import space
+from tuner.study.parameters import BoolParam, CategoricalParam, IntParam
 from tuner.probe.agreement import agreement_line
 from tuner.study.outcome import TrialOutcome
 from tuner.vllm.knobs import RenderedCommand, shell_line
@@ -41,13 +44,13 @@ from tuner.errors import StudyError
 from tuner.study.trial_folders import DAMAGED_SUFFIX
 from tuner.study.trials import KIND_DAMAGED, KIND_RUN
 from tuner.study.policy import told_for, worst_values
-from tuner.study.records import read_records
+from tuner.store.records import read_records
 from tuner.study.scoring import outcome_attrs
-from tuner.study.store import (StudyHandle, finished_trial_numbers, make_storage, open_existing, read_saved_spec,
+from tuner.store.handle import (StudyHandle, finished_trial_numbers, make_storage, open_existing, read_saved_spec,
                                read_study_json)
 
 __all__ = ["FolderStudyHandle", "open_for_reading", "study_from_trial_files", "KIND_NOT_IN_FOLDER",
-           "restore_storage"]
+           "restore_storage", "distribution"]
 
 KIND_NOT_IN_FOLDER = "not_in_folder"
 FOLDER_STORAGE = "trial-files"  # StudyHandle.storage_url of a folder-backed handle
@@ -255,7 +258,7 @@ def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
     for param in space.ordered_parameters(spec):
         if param.name in values:
             params[param.name] = values[param.name]
-            distributions[param.name] = samplers.distribution(param)
+            distributions[param.name] = distribution(param)
     attrs: dict[str, Any] = {
         "kind": KIND_RUN,
         "values": values,
@@ -328,3 +331,15 @@ def study_from_trial_files(paths: StudyPaths, spec: StudySpec, name: str, *,
         study.set_user_attr("elapsed_s", max(ends) - min(starts))
     study.set_user_attr("from_trial_files", str(paths.root))
     return study
+
+
+def distribution(param: Any) -> BaseDistribution:
+    """A study parameter as the Optuna distribution its suggestions come from."""
+
+    if isinstance(param, CategoricalParam):
+        return CategoricalDistribution(param.values)
+    if isinstance(param, BoolParam):
+        return CategoricalDistribution([False, True])
+    if isinstance(param, IntParam):
+        return IntDistribution(param.low, param.high, step=param.step, log=param.log)
+    return FloatDistribution(param.low, param.high, step=param.step, log=param.log)

@@ -5,7 +5,7 @@ trial's probe is compared with it.
 runs the reference job (``TrialWorker.run_reference``) on an idle group of the study's
 executor and keeps what it returned: ``reference_probe.json`` whatever the verdict (the
 evidence), ``reference.json`` only for a trusted reference, so resume never reuses a bad
-one. What the job needs of the study run is a ``tuner.execution.JobHost``.
+one. What the job needs of the study run is a ``tuner.engine.execution.JobHost``.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from tuner.probe.recording import load_reference_sources
 from tuner.probe.spec import ProbeSpec, fit_to_study
 from tuner.probe.verdict import with_reference_accuracy
 from tuner.errors import ArtifactWriteError, StudyError
-from tuner.execution import Finished, JobHost, NoWorkersLeft
+from tuner.engine.execution import Finished, JobHost, NoWorkersLeft
 from tuner.study.command import ReferenceConfiguration, reference_configuration
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.secrets import Redactor, known_values

@@ -80,7 +80,7 @@ def _recorded_commands_changes(paths: StudyPaths, spec: StudySpec) -> list[str]:
 def trial_command_changes(paths: StudyPaths, spec: StudySpec, number: int) -> list[str]:
     """How the command ``spec`` renders for trial ``number``'s configuration differs from
     the one the trial ran (its command.json); empty when it does not, or when the trial
-    has no readable command (a damaged file is named by the rebuild, tuner.study.folder)."""
+    has no readable command (a damaged file is named by the rebuild, tuner.store.folder)."""
 
     try:
         ran = json.loads((paths.trial_dir(number) / "command.json").read_text(encoding="utf-8"))

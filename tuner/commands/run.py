@@ -1,9 +1,9 @@
 """The commands that start servers on the study's GPU groups - ``tuner run``, ``resume`` and
 ``confirm`` (and ``export --confirm``, through ``confirm``) - with the lock, Ray and the
 executor around them, and the study file as this host reads it (``load_spec_file``, which the
-other commands in ``tuner.cli`` share).
+other commands in ``tuner.commands.main`` share).
 
-Part of the command line (``tuner.cli`` parses the arguments and chooses exit codes): each
+Part of the command line (``tuner.commands.main`` parses the arguments and chooses exit codes): each
 command returns its exit code.
 """
 
@@ -24,7 +24,7 @@ from tuner.study.durations import parse_duration
 if TYPE_CHECKING:
     from tuner.study.spec import StudySpec
 
-# Each command imports what it needs inside its function (see tuner.cli): `tuner status`
+# Each command imports what it needs inside its function (see tuner.commands.main): `tuner status`
 # imports this module too and must answer in well under a second.
 
 __all__ = ["say", "load_spec_file", "check_study_inputs", "on_this_host", "confirm", "cmd_run", "cmd_resume",
@@ -54,7 +54,7 @@ def load_spec_file(path: str) -> StudySpec:
     spec = on_this_host(parse_study(read_text_bounded(file), str(file)), source=str(file))
     # Prompts files (known answers, reference) are relative to the study file, and read and
     # checked now: a bad file must stop the study before any server starts.
-    from tuner.referencing import resolve_probe_files
+    from tuner.engine.referencing import resolve_probe_files
 
     return spec.model_copy(update={"probe": resolve_probe_files(spec.probe, file.parent.resolve())})
 
@@ -168,15 +168,15 @@ def preflight(spec: StudySpec, *, cluster: bool) -> None:
 @contextlib.contextmanager
 def _locked_study(handle: Any, *, budget: tuple[int | None, float | None] | None = None) -> Iterator[None]:
     """The study held by this run for as long as the block runs: its storage's lock (read
-    first: tuner.study.storage_lock), its folder's lock, then what a run writes before it
+    first: tuner.store.storage_lock), its folder's lock, then what a run writes before it
     starts - a new study's files, a lost storage rebuilt, the run's marker in the storage,
     ``budget`` (--n-trials, --timeout) kept for later resumes. Nothing is written before
     both locks are held: a refused command leaves every file as it was."""
 
-    from tuner.runfile import clean_up_previous_run
-    from tuner.study.folder import restore_storage
-    from tuner.study.storage_lock import StorageLock
-    from tuner.study.store import StudyLock, remember_budget, write_new_study
+    from tuner.engine.runfile import clean_up_previous_run
+    from tuner.store.folder import restore_storage
+    from tuner.store.storage_lock import StorageLock
+    from tuner.store.handle import StudyLock, remember_budget, write_new_study
 
     with StorageLock(handle.storage_url, handle.name, handle.paths.root) as storage_lock, \
             StudyLock(handle.paths):
@@ -205,8 +205,8 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
     folder was made); otherwise it runs once the lock is held and an earlier run's leftover
     servers are gone (they would hold the study's own ports)."""
 
-    from tuner.executor import RayExecutor, init_ray
-    from tuner.runfile import clear_run, record_run
+    from tuner.engine.ray_executor import RayExecutor, init_ray
+    from tuner.engine.runfile import clear_run, record_run
 
     handle.spec = _with_secrets(handle.spec)
     spec = handle.spec
@@ -253,7 +253,7 @@ def _check_environment(handle: Any, *, allow_change: bool, cluster: bool) -> dic
 
     from tuner.adapters.environment import current_environment
     from tuner.study.environment import summary
-    from tuner.study.store import pin_environment
+    from tuner.store.handle import pin_environment
 
     now = current_environment(handle.spec.server, cluster=cluster)
     changed = pin_environment(handle.paths, now, allow_change=allow_change, name=handle.name)
@@ -289,10 +289,10 @@ def _node_refusal(info: dict[str, Any], pinned: dict[str, Any], *, allow_change:
 
 def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None,
                checked: bool = False) -> int:
-    from tuner.orchestrator import Orchestrator
-    from tuner.status import build_status, format_status
+    from tuner.engine.orchestrator import Orchestrator
+    from tuner.views.status import build_status, format_status
     from tuner.adapters.artifacts import saved_budget
-    from tuner.study.store import read_study_json
+    from tuner.store.handle import read_study_json
 
     # A secret missing from this environment is bad input, said before anything is locked or
     # written, also when the study turns out to have nothing left to do. (Resolved again,
@@ -342,8 +342,8 @@ def confirm(handle: Any, args: argparse.Namespace, trials: list[int], *, repeats
     """Re-run ``trials`` on the study's GPU groups (the reference first, if it must be
     recorded); their verdicts, also written to confirm/ and pareto.json."""
 
-    from tuner.confirming import confirm_trials
-    from tuner.orchestrator import Orchestrator, restore_signals
+    from tuner.engine.confirming import confirm_trials
+    from tuner.engine.orchestrator import Orchestrator, restore_signals
 
     with _locked_study(handle), _study_executor(handle, args) as executor:
         orchestrator = Orchestrator(handle, executor, progress=say)
@@ -380,8 +380,8 @@ def _nothing_to_do(handle: Any, n_trials: int, timeout_s: float | None) -> str |
     from tuner.study import policy
     from tuner.study.confirmation import choose_candidates
     from tuner.study.durations import format_duration
-    from tuner.study.records import read_records
-    from tuner.study.store import make_storage
+    from tuner.store.records import read_records
+    from tuner.store.handle import make_storage
     from tuner.study.trials import record_points
 
     try:
@@ -429,8 +429,8 @@ def _check_port(port: int | None) -> None:
 def cmd_confirm(args: argparse.Namespace) -> int:
     from tuner.study.confirmation import choose_candidates
     from tuner.study.trials import record_points
-    from tuner.study.records import read_records
-    from tuner.study.store import open_existing
+    from tuner.store.records import read_records
+    from tuner.store.handle import open_existing
 
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
     handle.spec = on_this_host(handle.spec, source=str(handle.paths.spec_yaml))
@@ -477,7 +477,7 @@ def _option_duration(text: str | None, option: str) -> float | None:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from tuner.adapters.artifacts import StudyPaths
-    from tuner.study.store import create_or_open
+    from tuner.store.handle import create_or_open
 
     spec = load_spec_file(args.file)
     check_study_inputs(spec, args.file)
@@ -494,7 +494,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_resume(args: argparse.Namespace) -> int:
-    from tuner.study.store import open_existing
+    from tuner.store.handle import open_existing
 
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
     handle.spec = on_this_host(handle.spec, source=str(handle.paths.spec_yaml))

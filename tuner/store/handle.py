@@ -221,7 +221,7 @@ class StudyHandle:
     paths: StudyPaths
     storage_url: str
     spec: StudySpec
-    # How spec.yaml differs from what the study recorded (tuner.study.spec_guard); only a
+    # How spec.yaml differs from what the study recorded (tuner.store.spec_guard); only a
     # reader that shows an edited study (status) gets a handle with any.
     spec_changes: list[str] = field(default_factory=list)
 
@@ -405,7 +405,7 @@ def open_existing(results_root: Path, name: str, *, storage_url: str | None = No
                   edited_spec_ok: bool = False) -> StudyHandle:
     """The study ``name`` as its folder records it. ``edited_spec_ok``: a spec.yaml edited
     since the study was created is returned with its changes (``spec_changes``) instead of
-    refused (StudyError naming them; tuner.study.spec_guard)."""
+    refused (StudyError naming them; tuner.store.spec_guard)."""
 
     paths = StudyPaths.of(results_root, name)
     if not paths.study_json.exists():
@@ -428,7 +428,7 @@ def read_saved_spec(paths: StudyPaths, meta: dict[str, Any] | None, *,
     """The study's spec.yaml, validated and held to what the study recorded
     (``open_existing``); ``meta``: study.json, None when the folder has none."""
 
-    from tuner.study.spec_guard import check_saved_spec
+    from tuner.store.spec_guard import check_saved_spec
 
     text = read_text_bounded(paths.spec_yaml, "saved spec")
     try:

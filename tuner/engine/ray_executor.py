@@ -1,4 +1,4 @@
-"""Run trials on Ray: one long-lived async actor per GPU group (``tuner.execution.Executor``).
+"""Run trials on Ray: one long-lived async actor per GPU group (``tuner.engine.execution.Executor``).
 
 Each actor holds ``gpus_per_trial`` GPUs and ``cpus_per_trial`` CPUs as Ray resources
 (declared on machines without GPUs), so Ray places at most one trial per group and as
@@ -32,9 +32,9 @@ import ray
 from ray.exceptions import (GetTimeoutError, NodeDiedError, ObjectLostError, RayActorError, RayError,
                             RayTaskError, TaskCancelledError, WorkerCrashedError)
 
-from tuner import recovery
-from tuner.execution import Finished, NoWorkersLeft
-from tuner.worker import TrialWorker
+from tuner.engine import recovery
+from tuner.engine.execution import Finished, NoWorkersLeft
+from tuner.engine.worker import TrialWorker
 
 __all__ = ["RayExecutor", "init_ray"]
 

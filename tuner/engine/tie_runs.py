@@ -1,7 +1,7 @@
 """Spend ``confirm.tie_runs`` fresh-server re-runs on front candidates noise cannot tell
 apart (tuner.study.ties), and record what was spent and what stayed a tie.
 
-Runs after the confirmation re-runs, through the same machinery (``tuner.confirming``):
+Runs after the confirmation re-runs, through the same machinery (``tuner.engine.confirming``):
 each re-run is a whole trial again in ``confirm/NNNN-K/`` and joins the candidate's
 confirmation verdict. The result is written to ``confirm/ties.json`` after every round, so
 an interrupted study keeps what it learned.
@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 import optuna
 
 from tuner.adapters.artifacts import atomic_write_json
-from tuner.confirming import confirm_trials
+from tuner.engine.confirming import confirm_trials
 from tuner.errors import ArtifactWriteError
 from tuner.study.noise import noisy_front
-from tuner.study.records import read_records
+from tuner.store.records import read_records
 from tuner.study.trials import noisy_points
 from tuner.study.ties import Pooled, next_runs, pooled, remaining_ties
 
 if TYPE_CHECKING:
-    from tuner.execution import JobHost
+    from tuner.engine.execution import JobHost
 
 __all__ = ["separate_ties"]
 

@@ -1,5 +1,5 @@
 """The `tuner` command line: the only place that parses arguments, configures logging,
-prints and chooses exit codes (with ``tuner.cli_run``: the commands that start servers -
+prints and chooses exit codes (with ``tuner.commands.run``: the commands that start servers -
 run, resume, confirm - and the study file as this host reads it).
 
 Exit codes: 0 done, 1 unexpected error, 2 invalid input (study file, arguments),
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner import __version__
-from tuner.cli_run import check_study_inputs, cmd_confirm, cmd_resume, cmd_run, confirm, load_spec_file, say
+from tuner.commands.run import check_study_inputs, cmd_confirm, cmd_resume, cmd_run, confirm, load_spec_file, say
 from tuner.study.durations import format_duration
 from tuner.errors import SpecError, StudyError, Terminated, TunerError
 from tuner.terminal import for_terminal
@@ -103,7 +103,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     say(f"random point (seed {args.seed}): " + (" ".join(f"{k}={_fmt(v)}" for k, v in point.items()) or "(none)"))
     say("  " + _command_text(spec, point))
     if args.preflight:
-        from tuner.cli_run import preflight
+        from tuner.commands.run import preflight
 
         say("")
         preflight(spec, cluster=False)
@@ -118,14 +118,14 @@ def _fmt(value: Any) -> str:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from tuner.status import format_status, status_from_folder
+    from tuner.views.status import format_status, status_from_folder
 
     # The default SQLite file is read without Optuna; any other storage, a folder without
     # one, or anything unexpected takes the full path (which reports errors as it always has).
     status = None if args.storage is not None else status_from_folder(Path(args.results), args.name)
     if status is None:
-        from tuner.study.folder import open_for_reading
-        from tuner.status import build_status
+        from tuner.store.folder import open_for_reading
+        from tuner.views.status import build_status
 
         _quiet_optuna(args)
         # Status shows a study whose spec.yaml was edited, and says so; the others refuse it.
@@ -141,8 +141,8 @@ def cmd_status(args: argparse.Namespace) -> int:
 def _check_export(handle: Any, record: Any, args: argparse.Namespace) -> int:
     """Parse every flag-carrying export format with vLLM's own parser; 0 when all pass."""
 
-    from tuner.export import render_export
-    from tuner.export_check import argv_from_export, check_arguments, env_from_export, vllm_python_for
+    from tuner.views.export import render_export
+    from tuner.views.export_check import argv_from_export, check_arguments, env_from_export, vllm_python_for
 
     spec = handle.spec
     python = vllm_python_for(spec, args.vllm_python)
@@ -186,10 +186,10 @@ def _check_export(handle: Any, record: Any, args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from tuner.adapters.artifacts import atomic_write_text
     from tuner.study.pareto import check_pick, parse_filter
-    from tuner.export import ExportError, choose_record, render_export
-    from tuner.study.records import read_records
-    from tuner.study.folder import open_for_reading
-    from tuner.study.spec_guard import check_measured_command
+    from tuner.views.export import ExportError, choose_record, render_export
+    from tuner.store.records import read_records
+    from tuner.store.folder import open_for_reading
+    from tuner.store.spec_guard import check_measured_command
 
     if args.output:
         _check_output_file(args.output)
@@ -224,7 +224,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                 _error(f"trial {record.number} did not reproduce ({verdicts[0].reason}); "
                        "nothing exported (use --force to export it anyway)")
                 return 1
-        from tuner.export import noise_notes
+        from tuner.views.export import noise_notes
         from tuner.study.environment import environment_for
 
         notes = noise_notes(read_records(study), labels, directions, record)
@@ -257,8 +257,8 @@ def _check_output_file(output: str) -> None:
 
 def cmd_report(args: argparse.Namespace) -> int:
     from tuner.study.pareto import check_pick
-    from tuner.report import write_report
-    from tuner.study.folder import open_for_reading
+    from tuner.views.report import write_report
+    from tuner.store.folder import open_for_reading
 
     handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
     try:
@@ -281,7 +281,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_measure(args: argparse.Namespace) -> int:
     """Run a study file's load profile (and with --probe its probe) against a running server."""
 
-    from tuner.measure import MeasureError, files_in_the_way, format_summary, measure
+    from tuner.engine.measure import MeasureError, files_in_the_way, format_summary, measure
 
     spec = load_spec_file(args.file)
     if args.output:
@@ -451,7 +451,7 @@ def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
 
 def _cmd_run(args: argparse.Namespace) -> int:
     if args.dry_run:
-        from tuner.dry_run import cmd_dry_run
+        from tuner.commands.dry_run import cmd_dry_run
 
         return cmd_dry_run(args)
     return cmd_run(args)

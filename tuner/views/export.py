@@ -2,7 +2,7 @@
 
 Every format comes from ``trial_command`` (the renderer the trial runner used), so the
 exported flags and environment are the measured ones; the formats themselves (quoting,
-what each can carry) are ``tuner.export_formats``. Secrets (``tuner.secrets``) are
+what each can carry) are ``tuner.views.export_formats``. Secrets (``tuner.secrets``) are
 exported as references (``${HF_TOKEN}``, ``${API_KEY}``), never as values: the command is
 rendered from the study's public server section, where every secret value is its
 reference already.
@@ -16,7 +16,7 @@ from typing import Any
 
 from tuner import __version__
 from tuner.load.max_rate_text import max_rate_text
-from tuner.export_formats import (FORMATS, Exported, ExportFormatError, env_text, json_text, shell_text,
+from tuner.views.export_formats import (FORMATS, Exported, ExportFormatError, env_text, json_text, shell_text,
                                   systemd_text, yaml_text)
 from tuner.secrets import MARK, as_reference, public_server, secret_slots
 from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text

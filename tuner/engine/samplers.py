@@ -40,8 +40,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import (BaseDistribution, CategoricalDistribution, FloatDistribution,
-                                  IntDistribution)
+from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, Trial, TrialState
@@ -49,10 +48,9 @@ from optuna.trial import FrozenTrial, Trial, TrialState
 from tuner.study import planner, space
 from tuner.study.pareto import Point, pareto_front
 from tuner.study.sampling import neighbours
-from tuner.study.parameters import BoolParam, CategoricalParam, IntParam
 from tuner.study.spec import StudySpec
 
-__all__ = ["make_sampler", "suggest", "distribution", "AvoidSeenSampler", "ParetoLocalSampler", "PlannedSampler",
+__all__ = ["make_sampler", "suggest", "AvoidSeenSampler", "ParetoLocalSampler", "PlannedSampler",
            "observations", "STARTUP_TRIALS", "HISTORY_LIMIT"]
 
 STARTUP_TRIALS = 10
@@ -102,18 +100,6 @@ def make_sampler(spec: StudySpec, *, design_size: int = 0, budget: int | None = 
                                              population_size=max(4, min(20, spec.budget.n_trials // 3)))
     # "random" and "grid": grid points are enqueued by the orchestrator in shuffled order.
     return optuna.samplers.RandomSampler(seed=s.seed)
-
-
-def distribution(param: Any) -> BaseDistribution:
-    """A study parameter as the Optuna distribution its suggestions come from."""
-
-    if isinstance(param, CategoricalParam):
-        return CategoricalDistribution(param.values)
-    if isinstance(param, BoolParam):
-        return CategoricalDistribution([False, True])
-    if isinstance(param, IntParam):
-        return IntDistribution(param.low, param.high, step=param.step, log=param.log)
-    return FloatDistribution(param.low, param.high, step=param.step, log=param.log)
 
 
 def suggest(trial: Trial, param: Any) -> Any:

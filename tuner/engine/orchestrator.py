@@ -11,7 +11,7 @@ confirmation re-runs at the end, and a storage that stops answering.
 Stopping: the first Ctrl-C or SIGTERM cancels the running trials (their servers are
 stopped), marks them interrupted (re-run on resume) and returns; a second one kills the
 local servers and the workers at once. A storage that keeps failing (see
-tuner.study.store) stops the study the same way, resumably; a full disk fails the trial
+tuner.store.handle) stops the study the same way, resumably; a full disk fails the trial
 that could not write its files, and a pareto.json that cannot be rewritten keeps its
 previous, complete content.
 """
@@ -31,12 +31,12 @@ from typing import Any
 import optuna
 from optuna.trial import Trial, TrialState
 
-from tuner import recovery
+from tuner.engine import recovery
 from tuner.adapters.artifacts import atomic_write_json
-from tuner.confirming import confirm_trials
+from tuner.engine.confirming import confirm_trials
 from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError, Terminated
-from tuner.execution import Executor, Finished, JobHost, NoWorkersLeft
-from tuner.referencing import WORKER_WAIT_S, pinned, prepare_reference, study_probe
+from tuner.engine.execution import Executor, Finished, JobHost, NoWorkersLeft
+from tuner.engine.referencing import WORKER_WAIT_S, pinned, prepare_reference, study_probe
 from tuner.study import policy, space
 from tuner.study.space import trial_command
 from tuner.probe.record import Reference
@@ -44,12 +44,12 @@ from tuner.study.sweep_guard import SweepPlan
 from tuner.study.confirmation import choose_candidates, confirmation_brief, reserve_seconds
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
-from tuner.study.records import RecordReader, to_record
-from tuner.tie_runs import separate_ties
-from tuner.study.samplers import make_sampler, suggest
+from tuner.store.records import RecordReader, to_record
+from tuner.engine.tie_runs import separate_ties
+from tuner.engine.samplers import make_sampler, suggest
 from tuner.study.scoring import outcome_attrs, pareto_payload, result_text, stop_text, values_text
 from tuner.study.spec import StudySpec
-from tuner.study.store import StudyHandle, check_storage_covers_folder, make_storage
+from tuner.store.handle import StudyHandle, check_storage_covers_folder, make_storage
 from tuner.study.trials import KIND_RUN, TrialRecord, record_points
 from tuner.secrets import Redactor, known_values
 from tuner.vllm.compile_cache import study_cache_root
@@ -107,7 +107,7 @@ class StudyLoop:
         # from the trials that ran their whole sweep.
         self._full_trial_s: list[float] = []
         self.confirm_reserve_s = 0.0
-        # What every trial's probe is judged with (tuner.referencing.prepare_reference).
+        # What every trial's probe is judged with (tuner.engine.referencing.prepare_reference).
         self.probe = study_probe(spec, spec.probe)
         self.reference: Reference | None = None
 
@@ -544,7 +544,7 @@ class Orchestrator(StudyLoop):
                        lambda: self.interrupted, self.kill_running_now, request, self.run_id)
 
     def prepare_reference(self) -> bool:
-        """Have the study's reference before the first trial (``tuner.referencing``); False
+        """Have the study's reference before the first trial (``tuner.engine.referencing``); False
         when interrupted meanwhile."""
 
         prepared = prepare_reference(self.job_host(), time.monotonic)
@@ -555,7 +555,7 @@ class Orchestrator(StudyLoop):
 
     def confirm_front(self, study: optuna.Study) -> None:
         """Re-run the front's ``confirm.candidates`` most likely picks once the budget is
-        spent (``tuner.confirming``). A point confirmed earlier (a resumed study) is not
+        spent (``tuner.engine.confirming``). A point confirmed earlier (a resumed study) is not
         re-run; a wall-clock stop (``budget.timeout``) skips this, as does an interrupt."""
 
         cfg = self.spec.confirm

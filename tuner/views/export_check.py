@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.adapters.environment import server_python
-from tuner.export_formats import read_shell, read_systemd_exec
+from tuner.views.export_formats import read_shell, read_systemd_exec
 from tuner.study.spec import StudySpec
 
 __all__ = ["CheckResult", "VllmUnavailable", "vllm_python_for", "argv_from_export", "check_arguments", "env_from_export",

@@ -226,7 +226,7 @@ def read_sqlite_study(db_path: Path, study_name: str) -> StoredStudy | None:
 
     try:
         # mode=rw: never create a database that is not there. The busy timeout is the
-        # storage's own (tuner.study.store.RetryPolicy), for reading while a study writes.
+        # storage's own (tuner.store.handle.RetryPolicy), for reading while a study writes.
         conn = sqlite3.connect(f"{Path(db_path).resolve().as_uri()}?mode=rw", uri=True, timeout=10.0)
     except sqlite3.Error:
         return None

@@ -40,7 +40,7 @@ from optuna.study import StudyDirection
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import redact_url
 from tuner.errors import StudyError
-from tuner.study.store import RetryPolicy, _sqlite_file, make_storage
+from tuner.store.handle import RetryPolicy, _sqlite_file, make_storage
 
 __all__ = ["StorageLock", "MARKER"]
 

@@ -22,17 +22,17 @@ from tuner.adapters.artifacts import atomic_write_text, make_private_dir, open_p
 from tuner.study.durations import format_duration
 from tuner.study.environment import environment_for, environment_lines
 from tuner.study.confirmation_text import summary_text
-from tuner.export import ExportError, choose_record, noise_notes, render_export
+from tuner.views.export import ExportError, choose_record, noise_notes, render_export
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.load.host_steadiness import check_text
-from tuner.plots import best_so_far_png, importance_png, pareto_png, startup_png
+from tuner.views.plots import best_so_far_png, importance_png, pareto_png, startup_png
 from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points
-from tuner.study.records import read_records
-from tuner.status import read_checks, searched_targets
+from tuner.store.records import read_records
+from tuner.views.status import read_checks, searched_targets
 from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
-from tuner.study.store import StudyHandle
+from tuner.store.handle import StudyHandle
 from tuner.vllm.knobs import mismatch_text
 
 __all__ = ["write_report", "knob_importances"]
@@ -144,7 +144,7 @@ def noise_ties(records: list[TrialRecord], labels: list[str], directions: list[s
 
 
 def _separation_html(path: Path) -> str:
-    """What ``confirm.tie_runs`` spent separating ties, and what stayed a tie (tuner.tie_runs)."""
+    """What ``confirm.tie_runs`` spent separating ties, and what stayed a tie (tuner.engine.tie_runs)."""
 
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

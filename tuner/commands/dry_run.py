@@ -30,11 +30,11 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
     from pydantic import ValidationError
 
     from tuner.adapters.artifacts import StudyPaths, atomic_write_json
-    from tuner.cli_run import _option_duration, _run_study, check_study_inputs, load_spec_file, preflight, say
+    from tuner.commands.run import _option_duration, _run_study, check_study_inputs, load_spec_file, preflight, say
     from tuner.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile
     from tuner.study.dry_run import SUFFIX, dry_run_name, dry_run_spec
     from tuner.study.study_name import check_study_name
-    from tuner.study.store import create_or_open
+    from tuner.store.handle import create_or_open
 
     if args.storage is not None:
         raise SpecError("--storage: a dry run keeps its own storage in its folder (results/NAME-dry-run), "
@@ -80,7 +80,7 @@ def _clear_previous(paths: StudyPaths, say: Callable[[str], None]) -> None:
     """Remove the folder of an earlier dry run of this study (never one that is running, and
     never a folder that is not a dry run's)."""
 
-    from tuner.study.store import StudyLock
+    from tuner.store.handle import StudyLock
 
     if not paths.root.exists():
         return

@@ -19,7 +19,7 @@ from tuner.study.integrity import damaged_rows, integrity_lines, spec_changes
 from tuner.study.confirmation_text import summary_text
 from tuner.study.noise import noisy_front, plus_minus, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points, stop_record_text
-from tuner.study.records import StoredStudy, read_records_direct, read_sqlite_study
+from tuner.store.records import StoredStudy, read_records_direct, read_sqlite_study
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
 from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
@@ -27,7 +27,7 @@ from tuner.vllm.unverified import unverified, unverified_summary, unverified_tex
 if TYPE_CHECKING:
     import optuna
 
-    from tuner.study.store import StudyHandle
+    from tuner.store.handle import StudyHandle
 
 # `tuner status` on a study in its default SQLite file imports nothing heavier than this
 # module (no Optuna, SQLAlchemy, pydantic): see status_from_folder.

@@ -21,8 +21,8 @@ from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.study.confirmation import Confirmation, RunResult, judge, summary_text
 from tuner.study.outcome import TrialOutcome
 from tuner.errors import ArtifactWriteError, StudyError
-from tuner.execution import Finished, JobHost, NoWorkersLeft
-from tuner.study.records import read_records
+from tuner.engine.execution import Finished, JobHost, NoWorkersLeft
+from tuner.store.records import read_records
 from tuner.study.policy import told_for
 
 __all__ = ["confirm_trials", "CONFIRM_JOB_BASE"]
@@ -55,7 +55,7 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
     """Re-run each trial ``repeats`` times and return (and write) the verdicts.
 
     ``keep_previous``: the verdict also counts the trial's re-runs already recorded in
-    ``confirm/`` (repeats spent on separating ties add to them, tuner.tie_runs).
+    ``confirm/`` (repeats spent on separating ties add to them, tuner.engine.tie_runs).
 
     Returns early, with the verdicts finished so far, when the study run is interrupted
     (first Ctrl-C: running re-runs are stopped gracefully). The trials must be completed run

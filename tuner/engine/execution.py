@@ -1,6 +1,6 @@
 """What the study loop needs from whatever runs its trials: the ``Executor`` protocol.
 
-Two implementations: ``tuner.executor.RayExecutor`` (one long-lived actor per GPU group, a
+Two implementations: ``tuner.engine.ray_executor.RayExecutor`` (one long-lived actor per GPU group, a
 real server per trial) and ``tuner.sim.executor.SimExecutor`` (the simulator's performance
 model evaluated in-process, on simulated time: the benchmarks and the fast tests drive the
 real loop and policy through it). The loop hands an executor a request as JSON-ready data

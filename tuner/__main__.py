@@ -1,0 +1,7 @@
+"""``python -m tuner``: the ``tuner`` command."""
+
+import sys
+
+from tuner.commands.main import main
+
+sys.exit(main())
