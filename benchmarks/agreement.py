@@ -48,8 +48,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from vllm_server import MODEL_DIR, SERVED, VLLM_PYTHON, VllmServer, available  # noqa: E402
 
-from tuner.load.sweep import run_sweep  # noqa: E402
 from tuner.load.load_spec import LoadSpec, WorkloadClass, WorkloadSpec  # noqa: E402
+from tuner.load.sweep import run_sweep  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 TARGETS = {"output_tok_s": 0.05, "tpot_ms_median": 0.05, "ttft_ms_median": 0.10}

@@ -47,10 +47,10 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import optuna  # noqa: E402
 
+from tuner.engine import samplers  # noqa: E402
+from tuner.sim.ground_truth import GroundTruth  # noqa: E402
 from tuner.sim.landscape import ground_truth  # noqa: E402
 from tuner.sim.study import EarlyStopPolicy, run_study  # noqa: E402
-from tuner.sim.ground_truth import GroundTruth  # noqa: E402
-from tuner.engine import samplers  # noqa: E402
 from tuner.study.spec import ExecutionSpec, SamplerSpec, StudySpec  # noqa: E402
 from tuner.study.study_file import parse_study  # noqa: E402
 

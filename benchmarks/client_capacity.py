@@ -234,7 +234,7 @@ def child_main(args: argparse.Namespace) -> int:
     func = _CLIENT_FUNCS[args.child]
     # Import outside the measured span: only the run's own CPU time counts.
     if args.child == "tuner":
-        import tuner.load.closed_loop  # noqa: F401
+        import tuner.load.closed_loop
         import tuner.load.workload  # noqa: F401
     elif args.child == "aiohttp-vllm":
         import aiohttp  # noqa: F401

@@ -247,8 +247,8 @@ def main() -> int:
     warnings.filterwarnings("ignore")
 
     from tuner.engine.orchestrator import Orchestrator
-    from tuner.views.status import build_status, format_status, status_from_folder
     from tuner.store.handle import create_or_open
+    from tuner.views.status import build_status, format_status, status_from_folder
 
     spec = parse_study(SPEC.read_text(), str(SPEC)).model_copy()
     if args.sampler:
@@ -301,7 +301,7 @@ def main() -> int:
               f"from the SQLite file", flush=True)
     # The command a user types, interpreter start-up and imports included.
     # Three runs, the median kept: one run on a shared machine is mostly its neighbours' load.
-    runs = [timed(lambda: subprocess.run(  # noqa: PLW1510
+    runs = [timed(lambda: subprocess.run(
         [sys.executable, "-m", "tuner", "status", handle.name, "--results", str(root), "--brief"],
         capture_output=True, text=True, cwd=ROOT, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)}))
         for _ in range(3)]

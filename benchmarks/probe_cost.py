@@ -55,8 +55,8 @@ from tuner.load.sweep import run_sweep  # noqa: E402
 from tuner.probe.client import load_probe_items, run_probe  # noqa: E402
 from tuner.probe.correctness import run_correctness  # noqa: E402
 from tuner.probe.recording import load_reference_sources, record_reference  # noqa: E402
-from tuner.probe.spec import ProbeSpec  # noqa: E402
 from tuner.probe.selection import single_stream_plan  # noqa: E402
+from tuner.probe.spec import ProbeSpec  # noqa: E402
 from tuner.probe.verdict import with_reference_accuracy  # noqa: E402
 from tuner.study.spec import StudySpec  # noqa: E402
 from tuner.study.study_file import parse_study  # noqa: E402

@@ -34,7 +34,7 @@ import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +43,13 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import optuna  # noqa: E402
+import truth as truth_mod  # noqa: E402
 
 from tuner.engine import samplers  # noqa: E402
-from tuner.study import sampling  # noqa: E402
-from tuner.study.spec import SamplerSpec, StudySpec  # noqa: E402
 from tuner.sim.ground_truth import GroundTruth  # noqa: E402
 from tuner.sim.study import EarlyStopPolicy, StudyRun, run_study  # noqa: E402
-
-import truth as truth_mod  # noqa: E402
+from tuner.study import sampling  # noqa: E402
+from tuner.study.spec import SamplerSpec, StudySpec  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 SPACES = {"glm5": "search_spaces/glm5-8xpcie.yaml", "glm5-large": "search_spaces/glm5-8xpcie-large.yaml"}
@@ -206,8 +205,8 @@ def _evaluator(space: str) -> Any:
     """For when a not-applied knob shows in the log (resolve only, no simulation)."""
 
     if space not in _EVALUATORS:
-        from tuner.sim.truth import Evaluator
         from tuner.sim.profile import load_profile
+        from tuner.sim.truth import Evaluator
 
         _EVALUATORS[space] = Evaluator(_truth(space)[0], load_profile("glm5-8xpcie"))
     return _EVALUATORS[space]
@@ -368,7 +367,7 @@ def plot_curves(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def plot_early_stop(es: dict[str, Any], path: Path) -> None:  # noqa: C901
+def plot_early_stop(es: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")

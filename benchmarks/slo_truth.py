@@ -39,8 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from tuner.load.rate_search import RateSearch  # noqa: E402
 from tuner.sim.profile import load_profile  # noqa: E402
-from tuner.sim.slo_truth import (  # noqa: E402
-    measure_level, model_clock, open_loop_point, true_max_rate)
+from tuner.sim.slo_truth import measure_level, model_clock, open_loop_point, true_max_rate  # noqa: E402
 from tuner.sim.truth import Evaluator, enumerate_points  # noqa: E402
 from tuner.study.study_file import parse_study  # noqa: E402
 

@@ -36,9 +36,9 @@ sys.path.insert(0, str(ROOT))
 from tuner.adapters.artifacts import atomic_write_text  # noqa: E402
 from tuner.sim import ground_truth, truth_verify  # noqa: E402
 from tuner.sim import truth as st  # noqa: E402
+from tuner.sim.profile import load_profile  # noqa: E402
 from tuner.study.spec import StudySpec  # noqa: E402
 from tuner.study.study_file import parse_study  # noqa: E402
-from tuner.sim.profile import load_profile  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 # Modules whose code decides a point's outcome, by name (their files move between packages).
@@ -145,9 +145,9 @@ def restamp(spec_path: str | Path, *, profile: str, sample: int, seed: int = 0) 
 def check_verdicts(spec_path: str | Path, profile: str = "glm5-8xpcie") -> tuple[int, list[str]]:
     """(points checked, disagreements) between mismatches() and the real log + verify path."""
 
+    from tuner.sim.dry_log import startup_log
     from tuner.vllm.effective_config import parse_effective_config
     from tuner.vllm.verify import verify
-    from tuner.sim.dry_log import startup_log
 
     spec = load_spec(spec_path)
     prof = load_profile(profile)

@@ -18,8 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from tuner.vllm.compile_cache import (CompileRecord, check_cache_dir, compile_key, compile_settings,
-                                      expand_cache_dir, parse_compile_log, relevance)
+from tuner.vllm.compile_cache import (
+    CompileRecord,
+    check_cache_dir,
+    compile_key,
+    compile_settings,
+    expand_cache_dir,
+    parse_compile_log,
+    relevance,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_logs"
 
@@ -211,8 +218,8 @@ def test_cache_dir_expansion_reads_only_what_it_is_given() -> None:
 def test_the_cli_expands_the_cache_dir_where_the_study_runs(monkeypatch: pytest.MonkeyPatch,
                                                              tmp_path: Path) -> None:
     from tuner.commands.run import on_this_host
-    from tuner.study.study_file import parse_study
     from tuner.errors import SpecError
+    from tuner.study.study_file import parse_study
 
     spec = parse_study("name: s\nserver: {model: m}\nexecution: {compile_cache_dir: $TUNER_C/x}\n")
     monkeypatch.setenv("TUNER_C", str(tmp_path))

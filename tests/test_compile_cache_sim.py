@@ -113,8 +113,8 @@ def _request(tmp_path: Path, number: int) -> Any:
 
 
 def test_the_worker_records_the_compile_cache_per_trial(tmp_path: Path) -> None:
-    from tuner.study.outcome import TrialOutcome
     from tuner.engine.worker import TrialWorker
+    from tuner.study.outcome import TrialOutcome
 
     async def start_stop(request: Any) -> tuple[float, dict[str, Any]]:
         worker = TrialWorker()
@@ -154,9 +154,9 @@ def test_records_read_the_compile_record_or_say_unknown() -> None:
 @pytest.fixture(scope="module")
 def small():
     from tests.sim_studies import SMALL_STUDY
-    from tuner.study.study_file import parse_study
     from tuner.sim.ground_truth import build_ground_truth
     from tuner.sim.profile import load_profile
+    from tuner.study.study_file import parse_study
 
     spec = parse_study(SMALL_STUDY, "small")
     return spec, build_ground_truth(spec, load_profile("glm5-8xpcie"))

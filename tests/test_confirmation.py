@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
+from tuner.errors import SpecError
 from tuner.study.confirmation import RunResult, choose_candidates, judge
 from tuner.study.confirmation_text import blocks_export, confirmation_brief, summary_text
 from tuner.study.pareto import Point
 from tuner.study.study_file import parse_study
-from tuner.errors import SpecError
-from tuner.views.export import ExportError, choose_record
 from tuner.study.trials import TrialRecord
+from tuner.views.export import ExportError, choose_record
 
 LABELS = ["output_tok_s@c16", "tpot_ms.mean@c1"]
 DIRS = ["maximize", "minimize"]

@@ -13,13 +13,13 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, run_tuner, wait_no_orphans, write_study
-from tuner.commands.main import main
-from tuner.commands.dry_run import MARKER, _clear_previous
-from tuner.errors import StudyError
-from tuner.study.dry_run import dry_run_spec
-from tuner.store.handle import StudyLock
-from tuner.study.study_file import parse_study
 from tuner.adapters.artifacts import StudyPaths
+from tuner.commands.dry_run import MARKER, _clear_previous
+from tuner.commands.main import main
+from tuner.errors import StudyError
+from tuner.store.handle import StudyLock
+from tuner.study.dry_run import dry_run_spec
+from tuner.study.study_file import parse_study
 
 GLM5 = ROOT / "search_spaces" / "glm5-8xpcie.yaml"
 

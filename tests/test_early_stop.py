@@ -7,8 +7,7 @@ import math
 
 import pytest
 
-from tuner.study.early_stop import (Target, decide, dominated, infeasible_reason, learned_ratio,
-                                   level_order, optimistic)
+from tuner.study.early_stop import Target, decide, dominated, infeasible_reason, learned_ratio, level_order, optimistic
 
 THR = Target("output_tok_s", 64, "maximize")
 TPOT = Target("tpot_ms.mean", 1, "minimize")
@@ -94,9 +93,9 @@ def test_real_landscape_replay_never_stops_a_trial_that_would_enter_the_front() 
     import json
     from pathlib import Path
 
+    from tuner.engine.samplers import make_sampler
     from tuner.sim.landscape import ground_truth
     from tuner.sim.study import EarlyStopPolicy, run_study
-    from tuner.engine.samplers import make_sampler
     from tuner.study.spec import ExecutionSpec, SamplerSpec
     from tuner.study.study_file import parse_study
 
@@ -167,9 +166,9 @@ def test_infeasible_reasons() -> None:
 @pytest.fixture(scope="module")
 def small_truth():
     from tests.sim_studies import SMALL_STUDY
-    from tuner.study.study_file import parse_study
     from tuner.sim.ground_truth import build_ground_truth
     from tuner.sim.profile import load_profile
+    from tuner.study.study_file import parse_study
 
     spec = parse_study(SMALL_STUDY, "es-small")
     return spec, build_ground_truth(spec, load_profile("glm5-8xpcie"))
@@ -256,9 +255,9 @@ def test_guard_stops_infeasible_trials_at_once_and_never_without_a_plan() -> Non
 def test_stopped_trials_are_told_infeasible_with_bounds_or_worst_values() -> None:
     from tests.sim_studies import SMALL_STUDY
     from tuner.study.outcome import TrialOutcome
+    from tuner.study.scoring import stopped_told
     from tuner.study.study_file import parse_study
     from tuner.study.trials import TrialRecord
-    from tuner.study.scoring import stopped_told
 
     spec = parse_study(SMALL_STUDY, "es-small")
     dominated = TrialOutcome(number=3, status="completed", applied=True, probe_passed=True,
@@ -281,9 +280,9 @@ def test_plan_front_and_history_come_from_measured_feasible_trials() -> None:
     from optuna.trial import TrialState, create_trial
 
     from tests.sim_studies import SMALL_STUDY
-    from tuner.study.study_file import parse_study
-    from tuner.study.policy import early_stop_plan
     from tuner.store.records import to_record
+    from tuner.study.policy import early_stop_plan
+    from tuner.study.study_file import parse_study
 
     spec = parse_study(SMALL_STUDY, "es-small")
     labels = [o.metric for o in spec.objectives]
@@ -339,10 +338,10 @@ def test_plan_with_startup_time_as_a_third_objective_keeps_its_history() -> None
     from optuna.trial import TrialState, create_trial
 
     from tests.sim_studies import SMALL_STUDY
-    from tuner.study.early_stop import TRIAL_LEVEL
-    from tuner.study.study_file import parse_study
-    from tuner.study.policy import early_stop_plan
     from tuner.store.records import to_record
+    from tuner.study.early_stop import TRIAL_LEVEL
+    from tuner.study.policy import early_stop_plan
+    from tuner.study.study_file import parse_study
 
     spec = parse_study(SMALL_STUDY, "es-small")
     spec = spec.model_copy(update={"objectives": [*spec.objectives, spec.objectives[0].model_copy(

@@ -8,10 +8,10 @@ import math
 
 import pytest
 
-from tuner.study.early_stop import INSIDE_MARGIN, Target, inside_bound
-from tuner.study.sweep_guard import SweepGuard, sweep_plan
 from tuner.load.metrics import compute_level_metrics
 from tuner.load.records import RequestRecord
+from tuner.study.early_stop import INSIDE_MARGIN, Target, inside_bound
+from tuner.study.sweep_guard import SweepGuard, sweep_plan
 
 THR = Target("output_tok_s", 64, "maximize")
 TPOT = Target("tpot_ms.mean", 1, "minimize")
@@ -181,9 +181,9 @@ def truth3():
     window (one round) between its first wave and its drain."""
 
     from tests.sim_studies import SMALL_STUDY
-    from tuner.study.study_file import parse_study
     from tuner.sim.ground_truth import build_ground_truth
     from tuner.sim.profile import load_profile
+    from tuner.study.study_file import parse_study
 
     text = SMALL_STUDY.replace("requests_per_stream: 2", "requests_per_stream: 3")
     assert text != SMALL_STUDY

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
+from tuner.study.study_file import parse_study
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
+from tuner.load.prometheus import parse_prometheus_text, server_side_metrics
 from tuner.vllm.effective_config import EffectiveConfig, parse_effective_config
 from tuner.vllm.failure_signatures import FatalLineScanner, match_fatal_line, scan_log
-from tuner.load.prometheus import parse_prometheus_text, server_side_metrics
 from tuner.vllm.verify import verify
 
 FIXTURES = Path(__file__).parent / "fixtures"

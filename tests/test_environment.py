@@ -3,8 +3,8 @@ then `tuner resume` that refuses to mix environments unless told to."""
 
 from __future__ import annotations
 
-import os
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -14,8 +14,8 @@ import pytest
 from tests.conftest import run_tuner, write_study
 from tests.faultkit import FAST
 from tuner.adapters.environment import current_environment, model_digest, server_packages
-from tuner.study.environment import differences, environment_for, summary
 from tuner.commands.run import load_spec_file
+from tuner.study.environment import differences, environment_for, summary
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ import pytest
 
 from tuner.study.pareto import parse_filter
 from tuner.study.study_file import parse_study
-from tuner.views.export import ExportError, choose_record, render_export
 from tuner.study.trials import TrialRecord
+from tuner.views.export import ExportError, choose_record, render_export
 
 SPEC = parse_study(textwrap.dedent("""
     name: ex

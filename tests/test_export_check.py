@@ -10,10 +10,10 @@ import pytest
 
 from tests.conftest import CPU_EXAMPLE, ROOT, copy_cpu_example, measured_with_flags, run_tuner
 from tuner.commands.run import load_spec_file
+from tuner.store.handle import create_or_open, make_storage
+from tuner.study.trials import TrialRecord
 from tuner.views.export import render_export
 from tuner.views.export_check import argv_from_export, check_arguments
-from tuner.study.trials import TrialRecord
-from tuner.store.handle import create_or_open, make_storage
 
 VLLM_PY = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL = ROOT / ".models" / "smollm2-135m-instruct"

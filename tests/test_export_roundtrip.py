@@ -22,13 +22,13 @@ from hypothesis import strategies as st
 
 from tests import systemd_syntax as sd
 from tuner.errors import SpecError
+from tuner.secrets import secret_slots
+from tuner.study.space import trial_command
+from tuner.study.study_file import parse_study
+from tuner.study.trials import TrialRecord
 from tuner.views.export import ExportError, exported_command, render_export
 from tuner.views.export_formats import ExportFormatError, read_systemd_exec, shell_text, systemd_text
 from tuner.views.export_formats import read_shell as export_read_shell
-from tuner.secrets import secret_slots
-from tuner.study.space import trial_command
-from tuner.study.trials import TrialRecord
-from tuner.study.study_file import parse_study
 
 SYSTEMD_ANALYZE = shutil.which("systemd-analyze")
 UNIT_KEYS = {"Description", "After", "Wants", "Type", "Environment", "EnvironmentFile", "ExecStart",

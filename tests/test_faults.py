@@ -34,11 +34,23 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import (ROOT, failure_reasons, load_trials, lost_completed, record_fault_row,
-                            wait_no_orphans)
-from tests.faultkit import (SLOW_START, STARTUP_TIMEOUT_S, STOP_TIMEOUT_S, TRIAL_TIMEOUT_S, Tuner,
-                            counted, fault_study, fill, hold_lock, mount_tmpfs, running_trial_dirs,
-                            server_pgid_of, trial_dir_of, wait_for)
+from tests.conftest import ROOT, failure_reasons, load_trials, lost_completed, record_fault_row, wait_no_orphans
+from tests.faultkit import (
+    SLOW_START,
+    STARTUP_TIMEOUT_S,
+    STOP_TIMEOUT_S,
+    TRIAL_TIMEOUT_S,
+    Tuner,
+    counted,
+    fault_study,
+    fill,
+    hold_lock,
+    mount_tmpfs,
+    running_trial_dirs,
+    server_pgid_of,
+    trial_dir_of,
+    wait_for,
+)
 from tuner.adapters import proctree
 
 pytestmark = pytest.mark.slow
@@ -437,8 +449,8 @@ def test_driver_deadline_cancels_into_the_actor_and_stops_the_server(tmp_path: P
     import ray
 
     from tuner.commands.run import load_spec_file
-    from tuner.study.outcome import TrialRequest
     from tuner.engine.ray_executor import RayExecutor
+    from tuner.study.outcome import TrialRequest
     from tuner.study.space import trial_command
 
     study, marker = fault_study(tmp_path, {256: [{"fault": "hang_at_start"}]},
@@ -527,10 +539,10 @@ def test_resume_records_a_finished_trial_the_storage_never_got(tmp_path: Path) -
     import optuna
 
     from tuner.commands.run import load_spec_file
-    from tuner.study.outcome import TrialOutcome
     from tuner.engine.orchestrator import Orchestrator
     from tuner.sim.executor import SimExecutor
     from tuner.store.handle import create_or_open
+    from tuner.study.outcome import TrialOutcome
 
     study_file, _ = fault_study(tmp_path, {256: [], 257: []})
     spec = load_spec_file(str(study_file))

@@ -20,9 +20,9 @@ import pytest
 
 from tests.conftest import run_tuner, wait_no_orphans, write_study
 from tuner.adapters.artifacts import StudyPaths
-from tuner.study import policy
 from tuner.store.folder import study_from_trial_files
 from tuner.store.handle import finished_trial_numbers, open_existing
+from tuner.study import policy
 from tuner.study.trial_folders import MAX_GAP, sort_out
 from tuner.study.trials import KIND_DAMAGED
 

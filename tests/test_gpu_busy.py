@@ -16,8 +16,8 @@ import pytest
 
 from tests.conftest import ROOT, free_port_block, wait_no_orphans
 from tuner.adapters import gpu
-from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.engine.worker import TrialWorker
+from tuner.study.outcome import TrialOutcome, TrialRequest
 
 H200 = "GPU-5f3c8a61-7d2e-4b0a-9c1e-2a4b6c8d0e1f"
 # `nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name --format=csv,noheader,nounits`

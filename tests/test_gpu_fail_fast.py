@@ -17,13 +17,13 @@ import pytest
 from tests.conftest import ROOT, free_port_block, wait_no_orphans
 from tuner.adapters.artifacts import StudyPaths
 from tuner.adapters.launcher import FATAL_STOP_GRACE_S, ServerProcess
+from tuner.engine.worker import TrialWorker
 from tuner.errors import ServerFatalLog
-from tuner.views.status import _trial_row, format_status
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.policy import told_for
 from tuner.study.scoring import outcome_attrs
 from tuner.study.trials import TrialRecord
-from tuner.engine.worker import TrialWorker
+from tuner.views.status import _trial_row, format_status
 
 LOGS = ROOT / "tests" / "fixtures" / "vllm_logs"
 

@@ -12,7 +12,7 @@ parsers must read the same from the log text, so a parser that misreads a field 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -239,7 +239,7 @@ def _stamp_unix(line: str, year: int) -> float:
 
     month_day, clock = line.split("] ", 1)[0].split()[-3:-1]
     when = datetime.strptime(f"{year}-{month_day} {clock}", "%Y-%m-%d %H:%M:%S")
-    return when.replace(tzinfo=timezone.utc).timestamp()
+    return when.replace(tzinfo=UTC).timestamp()
 
 
 def test_b_kv_cache_too_small_fails_fast_with_vllms_message() -> None:

@@ -8,8 +8,6 @@ cost more than a bounded amount of memory (issue 16, defects 3, 5, 6, 7 and 10).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -108,7 +106,7 @@ def _bomb(kind: str) -> str:
     if kind == "mapping":
         flags = f"  flags:\n    tensor_parallel_size: 8\n    bomb:\n{textwrap.indent(anchors, '      ')}\n"
     else:
-        flags = f"  flags:\n    tensor_parallel_size: 8\n    bomb: *a9\n"
+        flags = "  flags:\n    tensor_parallel_size: 8\n    bomb: *a9\n"
     body = demo_with().replace("  flags:\n    tensor_parallel_size: 8\n", flags, 1)
     if kind != "mapping":
         body = "anchors:\n" + anchors + "\n" + body

@@ -54,7 +54,7 @@ def run(pieces: list[bytes], *, stop_on: bytes | None = None, lose: bool = False
                                "stamps": stamps}
         try:
             out["status"] = await asyncio.wait_for(task, 2)
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:
             out["error"] = exc
         return out
 

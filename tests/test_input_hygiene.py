@@ -179,7 +179,7 @@ def test_a_servers_words_in_an_error_reach_the_terminal_escaped(tmp_path: Path) 
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     class Hostile(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        def do_GET(self) -> None:
             body = b"\x1b]0;owned\x07no models here"
             self.send_response(500)
             self.send_header("Content-Length", str(len(body)))

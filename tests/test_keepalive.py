@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-import tuner.load.http_stream as http_stream
 import tuner.adapters.http_client as http_client
+import tuner.load.http_stream as http_stream
 import tuner.probe.http as probe_http
 from tuner.load.request import LevelContext, Stream, one_request
 from tuner.load.workload import RequestPlan

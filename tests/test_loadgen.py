@@ -28,14 +28,14 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response, Strea
 from starlette.routing import Route
 
 from tuner.load.closed_loop import run_level
+from tuner.load.load_spec import Api, LoadSpec, WorkloadClass, WorkloadSpec
 from tuner.load.loop_lag import LoopLagMonitor
+from tuner.load.metrics import compute_level_metrics
 from tuner.load.record_files import read_records_jsonl, write_records_jsonl
+from tuner.load.records import RequestRecord
 from tuner.load.results import SweepResult
 from tuner.load.server_calls import fetch_token_count
 from tuner.load.sweep import run_sweep
-from tuner.load.load_spec import Api, LoadSpec, WorkloadClass, WorkloadSpec
-from tuner.load.metrics import compute_level_metrics
-from tuner.load.records import RequestRecord
 from tuner.load.workload import RequestPlan, draft_requests, level_stream
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_slo import rec
+from tests.test_slo import rec, study
 from tuner.load.goodput import level_slo
 from tuner.load.max_rate import search_max_rate
 from tuner.load.metrics import compute_level_metrics
@@ -18,12 +18,11 @@ from tuner.load.rate_search import RateSearchSpec
 from tuner.load.results import LevelResult, TokenAgreement, WarmupSummary
 from tuner.load.slo import SloSpec
 from tuner.study.early_stop import TRIAL_LEVEL, Target
-from tuner.study.sweep_guard import MAX_RATE, SweepGuard, sweep_plan
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.policy import told_for
 from tuner.study.scoring import constraints, metric_value, stopped_told
 from tuner.study.study_file import parse_study
-from tests.test_slo import study
+from tuner.study.sweep_guard import MAX_RATE, SweepGuard, sweep_plan
 
 SLO = SloSpec.model_validate({"ttft_ms.p90": 1000})
 
@@ -220,11 +219,11 @@ def test_a_trial_whose_max_rate_cannot_reach_the_front_stops_its_search(tmp_path
     # req/s within the SLO, beyond this search's highest rate (20), so after its first rate
     # level the trial is dominated whatever it finds; it stops there, recorded, and is told
     # with its bound (never on the front).
+    from tests.conftest import write_study
     from tests.test_search_early_stop_worker import _run
     from tuner.commands.run import load_spec_file
     from tuner.study.policy import early_stop_plan
     from tuner.study.space import trial_command
-    from tests.conftest import write_study
 
     study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": 0.002}, updates={
         "slo": {"ttft_ms.p90": 300, "tpot_ms.p90": 10},

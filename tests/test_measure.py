@@ -16,11 +16,11 @@ import httpx
 import pytest
 
 from tests.conftest import run_tuner
-from tuner.load.record_files import read_records_jsonl
-from tuner.study.study_file import parse_study
 from tuner.engine.measure import MeasureError, format_summary, measure
+from tuner.load.record_files import read_records_jsonl
 from tuner.probe.client import load_probe_items
 from tuner.probe.sample import known_sample
+from tuner.study.study_file import parse_study
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,7 +47,7 @@ probe:
 """
 
 
-def study(served: str = "smol", repeats: int = 1):  # noqa: ANN201
+def study(served: str = "smol", repeats: int = 1):
     return parse_study(STUDY.format(served=served, repeats=repeats), "measure-test.yaml")
 
 

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from tuner.load.metrics import (
-    compute_level_metrics,
     EXTRA_FLAT_KEYS,
     FLAT_KEYS,
     LevelMetrics,
+    compute_level_metrics,
     summarize_repeats,
 )
 from tuner.load.records import RequestError, RequestRecord, token_timeline
-from tuner.load.stats import P99_MIN_SAMPLES, percentile, Stat
+from tuner.load.stats import P99_MIN_SAMPLES, Stat, percentile
 
 
 def rec(

@@ -21,15 +21,15 @@ import yaml
 
 from tests.conftest import ROOT
 from tuner.adapters.launcher import ServerProcess
-from tuner.views.export import ExportError, choose_record
 from tuner.load.load_spec import LoadSpec, WorkloadClass, WorkloadSpec
 from tuner.load.results import SweepResult
 from tuner.load.sweep import run_sweep
 from tuner.sim.profile import PROFILE_DIR
 from tuner.study.confirmation import RunResult, judge
 from tuner.study.noise import level_unstable
-from tuner.study.trials import TrialRecord
 from tuner.study.scoring import pareto_payload
+from tuner.study.trials import TrialRecord
+from tuner.views.export import ExportError, choose_record
 
 LOAD = LoadSpec(
     concurrency=[2],

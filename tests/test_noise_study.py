@@ -22,8 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import (ROOT, needs_chromium, processes_with_env, render_in_chromium,
-                            tuner_argv, write_study)
+from tests.conftest import ROOT, needs_chromium, processes_with_env, render_in_chromium, tuner_argv, write_study
 from tuner.sim.profile import PROFILE_DIR
 
 pytestmark = pytest.mark.slow

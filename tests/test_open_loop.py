@@ -17,13 +17,13 @@ import pytest
 from pydantic import ValidationError
 
 from tests.test_loadgen import SWEEP, Served, _server, plan_item, served  # noqa: F401
+from tuner.errors import SpecError
+from tuner.load.load_spec import LoadSpec, rate_level_name
 from tuner.load.open_loop import rate_level_metrics, run_rate_level
 from tuner.load.results import SweepResult
 from tuner.load.sweep import run_sweep
-from tuner.load.load_spec import LoadSpec, rate_level_name
-from tuner.errors import SpecError
-from tuner.study.study_file import parse_study
 from tuner.load.workload import arrival_schedule, draft_requests, rate_stream
+from tuner.study.study_file import parse_study
 
 # ---------------------------------------------------------------- the schedule
 

@@ -10,10 +10,10 @@ import optuna
 import pytest
 
 from tests.sim_studies import SMALL_STUDY
+from tuner.engine import samplers
+from tuner.sim.ground_truth import build_ground_truth
 from tuner.sim.profile import load_profile
 from tuner.sim.study import EarlyStopPolicy, run_study
-from tuner.sim.ground_truth import build_ground_truth
-from tuner.engine import samplers
 from tuner.study import planner, space, surrogate
 from tuner.study.planner import FAILED, FEASIBLE, INFEASIBLE, RUNNING, Observation, Planner
 from tuner.study.sampling import grid_points

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tuner.probe.prompts_file import PromptsFileError, ReferencePromptsError
-from tuner.study.study_file import parse_study
-from tuner.errors import SpecError
 from tuner.engine.referencing import resolve_probe_files
+from tuner.errors import SpecError
+from tuner.probe.prompts_file import PromptsFileError, ReferencePromptsError
 from tuner.study.command import reference_configuration
 from tuner.study.space import trial_command
+from tuner.study.study_file import parse_study
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -40,9 +40,9 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, free_port_block, processes_with_env, run_tuner
+from tuner.engine.referencing import study_probe
 from tuner.probe.recording import load_reference_sources
 from tuner.probe.spec import ProbeSpec
-from tuner.engine.referencing import study_probe
 from tuner.study.study_file import parse_study
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.vllm.verify import verify

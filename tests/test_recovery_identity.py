@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tuner.engine import recovery, runfile
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import StudyPaths
+from tuner.engine import recovery, runfile
 
 
 @pytest.fixture

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (CPU_EXAMPLE, copy_cpu_example, needs_chromium, render_in_chromium,
-                            run_tuner)
+from tests.conftest import CPU_EXAMPLE, copy_cpu_example, needs_chromium, render_in_chromium, run_tuner
 
 NAME = CPU_EXAMPLE.name
 

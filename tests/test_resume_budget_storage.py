@@ -14,14 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
 import pytest
 
-from tests.conftest import ROOT, run_tuner, wait_no_orphans, write_study
+from tests.conftest import run_tuner, wait_no_orphans, write_study
 
 pytestmark = pytest.mark.slow
 

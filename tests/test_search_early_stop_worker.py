@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from tests.conftest import write_study
-from tuner.study.sweep_guard import SweepGuard
 from tuner.study.outcome import TrialOutcome, TrialRequest
-from tuner.study.trials import TrialRecord
 from tuner.study.policy import early_stop_plan
 from tuner.study.scoring import stopped_told
+from tuner.study.sweep_guard import SweepGuard
+from tuner.study.trials import TrialRecord
 
 
 def _request(tmp_path: Path, values: dict[str, Any], plan_front: list[list[float]] | None,

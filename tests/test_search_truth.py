@@ -9,12 +9,12 @@ import pytest
 
 from tuner.sim import ground_truth, truth_time, truth_verify
 from tuner.sim import truth as st
-from tuner.study import space
-from tuner.vllm.effective_config import parse_effective_config
-from tuner.study.study_file import parse_study
-from tuner.vllm.verify import verify
 from tuner.sim.dry_log import startup_log
 from tuner.sim.profile import load_profile
+from tuner.study import space
+from tuner.study.study_file import parse_study
+from tuner.vllm.effective_config import parse_effective_config
+from tuner.vllm.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
 GLM = load_profile("glm5-8xpcie")

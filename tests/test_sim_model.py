@@ -2,8 +2,16 @@
 
 import pytest
 
-from tuner.sim.model import (TOKENIZER, NgramIndex, chat_prompt, count_accepted, plan_output,
-                             prompt_logprobs, top_candidates, words_to_int)
+from tuner.sim.model import (
+    TOKENIZER,
+    NgramIndex,
+    chat_prompt,
+    count_accepted,
+    plan_output,
+    prompt_logprobs,
+    top_candidates,
+    words_to_int,
+)
 from tuner.sim.tokenizer import EOS_ID
 
 

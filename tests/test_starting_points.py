@@ -9,11 +9,10 @@ import textwrap
 import optuna
 import pytest
 
-from tuner.study import space
-from tuner.study.study_file import parse_study
 from tuner.errors import SpecError
-from tuner.study import policy
 from tuner.store.records import read_records
+from tuner.study import policy, space
+from tuner.study.study_file import parse_study
 
 STUDY = """
 name: t

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from tuner.adapters.artifacts import StudyPaths
-from tuner.views.status import _startup_summary, _trial_row, format_status
 from tuner.study.trials import TrialRecord
+from tuner.views.status import _startup_summary, _trial_row, format_status
 from tuner.vllm.startup import PHASES, StartupRecord, figures_text, median_phases, parse_startup, summary_text
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"

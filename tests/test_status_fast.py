@@ -15,11 +15,11 @@ import optuna
 from optuna.trial import TrialState, create_trial
 
 from tests.test_overhead_records import _study
+from tuner.store.handle import create_or_open
+from tuner.store.records import read_records, read_sqlite_study
 from tuner.study import space
 from tuner.study.study_file import parse_study
-from tuner.store.records import read_records, read_sqlite_study
 from tuner.views.status import build_status, format_status, status_from_folder
-from tuner.store.handle import create_or_open
 
 ROOT = Path(__file__).resolve().parents[1]
 HEAVY = ("optuna", "sqlalchemy", "alembic", "numpy", "pydantic", "ray", "httpx")

@@ -14,8 +14,8 @@ import pytest
 
 from tuner.errors import StudyError
 from tuner.store import storage_lock
-from tuner.store.storage_lock import MARKER, StorageLock
 from tuner.store.handle import make_storage
+from tuner.store.storage_lock import MARKER, StorageLock
 
 NAME = "shared-study"
 

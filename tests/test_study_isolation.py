@@ -24,10 +24,26 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import (failure_reasons, free_port_block, load_trials, lost_completed, run_tuner,
-                            wait_no_orphans, write_study)
-from tests.faultkit import (FAST, SIM_ENV, SLOW_START, STOP_TIMEOUT_S, Tuner, fault_study,
-                            running_trial_dirs, server_pgid_of, wait_for)
+from tests.conftest import (
+    failure_reasons,
+    free_port_block,
+    load_trials,
+    lost_completed,
+    run_tuner,
+    wait_no_orphans,
+    write_study,
+)
+from tests.faultkit import (
+    FAST,
+    SIM_ENV,
+    SLOW_START,
+    STOP_TIMEOUT_S,
+    Tuner,
+    fault_study,
+    running_trial_dirs,
+    server_pgid_of,
+    wait_for,
+)
 from tuner.adapters import proctree
 
 pytestmark = pytest.mark.slow

@@ -17,8 +17,8 @@ from tests.sim_studies import SMALL_STUDY
 from tuner.engine.orchestrator import StudyLoop
 from tuner.sim.executor import EarlyStopPolicy, SimExecutor
 from tuner.sim.truth import LevelTruth, PointTruth
-from tuner.study import space
 from tuner.store.records import read_records
+from tuner.study import space
 from tuner.study.sampling import grid_points
 from tuner.study.study_file import parse_study
 

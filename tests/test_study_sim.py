@@ -8,11 +8,11 @@ import optuna
 import pytest
 
 from tests.sim_studies import SMALL_STUDY
-from tuner.study import space
-from tuner.study.study_file import parse_study
 from tuner.sim.ground_truth import build_ground_truth
 from tuner.sim.profile import load_profile
 from tuner.sim.study import EarlyStopPolicy, run_study
+from tuner.study import space
+from tuner.study.study_file import parse_study
 
 
 @pytest.fixture(scope="module")

@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from tuner.views.export import noise_notes, render_export
-from tuner.views.status import _unstable_text, _value
 from tuner.study.early_stop import Target, optimistic
-from tuner.study.noise import (NoisyPoint, label_noise, level_unstable, noisy_front, pick_ties,
-                                unmeasured_level)
-from tuner.study.trials import TrialRecord
+from tuner.study.noise import NoisyPoint, label_noise, level_unstable, noisy_front, pick_ties, unmeasured_level
 from tuner.study.scoring import pareto_payload
 from tuner.study.study_file import parse_study
 from tuner.study.ties import next_runs, pooled, remaining_ties
+from tuner.study.trials import TrialRecord
+from tuner.views.export import noise_notes, render_export
+from tuner.views.status import _unstable_text, _value
 
 LABELS = ["output_tok_s@c32", "tpot_ms.mean@c1"]
 DIRS = ["maximize", "minimize"]

@@ -21,8 +21,8 @@ from typing import Any
 
 import pytest
 
-from tuner.load.http_stream import Endpoint, StreamConnection
 from tuner.load.closed_loop import run_level
+from tuner.load.http_stream import Endpoint, StreamConnection
 from tuner.load.metrics import compute_level_metrics
 from tuner.load.records import token_timeline
 from tuner.load.sse import SSEParser, _fast_chunk

@@ -27,11 +27,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tuner.errors import ArtifactWriteError, SpecError
 from tuner.probe.agreement import agreement_line
 from tuner.study.safe_yaml import MAX_BYTES
 from tuner.study.study_name import check_study_name
 from tuner.study.trial_folders import DAMAGED_SUFFIX, TRIAL_FILES, TrialFolders, looks_numbered, sort_out
-from tuner.errors import ArtifactWriteError, SpecError
 
 __all__ = [
     "StudyPaths",

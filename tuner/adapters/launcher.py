@@ -32,10 +32,10 @@ import httpx
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import open_private
 from tuner.adapters.http_client import ReplyTooLarge, capped_request, server_client
+from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerStartTimeout
 from tuner.secrets import Redactor
 from tuner.vllm.failure_signatures import FatalLineScanner, FatalSignature, trial_reason, vllm_message
 from tuner.vllm.startup import has_log_stamp
-from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerStartTimeout
 
 __all__ = ["ServerProcess", "StopReport", "port_owner_message", "check_port_free", "TAG_VAR",
            "WATCHDOG_TAG_VAR"]

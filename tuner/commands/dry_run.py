@@ -32,9 +32,9 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
     from tuner.adapters.artifacts import StudyPaths, atomic_write_json
     from tuner.commands.run import _option_duration, _run_study, check_study_inputs, load_spec_file, preflight, say
     from tuner.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile
+    from tuner.store.handle import create_or_open
     from tuner.study.dry_run import SUFFIX, dry_run_name, dry_run_spec
     from tuner.study.study_name import check_study_name
-    from tuner.store.handle import create_or_open
 
     if args.storage is not None:
         raise SpecError("--storage: a dry run keeps its own storage in its folder (results/NAME-dry-run), "

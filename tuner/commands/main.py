@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from tuner import __version__
 from tuner.commands.run import check_study_inputs, cmd_confirm, cmd_resume, cmd_run, confirm, load_spec_file, say
-from tuner.study.durations import format_duration
 from tuner.errors import SpecError, StudyError, Terminated, TunerError
+from tuner.study.durations import format_duration
 from tuner.terminal import for_terminal
 
 if TYPE_CHECKING:
@@ -44,10 +44,9 @@ DEFAULT_RESULTS = Path("results")
 
 
 def _command_text(spec: StudySpec, values: dict[str, Any]) -> str:
-    from tuner.vllm.knobs import RenderedCommand, shell_line
-    from tuner.study.space import trial_command
-
     from tuner.secrets import public_spec
+    from tuner.study.space import trial_command
+    from tuner.vllm.knobs import RenderedCommand, shell_line
 
     # What a trial starts: the measurement env (NCCL_DEBUG to read NCCL's choices back) too;
     # secrets as the references they are everywhere the tuner writes.
@@ -185,11 +184,11 @@ def _check_export(handle: Any, record: Any, args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from tuner.adapters.artifacts import atomic_write_text
+    from tuner.store.folder import open_for_reading
+    from tuner.store.records import read_records
+    from tuner.store.spec_guard import check_measured_command
     from tuner.study.pareto import check_pick, parse_filter
     from tuner.views.export import ExportError, choose_record, render_export
-    from tuner.store.records import read_records
-    from tuner.store.folder import open_for_reading
-    from tuner.store.spec_guard import check_measured_command
 
     if args.output:
         _check_output_file(args.output)
@@ -224,8 +223,8 @@ def cmd_export(args: argparse.Namespace) -> int:
                 _error(f"trial {record.number} did not reproduce ({verdicts[0].reason}); "
                        "nothing exported (use --force to export it anyway)")
                 return 1
-        from tuner.views.export import noise_notes
         from tuner.study.environment import environment_for
+        from tuner.views.export import noise_notes
 
         notes = noise_notes(read_records(study), labels, directions, record)
         text = render_export(handle.spec, handle.name, record, args.format, notes,
@@ -256,9 +255,9 @@ def _check_output_file(output: str) -> None:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    from tuner.store.folder import open_for_reading
     from tuner.study.pareto import check_pick
     from tuner.views.report import write_report
-    from tuner.store.folder import open_for_reading
 
     handle = open_for_reading(Path(args.results), args.name, storage_url=args.storage)
     try:

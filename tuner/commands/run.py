@@ -175,8 +175,8 @@ def _locked_study(handle: Any, *, budget: tuple[int | None, float | None] | None
 
     from tuner.engine.runfile import clean_up_previous_run
     from tuner.store.folder import restore_storage
-    from tuner.store.storage_lock import StorageLock
     from tuner.store.handle import StudyLock, remember_budget, write_new_study
+    from tuner.store.storage_lock import StorageLock
 
     with StorageLock(handle.storage_url, handle.name, handle.paths.root) as storage_lock, \
             StudyLock(handle.paths):
@@ -252,8 +252,8 @@ def _check_environment(handle: Any, *, allow_change: bool, cluster: bool) -> dic
     the pinned environment."""
 
     from tuner.adapters.environment import current_environment
-    from tuner.study.environment import summary
     from tuner.store.handle import pin_environment
+    from tuner.study.environment import summary
 
     now = current_environment(handle.spec.server, cluster=cluster)
     changed = pin_environment(handle.paths, now, allow_change=allow_change, name=handle.name)
@@ -289,10 +289,10 @@ def _node_refusal(info: dict[str, Any], pinned: dict[str, Any], *, allow_change:
 
 def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, timeout_s: float | None,
                checked: bool = False) -> int:
-    from tuner.engine.orchestrator import Orchestrator
-    from tuner.views.status import build_status, format_status
     from tuner.adapters.artifacts import saved_budget
+    from tuner.engine.orchestrator import Orchestrator
     from tuner.store.handle import read_study_json
+    from tuner.views.status import build_status, format_status
 
     # A secret missing from this environment is bad input, said before anything is locked or
     # written, also when the study turns out to have nothing left to do. (Resolved again,
@@ -377,11 +377,11 @@ def _nothing_to_do(handle: Any, n_trials: int, timeout_s: float | None) -> str |
 
     import optuna
 
+    from tuner.store.handle import make_storage
+    from tuner.store.records import read_records
     from tuner.study import policy
     from tuner.study.confirmation import choose_candidates
     from tuner.study.durations import format_duration
-    from tuner.store.records import read_records
-    from tuner.store.handle import make_storage
     from tuner.study.trials import record_points
 
     try:
@@ -427,10 +427,10 @@ def _check_port(port: int | None) -> None:
 
 
 def cmd_confirm(args: argparse.Namespace) -> int:
+    from tuner.store.handle import open_existing
+    from tuner.store.records import read_records
     from tuner.study.confirmation import choose_candidates
     from tuner.study.trials import record_points
-    from tuner.store.records import read_records
-    from tuner.store.handle import open_existing
 
     handle = open_existing(Path(args.results), args.name, storage_url=args.storage)
     handle.spec = on_this_host(handle.spec, source=str(handle.paths.spec_yaml))

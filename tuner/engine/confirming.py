@@ -18,11 +18,11 @@ from typing import Any
 import optuna
 
 from tuner.adapters.artifacts import atomic_write_json, make_private_dir
+from tuner.engine.execution import Finished, JobHost, NoWorkersLeft
+from tuner.errors import ArtifactWriteError, StudyError
+from tuner.store.records import read_records
 from tuner.study.confirmation import Confirmation, RunResult, judge, summary_text
 from tuner.study.outcome import TrialOutcome
-from tuner.errors import ArtifactWriteError, StudyError
-from tuner.engine.execution import Finished, JobHost, NoWorkersLeft
-from tuner.store.records import read_records
 from tuner.study.policy import told_for
 
 __all__ = ["confirm_trials", "CONFIRM_JOB_BASE"]

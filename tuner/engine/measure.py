@@ -31,13 +31,13 @@ from typing import Any
 import httpx
 
 from tuner.adapters.artifacts import atomic_write_json, make_private_dir
+from tuner.adapters.http_client import ReplyTooLarge, capped_request, server_client
+from tuner.load.load_spec import rate_level_name
 from tuner.load.max_rate_text import max_rate_text
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.results import SweepResult
-from tuner.adapters.http_client import ReplyTooLarge, capped_request, server_client
 from tuner.load.server_calls import scrape_metrics
 from tuner.load.sweep import run_sweep
-from tuner.load.load_spec import rate_level_name
 from tuner.study.spec import StudySpec
 
 __all__ = ["MeasureError", "ameasure", "discover_model", "files_in_the_way", "format_summary", "measure"]

@@ -31,27 +31,27 @@ from typing import Any
 import optuna
 from optuna.trial import Trial, TrialState
 
-from tuner.engine import recovery
 from tuner.adapters.artifacts import atomic_write_json
+from tuner.engine import recovery
 from tuner.engine.confirming import confirm_trials
-from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError, Terminated
 from tuner.engine.execution import Executor, Finished, JobHost, NoWorkersLeft
 from tuner.engine.referencing import WORKER_WAIT_S, pinned, prepare_reference, study_probe
-from tuner.study import policy, space
-from tuner.study.space import trial_command
+from tuner.engine.samplers import make_sampler, suggest
+from tuner.engine.tie_runs import separate_ties
+from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError, Terminated
 from tuner.probe.record import Reference
-from tuner.study.sweep_guard import SweepPlan
+from tuner.secrets import Redactor, known_values
+from tuner.store.handle import StudyHandle, check_storage_covers_folder, make_storage
+from tuner.store.records import RecordReader, to_record
+from tuner.study import policy, space
 from tuner.study.confirmation import choose_candidates, confirmation_brief, reserve_seconds
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
-from tuner.store.records import RecordReader, to_record
-from tuner.engine.tie_runs import separate_ties
-from tuner.engine.samplers import make_sampler, suggest
 from tuner.study.scoring import outcome_attrs, pareto_payload, result_text, stop_text, values_text
+from tuner.study.space import trial_command
 from tuner.study.spec import StudySpec
-from tuner.store.handle import StudyHandle, check_storage_covers_folder, make_storage
+from tuner.study.sweep_guard import SweepPlan
 from tuner.study.trials import KIND_RUN, TrialRecord, record_points
-from tuner.secrets import Redactor, known_values
 from tuner.vllm.compile_cache import study_cache_root
 from tuner.vllm.knobs import RenderedCommand, shell_line
 

@@ -29,8 +29,16 @@ from pathlib import Path
 from typing import Any
 
 import ray
-from ray.exceptions import (GetTimeoutError, NodeDiedError, ObjectLostError, RayActorError, RayError,
-                            RayTaskError, TaskCancelledError, WorkerCrashedError)
+from ray.exceptions import (
+    GetTimeoutError,
+    NodeDiedError,
+    ObjectLostError,
+    RayActorError,
+    RayError,
+    RayTaskError,
+    TaskCancelledError,
+    WorkerCrashedError,
+)
 
 from tuner.engine import recovery
 from tuner.engine.execution import Finished, NoWorkersLeft
@@ -90,7 +98,7 @@ def _loopback_only() -> Iterator[None]:
     imported Ray before - sees it through Ray's constant. Both are restored afterwards, so
     this process could still join a cluster later (its node address is fixed by then)."""
 
-    from ray._private import ray_constants   # the module that read the switch at import
+    from ray._private import ray_constants  # the module that read the switch at import
 
     previous_env = os.environ.get(_SINGLE_MACHINE_ENV)
     previous = ray_constants.ENABLE_RAY_CLUSTER

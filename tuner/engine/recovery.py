@@ -24,8 +24,8 @@ from pydantic import ValidationError
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import StudyPaths, atomic_write_json
 from tuner.adapters.launcher import TAG_VAR
-from tuner.study.outcome import TrialOutcome
 from tuner.errors import ArtifactWriteError
+from tuner.study.outcome import TrialOutcome
 
 __all__ = ["stop_leftover_servers", "kill_servers_now", "read_outcome", "write_driver_outcome"]
 

@@ -17,16 +17,16 @@ from pathlib import Path
 from typing import Any
 
 from tuner.adapters.artifacts import atomic_write_json
+from tuner.engine.execution import Finished, JobHost, NoWorkersLeft
+from tuner.errors import ArtifactWriteError, StudyError
 from tuner.probe.client import load_probe_items
 from tuner.probe.record import Reference
 from tuner.probe.recording import load_reference_sources
 from tuner.probe.spec import ProbeSpec, fit_to_study
 from tuner.probe.verdict import with_reference_accuracy
-from tuner.errors import ArtifactWriteError, StudyError
-from tuner.engine.execution import Finished, JobHost, NoWorkersLeft
+from tuner.secrets import Redactor, known_values
 from tuner.study.command import ReferenceConfiguration, reference_configuration
 from tuner.study.outcome import TrialOutcome, TrialRequest
-from tuner.secrets import Redactor, known_values
 from tuner.vllm.knobs import RenderedCommand, shell_line
 
 __all__ = ["Prepared", "prepare_reference", "resolve_probe_files", "pinned", "study_probe", "REFERENCE_JOB",

@@ -17,10 +17,10 @@ import optuna
 from tuner.adapters.artifacts import atomic_write_json
 from tuner.engine.confirming import confirm_trials
 from tuner.errors import ArtifactWriteError
-from tuner.study.noise import noisy_front
 from tuner.store.records import read_records
-from tuner.study.trials import noisy_points
+from tuner.study.noise import noisy_front
 from tuner.study.ties import Pooled, next_runs, pooled, remaining_ties
+from tuner.study.trials import noisy_points
 
 if TYPE_CHECKING:
     from tuner.engine.execution import JobHost

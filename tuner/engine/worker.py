@@ -26,32 +26,31 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.adapters import gpu
+from tuner.adapters import gpu, proctree
 from tuner.adapters.artifacts import atomic_write_json, make_private_dir
-from tuner.secrets import Redactor
-from tuner.adapters import proctree
+from tuner.adapters.environment import current_environment
 from tuner.adapters.launcher import TAG_VAR, ServerProcess
+from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCancelled, TrialError, TrialTimeout
+from tuner.load.load_spec import rate_level_name
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.sweep import run_sweep
 from tuner.load.uncertainty import with_noise_floor
-from tuner.adapters.environment import current_environment
 from tuner.probe.agreement import agreement_line
 from tuner.probe.client import load_probe_items, run_probe
 from tuner.probe.known_score import ProbeResult
-from tuner.probe.shapes import log_boundaries
-from tuner.probe.trial import reference_known_answers, run_trial_probe
 from tuner.probe.recording import ReferenceRecordError, check_reference, load_reference_sources, record_reference
-from tuner.vllm.compile_cache import parse_compile_log
-from tuner.vllm.startup import parse_startup
+from tuner.probe.shapes import log_boundaries
+from tuner.probe.spec import ProbeSpec
+from tuner.probe.trial import reference_known_answers, run_trial_probe
+from tuner.probe.verdict import validate_reference
+from tuner.secrets import Redactor
+from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.server_spec import ServerSpec
 from tuner.study.sweep_guard import SweepGuard
+from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.effective_config import parse_effective_config
-from tuner.load.load_spec import rate_level_name
-from tuner.probe.spec import ProbeSpec
-from tuner.probe.verdict import validate_reference
-from tuner.study.outcome import TrialOutcome, TrialRequest
+from tuner.vllm.startup import parse_startup
 from tuner.vllm.verify import verify
-from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCancelled, TrialError, TrialTimeout
 
 __all__ = ["TrialWorker"]
 
@@ -100,7 +99,7 @@ class TrialWorker:
         if server is not None:
             try:
                 info["environment"] = current_environment(ServerSpec.model_validate(server), cluster=True)
-            except Exception as exc:  # noqa: BLE001 - an unreadable node is refused, not a crash
+            except Exception as exc:
                 info["environment"] = None
                 info["environment_error"] = f"{type(exc).__name__}: {exc}"
         return info

@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from tuner.load.records import RequestRecord, token_timeline
 from tuner.load.protocol import Live
+from tuner.load.records import RequestRecord, token_timeline
 from tuner.load.window import STABILITY_MAX_RATIO, WindowPolicy
 
 __all__ = ["INSIDE_SUBWINDOWS", "InsideWindow"]

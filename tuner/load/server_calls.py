@@ -11,9 +11,9 @@ from typing import Any
 
 import httpx
 
+from tuner.adapters.http_client import ReplyTooLarge, capped_request
 from tuner.load.load_spec import Api, WorkloadSpec
 from tuner.load.prometheus import MetricsSnapshot, parse_prometheus_text
-from tuner.adapters.http_client import ReplyTooLarge, capped_request
 from tuner.load.protocol import server_root
 from tuner.load.request import AUX_TIMEOUT_S
 from tuner.load.workload import (

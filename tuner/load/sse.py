@@ -222,7 +222,7 @@ class SSEParser:
 
 # The C scanner: one JSON value at an index (an attribute the decoder sets in __init__,
 # which typeshed does not declare).
-_scan_once: Callable[[str, int], tuple[Any, int]] = getattr(json.JSONDecoder(), "scan_once")
+_scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once
 
 
 def _fast_chunk(text: str) -> dict[str, Any] | None:

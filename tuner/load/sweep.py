@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections import Counter
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -21,29 +21,28 @@ from typing import Any
 
 import httpx
 
+from tuner.adapters.http_client import server_client
 from tuner.load.closed_loop import run_level
 from tuner.load.goodput import level_slo
 from tuner.load.load_spec import LoadSpec, rate_level_name
 from tuner.load.loop_lag import LoopLagMonitor
-from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_repeats
 from tuner.load.max_rate import search_max_rate
+from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_repeats
 from tuner.load.open_loop import rate_level_metrics, run_rate_level
 from tuner.load.prometheus import MetricsSnapshot, server_side_metrics
 from tuner.load.rate_search import MaxRateResult, RateSearchSpec
 from tuner.load.records import RequestRecord
 from tuner.load.request import AUX_TIMEOUT_S, LevelContext
-from tuner.load.results import (LevelResult, SweepResult, TokenAgreement, WarmupSummary,
-                                agreement_of, count_notes)
-from tuner.adapters.http_client import server_client
+from tuner.load.results import LevelResult, SweepResult, TokenAgreement, WarmupSummary, agreement_of, count_notes
 from tuner.load.server_calls import (
     calibrate_lengths,
     fetch_token_count,
     fit_plan,
     scrape_metrics,
 )
+from tuner.load.slo import SloSpec
 from tuner.load.steady import SteadyRule
 from tuner.load.steady_loop import SteadyRun, run_steady_level
-from tuner.load.slo import SloSpec
 from tuner.load.streams import LevelHalted
 from tuner.load.warmup import warm_up
 from tuner.load.window import SteadyWindow

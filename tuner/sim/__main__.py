@@ -23,9 +23,19 @@ from tuner.sim.cache import CompileCache, compile_factors, compile_hash, default
 from tuner.sim.effective import ConfigError, Effective, Failure, resolve
 from tuner.sim.engine import Engine
 from tuner.sim.faults import ActiveFaults, FaultError, applies, parse_faults
-from tuner.sim.logs import (ENGINE_STARTUP_FAILED, LogWriter, backends_line, banner, capture_bars,
-                            engine_config_line, nccl_debug_lines, non_default_line, route_lines,
-                            sim_notice, traceback_lines)
+from tuner.sim.logs import (
+    ENGINE_STARTUP_FAILED,
+    LogWriter,
+    backends_line,
+    banner,
+    capture_bars,
+    engine_config_line,
+    nccl_debug_lines,
+    non_default_line,
+    route_lines,
+    sim_notice,
+    traceback_lines,
+)
 from tuner.sim.profile import Profile, ProfileError, load_profile
 from tuner.sim.server import QuietServer, SimServer
 
@@ -330,7 +340,7 @@ class Sim:
             t.cancel()
         try:
             await asyncio.wait_for(serve, timeout=0.5)
-        except (asyncio.TimeoutError, asyncio.CancelledError):
+        except (TimeoutError, asyncio.CancelledError):
             pass
         for msg in ("Shutting down", "Waiting for application shutdown.",
                     "Application shutdown complete."):

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.vllm.knobs import CACHE_ROOT_ENV, IGNORED_VLLM_ENV
 from tuner.sim.effective import Effective
 from tuner.sim.logs import VERSION
+from tuner.vllm.knobs import CACHE_ROOT_ENV, IGNORED_VLLM_ENV
 
 __all__ = ["CompileCache", "compile_factors", "compile_hash", "default_root", "RANK_DIR"]
 

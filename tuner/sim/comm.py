@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from tuner.sim.events import Failure, Notice
 from tuner.sim.profile import Profile
 
-
 NCCL_PROTOS = {"simple": "Simple", "ll": "LL", "ll128": "LL128"}
 NCCL_ALGOS = {"ring": "Ring", "tree": "Tree", "collnetdirect": "CollnetDirect",
               "collnetchain": "CollnetChain", "nvls": "NVLS", "nvlstree": "NVLSTree", "pat": "PAT"}

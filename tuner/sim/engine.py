@@ -21,9 +21,8 @@ from dataclasses import dataclass, field
 from tuner.sim.effective import Effective
 from tuner.sim.faults import ActiveFaults
 from tuner.sim.logs import LogWriter, spec_line, stats_line
+from tuner.sim.model import TOKENIZER, NgramIndex, Plan, count_accepted, last_user_text, top_candidates, user_turns
 from tuner.sim.noise import StepNoise
-from tuner.sim.model import (TOKENIZER, NgramIndex, Plan, count_accepted, last_user_text,
-                             top_candidates, user_turns)
 from tuner.sim.perf_model import NGRAM_METHODS, CostModel, Scheduled, Scheduler, SeqState, unit_hash
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,

@@ -25,14 +25,14 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.sim.profile import Profile
+from tuner.sim.truth import Evaluator, PointTruth, enumerate_points
 from tuner.study import space
 from tuner.study.outcome import TrialOutcome
 from tuner.study.pareto import Point, pareto_front
-from tuner.study.spec import StudySpec
-from tuner.sim.profile import Profile
-from tuner.sim.truth import Evaluator, PointTruth, enumerate_points
 from tuner.study.scoring import constraints as scoring_constraints
 from tuner.study.scoring import level_for, metric_value
+from tuner.study.spec import StudySpec
 
 __all__ = [
     "GroundTruth", "Measured", "build_ground_truth", "hypervolume", "reference_point", "measure",

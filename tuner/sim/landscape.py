@@ -19,11 +19,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from tuner.sim.ground_truth import GroundTruth
+from tuner.sim.truth import LevelTruth, PointTruth
 from tuner.study import space
 from tuner.study.sampling import grid_points
 from tuner.study.spec import StudySpec
-from tuner.sim.ground_truth import GroundTruth
-from tuner.sim.truth import LevelTruth, PointTruth
 
 __all__ = ["ground_truth", "point_truth", "LANDSCAPE_VERSION"]
 

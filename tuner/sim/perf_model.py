@@ -18,8 +18,8 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from tuner.sim.profile import Profile
 from tuner.sim.perf_config import PerfConfig, StepShape
+from tuner.sim.profile import Profile
 from tuner.sim.scheduler import Scheduled, Scheduler, SeqState, StepPlan
 
 __all__ = ["CostModel", "LevelEstimate", "PerfConfig", "Scheduled", "Scheduler", "SeqState",

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 
 from tuner.sim.perf_config import PerfConfig, StepShape
 
-
 # ------------------------------------------------------------------------------------------
 
 

@@ -21,8 +21,8 @@ import optuna
 from tuner.engine.orchestrator import StudyLoop
 from tuner.sim.executor import EarlyStopPolicy, SimExecutor, TrialLog
 from tuner.sim.ground_truth import GroundTruth
-from tuner.study import early_stop
 from tuner.store.records import read_records
+from tuner.study import early_stop
 from tuner.study.spec import StudySpec
 from tuner.study.trials import KIND_DUPLICATE, KIND_FORBIDDEN
 

@@ -40,10 +40,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tuner.study import space
-from tuner.vllm.knobs import RenderedCommand
-from tuner.study.sampling import grid_points
-from tuner.study.spec import StudySpec
 from tuner.sim.args import ArgvError, parse_argv
 from tuner.sim.effective import ConfigError, resolve
 from tuner.sim.perf_model import NGRAM_METHODS, LevelEstimate, PerfConfig, Workload, simulate_closed_loop
@@ -51,6 +47,10 @@ from tuner.sim.profile import Profile
 from tuner.sim.truth_time import TimeModel, compile_fields, startup_s, verdict_stage_s
 from tuner.sim.truth_verify import default_render, mismatches
 from tuner.sim.truth_workload import LevelRequest, calibrate_workload, level_requests
+from tuner.study import space
+from tuner.study.sampling import grid_points
+from tuner.study.spec import StudySpec
+from tuner.vllm.knobs import RenderedCommand
 
 __all__ = [
     "LevelTruth", "PointTruth", "enumerate_points", "evaluate_point", "Evaluator", "EVAL_VERSION",

@@ -16,12 +16,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.study.space import trial_command
-from tuner.vllm.knobs import RenderedCommand
-from tuner.study.spec import StudySpec
 from tuner.sim.args import ArgvError, parse_argv
 from tuner.sim.effective import ConfigError, Effective, resolve
 from tuner.sim.profile import Profile
+from tuner.study.space import trial_command
+from tuner.study.spec import StudySpec
+from tuner.vllm.knobs import RenderedCommand
 
 __all__ = ["SimStart", "default_render", "mismatches", "sim_start"]
 

@@ -29,25 +29,30 @@ from pathlib import Path
 from typing import Any
 
 import optuna
-from optuna.distributions import (BaseDistribution, CategoricalDistribution, FloatDistribution,
-                                  IntDistribution)
+from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
 from tuner.adapters.artifacts import StudyPaths, open_private
-from tuner.study import space
-from tuner.study.parameters import BoolParam, CategoricalParam, IntParam
-from tuner.probe.agreement import agreement_line
-from tuner.study.outcome import TrialOutcome
-from tuner.vllm.knobs import RenderedCommand, shell_line
-from tuner.study.spec import StudySpec
 from tuner.errors import StudyError
+from tuner.probe.agreement import agreement_line
+from tuner.store.handle import (
+    StudyHandle,
+    finished_trial_numbers,
+    make_storage,
+    open_existing,
+    read_saved_spec,
+    read_study_json,
+)
+from tuner.store.records import read_records
+from tuner.study import space
+from tuner.study.outcome import TrialOutcome
+from tuner.study.parameters import BoolParam, CategoricalParam, IntParam
+from tuner.study.policy import told_for, worst_values
+from tuner.study.scoring import outcome_attrs
+from tuner.study.spec import StudySpec
 from tuner.study.trial_folders import DAMAGED_SUFFIX
 from tuner.study.trials import KIND_DAMAGED, KIND_RUN
-from tuner.study.policy import told_for, worst_values
-from tuner.store.records import read_records
-from tuner.study.scoring import outcome_attrs
-from tuner.store.handle import (StudyHandle, finished_trial_numbers, make_storage, open_existing, read_saved_spec,
-                               read_study_json)
+from tuner.vllm.knobs import RenderedCommand, shell_line
 
 __all__ = ["FolderStudyHandle", "open_for_reading", "study_from_trial_files", "KIND_NOT_IN_FOLDER",
            "restore_storage", "distribution"]

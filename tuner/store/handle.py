@@ -37,14 +37,21 @@ import yaml
 from optuna.storages import RDBStorage
 
 from tuner import __version__
-from tuner.adapters.artifacts import (StudyPaths, atomic_write_json, atomic_write_text, make_private_dir,
-                                     open_private, read_text_bounded, redact_url)
+from tuner.adapters.artifacts import (
+    StudyPaths,
+    atomic_write_json,
+    atomic_write_text,
+    make_private_dir,
+    open_private,
+    read_text_bounded,
+    redact_url,
+)
+from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
 from tuner.secrets import public_spec
 from tuner.study.integrity import saved_spec
 from tuner.study.safe_yaml import load_bounded
 from tuner.study.spec import StudySpec
 from tuner.study.study_file import parse_study
-from tuner.errors import ArtifactWriteError, SpecError, StorageUnavailable, StudyError
 
 __all__ = ["StudyHandle", "create_or_open", "write_new_study", "open_existing", "StudyLock", "make_storage",
            "spec_digest",

@@ -122,7 +122,7 @@ def read_records_direct(study: optuna.Study) -> list[TrialRecord]:
         return read_records(study)
     try:
         return _read_rows(engine, study_id, study)
-    except Exception:    # noqa: BLE001 - a schema this reader does not know: the slow, sure path
+    except Exception:
         logger.debug("direct read of the study failed; reading through Optuna", exc_info=True)
         return read_records(study)
 

@@ -184,7 +184,7 @@ class StorageLock:
                     return
                 assert self._study_id is not None
                 quick.set_study_system_attr(self._study_id, MARKER, self._marker())
-            except Exception:  # noqa: BLE001 - a missed beat is retried; only STALE_S of them matter
+            except Exception:
                 logger.warning("study %s: storage lock heartbeat failed", self.name, exc_info=True)
 
     # -- the SQLite file's own lock ------------------------------------------------------

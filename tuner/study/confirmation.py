@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.study.confirmation_text import blocks_export, confirmation_brief, pct as _pct, summary_text
+from tuner.study.confirmation_text import blocks_export, confirmation_brief, summary_text
+from tuner.study.confirmation_text import pct as _pct
 from tuner.study.pareto import Point, knee_point, pareto_front
 
 __all__ = ["RunResult", "ObjectiveCheck", "Confirmation", "choose_candidates", "judge", "Verdict",

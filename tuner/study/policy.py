@@ -50,16 +50,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.load.load_spec import rate_level_name
 from tuner.study import early_stop, space, sweep_guard
+from tuner.study.objectives import MAX_RATE
 from tuner.study.outcome import TrialOutcome
 from tuner.study.pareto import Point, pareto_front
 from tuner.study.sampling import grid_points
-from tuner.study.scoring import TRIAL_METRICS, constraints, level_of, metric_value, stopped_told, stop_text
-from tuner.load.load_spec import rate_level_name
-from tuner.study.objectives import MAX_RATE
+from tuner.study.scoring import TRIAL_METRICS, constraints, level_of, metric_value, stop_text, stopped_told
 from tuner.study.spec import StudySpec
-from tuner.study.trials import (EARLY_STOPPED, KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, TrialRecord,
-                                outcome_word)
+from tuner.study.trials import EARLY_STOPPED, KIND_DUPLICATE, KIND_FORBIDDEN, KIND_RUN, TrialRecord, outcome_word
 from tuner.vllm.compile_order import compile_order
 
 __all__ = ["Enqueue", "Told", "Resume", "MAX_REJECTED_IN_A_ROW", "EXHAUSTED_AFTER", "HISTORY_LIMIT",

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from tuner.study.outcome import TrialOutcome
-from tuner.study.noise import level_unstable, noisy_front, resolve_level
-from tuner.study.pareto import pareto_front
 from tuner.load.load_spec import rate_level_name
 from tuner.load.max_rate_text import max_rate_value_text
+from tuner.study.noise import level_unstable, noisy_front, resolve_level
 from tuner.study.objectives import MAX_RATE, ObjectiveSpec
+from tuner.study.outcome import TrialOutcome
+from tuner.study.pareto import pareto_front
 from tuner.study.spec import StudySpec
-from tuner.study.trials import (EARLY_STOPPED, KIND_RUN, TOKEN_COUNT_MISMATCH, TrialRecord,
-                                noisy_points, record_points, stop_record_text)
+from tuner.study.trials import (
+    EARLY_STOPPED,
+    KIND_RUN,
+    TOKEN_COUNT_MISMATCH,
+    TrialRecord,
+    noisy_points,
+    record_points,
+    stop_record_text,
+)
 
 __all__ = ["stopped_told", "stop_text", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs",
            "pareto_payload", "result_text", "values_text", "TRIAL_METRICS", "max_rate_value"]

@@ -16,10 +16,10 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from tuner.study.trials import point_key
 from tuner.study.parameters import BoolParam, CategoricalParam, FloatParam, IntParam
 from tuner.study.server_spec import ServerSpec
 from tuner.study.spec import StudySpec
+from tuner.study.trials import point_key
 from tuner.vllm.compile_cache import compile_key
 from tuner.vllm.knobs import RenderedCommand, render_command
 

@@ -19,11 +19,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from tuner.secrets import is_secret_name
-from tuner.study.bounds import bound_errors, unknown_bound_names
 from tuner.load.load_spec import LoadSpec
 from tuner.load.slo import GOODPUT_KEYS, SloSpec
 from tuner.probe.spec import ProbeSpec
+from tuner.secrets import is_secret_name
+from tuner.study.bounds import bound_errors, unknown_bound_names
 from tuner.study.objectives import MAX_RATE, TRIAL_METRICS, LimitSpec, ObjectiveSpec
 from tuner.study.parameters import (
     BoolParam,

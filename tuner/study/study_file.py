@@ -14,8 +14,8 @@ from pydantic import BaseModel, ValidationError
 
 from tuner.errors import SpecError
 from tuner.study import space
-from tuner.study.safe_yaml import YamlInputError, load_bounded
 from tuner.study.parameters import BoolParam, CategoricalParam, FloatParam, IntParam
+from tuner.study.safe_yaml import YamlInputError, load_bounded
 from tuner.study.spec import StudySpec
 
 __all__ = ["parse_study", "load_study_data"]

@@ -14,8 +14,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from tuner.study.noise import (NoisyPoint, label_noise, level_client_bound, level_unstable, max_rate_noise,
-                               resolve_level, unmeasured_level)
+from tuner.study.noise import (
+    NoisyPoint,
+    label_noise,
+    level_client_bound,
+    level_unstable,
+    max_rate_noise,
+    resolve_level,
+    unmeasured_level,
+)
 from tuner.study.pareto import Point, pareto_front
 
 __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "KIND_DAMAGED", "EARLY_STOPPED",

@@ -16,16 +16,24 @@ from typing import Any
 
 from tuner import __version__
 from tuner.load.max_rate_text import max_rate_text
-from tuner.views.export_formats import (FORMATS, Exported, ExportFormatError, env_text, json_text, shell_text,
-                                  systemd_text, yaml_text)
 from tuner.secrets import MARK, as_reference, public_server, secret_slots
-from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.confirmation import blocks_export
 from tuner.study.environment import summary as environment_summary
+from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.pareto import Filter, pick_point
 from tuner.study.space import trial_command
 from tuner.study.spec import StudySpec
 from tuner.study.trials import TrialRecord, noisy_points, record_points
+from tuner.views.export_formats import (
+    FORMATS,
+    Exported,
+    ExportFormatError,
+    env_text,
+    json_text,
+    shell_text,
+    systemd_text,
+    yaml_text,
+)
 from tuner.vllm.knobs import PYTHON_PLACEHOLDER, argument_words, mismatch_text
 
 __all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.adapters.environment import server_python
-from tuner.views.export_formats import read_shell, read_systemd_exec
 from tuner.study.spec import StudySpec
+from tuner.views.export_formats import read_shell, read_systemd_exec
 
 __all__ = ["CheckResult", "VllmUnavailable", "vllm_python_for", "argv_from_export", "check_arguments", "env_from_export",
            "vllm_message", "CHECK_SCRIPT"]
@@ -102,7 +102,7 @@ def argv_from_export(fmt: str, text: str, spec: StudySpec) -> tuple[list[str], P
     if fmt == "systemd":
         return read_systemd_exec(text)[prefix:], None
     if fmt == "yaml":
-        handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)  # noqa: SIM115
+        handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)
         with handle:
             handle.write(text)
         return ["--config", handle.name], Path(handle.name)

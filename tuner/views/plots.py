@@ -14,11 +14,11 @@ from collections.abc import Sequence
 import matplotlib
 
 matplotlib.use("Agg")  # no display on servers and in CI
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
-from tuner.study.pareto import Point, pareto_front  # noqa: E402
-from tuner.study.trials import TrialRecord  # noqa: E402
-from tuner.vllm.startup import PHASE_LABELS, PHASES  # noqa: E402
+from tuner.study.pareto import Point, pareto_front
+from tuner.study.trials import TrialRecord
+from tuner.vllm.startup import PHASE_LABELS, PHASES
 
 __all__ = ["pareto_png", "best_so_far_png", "importance_png", "startup_png", "OUTCOME_STYLE"]
 

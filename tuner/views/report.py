@@ -19,21 +19,21 @@ from typing import Any
 import optuna
 
 from tuner.adapters.artifacts import atomic_write_text, make_private_dir, open_private
+from tuner.load.host_steadiness import check_text
+from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
+from tuner.store.handle import StudyHandle
+from tuner.store.records import read_records
+from tuner.study.confirmation_text import summary_text
 from tuner.study.durations import format_duration
 from tuner.study.environment import environment_for, environment_lines
-from tuner.study.confirmation_text import summary_text
-from tuner.views.export import ExportError, choose_record, noise_notes, render_export
-from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
-from tuner.load.host_steadiness import check_text
-from tuner.views.plots import best_so_far_png, importance_png, pareto_png, startup_png
 from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points
-from tuner.store.records import read_records
+from tuner.views.export import ExportError, choose_record, noise_notes, render_export
+from tuner.views.plots import best_so_far_png, importance_png, pareto_png, startup_png
 from tuner.views.status import read_checks, searched_targets
-from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
-from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
-from tuner.store.handle import StudyHandle
 from tuner.vllm.knobs import mismatch_text
+from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
+from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
 
 __all__ = ["write_report", "knob_importances"]
 

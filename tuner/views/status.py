@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import json
 import fcntl
+import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 from tuner.adapters.artifacts import StudyPaths, saved_budget
 from tuner.load.host_steadiness import check_text
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
+from tuner.store.records import StoredStudy, read_records_direct, read_sqlite_study
+from tuner.study.confirmation_text import summary_text
 from tuner.study.durations import format_duration
 from tuner.study.environment import environment_lines
 from tuner.study.integrity import damaged_rows, integrity_lines, spec_changes
-from tuner.study.confirmation_text import summary_text
 from tuner.study.noise import noisy_front, plus_minus, unstable_text
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points, stop_record_text
-from tuner.store.records import StoredStudy, read_records_direct, read_sqlite_study
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
 from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
@@ -411,7 +411,7 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     lines = [
         f"study {status['study']}: {status['finished_trials']}/{status['target_trials']} trials finished"
         + (" (running now)" if status["running_now"] else ""),
-        f"  outcomes: " + (", ".join(f"{k} {v}" for k, v in sorted(status["outcomes"].items())) or "none yet"),
+        "  outcomes: " + (", ".join(f"{k} {v}" for k, v in sorted(status["outcomes"].items())) or "none yet"),
         f"  time used {format_duration(status['elapsed_s'])}"
         + (f", left {format_duration(status['time_left_s'])}" if status["time_left_s"] is not None else ""),
     ]
