@@ -327,7 +327,7 @@ def overhead_figures(result: dict[str, Any], stats: dict[str, Any], c: int) -> d
     ttft_add, tpot_add, tpot_client, tpot_server = [], [], [], []
     ttft_first_wave, ttft_later = [], []
     rows = sorted(result["rows"], key=lambda r: r[1])
-    for k, (key, start, first, last, chunks, tokens, ok, _done) in enumerate(rows):
+    for k, (key, start, first, last, chunks, _tokens, ok, _done) in enumerate(rows):
         srv = stats["rows"].get(key)
         if not ok or srv is None or chunks < 2:
             continue

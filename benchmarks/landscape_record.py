@@ -165,7 +165,8 @@ def record(folder: Path, study_file: Path, loadavg: Path | None, also: Sequence[
     landscape = {
         "version": LANDSCAPE_VERSION,
         "name": spec.name,
-        "study_file": str(study_file.relative_to(ROOT)) if study_file.resolve().is_relative_to(ROOT) else str(study_file),
+        "study_file": (str(study_file.relative_to(ROOT)) if study_file.resolve().is_relative_to(ROOT)
+                       else str(study_file)),
         "study_sha256": hashlib.sha256(study_file.read_bytes()).hexdigest(),
         "vllm_version": _vllm_version(folder),
         "machine": _machine(),

@@ -153,14 +153,14 @@ def fabricate(study: optuna.Study, spec: Any, count: int, rng: random.Random, st
 CPU: list[float] = []   # process CPU seconds of the last timed() call
 
 
-def timed(fn: Any) -> tuple[float, Any]:
-    """Wall seconds of fn(); its CPU seconds go to CPU[-1]. The benchmark machine is shared
+def timed(fn: Any, *args: Any) -> tuple[float, Any]:
+    """Wall seconds of fn(*args); its CPU seconds go to CPU[-1]. The benchmark machine is shared
     (two cores, other work running), so wall time includes waiting for a core: CPU time is
     the tuner's own cost, wall time what a user would see on this busy machine."""
 
     c = time.process_time()
     t = time.perf_counter()
-    out = fn()
+    out = fn(*args)
     CPU.append(time.process_time() - c)
     return time.perf_counter() - t, out
 
@@ -177,7 +177,7 @@ def measure_real_path(orch: Any, study: optuna.Study, executor: StandInExecutor,
     while done < k and out["rejected"][0] < 40 * k:
         # The orchestrator's loop passes its count of rejections in a row (after 25 it
         # enqueues an unseen random point); so must we.
-        t_start, number = timed(lambda: orch.start_next(study, in_a_row))
+        t_start, number = timed(orch.start_next, study, in_a_row)
         c_start = CPU[-1]
         if number is None:            # forbidden or duplicate proposal: told, nothing to run
             out["rejected"][0] += 1
@@ -191,7 +191,8 @@ def measure_real_path(orch: Any, study: optuna.Study, executor: StandInExecutor,
         lost_wall = lost_cpu = 0.0
         request = executor.submitted[-1]
         result = outcome_for(number, rng, tuple(orch.spec.load.concurrency))
-        t_tell, _ = timed(lambda: orch.tell(study, Finished(0, request, result, None)))
+        finished = Finished(0, request, result, None)
+        t_tell, _ = timed(orch.tell, study, finished)
         out["start_s"].append(t_start)
         out["tell_s"].append(t_tell)
         out["start_cpu_s"].append(c_start)
@@ -267,7 +268,7 @@ def main() -> int:
     have = 0
     for size in sizes:
         if size > have:
-            t_fab, _ = timed(lambda: fabricate(study, spec, size - have, rng, have))
+            t_fab, _ = timed(fabricate, study, spec, size - have, rng, have)
             print(f"[fabricate] {size - have} trials in {t_fab:.1f}s", flush=True)
             have = size
         real = measure_real_path(orch, study, executor, rng, args.per_size)
@@ -278,7 +279,7 @@ def main() -> int:
         # What `tuner status` runs on the default SQLite file: no Optuna, sqlite3 directly.
         t_direct, direct = timed(lambda: status_from_folder(root, handle.name))
         assert direct == status, "status_from_folder disagrees with build_status"
-        t_format, _ = timed(lambda: format_status(status))
+        t_format, _ = timed(format_status, status)
         med = statistics.median
         row = {
             "trials_in_storage": have,
@@ -292,12 +293,12 @@ def main() -> int:
             "rejected_proposals": real["rejected"][0],
         }
         report["sizes"][str(size)] = row
-        ms = lambda key: f"{row[key] * 1e3:.0f}"  # noqa: E731
-        print(f"[{have:>5} trials] overhead/trial {ms('overhead_s_median')} ms wall / "
-              f"{ms('overhead_cpu_s_median')} ms CPU (start {ms('start_cpu_s_median')}, tell+pareto "
-              f"{ms('tell_cpu_s_median')} CPU); bare ask+tell {ms('ask_tell_s_median')} wall / "
-              f"{ms('ask_tell_cpu_s_median')} CPU; status {ms('status_build_s')} wall / "
-              f"{ms('status_build_cpu_s')} CPU through Optuna, {ms('status_from_folder_s')} wall "
+        ms = {key: f"{value * 1e3:.0f}" for key, value in row.items()}   # seconds as whole ms
+        print(f"[{have:>5} trials] overhead/trial {ms['overhead_s_median']} ms wall / "
+              f"{ms['overhead_cpu_s_median']} ms CPU (start {ms['start_cpu_s_median']}, tell+pareto "
+              f"{ms['tell_cpu_s_median']} CPU); bare ask+tell {ms['ask_tell_s_median']} wall / "
+              f"{ms['ask_tell_cpu_s_median']} CPU; status {ms['status_build_s']} wall / "
+              f"{ms['status_build_cpu_s']} CPU through Optuna, {ms['status_from_folder_s']} wall "
               f"from the SQLite file", flush=True)
     # The command a user types, interpreter start-up and imports included.
     # Three runs, the median kept: one run on a shared machine is mostly its neighbours' load.

@@ -514,7 +514,6 @@ def print_table(results: dict[str, Any], spaces: list[str]) -> None:
               f"noise sigma {info.get('noise_sigma', results['noise_sigma'])}")
         print(f"  {'sampler':<28} {'median':>7} {'p25-p75':>11} {'worst':>6} {'reached':>8} "
               f"{'hours':>6} {'HV@end':>7} {'infeas':>6} {'strict':>7}")
-        rand = info["samplers"].get("random", {}).get("t95", {}).get("median")
         for name, row in sorted(info["samplers"].items(), key=lambda kv: (kv[1]["t95"]["median"], kv[0])):
             t = row["t95"]
             budget = row.get("budget", info["budget"])

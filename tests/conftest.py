@@ -12,11 +12,15 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
+
+from tests.fake_server import Served, serving
+from tests.sim_process import Sim
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -133,6 +137,41 @@ def orphan_check():
                 except ProcessLookupError:
                     pass
     assert not leftovers, f"orphan processes left behind: {leftovers}"
+
+
+# -- in-test servers (tests/fake_server.py, tests/sim_process.py) --------------------
+
+
+@pytest.fixture(scope="module")
+def _server() -> Iterator[Served]:
+    """The fake streaming server, one per test module."""
+    with serving() as served:
+        yield served
+
+
+@pytest.fixture
+def served(_server: Served) -> Served:
+    """The module's fake streaming server, its counters and switches reset for this test."""
+    _server.state.reset()
+    return _server
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., Sim]]:
+    """start(*argv, ready=True, **env) runs the simulator as `vllm serve` (waiting until it
+    answers /health unless ready=False); every one started is killed after the test."""
+    procs: list[Sim] = []
+
+    def _start(*argv: str, ready: bool = True, **env: str) -> Sim:
+        sim = Sim(tmp_path, ["--model", "/models/smol", *argv], env)
+        procs.append(sim)
+        if ready:
+            sim.wait_ready()
+        return sim
+
+    yield _start
+    for p in procs:
+        p.kill()
 
 
 # -- fault-injection bookkeeping (tests/test_faults.py and friends) -------------------

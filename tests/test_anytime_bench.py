@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import sys
 from itertools import combinations
+from typing import Any
 
 from tests.conftest import ROOT
 
@@ -35,11 +36,13 @@ def test_the_fewest_trials_on_the_real_landscapes_checked_against_every_subset()
         ok = [r.objectives for r in rows if r.feasible and r.objectives is not None]
         base = rows[truth.index(space.baseline_values(spec))].objectives
         goal = bench.TARGET * truth.hypervolume - 1e-12
+        assert _reaches(truth, base, ok, goal, fewest - 1), name
+        assert not _reaches(truth, base, ok, goal, fewest - 2), name
 
-        def reaches(size: int) -> bool:
-            return any(truth.hv_of([base, *chosen]) >= goal for chosen in combinations(ok, size))
 
-        assert reaches(fewest - 1) and not reaches(fewest - 2), name
+def _reaches(truth: Any, base: Any, points: list[Any], goal: float, size: int) -> bool:
+    """Some set of `size` points, beside the baseline, reaches the goal hypervolume."""
+    return any(truth.hv_of([base, *chosen]) >= goal for chosen in combinations(points, size))
 
 
 def test_the_verdict_says_when_the_target_asks_for_an_oracle() -> None:

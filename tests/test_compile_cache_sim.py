@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.conftest import write_study
-from tests.test_sim_proc import Sim
+from tests.sim_process import Sim
 from tuner.vllm.compile_cache import parse_compile_log
 
 
@@ -116,20 +115,25 @@ def test_the_worker_records_the_compile_cache_per_trial(tmp_path: Path) -> None:
     from tuner.engine.worker import TrialWorker
     from tuner.study.outcome import TrialOutcome
 
-    async def start_stop(request: Any) -> tuple[float, dict[str, Any]]:
+    async def start_stop(request: Any, trial_dir: Path) -> None:
         worker = TrialWorker()
-        trial_dir = Path(request.trial_dir)
-        trial_dir.mkdir(parents=True)
         outcome = TrialOutcome(number=request.number, status="failed")
-        began = time.monotonic()
         try:
             await worker._start(request, trial_dir)
         finally:
             await worker._stop(request, outcome)
-        return time.monotonic() - began, json.loads((trial_dir / "compile_cache.json").read_text())
 
-    _, first = asyncio.run(start_stop(_request(tmp_path, 1)))
-    _, second = asyncio.run(start_stop(_request(tmp_path, 2)))
+    def trial(number: int) -> dict[str, Any]:
+        """One start and stop; the trial's compile_cache.json. The folder is made and the file
+        read outside the event loop."""
+        request = _request(tmp_path, number)
+        trial_dir = Path(request.trial_dir)
+        trial_dir.mkdir(parents=True)
+        asyncio.run(start_stop(request, trial_dir))
+        return json.loads((trial_dir / "compile_cache.json").read_text())
+
+    first = trial(1)
+    second = trial(2)
     assert first["cache"] == "miss" and first["aot"] == "saved" and first["compile_s"] == 140.0
     assert second["cache"] == "hit" and second["aot"] == "loaded"
     assert second["cache_dir"] == first["cache_dir"]

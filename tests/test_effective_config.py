@@ -108,7 +108,8 @@ CASES: list[tuple[str, dict[str, Any], dict[str, str]]] = [
       "nccl_transport": ["P2P/CUMEM", "SHM"], "kv_cache_tokens": 1234560, "ready": True},
      {"cudagraph_mode": "setting cudagraph_mode=FULL_AND_PIECEWISE",
       "cudagraph_mode_configured": "<CUDAGraphMode.FULL: 2>",
-      "custom_all_reduce_active": "Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs",
+      "custom_all_reduce_active":
+          "Custom allreduce is disabled because it's not supported on more than two PCIe-only GPUs",
       "allreduce_backends": "Using ['PYNCCL'] all-reduce backends",
       "nccl_env.NCCL_PROTO": "NCCL_PROTO set by environment to LL",
       "nccl_env.NCCL_ALGO": "NCCL_ALGO set by environment to Ring",
@@ -218,7 +219,8 @@ INFO_LINE = "(EngineCore pid=1) INFO 01-01 00:00:01 [vllm.py:1480] "
 
 @pytest.mark.parametrize(("line", "final"), [
     # config time; the 0.32 source concatenates without a space after the period
-    (INFO_LINE + "Cudagraph mode FULL_AND_PIECEWISE is not compatible with compilation mode 2.Overriding to NONE.", "NONE"),
+    (INFO_LINE + "Cudagraph mode FULL_AND_PIECEWISE is not compatible with compilation mode 2."
+     "Overriding to NONE.", "NONE"),
     (INFO_LINE + "Cudagraph mode FULL_AND_PIECEWISE is not compatible with compilation mode DYNAMO_TRACE_ONCE. "
          "Overriding to FULL_DECODE_ONLY.", "FULL_DECODE_ONLY"),
     (W + "CUDAGraphMode.FULL_AND_PIECEWISE is not supported with FlashInferBackend backend "
@@ -280,7 +282,8 @@ def test_custom_allreduce_warnings(warning: str, reason: str) -> None:
 
 
 def test_nccl_tuning_lines_are_deduplicated_and_capped() -> None:
-    line = "(Worker_TP0 pid=3) h:3:3 [0] NCCL INFO AllReduce: {n} Bytes -> Algo RING proto SIMPLE channel{{Lo..Hi}}={{0..1}}"
+    line = ("(Worker_TP0 pid=3) h:3:3 [0] NCCL INFO AllReduce: {n} Bytes -> Algo RING proto SIMPLE "
+            "channel{{Lo..Hi}}={{0..1}}")
     text = "\n".join(line.format(n=n % 1000) for n in range(5000))
     eff = parse_effective_config(text)
     assert eff.nccl_tuning is not None
@@ -292,8 +295,10 @@ def test_ray_deduplicated_nccl_lines_keep_only_the_value() -> None:
     # Under Ray, identical worker lines are folded into one with a `[repeated Nx across
     # cluster]` suffix (the form seen in public vLLM-on-Ray reports).
     text = "\n".join([
-        "(RayWorkerWrapper pid=539) node:539:539 [6] NCCL INFO NCCL_P2P_LEVEL set by environment to NVL [repeated 15x across cluster]",
-        "(RayWorkerWrapper pid=539) node:539:539 [6] NCCL INFO NCCL_CUMEM_ENABLE set by environment to 0. [repeated 15x across cluster]",
+        "(RayWorkerWrapper pid=539) node:539:539 [6] NCCL INFO NCCL_P2P_LEVEL set by environment to NVL "
+        "[repeated 15x across cluster]",
+        "(RayWorkerWrapper pid=539) node:539:539 [6] NCCL INFO NCCL_CUMEM_ENABLE set by environment to 0. "
+        "[repeated 15x across cluster]",
         "(RayWorkerWrapper pid=540) node:540:540 [1] NCCL INFO NCCL_PROTO set by environment to LL",
     ])
     eff = parse_effective_config(text)

@@ -183,7 +183,8 @@ def test_progress_bar_without_newline_does_not_grow_the_buffer() -> None:
     for i in range(10_000):
         scanner.feed(f"\rCapturing CUDA graphs (FULL): {i % 100}%|")
     assert len(scanner._partial) <= 1000
-    assert scanner.feed("\n(EngineCore pid=1) ERROR 01-01 00:00:00 [core.py:1510] EngineCore failed to start.\n") is None
+    failed = "\n(EngineCore pid=1) ERROR 01-01 00:00:00 [core.py:1510] EngineCore failed to start.\n"
+    assert scanner.feed(failed) is None
     assert scanner.pending is not None
 
 
@@ -193,7 +194,8 @@ FATAL_LINES = [
     ("(EngineCore pid=1) ERROR 01-01 00:00:00 [core.py:1510] EngineCore failed to start.", "engine_core_failed"),
     ("(APIServer pid=1) RuntimeError: Engine core initialization failed. See root cause above. "
      "Failed core proc(s): {}", "engine_core_failed"),
-    ("(Worker_TP1 pid=7) ERROR 01-01 00:00:00 [multiproc_executor.py:316] WorkerProc failed to start.", "worker_failed"),
+    ("(Worker_TP1 pid=7) ERROR 01-01 00:00:00 [multiproc_executor.py:316] WorkerProc failed to start.",
+     "worker_failed"),
     ("(EngineCore pid=1) ERROR 01-01 00:00:00 [multiproc_executor.py:953] Worker proc VllmWorker-1 died "
      "unexpectedly, shutting down executor.", "worker_failed"),
     ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "

@@ -89,7 +89,8 @@ def test_the_compile_cache_scenario_has_a_cache_of_its_own_whatever_the_environm
 
 def test_trials_are_matched_to_configurations_by_their_values() -> None:
     points = {"d1": {"u": 0.5, "s": None}, "d2": {"u": 0.45, "s": None}, "c": {"u": 0.5, "s": "mtp", "k": 1}}
-    trials = {0: {"status": "completed"}, 1: {"status": "failed", "reason": "invalid_config"}, 2: {"status": "completed"}}
+    trials = {0: {"status": "completed"}, 1: {"status": "failed", "reason": "invalid_config"},
+              2: {"status": "completed"}}
     values = {0: {"u": 0.5, "s": None}, 1: {"u": 0.5, "s": "mtp", "k": 1}, 2: {"u": 0.45, "s": None}}
     found = scn.match_trials(points, trials, values)
     assert {n: g["trial"] for n, g in found.items()} == {"d1": 0, "c": 1, "d2": 2}

@@ -114,5 +114,6 @@ def test_a_server_keep_alive_below_the_clients_idle_limit_is_refused(value: Any,
 def test_a_study_setting_a_short_keep_alive_is_refused_naming_the_field() -> None:
     from tuner.study.server_spec import ServerSpec
 
-    with pytest.raises(ValueError, match=r"env\.VLLM_HTTP_TIMEOUT_KEEP_ALIVE: '1' is too low; allowed: a whole number, 3"):
+    with pytest.raises(ValueError,
+                       match=r"env\.VLLM_HTTP_TIMEOUT_KEEP_ALIVE: '1' is too low; allowed: a whole number, 3"):
         ServerSpec.model_validate({"model": "m", "env": {"VLLM_HTTP_TIMEOUT_KEEP_ALIVE": 1}})

@@ -192,7 +192,8 @@ def _question(item: ProbeItem) -> str:
 
 def test_items_are_deterministic_and_seeded() -> None:
     assert build_items(ProbeSpec(bank={"enabled": False})) == build_items(ProbeSpec(bank={"enabled": False}))
-    assert build_items(ProbeSpec(bank={"enabled": False}, seed=1)) != build_items(ProbeSpec(bank={"enabled": False}, seed=0))
+    assert (build_items(ProbeSpec(bank={"enabled": False}, seed=1))
+            != build_items(ProbeSpec(bank={"enabled": False}, seed=0)))
 
 
 def test_default_item_set_shape() -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tests.test_loadgen import SWEEP, Served, _server, plan_item, served  # noqa: F401
+from tests.fake_server import Served
+from tests.test_loadgen import SWEEP, plan_item
 from tuner.errors import SpecError
 from tuner.load.load_spec import LoadSpec, rate_level_name
 from tuner.load.open_loop import rate_level_metrics, run_rate_level
@@ -110,7 +111,7 @@ def test_a_blocked_event_loop_does_not_shift_later_arrivals(served: Served) -> N
     async def go():
         async def stall() -> None:
             await asyncio.sleep(0.12)
-            time.sleep(0.6)  # blocks the loop, as a slow client would
+            time.sleep(0.6)  # noqa: ASYNC251 - on purpose: blocks the loop, as a slow client would
 
         task = asyncio.create_task(stall())
         run = await run_rate_level(served.base_url, "fake", plan, schedule, api="completions",

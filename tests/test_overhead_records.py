@@ -46,7 +46,7 @@ def _study(tmp_path: Path) -> optuna.Study:
 
 
 def test_direct_read_equals_the_optuna_read(tmp_path: Path) -> None:
-    study = _study(tmp_path)
+    _study(tmp_path)  # writes optuna.db, read back fresh below
     fresh = optuna.load_study(study_name="s", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
     # The SQL path itself (read_records_direct would hide a failure behind its fallback).
     direct = records._read_rows(fresh._storage._backend.engine, fresh._study_id, fresh)

@@ -177,7 +177,7 @@ def test_a_space_that_cannot_be_enumerated_gets_the_design_then_tpe() -> None:
     study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
     study.enqueue_trial(space.baseline_values(spec))
     keys = []
-    for i in range(20):
+    for _ in range(20):
         trial = study.ask()
         values = {}
         for param in space.ordered_parameters(spec):

@@ -223,8 +223,8 @@ def test_resume_checks_again_once_its_leftovers_are_gone(tmp_path: Path, orphan_
     kit = tmp_path / "kit"
     _script(kit, "sim-server", f"#!{sys.executable}\nimport runpy, sys\nsys.argv[0] = 'tuner.sim'\n"
                                "runpy.run_module('tuner.sim', run_name='__main__')\n")
-    path, marker = write_study(tmp_path, updates={"server.command": [str(kit / "sim-server")], "server.model": "glm5-id",
-                                                  "probe.enabled": False,
+    path, marker = write_study(tmp_path, updates={"server.command": [str(kit / "sim-server")],
+                                                  "server.model": "glm5-id", "probe.enabled": False,
                                                   "budget.n_trials": 1, "confirm": {"candidates": 0}})
     orphan_check.append(marker)
     results = tmp_path / "results"

@@ -112,7 +112,7 @@ def test_noise_near_the_boundary_never_credits_a_rate_above_a_miss() -> None:
     for seed in range(40):
         rng = random.Random(seed)
 
-        def noisy(r: float) -> float:
+        def noisy(r: float, rng: random.Random = rng) -> float:
             if abs(r / 4.0 - 1) < 0.10:
                 return rng.choice([0.97, 1.03])
             return r / 4.0

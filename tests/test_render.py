@@ -49,7 +49,8 @@ def test_booleans_none_lists_and_env() -> None:
 def test_speculative_fields_without_method_are_dropped() -> None:
     out = render_command(server(), {"speculative_config.method": None, "speculative_config.num_speculative_tokens": 3})
     assert "--speculative-config" not in out.argv and not out.asked
-    out = render_command(server(), {"speculative_config.method": "ngram", "speculative_config.num_speculative_tokens": 3})
+    out = render_command(server(), {"speculative_config.method": "ngram",
+                                    "speculative_config.num_speculative_tokens": 3})
     i = out.argv.index("--speculative-config")
     assert json.loads(out.argv[i + 1]) == {"method": "ngram", "num_speculative_tokens": 3}
 

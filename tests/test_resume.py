@@ -89,7 +89,6 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, orphan_check: list[str]) 
     after = completed_runs(storage, name)
     for number, (state, values, params) in done_before.items():
         assert after[number] == (state, values, params), f"completed trial {number} changed"
-    finished = [v for n, v in after.items() if v[0] in ("COMPLETE", "FAIL")]
     interrupted = [n for n in after if n not in done_before and after[n][0] == "FAIL"]
     study_obj = optuna.load_study(study_name=name, storage=storage)
     assert study_obj.user_attrs["elapsed_s"] > killed_elapsed

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from tests.test_sim_proc import alive, chat, start  # noqa: F401  (start is a fixture)
+from tests.sim_process import alive, chat
 from tuner.sim.faults import FaultError, parse_faults
 
 

@@ -138,3 +138,11 @@ def test_silent_downgrade_fault_changes_effective_value_without_notice():
     assert e.cudagraph_mode_config == "PIECEWISE" and e.cudagraph_mode == "PIECEWISE"
     assert not any("PIECEWISE" in n.text for n in e.notices)
     assert eff(["--enforce-eager"], env=env).cudagraph_mode == "NONE"
+
+
+def test_the_package_exports_are_listed_and_resolve() -> None:
+    import tuner.sim
+
+    assert tuner.sim.__all__ == sorted(tuner.sim._EXPORTS)
+    for name in tuner.sim.__all__:
+        assert getattr(tuner.sim, name) is not None, name

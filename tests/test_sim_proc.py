@@ -4,94 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie still "exists": treat it as dead
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-class Sim:
-    def __init__(self, tmp: Path, argv: list[str], env: dict[str, str]) -> None:
-        self.port = free_port()
-        self.log_path = tmp / f"sim-{self.port}.log"
-        full_env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNER_SIM_TIME_SCALE": "0.01",
-                    "TUNER_SIM_PROFILE": "tiny-cpu", **env}
-        with open(self.log_path, "wb") as out:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tuner.sim", "serve", "--port", str(self.port), *argv],
-                stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
-                start_new_session=True)
-        self.url = f"http://127.0.0.1:{self.port}"
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"sim exited {self.proc.returncode}:\n{self.log()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError("sim not ready:\n" + self.log()[-3000:])
-
-    def child_pid(self) -> int:
-        m = re.search(r"\(EngineCore pid=(\d+)\)", self.log())
-        assert m, self.log()
-        return int(m.group(1))
-
-    def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait(timeout=5)
-
-
-@pytest.fixture
-def start(tmp_path):
-    procs: list[Sim] = []
-
-    def _start(*argv: str, ready: bool = True, **env: str) -> Sim:
-        sim = Sim(tmp_path, ["--model", "/models/smol", *argv], env)
-        procs.append(sim)
-        if ready:
-            sim.wait_ready()
-        return sim
-
-    yield _start
-    for p in procs:
-        p.kill()
+from tests.sim_process import alive, chat
 
 
 def metric(text: str, name: str) -> float:
@@ -100,14 +19,6 @@ def metric(text: str, name: str) -> float:
         if line.startswith(name + "{") or line.startswith(name + " "):
             total += float(line.rsplit(" ", 1)[1])
     return total
-
-
-def chat(url: str, content: str, **kw) -> dict:
-    body = {"model": kw.pop("model", "/models/smol"),
-            "messages": [{"role": "user", "content": content}], "temperature": 0, **kw}
-    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=30)
-    r.raise_for_status()
-    return r.json()
 
 
 def stream(url: str, path: str, body: dict) -> tuple[list[dict], list[str]]:

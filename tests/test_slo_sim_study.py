@@ -3,8 +3,10 @@ trial): `tuner run` searches max_rate@slo in every trial through the real worker
 and open-loop client against the served simulator; status, the report, pareto.json and
 the export show it; the found rate is within the simulator model's band around its
 ground truth (tuner/sim/slo_truth.py; a short level's p90 is noisy, and the served
-simulator runs on a shared machine, so the band here is 25 %: at TUNER_SIM_TIME_SCALE 0.1 a modelled 50 ms engine step is a 5 ms sleep, and on a loaded machine each sleep overshoots by a millisecond or more, which shows as slower TPOT and a lower rate (-8 to -12 % measured at load average 20); the 5 % check being
-benchmarks/slo_truth.py's)."""
+simulator runs on a shared machine, so the band here is 25 %: at TUNER_SIM_TIME_SCALE 0.1
+a modelled 50 ms engine step is a 5 ms sleep, and on a loaded machine each sleep overshoots
+by a millisecond or more, which shows as slower TPOT and a lower rate (-8 to -12 %
+measured at load average 20); the 5 % check being benchmarks/slo_truth.py's)."""
 
 from __future__ import annotations
 

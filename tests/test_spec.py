@@ -126,14 +126,16 @@ def test_int_range_reversed() -> None:
 
 
 def test_fixed_flag_values_are_checked() -> None:
-    text = BASE.replace("  gpus_per_trial: 8", "  gpus_per_trial: 8\n  flags:\n    compilation_config: {cudagraph_mode: bogus}")
+    text = BASE.replace("  gpus_per_trial: 8",
+                        "  gpus_per_trial: 8\n  flags:\n    compilation_config: {cudagraph_mode: bogus}")
     message = error_of(text)
     assert "server.flags" in message or "server" in message
     assert "compilation_config.cudagraph_mode" in message and "'bogus'" in message
 
 
 def test_parameter_cannot_override_fixed_flag() -> None:
-    text = BASE.replace("  gpus_per_trial: 8", "  gpus_per_trial: 8\n  flags:\n    compilation_config: {cudagraph_mode: FULL}")
+    text = BASE.replace("  gpus_per_trial: 8",
+                        "  gpus_per_trial: 8\n  flags:\n    compilation_config: {cudagraph_mode: FULL}")
     assert "already fix" in error_of(text)
 
 

@@ -133,7 +133,8 @@ def test_status_shows_each_trials_startup_and_the_median(tmp_path: Path) -> None
     eager = parse_startup(_log(H200 / "eager.log"), first_line_s=20.0, ready_s=77.0)
     rows = [_row(0, miss, paths, trial_s=100.0), _row(1, eager, paths, trial_s=120.0, gpu_wait_s=4.2)]
     records = [TrialRecord(number=i, state="COMPLETE", kind="run", params={}, attrs={"outcome": {
-        "startup": r.to_json(), "startup_s": r.total_s, "trial_s": t}}) for i, (r, t) in enumerate(((miss, 100.0), (eager, 120.0)))]
+        "startup": r.to_json(), "startup_s": r.total_s, "trial_s": t}})
+        for i, (r, t) in enumerate(((miss, 100.0), (eager, 120.0)))]
     status = {"study": "s", "running_now": False, "target_trials": 2, "finished_trials": 2,
               "outcomes": {"feasible": 2}, "failures": {}, "running": [],
               "skipped": {"duplicate": 0, "forbidden": 0}, "elapsed_s": 220.0, "time_left_s": None,
@@ -141,7 +142,8 @@ def test_status_shows_each_trials_startup_and_the_median(tmp_path: Path) -> None
               "front": [], "trials": rows, "startup": _startup_summary(records)}
     text = format_status(status).splitlines()
     assert "  startup: median 73.7s over 2 server(s), 67% of trial time, torch.compile cache 1 miss" in text
-    assert any(line.startswith("    median phases (s): imports 19.8 + config 9.5 + engine process 15.5") for line in text)
+    phases = "    median phases (s): imports 19.8 + config 9.5 + engine process 15.5"
+    assert any(line.startswith(phases) for line in text)
     at = text.index("        " + summary_text(miss.to_json()))
     assert text[at + 1] == "          " + figures_text(miss.to_json())
     assert "          waited 4.2s for the GPUs before starting" in text

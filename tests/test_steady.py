@@ -1,5 +1,5 @@
 """Levels sized by time and steady state (load.sizing: steady): the pure tracker on made-up
-token streams, and whole sweeps against the in-test streaming server of test_loadgen."""
+token streams, and whole sweeps against the in-test streaming server (tests/fake_server.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from tests.test_loadgen import Served, _server, served  # noqa: F401
+from tests.fake_server import Served
 from tuner.load.load_spec import LoadSpec, WorkloadClass, WorkloadSpec
 from tuner.load.metrics import compute_level_metrics
 from tuner.load.records import RequestRecord

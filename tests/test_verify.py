@@ -62,8 +62,10 @@ CASES: list[tuple[str, str, Any, str, Any, str | None, str | None]] = [
     # CPU build: silently NONE; the evidence is the config-line excerpt
     (CPU, "compilation_config.cudagraph_mode", "FULL_AND_PIECEWISE", "not_applied", "NONE",
      "<CUDAGraphMode.NONE: 0>", "CPU build"),
-    (CPU, "compilation_config.cudagraph_capture_sizes", [1, 2, 4], "not_applied", [], "'cudagraph_capture_sizes': []", None),
-    (FAP, "compilation_config.max_cudagraph_capture_size", 512, "applied", 512, "'max_cudagraph_capture_size': 512", None),
+    (CPU, "compilation_config.cudagraph_capture_sizes", [1, 2, 4], "not_applied", [],
+     "'cudagraph_capture_sizes': []", None),
+    (FAP, "compilation_config.max_cudagraph_capture_size", 512, "applied", 512,
+     "'max_cudagraph_capture_size': 512", None),
     (FAP, "compilation_config.max_cudagraph_capture_size", "256", "not_applied", 512, None, None),
     # compilation mode
     (FAP, "compilation_config.mode", 3, "applied", "VLLM_COMPILE", "<CompilationMode.VLLM_COMPILE: 3>", None),
@@ -120,7 +122,8 @@ CASES: list[tuple[str, str, Any, str, Any, str | None, str | None]] = [
     # vLLM all-reduce switches, read off the TP group's backends line
     (TP2, "env:VLLM_ALLREDUCE_USE_FLASHINFER", "0", "not_applied",
      ["FLASHINFER", "CUSTOM", "SYMM_MEM", "PYNCCL"], "all-reduce backends", "FLASHINFER is still used"),
-    (TP2, "env:VLLM_ALLREDUCE_USE_FLASHINFER", 1, "applied", ["FLASHINFER", "CUSTOM", "SYMM_MEM", "PYNCCL"], None, None),
+    (TP2, "env:VLLM_ALLREDUCE_USE_FLASHINFER", 1, "applied", ["FLASHINFER", "CUSTOM", "SYMM_MEM", "PYNCCL"],
+     None, None),
     (TP4, "env:VLLM_ALLREDUCE_USE_SYMM_MEM", False, "applied", ["PYNCCL"], "Using ['PYNCCL']", None),
     (EAGER, "env:VLLM_ALLREDUCE_USE_SYMM_MEM", "0", "unverifiable", None, None, "no all-reduce backends line"),
     (TP2, "env:VLLM_FLASHINFER_ALLREDUCE_BACKEND", "trtllm", "unverifiable", None, None, "does not log"),

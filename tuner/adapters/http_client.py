@@ -20,6 +20,10 @@ continuations (4096 generated tokens at most). Reading a larger one whole would 
 memory without limit: 100 MB probe replies took ``measure --probe`` to 2 GB RSS."""
 
 
+DEFAULT_TIMEOUT = httpx.Timeout(5.0)
+"""server_client's timeout unless told: httpx's own default, 5 s for each phase of a request."""
+
+
 class ReplyTooLarge(ValueError):
     """A server's reply was longer than the cap; the message says how long it was allowed."""
 
@@ -48,7 +52,7 @@ async def capped_request(client: httpx.AsyncClient, method: str, url: str, *,
 
 def server_client(
     *,
-    timeout: float | httpx.Timeout = httpx.Timeout(5.0),
+    timeout: float | httpx.Timeout = DEFAULT_TIMEOUT,
     headers: dict[str, str] | None = None,
     width: int | None = None,
     base_url: str = "",

@@ -266,7 +266,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         raise SpecError(f"--pick: {exc}") from None
     out_dir = Path(args.output) if args.output else handle.paths.root / "report"
     paths = write_report(handle, out_dir, pick=args.pick)
-    for name, path in paths.items():
+    for path in paths.values():
         say(f"wrote {path}")
     if args.markdown:
         say("")
@@ -362,11 +362,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"tuner {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
-
-    def common(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--results", default=str(DEFAULT_RESULTS), help="results root (default: results)")
-        p.add_argument("--storage", help="Optuna storage URL (default: SQLite file in the study folder)")
-
     _add_validate(sub)
     for name, helptext in (("run", "start (or continue) a study from a study file"),
                            ("resume", "continue an interrupted study by name")):
@@ -374,7 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("file" if name == "run" else "name")
         if name == "run":
             p.add_argument("--study", help="study name (default: the file's name field)")
-        common(p)
+        _common(p)
         p.add_argument("--n-trials", type=int, help="trials to reach (overrides budget.n_trials)")
         p.add_argument("--timeout", help="wall-clock limit such as 8h (overrides budget.timeout)")
         p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
@@ -389,14 +384,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("status", help="progress, failures and the current Pareto front")
     p.add_argument("name")
-    common(p)
+    _common(p)
     p.add_argument("--json", action="store_true")
     p.add_argument("--brief", action="store_true", help="omit the per-trial table")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("report", help="HTML page, PNG figures and Markdown summary of a study")
     p.add_argument("name")
-    common(p)
+    _common(p)
     p.add_argument("--pick", default="knee", help="which point the report recommends (as in export)")
     p.add_argument("-o", "--output", help="folder (default: results/NAME/report)")
     p.add_argument("--markdown", action="store_true", help="also print the Markdown summary")
@@ -404,7 +399,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("export", help="the command line and environment of a chosen trial")
     p.add_argument("name")
-    common(p)
+    _common(p)
     p.add_argument("--trial", type=int, help="export this trial number")
     p.add_argument("--pick", help="knee (default), best-throughput, lowest-latency, best:<objective>")
     p.add_argument("--where", action="append", default=[], metavar="OBJECTIVE<=N",
@@ -418,24 +413,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-engine-config", action="store_true",
                    help="with --check: stop after the engine arguments (do not build the engine config)")
     p.add_argument("--confirm", action="store_true",
-                   help="first re-run the chosen point on a fresh server (confirm: section); export only if it holds up")
+                   help="first re-run the chosen point on a fresh server (confirm: section); "
+                        "export only if it holds up")
     p.add_argument("--ray-address", help="with --confirm: join this Ray cluster instead of starting a local one")
     _allow_environment_change(p)
     p.set_defaults(func=cmd_export)
 
+    _add_confirm(sub)
+    _add_measuring_commands(sub)
+    return parser
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    """Where a study's folder and its storage are: every command that reads a study."""
+    p.add_argument("--results", default=str(DEFAULT_RESULTS), help="results root (default: results)")
+    p.add_argument("--storage", help="Optuna storage URL (default: SQLite file in the study folder)")
+
+
+def _add_confirm(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("confirm", help="re-run front points (or given trials) on a fresh server and compare")
     p.add_argument("name")
-    common(p)
+    _common(p)
     p.add_argument("--trial", type=int, action="append", default=[], help="confirm this trial (repeatable)")
-    p.add_argument("--candidates", type=int, help="without --trial: how many front points (default: confirm.candidates or 1)")
-    p.add_argument("--repeats", type=int, choices=range(1, 6), metavar="1-5", help="re-runs per trial (default: confirm.repeats)")
+    p.add_argument("--candidates", type=int,
+                   help="without --trial: how many front points (default: confirm.candidates or 1)")
+    p.add_argument("--repeats", type=int, choices=range(1, 6), metavar="1-5",
+                   help="re-runs per trial (default: confirm.repeats)")
     p.add_argument("--tolerance", type=float, help="allowed relative worsening, e.g. 0.1 (default: confirm.tolerance)")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     _allow_environment_change(p)
     p.set_defaults(func=cmd_confirm)
-
-    _add_measuring_commands(sub)
-    return parser
 
 
 def _add_validate(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

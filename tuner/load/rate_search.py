@@ -22,8 +22,9 @@ rate comes next:
    line through (log rate, log margin) of the bracket's two ends crosses margin 1 (regula
    falsi, as vLLM's SLA scan interpolates to zero SLA distance), the missed end's margin
    taken as at most ``_MARGIN_CAP`` (a blown-up queue's margin would pin the estimate to
-   the met end), kept within the middle 70 % of the bracket; when that estimate lies within ``precision`` of an end, the level
-   goes just inside the precision of that end, so one more verdict can close the search.
+   the met end), kept within the middle 70 % of the bracket; when that estimate lies within
+   ``precision`` of an end, the level goes just inside the precision of that end, so one more
+   verdict can close the search.
    Two verdicts in a row on the same side mean the line keeps missing the curve (latency
    bends up near saturation): the next rate is then the bracket's geometric middle, which
    halves it whatever the curve (the Illinois safeguard). On synthetic latency curves

@@ -27,7 +27,13 @@ _EXPORTS = {
     "FAULT_NAMES": "tuner.sim.faults", "TOKENIZER": "tuner.sim.model",
     "plan_output": "tuner.sim.model", "chat_prompt": "tuner.sim.model",
 }
-__all__ = sorted(_EXPORTS)
+# The names of _EXPORTS, sorted (tests/test_sim_perf_model.py checks that the two agree).
+__all__ = [
+    "ArgvError", "ConfigError", "CostModel", "Effective", "FAULT_NAMES", "LevelEstimate",
+    "PerfConfig", "Profile", "ProfileError", "SimArgs", "TOKENIZER", "Workload",
+    "builtin_profiles", "chat_prompt", "effective_config", "estimate", "load_profile",
+    "parse_argv", "parse_faults", "plan_output", "resolve",
+]
 
 
 def __getattr__(name: str) -> Any:

@@ -324,13 +324,15 @@ class Sim:
         server = QuietServer(uvicorn.Config(app, log_config=None, log_level="warning",
                                             access_log=False, lifespan="off"))
         serve = asyncio.create_task(server.serve(sockets=[self.sock]))
-        while not server.started and not serve.done() and not self.stop.is_set():
-            await asyncio.sleep(0.01)
+        stopper = asyncio.create_task(self.stop.wait())
+        # Until uvicorn listens, or dies, or a stop signal comes: whichever is first.
+        listening = asyncio.create_task(server.listening.wait())
+        await asyncio.wait([listening, serve, stopper], return_when=asyncio.FIRST_COMPLETED)
+        listening.cancel()
         for msg in (f"Started server process [{os.getpid()}]", "Waiting for application startup.",
                     "Application startup complete."):
             self.log.raw(f"INFO:     {msg}", "APIServer")
         tasks = [asyncio.create_task(engine.run()), asyncio.create_task(engine.stats_loop())]
-        stopper = asyncio.create_task(self.stop.wait())
         await asyncio.wait([serve, stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         engine.dead = True
         crashed = serve.done() and not self.stop.is_set()   # uvicorn died on its own

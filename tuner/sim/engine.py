@@ -249,7 +249,6 @@ class Engine:
                 self._emit(req, entry)
 
     def _emit(self, req: GenRequest, entry: Scheduled) -> None:
-        seq = entry.seq
         plan = req.plan
         if entry.prefill:
             n = 1 if entry.completes_prefill else 0

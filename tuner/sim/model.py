@@ -361,13 +361,15 @@ def plan_output(prompt: str, prompt_ids: Sequence[int], *, max_tokens: int, igno
             cands = top_candidates(ctx, i, tok, 5, 0)
             weights = [math.exp(lp / temperature) for _, lp in cands]
             r = unit_hash(seed, ctx, i, 13) * sum(weights)
+            drawn = cands[-1][0]   # where rounding leaves r above 0 after the last weight
             for (cid, _), w in zip(cands, weights):
                 r -= w
                 if r <= 0:
+                    drawn = cid
                     break
-            if cid != tok:
-                plan.ids[i] = cid
-                plan.pieces[i] = TOKENIZER.piece(cid)
+            if drawn != tok:
+                plan.ids[i] = drawn
+                plan.pieces[i] = TOKENIZER.piece(drawn)
     return plan
 
 

@@ -473,7 +473,17 @@ class SimServer:
 
 
 class QuietServer(uvicorn.Server):
-    """uvicorn without its own signal handling: the simulator's main handles SIGTERM/SIGINT."""
+    """uvicorn without its own signal handling: the simulator's main handles SIGTERM/SIGINT.
+    ``listening`` is set once it listens (uvicorn's own ``started`` is a flag, to be polled)."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.listening = asyncio.Event()
+
+    async def startup(self, sockets: list[Any] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:
+            self.listening.set()
 
     @contextlib.contextmanager
     def capture_signals(self):  # type: ignore[override]

@@ -12,8 +12,9 @@ tuner's own code (``tuner.load.stats.Stat``) and its verdict from
 **The true value** (``true_max_rate``): the rate where the SLO's statistics over
 ``seeds`` (64) independent levels of the study's size, pooled, reach their bounds,
 bisected to 0.2 %. Many seeds, because a level's latencies come in correlated bursts: the
-pooled p90 of 8 levels still moved the answer by ±3 % between seed sets. The seeds use common random numbers across rates (the same stream names at every
-rate: a gamma draw scales with 1/λ), so the pooled statistic moves smoothly with the rate.
+pooled p90 of 8 levels still moved the answer by ±3 % between seed sets. The seeds use
+common random numbers across rates (the same stream names at every rate: a gamma draw
+scales with 1/λ), so the pooled statistic moves smoothly with the rate.
 It is defined for the study's level size on purpose: near saturation a longer level lets a
 queue grow further, so "the highest rate that meets the SLO" depends on how long the SLO is
 watched; the tuner measures levels of that size, and this is what it estimates.
@@ -44,8 +45,8 @@ from tuner.sim.perf_model import NGRAM_METHODS, Workload
 from tuner.sim.truth import Evaluator
 from tuner.study.spec import StudySpec
 
-__all__ = ["COARSE_SEEDS", "OpenLoopPoint", "TRUTH_SEEDS", "level_flat", "measure_level", "model_clock", "open_loop_point",
-           "pooled_verdict", "true_max_rate"]
+__all__ = ["COARSE_SEEDS", "OpenLoopPoint", "TRUTH_SEEDS", "level_flat", "measure_level", "model_clock",
+           "open_loop_point", "pooled_verdict", "true_max_rate"]
 
 TRUTH_SEEDS = 64
 COARSE_SEEDS = 8

@@ -98,8 +98,10 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("load.requests", 100_000, "requests in one level", _level_requests),
     Bound("load.warmup_requests", 100_000, "warm-up requests in one level", _warmups),
     Bound("load.repeats", 20, "repeats", _one("load.repeats", lambda s: s.load.repeats)),
-    Bound("load.request_rates", 100_000, "requests per second", _each("load.request_rates", lambda s: s.load.request_rates)),
-    Bound("load.max_in_flight", 65_536, "requests in flight", _one("load.max_in_flight", lambda s: s.load.max_in_flight)),
+    Bound("load.request_rates", 100_000, "requests per second",
+          _each("load.request_rates", lambda s: s.load.request_rates)),
+    Bound("load.max_in_flight", 65_536, "requests in flight",
+          _one("load.max_in_flight", lambda s: s.load.max_in_flight)),
     Bound("load.seconds", _DAY, "seconds", lambda s: [
         ("load.max_level_seconds", s.load.max_level_seconds),
         ("load.request_timeout_s", s.load.request_timeout_s),

@@ -92,8 +92,9 @@ worker consults).
    so far (or ``load.rate_search.high`` before any missed): the answer is the highest rate
    met *below* it (``RateSearch.optimistic``: the lowest miss outside noise when the
    lowest is within noise, as a boundary fit may pass it); the worker widens that bound
-   by the search's precision, since a miss near the boundary may be noise. A trial dominated with it stops its search (rule 3's argument),
-   and a limit ``max_rate@slo >= x`` with the bound below x makes it infeasible (rule 1).
+   by the search's precision, since a miss near the boundary may be noise. A trial dominated
+   with it stops its search (rule 3's argument), and a limit ``max_rate@slo >= x`` with the
+   bound below x makes it infeasible (rule 1).
 
 What "safe" rests on, and how it is checked: rules 1, 2 and 4a are exact. Rules 3 and 4b
 assume their bounds hold; ``benchmarks/search_efficiency.py --early-stop`` replays whole studies against

@@ -262,17 +262,18 @@ class SweepGuard:
             # Rule 4a: the level's output tok/s is measured (its window is complete), so the
             # trial is told like any completed one (rule 2), with that value at this level:
             # samplers learn from its values, as from every other dominated trial.
+            figures = {
+                # The level's own figure, not the bound its noise widened.
+                "output_tok_s": float(partial.get("output_tok_s") or bound),
+                # The window's own noise (its sub-windows), 0 where the level was not sized by time.
+                "output_tok_s.ci95": float(partial.get("output_tok_s_ci95") or 0.0),
+                "window_s": float(partial.get("window_s") or 0.0),
+                "completed": float(partial.get("completed") or 0),
+                "planned": float(partial.get("planned") or 0)}
             self.record = {"reason": "dominated_exact", "after": f"c{level} at last dispatch",
                            "bounds": [b if math.isfinite(b) else None for b in bounds],
                            "dominated_by": list(self.front[index]),
-                           # The level's own figure, not the bound its noise widened.
-                           "measured": {str(level): {"output_tok_s": float(partial.get("output_tok_s") or bound),
-                                                     # The window's own noise (its sub-windows),
-                                                     # 0 where the level was not sized by time.
-                                                     "output_tok_s.ci95": float(partial.get("output_tok_s_ci95") or 0.0),
-                                                     "window_s": float(partial.get("window_s") or 0.0),
-                                                     "completed": float(partial.get("completed") or 0),
-                                                     "planned": float(partial.get("planned") or 0)}},
+                           "measured": {str(level): figures},
                            "skipped_levels": [level, *remaining]}
             return True
         self.record = {"reason": "dominated_inside", "after": f"inside c{level}",

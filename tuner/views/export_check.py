@@ -21,8 +21,8 @@ from tuner.adapters.environment import server_python
 from tuner.study.spec import StudySpec
 from tuner.views.export_formats import read_shell, read_systemd_exec
 
-__all__ = ["CheckResult", "VllmUnavailable", "vllm_python_for", "argv_from_export", "check_arguments", "env_from_export",
-           "vllm_message", "CHECK_SCRIPT"]
+__all__ = ["CheckResult", "VllmUnavailable", "vllm_python_for", "argv_from_export", "check_arguments",
+           "env_from_export", "vllm_message", "CHECK_SCRIPT"]
 
 # Runs inside the vLLM environment. Import paths moved between vLLM releases; the first
 # that exists wins.

@@ -148,7 +148,7 @@ def startup_png(records: Sequence[TrialRecord]) -> bytes | None:
         return None
     fig, ax = plt.subplots(figsize=(8, 0.9 + 0.32 * len(rows)))
     colours = plt.get_cmap("tab10")
-    for i, (number, rec) in enumerate(rows):
+    for i, (_number, rec) in enumerate(rows):
         left = 0.0
         for j, phase in enumerate(PHASES):
             width = float(rec["phases"].get(phase) or 0.0)

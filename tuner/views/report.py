@@ -210,8 +210,9 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
         if r.state == "FAIL" and failure:
             notes.append(f"{html.escape(str(failure.get('reason')))}: {html.escape(str(failure.get('message') or ''))}")
         startup = outcome.get("startup_s")
+        baseline_tag = " (baseline)" if r.is_baseline else ""
         rows.append(
-            f'<tr class="{html.escape(r.outcome.split(":")[0])}"><td>{r.number}{" (baseline)" if r.is_baseline else ""}</td>'
+            f'<tr class="{html.escape(r.outcome.split(":")[0])}"><td>{r.number}{baseline_tag}</td>'
             f"<td>{html.escape(r.outcome)}</td>{values}<td>{_fmt(startup)}</td><td>{params}</td>"
             f"<td>{'<br>'.join(notes)}</td></tr>"
         )
@@ -449,12 +450,17 @@ def _report_html(shown: _Shown, records: list[TrialRecord], figures: dict[str, b
         f"{html.escape(_unstable(r))}: its numbers moved while they were measured.</p>"
         for r in unstable_front)
     head = "".join(f"<th>{html.escape(l)}</th>" for l in labels)
+    counts_text = ", ".join(f"{html.escape(k)} {v}" for k, v in sorted(counts.items()))
+    objectives_text = ", ".join(f"{html.escape(l)} ({d})" for l, d in zip(labels, directions))
+    baseline_text = (f"trial {baseline.number} — "
+                     + ", ".join(f"{l}={_fmt(baseline.measured_values().get(l))}" for l in labels)
+                     if baseline else "not measured")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>tuner report: {html.escape(handle.name)}</title>
 <style>{_CSS}</style></head><body>
 <h1>Study {html.escape(handle.name)}</h1>
-<p>{len(runs)} trials run ({", ".join(f"{html.escape(k)} {v}" for k, v in sorted(counts.items()))}),
-time used {format_duration(elapsed)}. Objectives: {", ".join(f"{html.escape(l)} ({d})" for l, d in zip(labels, directions))}.
+<p>{len(runs)} trials run ({counts_text}),
+time used {format_duration(elapsed)}. Objectives: {objectives_text}.
 Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 <h2>Pareto front</h2>
 <div id="pareto">{_img(figures["pareto.png"], "Pareto front")}</div>
@@ -465,7 +471,7 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 {f'<ul id="ties">{ties_html}</ul>' if ties_html else '<p id="ties">No ties within noise.</p>'}
 {separation}
 {host_html}
-<p>Baseline: {"trial " + str(baseline.number) + " — " + ", ".join(f"{l}={_fmt(baseline.measured_values().get(l))}" for l in labels) if baseline else "not measured"}.</p>
+<p>Baseline: {baseline_text}.</p>
 {slo_html}
 <h2>Chosen configuration ({html.escape(pick)})</h2>
 <pre id="export">{html.escape(export_text)}</pre>

@@ -57,14 +57,14 @@ def compile_order(keys: Sequence[str | None], *, after: str | None = None, paral
     # key compiles it, which costs the same wherever it goes.
     compiled_at: dict[str, int] = {} if after is None else {after: 0}
     order: list[int] = []
+
+    def no_loss(i: int, position: int) -> bool:
+        key = keys[i]
+        return key is None or key not in compiled_at or compiled_at[key] <= position - parallel
+
     while waiting:
         position = len(order) + 1
-
-        def no_loss(i: int) -> bool:
-            key = keys[i]
-            return key is None or key not in compiled_at or compiled_at[key] <= position - parallel
-
-        pick = next((i for i in waiting if no_loss(i)), waiting[0])
+        pick = next((i for i in waiting if no_loss(i, position)), waiting[0])
         waiting.remove(pick)
         order.append(pick)
         key = keys[pick]

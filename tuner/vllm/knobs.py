@@ -57,7 +57,8 @@ if TYPE_CHECKING:  # only for annotations: `tuner status` reads labels without p
 
 __all__ = ["Knob", "KNOBS", "knob", "mismatch_text", "check_value", "check_target_name",
            "NCCL_LOG_ENV", "CACHE_ROOT_ENV", "IGNORED_VLLM_ENV", "RenderedCommand",
-           "render_command", "argument_words", "check_argument_value", "shell_line", "env_text", "PYTHON_PLACEHOLDER", "GRAPH_KINDS",
+           "render_command", "argument_words", "check_argument_value", "shell_line", "env_text",
+           "PYTHON_PLACEHOLDER", "GRAPH_KINDS",
            "CUDAGRAPH_MODE", "COMPILATION_MODE", "SPECULATIVE_METHOD", "DTYPE", "NCCL_ALGOS",
            "MULTICAST_ALGOS"]
 
