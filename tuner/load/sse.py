@@ -221,8 +221,8 @@ class SSEParser:
 
 
 # The C scanner: one JSON value at an index (an attribute the decoder sets in __init__,
-# which typeshed does not declare).
-_scan_once: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once
+# which typeshed does not declare: hence getattr, which mypy accepts and ruff's B009 would undo).
+_scan_once: Callable[[str, int], tuple[Any, int]] = getattr(json.JSONDecoder(), "scan_once")  # noqa: B009
 
 
 def _fast_chunk(text: str) -> dict[str, Any] | None:
