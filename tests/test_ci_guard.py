@@ -32,6 +32,8 @@ def test_realvllm_skip_fails_only_under_ci(tmp_path: Path, ci: str | None) -> No
     shutil.copy(HERE / "conftest.py", tmp_path / "conftest.py")
     (tmp_path / "test_skipping.py").write_text(SKIPPING)
     env = {k: v for k, v in os.environ.items() if k != "CI"}
+    # the copied conftest imports the helper modules of this repository's tests package
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE.parent), env.get("PYTHONPATH")]))
     if ci:
         env["CI"] = ci
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
