@@ -211,6 +211,8 @@ def _write_levels(out_dir: Path, sweep: SweepResult) -> dict[str, Any]:
             "deadline_hit": lv.deadline_hit,
             "prompts_fitted": lv.prompts_fitted,
             "repeats": m.repeats.n if m.repeats else 1,
+            # what the server's prefix cache served of the level's prompts (None without /metrics)
+            "prefix_cache_hit_rate": (lv.server_side or {}).get("prefix_cache_hit_rate"),
         }
     return levels
 

@@ -28,7 +28,7 @@ Api = Literal["completions", "chat"]
 Sizing = Literal["steady", "requests"]
 OnUnstable = Literal["flag", "infeasible"]
 Arrival = Literal["poisson", "gamma"]
-WorkloadKind = Literal["open_ended", "copy_heavy"]
+WorkloadKind = Literal["open_ended", "copy_heavy", "shared_prefix"]
 
 
 class WorkloadClass(BaseModel):
@@ -47,7 +47,10 @@ class WorkloadClass(BaseModel):
             "open_ended: varied writing/explaining requests with filler context (where n-gram "
             "speculation looks bad). copy_heavy: a passage of code or text to repeat with "
             "small edits (where n-gram and suffix speculation look good). measurement.md §6 "
-            "asks for both so speculative configs are not judged on one content type."
+            "asks for both so speculative configs are not judged on one content type. "
+            "shared_prefix: groups of requests that begin with the same system prompt of "
+            "prefix_tokens, then a question of their own (agents, RAG, chat products), the "
+            "traffic where prefix caching and chunked prefill pay."
         ),
     )
     weight: float = Field(
@@ -68,6 +71,44 @@ class WorkloadClass(BaseModel):
             "prompt_tokens*(1±jitter), so requests do not move in lockstep (§4.9)."
         ),
     )
+    prefix_tokens: int | None = Field(
+        default=None, ge=1, le=1_000_000,
+        description=(
+            "shared_prefix only: length of the shared system prompt, part of prompt_tokens "
+            "(the rest is each request's own question). Required for shared_prefix."
+        ),
+    )
+    prefix_groups: int | None = Field(
+        default=None, ge=1, le=100_000,
+        description=(
+            "shared_prefix only: how many different shared prompts the requests are spread "
+            "over (default 8); each request draws its group at random."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _prefix_fields(self) -> WorkloadClass:
+        shared = self.kind == "shared_prefix"
+        if not shared:
+            for name in ("prefix_tokens", "prefix_groups"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name} is for kind shared_prefix only (class {self.name!r} is "
+                                     f"{self.kind})")
+            return self
+        if self.prefix_tokens is None:
+            raise ValueError(f"class {self.name!r}: kind shared_prefix needs prefix_tokens (the shared "
+                             "system prompt's length in tokens)")
+        shortest = math.floor(self.prompt_tokens * (1 - self.prompt_tokens_jitter))
+        if self.prefix_tokens >= shortest:
+            raise ValueError(
+                f"class {self.name!r}: prefix_tokens {self.prefix_tokens} leaves no room for a question "
+                f"in the shortest prompt ({shortest} tokens: prompt_tokens {self.prompt_tokens} with "
+                f"jitter {self.prompt_tokens_jitter}); make prompt_tokens larger than prefix_tokens")
+        return self
+
+    @property
+    def groups(self) -> int:
+        return self.prefix_groups if self.prefix_groups is not None else 8
 
 
 def _default_classes() -> tuple[WorkloadClass, ...]:

@@ -17,6 +17,7 @@ trims: drafts are generated longer than the target.
 
 from __future__ import annotations
 
+import functools
 import math
 import random
 import re
@@ -42,6 +43,7 @@ __all__ = [
     "fit_draft",
     "level_stream",
     "rate_stream",
+    "shared_prefix_text",
 ]
 
 # English prose is ~1.3 tokens per whitespace word for BPE tokenizers; it only has to be
@@ -292,6 +294,14 @@ def _draft(wc: WorkloadClass, index: int, seed: int, stream: str) -> RequestDraf
     rng = random.Random(f"tuner-prompt|{seed}|{stream}|{index}")
     jitter = wc.prompt_tokens_jitter
     target = max(1, round(wc.prompt_tokens * rng.uniform(1 - jitter, 1 + jitter)))
+    if wc.kind == "shared_prefix":
+        assert wc.prefix_tokens is not None  # WorkloadClass requires it for this kind
+        prefix = shared_prefix_text(seed, wc.name, rng.randrange(wc.groups), wc.prefix_tokens)
+        # The question is drafted for more than the room the estimated prefix leaves: where
+        # the tokenizer counts the prefix shorter than estimated, the question makes up for it
+        # (fitting only trims).
+        question = _open_ended(rng, max(1, target - wc.prefix_tokens // 2))
+        return RequestDraft(index, wc, PromptDraft(prefix + question.head, question.units, question.tail), target)
     builder = _open_ended if wc.kind == "open_ended" else _copy_heavy
     return RequestDraft(index, wc, builder(rng, target), target)
 
@@ -457,6 +467,43 @@ def _sentence(rng: random.Random) -> str:
         f"The {c(_ADJECTIVES)} {c(_NOUNS)} {c(_VERBS)} the {c(_ADJECTIVES)} {c(_NOUNS)} "
         f"{c(_PREPOSITIONS)} the {c(_NOUNS)}."
     )
+
+
+_ROLES = (
+    "the support desk of a regional railway", "a hospital's patient-information service",
+    "an online bookshop", "a city's building-permit office", "a bank's card helpline",
+    "a university's admissions office", "a travel insurer", "a software vendor's licensing team",
+)
+_POLICY_OPENERS = (
+    "Always", "Never", "When in doubt,", "Before answering,", "If the user asks about pricing,",
+    "For any complaint,", "Where a rule is unclear,", "At the end of each answer,",
+)
+
+
+@functools.lru_cache(maxsize=256)
+def shared_prefix_text(seed: int, class_name: str, group: int, prefix_tokens: int) -> str:
+    """The system prompt every request of one shared_prefix group begins with, byte for byte.
+
+    A function of (seed, class, group, length) only, not of the stream: like a deployment's
+    real system prompt it is the same in every level and every trial, so the server's prefix
+    cache sees the reuse the class describes. Its length is estimated (~1.3 tokens a word): exact
+    fitting trims the question after it, never the prefix, which must stay identical.
+    """
+
+    rng = random.Random(f"tuner-shared-prefix|{seed}|{class_name}|{group}")
+    # The group number comes first: prompts of different groups part within the server's
+    # first cache block (16 tokens), so a group's reuse is the only reuse there is.
+    head = (f"Policy set {group}. System: you are the assistant of {rng.choice(_ROLES)}. "
+            "Follow every rule below.\n")
+    want = max(0, round(prefix_tokens / TOKENS_PER_WORD) - len(head.split()))
+    rules: list[str] = []
+    words: list[str] = []
+    while len(words) < want:
+        rule = f"{len(rules) + 1}. {rng.choice(_POLICY_OPENERS)} {_sentence(rng).lower()}"
+        rules.append(rule)
+        words.extend(rule.split())
+    body = " ".join(words[:want])
+    return f"{head}{body}\n\n"
 
 
 def _units(text: str) -> tuple[str, ...]:
