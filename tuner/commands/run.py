@@ -56,7 +56,35 @@ def load_spec_file(path: str) -> StudySpec:
     # checked now: a bad file must stop the study before any server starts.
     from tuner.engine.referencing import resolve_probe_files
 
-    return spec.model_copy(update={"probe": resolve_probe_files(spec.probe, file.parent.resolve())})
+    spec = spec.model_copy(update={"probe": resolve_probe_files(spec.probe, file.parent.resolve())})
+    return resolve_dataset(spec, file.parent.resolve(), source=str(file))
+
+
+def resolve_dataset(spec: StudySpec, base_dir: Path, *, source: str) -> StudySpec:
+    """``spec`` with its dataset path made absolute against ``base_dir`` (the study file's
+    folder, so workers elsewhere find it), the file read and checked now: a missing file, a bad
+    line or a dataset the sweep cannot send stops the study before any server starts. Says the
+    format it read (and that it was detected, for ``auto``)."""
+
+    from tuner.load.dataset import DatasetError
+    from tuner.load.dataset_draw import unsupported
+    from tuner.load.dataset_file import FIELD, read_dataset
+
+    workload = spec.load.workload
+    if workload.dataset is None:
+        return spec
+    dataset_source = workload.dataset.model_copy(
+        update={"path": str((base_dir / os.path.expanduser(workload.dataset.path)).resolve())})
+    try:
+        dataset = read_dataset(dataset_source)
+    except DatasetError as exc:
+        raise SpecError(f"{source}: {FIELD}: {exc}") from None
+    if problem := unsupported(dataset, spec.load.api):
+        raise SpecError(f"{source}: {FIELD}: {problem}")
+    how = "detected" if dataset.detected else "as named"
+    say(f"[dataset] {dataset_source.path}: {len(dataset):,} entries, format {dataset.format} ({how})")
+    load = spec.load.model_copy(update={"workload": workload.model_copy(update={"dataset": dataset_source})})
+    return spec.model_copy(update={"load": load})
 
 
 def check_study_inputs(spec: StudySpec, source: str) -> str:
@@ -256,6 +284,11 @@ def _check_environment(handle: Any, *, allow_change: bool, cluster: bool) -> dic
     from tuner.study.environment import summary
 
     now = current_environment(handle.spec.server, cluster=cluster)
+    if (source := handle.spec.load.workload.dataset) is not None:
+        # the requests are part of what the numbers mean: another file is another measurement
+        from tuner.load.dataset_file import read_dataset_with_digest
+
+        now["dataset"] = read_dataset_with_digest(source)[1]
     changed = pin_environment(handle.paths, now, allow_change=allow_change, name=handle.name)
     if changed:
         say(f"[warning] the environment changed since this study's first run: {'; '.join(changed)}; "

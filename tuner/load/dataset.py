@@ -168,6 +168,8 @@ def parse_dataset(text: str, fmt: str, *, source: str,
     detected = fmt == "auto"
     if detected:
         found = detect_format(text)
+        if found is None and not text.strip():
+            raise DatasetError(source, [("", "", "no entries: the dataset is empty")])
         if found is None:
             raise DatasetError(source, [(
                 "", "format",

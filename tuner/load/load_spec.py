@@ -16,12 +16,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from tuner.load.dataset import MOONCAKE_BLOCK_TOKENS, DatasetFormat
 from tuner.load.host_steadiness import MIN_SECONDS as HOST_CHECK_MIN_S
 from tuner.load.rate_search import RateSearchSpec
 
 HOST_CHECK_MAX_S = 600.0
 
-__all__ = ["Api", "Arrival", "LoadSpec", "OnUnstable", "Sizing", "WorkloadClass", "WorkloadKind",
+__all__ = ["Api", "Arrival", "DatasetSource", "LoadSpec", "OnUnstable", "Sizing", "WorkloadClass", "WorkloadKind",
            "WorkloadSpec", "rate_level_name"]
 
 Api = Literal["completions", "chat"]
@@ -115,6 +116,33 @@ def _default_classes() -> tuple[WorkloadClass, ...]:
     return (WorkloadClass(name="open_ended", kind="open_ended"),)
 
 
+class DatasetSource(BaseModel):
+    """A file of the user's own requests (tuner.load.dataset reads it)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    path: str = Field(
+        min_length=1,
+        description="The dataset file; a relative path is relative to the study file's folder.",
+    )
+    format: DatasetFormat = Field(
+        default="auto",
+        description=(
+            "prompts ({prompt, output_tokens} JSONL, as vllm bench serve's custom dataset), "
+            "sharegpt, openai-chat, mooncake (a timed trace), or auto (told by the first "
+            "entry's keys; the detected format is said in the output)."
+        ),
+    )
+    output_tokens: int = Field(
+        default=128, ge=1, le=1_000_000,
+        description="max_tokens for an entry that does not give its own output length.",
+    )
+    block_tokens: int = Field(
+        default=MOONCAKE_BLOCK_TOKENS, ge=1, le=1_000_000,
+        description="mooncake: tokens per hash id (the published traces use 512).",
+    )
+
+
 class WorkloadSpec(BaseModel):
     """The request mix and how output length is controlled."""
 
@@ -124,6 +152,13 @@ class WorkloadSpec(BaseModel):
         default_factory=_default_classes,
         min_length=1,
         description="Request classes, mixed by weight (exact proportions per level).",
+    )
+    dataset: DatasetSource | None = Field(
+        default=None,
+        description=(
+            "Requests drawn from the user's own file instead of the synthetic classes "
+            "(measurement.md, Workloads): text is sent verbatim."
+        ),
     )
     ignore_eos: Literal["auto"] | bool = Field(
         default="auto",
@@ -146,6 +181,14 @@ class WorkloadSpec(BaseModel):
                 )
             seen.add(c.name)
         return classes
+
+    @model_validator(mode="after")
+    def _one_source(self) -> WorkloadSpec:
+        # Compared with the default rather than by fields set: a dumped spec (study.json, a
+        # trial request crossing Ray) carries the default classes beside its dataset.
+        if self.dataset is not None and self.classes != _default_classes():
+            raise ValueError("classes and dataset are two sources of requests; name one of them")
+        return self
 
     def resolve_ignore_eos(self, *, speculative: bool) -> bool:
         """The ignore_eos value the runner sends for a trial.

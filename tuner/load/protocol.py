@@ -59,7 +59,8 @@ def request_body(
         "stream_options": {"include_usage": True, "continuous_usage_stats": continuous_usage},
     }
     if api == "chat":
-        body["messages"] = [{"role": "user", "content": item.prompt}]
+        body["messages"] = ([{"role": role, "content": content} for role, content in item.messages]
+                            if item.messages is not None else [{"role": "user", "content": item.prompt}])
     else:
         body["prompt"] = item.prompt
     return body

@@ -23,6 +23,9 @@ import httpx
 
 from tuner.adapters.http_client import server_client
 from tuner.load.closed_loop import run_level
+from tuner.load.dataset import Dataset
+from tuner.load.dataset_draw import DatasetDraw
+from tuner.load.dataset_file import read_dataset
 from tuner.load.goodput import level_slo
 from tuner.load.load_spec import LoadSpec, rate_level_name
 from tuner.load.loop_lag import LoopLagMonitor
@@ -75,6 +78,7 @@ async def run_sweep(
     slo: SloSpec | None = None,
     max_rate: RateSearchSpec | None = None,
     stop_search: Callable[[dict[int | str, dict[str, float]], float], bool] | None = None,
+    dataset: Dataset | None = None,
 ) -> SweepResult:
     """Warm up and measure every concurrency level of ``load_spec``.
 
@@ -96,6 +100,9 @@ async def run_sweep(
             and the levels after it; True ends the level there and stops the sweep
             (tuner.study.sweep_guard.SweepGuard.inside_level). The halted level is not
             measured: it is listed first in ``stopped_levels``.
+        dataset: the parsed ``load_spec.workload.dataset`` (read from its path when None):
+            every level, repeat and warm-up draws from one cursor over it
+            (tuner.load.dataset_draw).
     """
     t_start = time.monotonic()
     started_at = datetime.now(UTC).isoformat()
@@ -105,11 +112,19 @@ async def run_sweep(
         raise ValueError(f"levels {order} are not a reordering of {load_spec.concurrency}")
     budget = _budget_clock(load_spec, deadline_s, t_start)
 
+    draw = None
+    source = load_spec.workload.dataset
+    if source is not None:
+        if dataset is None:
+            dataset = read_dataset(source)
+        draw = DatasetDraw(dataset, seed=load_spec.seed, output_tokens=source.output_tokens,
+                           ignore_eos=ignore_eos)
     async with server_client(timeout=AUX_TIMEOUT_S, headers=headers) as aux:
-        can_fit, lengths = await _prompt_lengths(aux, base_url, model, load_spec, notes)
+        can_fit, lengths = (False, None) if draw is not None else await _prompt_lengths(
+            aux, base_url, model, load_spec, notes)
         sweep = _Sweep(
             aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes,
-            lengths, slo,
+            lengths, slo, draw,
         )
         results, skipped, stopped = await _concurrency_levels(
             sweep, order, after_level, inside_level)
@@ -120,6 +135,8 @@ async def run_sweep(
             searched, probed = await _search_max_rate(
                 sweep, max_rate, results, rate_results, stop_search)
             rate_results.extend(probed)
+    if draw is not None and (used_up := draw.note()):
+        notes.append(used_up)
     if skipped:
         notes.append(f"levels {skipped} skipped: sweep budget of {deadline_s}s exhausted")
     if skipped_rates:
@@ -269,6 +286,7 @@ class _Sweep:
     notes: list[str]  # appended to
     lengths: LengthModel | None = None  # sizing: steady, calibrated through /tokenize
     slo: SloSpec | None = None  # judged at every level
+    dataset: DatasetDraw | None = None  # requests from the user's file instead of synthetic ones
 
     def judged(self, level: LevelResult | None) -> LevelResult | None:
         """``level`` with its goodput and SLO verdict (unchanged without an SLO)."""
@@ -287,6 +305,8 @@ async def _plan_for(sw: _Sweep, c: int, repeat: int) -> tuple[list[RequestPlan],
     (measurement.md §4, vLLM sweep notes).
     """
     spec, ignore_eos = sw.spec, sw.ignore_eos
+    if sw.dataset is not None:  # verbatim text: nothing to fit
+        return sw.dataset.take(spec.requests_for(c)), False
     purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
     drafts = draft_requests(
         spec.workload, spec.requests_for(c), seed=spec.seed, stream=level_stream(purpose, c)
@@ -320,7 +340,7 @@ async def _sweep_level(
     warm_budget = budget()
     if warm_budget is None:
         return None
-    warmup = await warm_up(base_url, model, spec, c, ignore_eos, warm_budget, headers)
+    warmup = await warm_up(base_url, model, spec, c, ignore_eos, warm_budget, headers, sw.dataset)
     before = None
     records: list[RequestRecord] = []
     runs: list[LevelMetrics] = []
@@ -389,9 +409,11 @@ async def _sweep_steady_level(
                 f"c={c}: {len(runs)} of {spec.repeats} repeats measured before the budget ran out")
             break
         suffix = "" if repeat == 0 else f"-r{repeat}"
-        streams = [PromptStream(spec.workload, seed=spec.seed, ignore_eos=sw.ignore_eos,
-                                stream=level_stream(purpose + suffix, c), lengths=sw.lengths)
-                   for purpose in ("warmup", "measure")]
+        streams: list[Any] = [
+            sw.dataset.stream() if sw.dataset is not None else
+            PromptStream(spec.workload, seed=spec.seed, ignore_eos=sw.ignore_eos,
+                         stream=level_stream(purpose + suffix, c), lengths=sw.lengths)
+            for purpose in ("warmup", "measure")]
         rule = SteadyRule(spec.min_window_s, spec.min_requests, spec.stability_subwindows,
                           spec.stability_max_ratio, max_level_s=level_budget)
         lv = LevelContext.create(sw.base_url, sw.model, spec.api, concurrency=c, t0=None,
@@ -465,6 +487,8 @@ async def _server_view(
 async def _rate_plan_for(sw: _Sweep, rate: float, repeat: int) -> tuple[list[RequestPlan], bool]:
     """The measured plan of one repeat of a rate level (own seed stream, see _plan_for)."""
     spec, ignore_eos = sw.spec, sw.ignore_eos
+    if sw.dataset is not None:
+        return sw.dataset.take(spec.requests_for_rate(rate)), False
     purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
     drafts = draft_requests(
         spec.workload, spec.requests_for_rate(rate), seed=spec.seed,

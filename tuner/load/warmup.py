@@ -7,6 +7,7 @@ import time
 from collections import Counter
 
 from tuner.load.closed_loop import run_level
+from tuner.load.dataset_draw import DatasetDraw
 from tuner.load.load_spec import LoadSpec
 from tuner.load.results import WarmupSummary
 from tuner.load.workload import draft_requests, level_stream
@@ -22,11 +23,13 @@ async def warm_up(
     ignore_eos: bool,
     budget_s: float,
     headers: dict[str, str] | None,
+    dataset: DatasetDraw | None = None,
 ) -> WarmupSummary:
     n = spec.warmup_for(concurrency)
-    # A separate seed stream: warming the prefix or suffix cache with the measured
-    # prompts would inflate the level's numbers (measurement.md §4.4, §6).
-    plan = [
+    # A separate seed stream (or the dataset's next entries, never the measured ones):
+    # warming the prefix or suffix cache with the measured prompts would inflate the
+    # level's numbers (measurement.md §4.4, §6).
+    plan = dataset.take(n) if dataset is not None else [
         d.to_plan(ignore_eos=ignore_eos)
         for d in draft_requests(
             spec.workload, n, seed=spec.seed, stream=level_stream("warmup", concurrency)

@@ -23,6 +23,7 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -189,8 +190,12 @@ class RequestPlan(BaseModel):
 
     index: int = Field(ge=0, description="Position in the level's plan; carried into records.")
     class_name: str
-    kind: WorkloadKind
+    kind: WorkloadKind | Literal["dataset"]
     prompt: str
+    messages: tuple[tuple[str, str], ...] | None = Field(
+        default=None,
+        description="(role, content) for the chat API, verbatim from a dataset; None: the "
+                    "prompt is sent as one user message.")
     max_tokens: int = Field(ge=1)
     ignore_eos: bool
     target_prompt_tokens: int = Field(ge=1, description="Jittered length the prompt aims at.")

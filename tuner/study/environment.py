@@ -17,6 +17,8 @@ An environment is a plain mapping:
 * ``cpu_model`` and ``cpus`` (logical CPUs this process may use);
 * ``model``: a digest of the model folder (configuration files and the weight files'
   names and sizes) or the model id when it is not a local folder;
+* ``dataset``: the digest of the study's workload dataset file, when it has one (the
+  requests are part of what the numbers mean);
 * ``host`` and ``cluster`` (whether the run joined a Ray cluster): the host is compared
   only between two runs on one machine (no cluster on either side). The same command
   measured up to 46 % apart on two H200 boxes of one kind, so another box is another
@@ -41,6 +43,7 @@ COMPARED: dict[str, str] = {
     "cpu_model": "CPU",
     "cpus": "logical CPUs",
     "model": "model files",
+    "dataset": "workload dataset",
 }
 
 

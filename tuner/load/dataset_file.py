@@ -1,0 +1,49 @@
+"""Reading a study's dataset file (the parsing is tuner.load.dataset's, pure).
+
+Read where the study is loaded, so a missing or malformed file stops it before any server
+starts, and again by each sweep (a worker on another node reads its own copy of the path).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tuner.load.dataset import Dataset, DatasetError, dataset_digest, parse_dataset
+from tuner.load.load_spec import DatasetSource
+
+__all__ = ["FIELD", "read_dataset", "read_dataset_bytes", "read_dataset_with_digest"]
+
+# Where the source is named in the study file, for messages.
+FIELD = "load.workload.dataset"
+
+
+def read_dataset_bytes(source: DatasetSource) -> bytes:
+    """The file's bytes; a DatasetError naming the path and why it cannot be read."""
+
+    path = Path(source.path)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        raise DatasetError(f"{FIELD}.path", [("", "", f"{str(path)!r} does not exist")]) from None
+    except IsADirectoryError:
+        raise DatasetError(f"{FIELD}.path", [("", "", f"{str(path)!r} is a folder, not a file")]) from None
+    except OSError as exc:
+        raise DatasetError(f"{FIELD}.path", [("", "", f"{str(path)!r} cannot be read: "
+                                              f"{exc.strerror or exc}")]) from None
+
+
+def read_dataset(source: DatasetSource) -> Dataset:
+    """The parsed dataset (DatasetError: unreadable file, not UTF-8, or bad entries)."""
+
+    return read_dataset_with_digest(source)[0]
+
+
+def read_dataset_with_digest(source: DatasetSource) -> tuple[Dataset, str]:
+    data = read_dataset_bytes(source)
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise DatasetError(source.path, [(f"line {line}", "", "not UTF-8 text")]) from None
+    dataset = parse_dataset(text, source.format, source=source.path, block_tokens=source.block_tokens)
+    return dataset, dataset_digest(data)
