@@ -37,14 +37,14 @@ def draw(entries: list[dict], fmt: str = "prompts", seed: int = 0) -> DatasetDra
 
 def test_each_entry_is_drawn_once_in_a_seeded_order_before_any_repeats() -> None:
     d = draw(PROMPTS)
-    first = [p.prompt for p in d.take(25)] + [d.stream().next().prompt for _ in range(15)]
+    first = [p.prompt for p in d.take(25)] + [d.stream().next_group()[0].prompt for _ in range(15)]
     assert sorted(first) == sorted(e["prompt"] for e in PROMPTS)       # each once, verbatim
     assert d.note() is None
     assert first == [p.prompt for p in draw(PROMPTS).take(40)]           # same seed, same order
     assert first != [p.prompt for p in draw(PROMPTS, seed=1).take(40)]
     again = d.take(5)
     assert [p.prompt for p in again] == first[:5]
-    assert d.note() == ("the dataset's 40 entries were used up: 5 of 45 requests repeat an earlier one, "
+    assert d.note() == ("the dataset's 40 entries were used up: 5 of 45 entries sent repeat an earlier one, "
                         "which the prefix cache may serve (a larger file, fewer or shorter levels avoid it)")
 
 
@@ -60,11 +60,35 @@ def test_plans_carry_the_entrys_length_the_default_and_the_chat_messages() -> No
         assert role_order == ["system", "user"]                             # not the dataset's reply
 
 
+MULTI = [{"messages": [{"role": "system", "content": f"Be kind ({i})"},
+                       *[m for t in range(i % 3 + 1) for m in (
+                           {"role": "user", "content": f"conversation {i} turn {t}"},
+                           {"role": "assistant", "content": f"dataset reply {i}.{t}"})]]}
+         for i in range(12)]
+
+
+def test_a_conversation_is_drawn_whole_as_consecutive_turns() -> None:
+    plan = draw(MULTI, "openai-chat").take(7)
+    assert len(plan) >= 7 and [p.index for p in plan] == list(range(len(plan)))
+    at = 0
+    while at < len(plan):
+        turns = plan[at].turns
+        group = plan[at:at + turns]
+        assert [p.turn for p in group] == list(range(turns)) and {p.turns for p in group} == {turns}
+        for earlier, later in zip(group, group[1:]):
+            # each turn's messages begin with the previous turn's, then its reply and question
+            assert later.messages[:len(earlier.messages)] == earlier.messages
+            assert [r for r, _ in later.messages[len(earlier.messages):]] == ["assistant", "user"]
+        assert group[-1].messages[-1][0] == "user"       # the dataset's last reply is not sent
+        at += turns
+    assert at == len(plan)
+
+
 def test_what_the_sweep_cannot_send_yet_is_said_before_anything_starts() -> None:
-    multi = [{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                           {"role": "user", "content": "c"}]}]
-    assert "1 of 1 conversations have more than one user turn (the first is entry 1)" in unsupported(
-        parse_dataset(jsonl(multi), "openai-chat", source="d"), "chat")
+    multi = parse_dataset(jsonl(MULTI), "openai-chat", source="d")
+    assert unsupported(multi, "chat") is None
+    assert "8 of 12 conversations have more than one user turn (the first is entry 2)" in unsupported(
+        multi, "chat", open_loop=True)
     trace = [{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}]
     assert "mooncake is a timed trace" in unsupported(parse_dataset(jsonl(trace), "mooncake", source="d"), "chat")
     assert "needs load.api: chat" in unsupported(parse_dataset(jsonl(CHATS), "auto", source="d"), "completions")
@@ -157,3 +181,43 @@ def test_a_study_measures_the_dataset_and_resume_refuses_a_changed_file(
     assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "workload dataset sha256:" in refused.stderr and "--allow-environment-change" in refused.stderr
     assert not (results / "dataset-study" / "trials" / "0001").exists()
+
+
+@pytest.mark.parametrize("sizing", ["requests", "steady"])
+def test_a_turn_waits_for_the_previous_reply_and_carries_the_servers_words(
+        served: Served, tmp_path: Path, sizing: str) -> None:
+    path = tmp_path / "chats.jsonl"
+    path.write_text(jsonl(MULTI))
+    sized = ({"requests_per_stream": 4, "warmup_requests": 2, "min_requests": 2} if sizing == "requests"
+             else {"min_window_s": 0.4, "stability_subwindows": 4, "stability_max_ratio": 1.5,
+                   "max_level_seconds": 3})
+    spec = LoadSpec.model_validate({
+        "api": "chat", "sizing": sizing, "concurrency": [3],
+        "workload": {"dataset": {"path": str(path), "output_tokens": 4, "think_time_s": 0.05}}, **sized})
+    result = asyncio.run(run_sweep(served.base_url, "fake", spec, ignore_eos=True))
+    bodies = [b["messages"] for b in served.state.bodies]
+    by_first_user = {}
+    for messages in {json.dumps(m): m for m in bodies}.values():   # a used-up file sends some again
+        users = [m["content"] for m in messages if m["role"] == "user"]
+        by_first_user.setdefault(users[0], []).append(messages)
+    followed = 0
+    for sent in by_first_user.values():
+        sent.sort(key=len)
+        for earlier, later in zip(sent, sent[1:]):
+            followed += 1
+            assert later[:len(earlier)] == earlier       # the conversation so far, unchanged
+            reply = later[len(earlier)]
+            assert reply["role"] == "assistant" and reply["content"] == " tok" * 4   # the server's words
+    assert followed >= 3
+    records = [r for level in result.levels for r in level.records]
+    turns = [r for r in records if r.turn is not None]
+    assert turns
+    if sizing == "steady":      # warm-up and measured streams number their requests apart
+        return
+    by_index = {(r.repeat, r.index): r for r in records}
+    for r in turns:
+        if r.turn and (r.repeat, r.index - 1) in by_index:
+            before = by_index[(r.repeat, r.index - 1)]
+            assert before.turn == r.turn - 1
+            # sent only after the previous reply fully arrived, and the think time after it
+            assert r.dispatch_s >= before.done_s + 0.05

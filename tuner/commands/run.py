@@ -79,7 +79,8 @@ def resolve_dataset(spec: StudySpec, base_dir: Path, *, source: str) -> StudySpe
         dataset = read_dataset(dataset_source)
     except DatasetError as exc:
         raise SpecError(f"{source}: {FIELD}: {exc}") from None
-    if problem := unsupported(dataset, spec.load.api):
+    open_loop = bool(spec.load.request_rates) or spec.searches_max_rate
+    if problem := unsupported(dataset, spec.load.api, open_loop=open_loop):
         raise SpecError(f"{source}: {FIELD}: {problem}")
     how = "detected" if dataset.detected else "as named"
     say(f"[dataset] {dataset_source.path}: {len(dataset):,} entries, format {dataset.format} ({how})")

@@ -8,6 +8,12 @@ levels sized by request count draws the same requests at the same level in every
 sized by time draw as many as they send, so later levels of two trials may see different
 (equally drawn) entries, which their noise estimate covers.
 
+A conversation of several user turns is drawn whole, as consecutive plans (turn 0 first) that
+the closed loop sends one after the other on one stream (tuner.load.streams): turn k carries the
+dataset's messages up to its user message, and the server's own replies take the place of the
+dataset's assistant messages when it is sent. A level sized by request count takes whole
+conversations until it has at least its count of requests.
+
 Which datasets a sweep can send today is :func:`unsupported`'s to say, before any server starts.
 """
 
@@ -25,28 +31,31 @@ __all__ = ["DATASET_CLASS", "DatasetDraw", "unsupported"]
 DATASET_CLASS = "dataset"
 
 
-def unsupported(dataset: Dataset, api: Api) -> str | None:
-    """Why this sweep cannot send ``dataset`` as the study asks, or None."""
+def unsupported(dataset: Dataset, api: Api, *, open_loop: bool = False) -> str | None:
+    """Why this sweep cannot send ``dataset`` as the study asks, or None. ``open_loop``: the
+    study has rate levels (request_rates or a max-rate search)."""
 
     if dataset.timed:
         return ("format mooncake is a timed trace of lengths and prefix blocks: its entries are "
                 "checked, but replaying it at its timestamps is not built yet (issue 33); use "
                 "prompts, sharegpt or openai-chat")
-    multi = [i for i, c in enumerate(dataset.conversations, start=1) if c.user_turns > 1]
-    if multi:
-        return (f"{len(multi)} of {len(dataset)} conversations have more than one user turn "
-                f"(the first is entry {multi[0]}); sending later turns after the earlier replies "
-                "is not built yet (issue 33): keep one user turn per entry")
     if api != "chat" and any(c.prompt is None for c in dataset.conversations):
         return (f"format {dataset.format} holds chat messages: it needs load.api: chat "
                 "(load.api is completions)")
+    multi = [i for i, c in enumerate(dataset.conversations, start=1) if c.user_turns > 1]
+    if multi and open_loop:
+        return (f"{len(multi)} of {len(dataset)} conversations have more than one user turn "
+                f"(the first is entry {multi[0]}): a conversation's turns wait for each other's "
+                "replies, so they are measured in concurrency levels only; leave out "
+                "load.request_rates and slo.max_rate, or keep one user turn per entry")
     return None
 
 
 class DatasetDraw:
     """The cursor of one sweep over the study's seeded order of the dataset."""
 
-    def __init__(self, dataset: Dataset, *, seed: int, output_tokens: int, ignore_eos: bool) -> None:
+    def __init__(self, dataset: Dataset, *, seed: int, output_tokens: int, ignore_eos: bool,
+                 think_s: float = 0.0) -> None:
         problem = unsupported(dataset, "chat")
         if problem is not None:
             raise ValueError(problem)
@@ -55,23 +64,33 @@ class DatasetDraw:
         random.Random(f"tuner-dataset|{seed}").shuffle(self._order)
         self._output_tokens = output_tokens
         self._ignore_eos = ignore_eos
-        self.drawn = 0
+        self._think_s = think_s
+        self.drawn = 0          # requests (turns) drawn
+        self.drawn_entries = 0
 
     @property
     def entries(self) -> int:
         return len(self._entries)
 
-    def _plan(self, index: int) -> RequestPlan:
-        entry = self._entries[self._order[self.drawn % len(self._order)]]
-        self.drawn += 1
-        return _to_plan(entry, index, output_tokens=self._output_tokens, ignore_eos=self._ignore_eos)
+    def _group(self, index: int) -> list[RequestPlan]:
+        """The next entry's requests (one, or a conversation's turns), from plan index ``index``."""
+        entry = self._entries[self._order[self.drawn_entries % len(self._order)]]
+        self.drawn_entries += 1
+        plans = _to_plans(entry, index, output_tokens=self._output_tokens,
+                          ignore_eos=self._ignore_eos, think_s=self._think_s)
+        self.drawn += len(plans)
+        return plans
 
     def take(self, n: int) -> list[RequestPlan]:
-        """The next ``n`` requests, as one level's plan (indices 0..n-1)."""
+        """At least ``n`` requests as one level's plan (indices from 0): whole entries, so
+        exactly ``n`` unless a conversation of several turns ends past it."""
 
         if n < 0:
             raise ValueError(f"request count must be >= 0, got {n}")
-        return [self._plan(i) for i in range(n)]
+        plan: list[RequestPlan] = []
+        while len(plan) < n:
+            plan.extend(self._group(len(plan)))
+        return plan
 
     def stream(self) -> DrawStream:
         """A stream drawing one request at a time (levels sized by time) from this cursor."""
@@ -81,38 +100,47 @@ class DatasetDraw:
     def note(self) -> str | None:
         """A line for the sweep's notes once the file was used up, else None."""
 
-        repeated = self.drawn - len(self._entries)
+        repeated = self.drawn_entries - len(self._entries)
         if repeated <= 0:
             return None
         return (f"the dataset's {len(self._entries):,} entries were used up: {repeated:,} of "
-                f"{self.drawn:,} requests repeat an earlier one, which the prefix cache may serve "
-                "(a larger file, fewer or shorter levels avoid it)")
+                f"{self.drawn_entries:,} entries sent repeat an earlier one, which the prefix cache "
+                "may serve (a larger file, fewer or shorter levels avoid it)")
 
 
 class DrawStream:
-    """``next()`` like :class:`tuner.load.workload.PromptStream`, drawing from a shared cursor."""
+    """``next_group()`` like :class:`tuner.load.workload.PromptStream`'s: the next entry's
+    requests (a conversation's turns, in order), drawn from the shared cursor."""
 
     def __init__(self, draw: DatasetDraw) -> None:
         self._draw = draw
         self.issued = 0
 
-    def next(self) -> RequestPlan:
-        plan = self._draw._plan(self.issued)
-        self.issued += 1
-        return plan
+    def next_group(self) -> list[RequestPlan]:
+        plans = self._draw._group(self.issued)
+        self.issued += len(plans)
+        return plans
 
 
-def _to_plan(entry: Conversation, index: int, *, output_tokens: int, ignore_eos: bool) -> RequestPlan:
+def _to_plans(entry: Conversation, index: int, *, output_tokens: int, ignore_eos: bool,
+              think_s: float) -> list[RequestPlan]:
+    max_tokens = entry.output_tokens or output_tokens
     if entry.prompt is not None:
-        prompt, messages = entry.prompt, None
-    else:
-        # Everything up to the (only) user turn: the system messages and the question.
-        last_user = max(i for i, m in enumerate(entry.messages) if m.role == "user")
-        sent = entry.messages[: last_user + 1]
-        prompt, messages = sent[-1].content, tuple((m.role, m.content) for m in sent)
-    words = sum(len(text.split()) for text in ([prompt] if messages is None else [c for _, c in messages]))
-    return RequestPlan(
-        index=index, class_name=DATASET_CLASS, kind="dataset", prompt=prompt, messages=messages,
-        max_tokens=entry.output_tokens or output_tokens, ignore_eos=ignore_eos,
-        target_prompt_tokens=max(1, round(words * TOKENS_PER_WORD)),
-    )
+        return [RequestPlan(index=index, class_name=DATASET_CLASS, kind="dataset", prompt=entry.prompt,
+                            max_tokens=max_tokens, ignore_eos=ignore_eos,
+                            target_prompt_tokens=_estimate([entry.prompt]))]
+    users = [i for i, m in enumerate(entry.messages) if m.role == "user"]
+    plans = []
+    for turn, at in enumerate(users):
+        # Everything up to this user message: system messages, earlier turns and replies.
+        sent = tuple((m.role, m.content) for m in entry.messages[: at + 1])
+        plans.append(RequestPlan(
+            index=index + turn, class_name=DATASET_CLASS, kind="dataset", prompt=sent[-1][1],
+            messages=sent, max_tokens=max_tokens, ignore_eos=ignore_eos,
+            target_prompt_tokens=_estimate([c for _, c in sent]), turn=turn, turns=len(users),
+            think_s=think_s if turn else 0.0))
+    return plans
+
+
+def _estimate(texts: list[str]) -> int:
+    return max(1, round(sum(len(t.split()) for t in texts) * TOKENS_PER_WORD))

@@ -141,6 +141,11 @@ class DatasetSource(BaseModel):
         default=MOONCAKE_BLOCK_TOKENS, ge=1, le=1_000_000,
         description="mooncake: tokens per hash id (the published traces use 512).",
     )
+    think_time_s: float = Field(
+        default=0.0, ge=0.0, le=3600.0,
+        description="Multi-turn conversations: pause between a reply's end and the next turn "
+                    "(the user reading and typing); the conversation holds its stream meanwhile.",
+    )
 
 
 class WorkloadSpec(BaseModel):

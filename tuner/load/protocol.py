@@ -9,6 +9,7 @@ a client tokenizer (measurement.md §1).
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from tuner.load.load_spec import Api
@@ -44,8 +45,11 @@ def server_root(base_url: str) -> str:
 
 
 def request_body(
-    model: str, item: RequestPlan, api: Api, continuous_usage: bool
+    model: str, item: RequestPlan, api: Api, continuous_usage: bool, replies: Sequence[str] = ()
 ) -> dict[str, Any]:
+    """The POST body of ``item``; ``replies``: the server's replies to the earlier turns of
+    its conversation, sent in place of the dataset's assistant messages (what a chat client
+    does, and what the server's prefix cache holds)."""
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": item.max_tokens,
@@ -59,11 +63,22 @@ def request_body(
         "stream_options": {"include_usage": True, "continuous_usage_stats": continuous_usage},
     }
     if api == "chat":
-        body["messages"] = ([{"role": role, "content": content} for role, content in item.messages]
-                            if item.messages is not None else [{"role": "user", "content": item.prompt}])
+        body["messages"] = (_with_replies(item.messages, replies) if item.messages is not None
+                            else [{"role": "user", "content": item.prompt}])
     else:
         body["prompt"] = item.prompt
     return body
+
+
+def _with_replies(messages: Sequence[tuple[str, str]], replies: Sequence[str]) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    answered = 0
+    for role, content in messages:
+        if role == "assistant" and answered < len(replies):
+            content = replies[answered]
+            answered += 1
+        out.append({"role": role, "content": content})
+    return out
 
 
 def encode_body(body: dict[str, Any]) -> bytes:
@@ -75,11 +90,13 @@ class StreamState:
 
     __slots__ = (
         "chat", "times", "chars", "cumulative", "per_chunk_usage", "bad_cumulative", "finish",
-        "prompt_tokens", "output_tokens", "error",
+        "prompt_tokens", "output_tokens", "error", "reply",
     )
 
-    def __init__(self, chat: bool) -> None:
+    def __init__(self, chat: bool, keep_reply: bool = False) -> None:
         self.chat = chat
+        # The reply's text, kept only where a later turn of a conversation sends it back.
+        self.reply: list[str] | None = [] if keep_reply else None
         self.times: list[float] = []
         self.chars: list[int] = []
         self.cumulative: list[int] = []
@@ -107,9 +124,10 @@ class StreamState:
                     delta = c0.get("delta") or {}
                     # Reasoning text counts too: "reasoning_content" in older vLLM, "reasoning"
                     # in newer releases.
-                    text = (delta.get("content") or "") + (
-                        delta.get("reasoning_content") or delta.get("reasoning") or ""
-                    )
+                    content = delta.get("content") or ""
+                    text = content + (delta.get("reasoning_content") or delta.get("reasoning") or "")
+                    if self.reply is not None:   # a chat client sends back the answer, not the reasoning
+                        self.reply.append(content)
                 else:
                     text = c0.get("text") or ""
                 self.chars.append(len(text))
@@ -140,8 +158,10 @@ Live = dict[int, tuple[float, StreamState, int]]
 def make_record(
     st: StreamState, item: RequestPlan, *, concurrency: int, scheduled_s: float,
     dispatch_s: float, done_s: float, error: RequestError | None, status: int | None,
+    prompt_chars: int | None = None,
 ) -> RequestRecord:
-    """The record of one finished request from what its stream said."""
+    """The record of one finished request from what its stream said; ``prompt_chars``: the
+    characters sent (every message of a conversation), default the plan's prompt."""
     times = st.times
     if error is None and not times:
         error = RequestError(type="no_content", message="stream carried no choices")
@@ -151,9 +171,10 @@ def make_record(
         claimed = st.cumulative[-1]  # usage-only chunk lost; the last cumulative is it
     # The server's counts are believed only within what the client received
     # (tuner.load.token_counts); otherwise the client counts its chunks and says why.
+    sent = len(item.prompt) if prompt_chars is None else prompt_chars
     usage = check_usage(prompt_tokens=st.prompt_tokens, output_tokens=claimed,
                         cumulative=st.cumulative, bad_cumulative=st.bad_cumulative,
-                        chars=st.chars, max_tokens=item.max_tokens, prompt_chars=len(item.prompt))
+                        chars=st.chars, max_tokens=item.max_tokens, prompt_chars=sent)
     output_tokens = usage.output_tokens
     chunk_tokens = None
     if exact and usage.cumulative is not None:
@@ -176,4 +197,5 @@ def make_record(
         error=error,
         finish_reason=st.finish,
         http_status=status,
+        turn=item.turn if item.turns > 1 else None,
     )

@@ -88,6 +88,10 @@ class RequestRecord(BaseModel):
     error: RequestError | None = None
     finish_reason: str | None = None
     http_status: int | None = None
+    turn: int | None = Field(
+        default=None, ge=0,
+        description="Multi-turn conversations: which user turn of its conversation (0 first); "
+                    "the conversation's turns have consecutive indices. None: a single request.")
 
     @property
     def client_queue_s(self) -> float:

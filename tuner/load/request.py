@@ -88,14 +88,17 @@ class Stream:
 
 async def one_request(
     lv: LevelContext, stream: Stream, item: RequestPlan, scheduled_s: float,
-    live: Live | None = None, pos: int = 0,
+    live: Live | None = None, pos: int = 0, replies: list[str] | None = None,
 ) -> RequestRecord:
     """Send ``item`` on ``stream`` and record it; ``live`` (if given) holds it while in
-    flight under ``pos``."""
+    flight under ``pos``. ``replies``: the server's replies to the earlier turns of the
+    item's conversation (sent in place of the dataset's); this reply is appended to it when
+    the request succeeded and a later turn follows."""
     clock = time.monotonic
     t0 = lv.t0
     request_timeout_s = lv.request_timeout_s
-    st = StreamState(chat=lv.api == "chat")
+    follows = replies is not None and item.turn + 1 < item.turns
+    st = StreamState(chat=lv.api == "chat", keep_reply=follows)
     parser = SSEParser()
     feed = parser.feed
     on_events = st.on_events
@@ -106,7 +109,10 @@ async def one_request(
         on_events(feed(payload), now - t0)
         return st.error is not None  # an error event ends the request; drop the rest
 
-    body = encode_body(request_body(lv.model, item, lv.api, lv.continuous_usage))
+    payload = request_body(lv.model, item, lv.api, lv.continuous_usage, replies or ())
+    body = encode_body(payload)
+    sent_chars = (sum(len(m["content"]) for m in payload["messages"]) if "messages" in payload
+                  else len(item.prompt))
     dispatch_s = clock() - t0
     if live is not None:
         # In flight: its tokens so far count in the window judged inside the level.
@@ -158,5 +164,8 @@ async def one_request(
     done_s = clock() - t0
     if live is not None:
         live.pop(pos, None)
+    if follows and error is None and st.reply is not None and replies is not None:
+        replies.append("".join(st.reply))
     return make_record(st, item, concurrency=lv.concurrency, scheduled_s=scheduled_s,
-                       dispatch_s=dispatch_s, done_s=done_s, error=error, status=status)
+                       dispatch_s=dispatch_s, done_s=done_s, error=error, status=status,
+                       prompt_chars=sent_chars)

@@ -29,7 +29,7 @@ from tuner.load.request import LevelContext, Stream, one_request
 from tuner.load.steady import SteadyCheck, SteadyRule, SteadyTracker, live_points
 from tuner.load.streams import LevelHalted
 from tuner.load.uncertainty import mean_ci
-from tuner.load.workload import PromptStream
+from tuner.load.workload import RequestStream
 
 __all__ = ["SteadyRun", "run_steady_level"]
 
@@ -48,7 +48,7 @@ class SteadyRun:
 
 
 class _SteadyLoop:
-    def __init__(self, lv: LevelContext, warm: PromptStream, measure: PromptStream,
+    def __init__(self, lv: LevelContext, warm: RequestStream, measure: RequestStream,
                  rule: SteadyRule, checkpoint: Callable[[dict[str, Any]], bool] | None) -> None:
         self.lv, self.warm, self.measure, self.rule = lv, warm, measure, rule
         self.checkpoint = checkpoint
@@ -72,18 +72,26 @@ class _SteadyLoop:
                 if self.pending is not None:
                     if not self.pending:
                         return
-                    item = self.warm.next()           # drain: keep the concurrency up
+                    group = self.warm.next_group()    # drain: keep the concurrency up
                 elif self.tracker.opened_s is None:
-                    item = self.warm.next()
+                    group = self.warm.next_group()
                 else:
-                    item = self.measure.next()
-                pos = self.next_pos
-                self.next_pos += 1
-                record = await one_request(self.lv, stream, item, self.now(), self.live, pos)
-                self.records[pos] = record
-                self.tracker.add(pos, record)
-                if self.pending is not None:
-                    self.pending.discard(pos)
+                    group = self.measure.next_group()
+                # A conversation's turns go one after the other on this stream, each after
+                # the previous reply (tuner.load.streams); a failed turn ends it.
+                replies: list[str] | None = [] if len(group) > 1 else None
+                for item in group:
+                    if item.think_s:
+                        await asyncio.sleep(item.think_s)   # the user reading and typing
+                    pos = self.next_pos
+                    self.next_pos += 1
+                    record = await one_request(self.lv, stream, item, self.now(), self.live, pos, replies)
+                    self.records[pos] = record
+                    self.tracker.add(pos, record)
+                    if self.pending is not None:
+                        self.pending.discard(pos)
+                    if not record.ok:
+                        break
         finally:
             stream.close()
 
@@ -150,7 +158,7 @@ class _SteadyLoop:
 
 
 async def run_steady_level(
-    lv: LevelContext, warm: PromptStream, measure: PromptStream, rule: SteadyRule,
+    lv: LevelContext, warm: RequestStream, measure: RequestStream, rule: SteadyRule,
     checkpoint: Callable[[dict[str, Any]], bool] | None = None,
 ) -> SteadyRun:
     """Run one steady level (module docstring). ``checkpoint``: early stop inside the level,

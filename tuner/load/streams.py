@@ -4,6 +4,11 @@ previous one finished, taking plan positions from a shared ``claim`` counter.
 The counter is a plain ``itertools.count`` in one process, or a file under ``flock`` shared
 by client processes (:mod:`tuner.load.shards`), so requests are issued in plan order
 across all streams either way.
+
+A multi-turn conversation (plans with ``turns > 1``, consecutive, turn 0 first) is claimed
+whole: its stream sends turn k+1 only after turn k's reply has fully arrived, carrying the
+server's replies so far, so a stream is a conversation in flight. A turn that failed ends its
+conversation (the next turn has no reply to carry).
 """
 
 from __future__ import annotations
@@ -55,6 +60,9 @@ class _ClosedLoop:
         self.all_claimed = False    # the last plan position is dispatched: the window is complete
         self.judged_complete = False
         self.tasks: list[asyncio.Task[None]] = []
+        # Where each conversation begins (every position, for single requests): the counter
+        # hands out conversations.
+        self.starts = [i for i, p in enumerate(plan) if p.turn == 0]
 
     def judge(self) -> bool:
         """Rule 4 of tuner.study.early_stop after a request finished: throttled to every
@@ -95,19 +103,46 @@ class _ClosedLoop:
                 if deadline_s is not None and scheduled_s >= deadline_s:
                     self.stop = True
                     break
-                pos = self.claim()
-                if pos >= len(plan):
+                k = self.claim()
+                if k >= len(self.starts):
                     self.stop = True
                     break
-                self.all_claimed = self.all_claimed or pos == len(plan) - 1
-                self.out[pos] = await one_request(
-                    self.lv, stream, plan[pos], scheduled_s, self.live, pos)
-                if self.window is not None and not self.halted:
-                    self.window.add(pos, self.out[pos])
-                    if self.judge():
+                self.all_claimed = self.all_claimed or k == len(self.starts) - 1
+                first = self.starts[k]
+                if plan[first].turns == 1:
+                    if await self._send(stream, first, scheduled_s):
                         break
+                elif await self._conversation(stream, first, scheduled_s):
+                    break
         finally:
             stream.close()
+
+    async def _send(self, stream: Stream, pos: int, scheduled_s: float,
+                    replies: list[str] | None = None) -> bool:
+        """One request at ``pos``; True when the level's checkpoint halted it."""
+        self.out[pos] = await one_request(
+            self.lv, stream, self.plan[pos], scheduled_s, self.live, pos, replies)
+        if self.window is not None and not self.halted:
+            self.window.add(pos, self.out[pos])
+            return self.judge()
+        return False
+
+    async def _conversation(self, stream: Stream, first: int, scheduled_s: float) -> bool:
+        plan, t0, deadline_s = self.plan, self.lv.t0, self.deadline_s
+        replies: list[str] = []
+        for pos in range(first, first + plan[first].turns):
+            if pos > first:
+                if not self.out[pos - 1].ok or self.stop:
+                    return False
+                if plan[pos].think_s:
+                    await asyncio.sleep(plan[pos].think_s)   # the user reading and typing
+                scheduled_s = time.monotonic() - t0
+                if deadline_s is not None and scheduled_s >= deadline_s:
+                    self.stop = True
+                    return False
+            if await self._send(stream, pos, scheduled_s, replies):
+                return True
+        return False
 
 
 async def run_streams(

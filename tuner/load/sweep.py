@@ -118,7 +118,7 @@ async def run_sweep(
         if dataset is None:
             dataset = read_dataset(source)
         draw = DatasetDraw(dataset, seed=load_spec.seed, output_tokens=source.output_tokens,
-                           ignore_eos=ignore_eos)
+                           ignore_eos=ignore_eos, think_s=source.think_time_s)
     async with server_client(timeout=AUX_TIMEOUT_S, headers=headers) as aux:
         can_fit, lengths = (False, None) if draw is not None else await _prompt_lengths(
             aux, base_url, model, load_spec, notes)

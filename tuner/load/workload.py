@@ -23,7 +23,7 @@ import random
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -36,6 +36,7 @@ __all__ = [
     "PromptStream",
     "RequestDraft",
     "RequestPlan",
+    "RequestStream",
     "TokenFitter",
     "allocate_classes",
     "arrival_schedule",
@@ -195,7 +196,13 @@ class RequestPlan(BaseModel):
     messages: tuple[tuple[str, str], ...] | None = Field(
         default=None,
         description="(role, content) for the chat API, verbatim from a dataset; None: the "
-                    "prompt is sent as one user message.")
+                    "prompt is sent as one user message. In a later turn of a conversation the "
+                    "assistant messages are replaced by the server's own replies when sent.")
+    turn: int = Field(default=0, ge=0, description="Which user turn of its conversation.")
+    turns: int = Field(default=1, ge=1, description="User turns in its conversation; a "
+                       "conversation's plans are consecutive, turn 0 first.")
+    think_s: float = Field(default=0.0, ge=0.0, description="Pause before sending this turn "
+                           "after the previous reply ended (the user reading and typing).")
     max_tokens: int = Field(ge=1)
     ignore_eos: bool
     target_prompt_tokens: int = Field(ge=1, description="Jittered length the prompt aims at.")
@@ -356,6 +363,12 @@ class LengthModel:
         return scale, my - scale * mx
 
 
+class RequestStream(Protocol):
+    """Where a level sized by time takes its next requests: one, or a conversation's turns."""
+
+    def next_group(self) -> list[RequestPlan]: ...
+
+
 class PromptStream:
     """The requests of one seed stream, drawn one at a time (levels sized by time).
 
@@ -386,6 +399,11 @@ class PromptStream:
             units = self.lengths.units_for(d.draft, d.workload_class.name, d.target_prompt_tokens)
             prompt = d.draft.render(units)
         return d.to_plan(ignore_eos=self.ignore_eos, prompt=prompt)
+
+    def next_group(self) -> list[RequestPlan]:
+        """The next request, as the one-request group a steady level's stream sends
+        (tuner.load.dataset_draw.DrawStream's are whole conversations)."""
+        return [self.next()]
 
 
 def build_plan(
