@@ -84,13 +84,14 @@ def test_a_conversation_is_drawn_whole_as_consecutive_turns() -> None:
     assert at == len(plan)
 
 
-def test_what_the_sweep_cannot_send_yet_is_said_before_anything_starts() -> None:
+def test_what_the_sweep_cannot_send_is_said_before_anything_starts() -> None:
     multi = parse_dataset(jsonl(MULTI), "openai-chat", source="d")
     assert unsupported(multi, "chat") is None
     assert "8 of 12 conversations have more than one user turn (the first is entry 2)" in unsupported(
         multi, "chat", open_loop=True)
     trace = [{"timestamp": 0, "input_length": 10, "output_length": 2, "hash_ids": [1]}]
-    assert "mooncake is a timed trace" in unsupported(parse_dataset(jsonl(trace), "mooncake", source="d"), "chat")
+    for api in ("chat", "completions"):   # made into prompts of its lengths, for either API
+        assert unsupported(parse_dataset(jsonl(trace), "mooncake", source="d"), api) is None
     assert "needs load.api: chat" in unsupported(parse_dataset(jsonl(CHATS), "auto", source="d"), "completions")
     assert unsupported(parse_dataset(jsonl(PROMPTS), "auto", source="d"), "completions") is None
 
@@ -221,3 +222,50 @@ def test_a_turn_waits_for_the_previous_reply_and_carries_the_servers_words(
             assert before.turn == r.turn - 1
             # sent only after the previous reply fully arrived, and the think time after it
             assert r.dispatch_s >= before.done_s + 0.05
+
+
+# -- mooncake: prompts made from lengths and prefix-block hashes ----------------------------
+
+TRACE = [  # the published layout: one id per 512-token block, shared leading ids = shared prefix
+    {"timestamp": 0, "input_length": 1100, "output_length": 6, "hash_ids": [0, 1, 2]},
+    {"timestamp": 0, "input_length": 1300, "output_length": 4, "hash_ids": [0, 1, 3]},
+    {"timestamp": 500, "input_length": 700, "output_length": 5, "hash_ids": [0, 4]},
+    {"timestamp": 900, "input_length": 600, "output_length": 3, "hash_ids": [5, 6]},
+]
+TRACE = [{**e, "timestamp": e["timestamp"] + 1000 * k} for k in range(3) for e in TRACE]
+
+
+def test_trace_blocks_are_identical_for_equal_ids_and_differ_otherwise() -> None:
+    from tuner.load.dataset import TraceRequest
+    from tuner.load.trace_prompts import CANDIDATE_WORDS, TraceText
+
+    text = TraceText(CANDIDATE_WORDS, block_tokens=512, overhead=1)
+    a, b = (text.prompt(TraceRequest(0, n, 1, tuple(ids))) for n, ids in ((1100, [0, 1, 2]), (1300, [0, 1, 3])))
+    assert len(a.split()) == 1099 and len(b.split()) == 1299          # input_length less the overhead
+    shared = text.block(0) + text.block(1)
+    assert a.startswith(shared) and b.startswith(shared)               # byte for byte
+    assert a[len(shared):len(shared) + 40] != b[len(shared):len(shared) + 40]
+    assert len({text.block(i) for i in range(50)}) == 50
+    assert TraceText(CANDIDATE_WORDS, block_tokens=512, overhead=1, seed=1).block(0) != text.block(0)
+
+
+def test_a_trace_is_sent_with_exact_lengths_and_its_shared_prefixes_on_the_wire(
+        served: Served, tmp_path: Path) -> None:
+    path = tmp_path / "trace.jsonl"
+    path.write_text(jsonl(TRACE))
+    spec = LoadSpec.model_validate({
+        "api": "completions", "sizing": "requests", "concurrency": [2], "requests_per_stream": 4,
+        "warmup_requests": 2, "min_requests": 2, "workload": {"dataset": {"path": str(path), "format": "auto"}}})
+    result = asyncio.run(run_sweep(served.base_url, "fake", spec, ignore_eos=True))
+    assert not [w for w in result.warnings if "trace prompt" in w], result.warnings
+    prompts = [b["prompt"] for b in served.state.bodies if b["max_tokens"] in (3, 4, 5, 6)]
+    assert len(prompts) == 10
+    by_length = {e["output_length"]: e for e in TRACE}
+    for body in served.state.bodies:
+        entry = by_length[body["max_tokens"]]
+        assert len(body["prompt"].split()) == entry["input_length"]   # the fake's tokenizer: a word a token
+    first = {body["max_tokens"]: body["prompt"] for body in served.state.bodies}
+    blocks = [first[k].split() for k in (6, 4, 5, 3)]
+    assert blocks[0][:1024] == blocks[1][:1024] and blocks[0][1024:1030] != blocks[1][1024:1030]
+    assert blocks[0][:512] == blocks[2][:512] and blocks[0][512:520] != blocks[2][512:520]
+    assert blocks[3][:8] != blocks[0][:8]

@@ -334,6 +334,22 @@ def check_confirmation(results: Path, name: str) -> None:
     assert not (rerun / "server.pid").exists()
 
 
+async def check_trace_prompts_are_exact(base: str) -> None:
+    """A mooncake trace's prompts, made from this server's one-token words, count exactly the
+    trace's input_length by its own /tokenize, through either API (issue 33)."""
+
+    from tuner.load.dataset import TraceRequest
+    from tuner.load.server_calls import calibrate_trace_text, fetch_token_count
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        for api in ("completions", "chat"):
+            text, note = await calibrate_trace_text(client, base, "smollm2", api=api, block_tokens=512, seed=0)
+            assert note is None, note
+            for length, ids in ((1100, (0, 1, 2)), (700, (0, 4)), (3000, (7, 8, 9, 10, 11, 12))):
+                prompt = text.prompt(TraceRequest(0.0, length, 1, ids))
+                assert await fetch_token_count(client, base, "smollm2", prompt, chat=api == "chat") == length
+
+
 def check_export_starts_the_same_config(results: Path, name: str, tmp_path: Path) -> None:
     """Export the best-throughput trial, start exactly that command, read its log back."""
 
@@ -383,6 +399,7 @@ def check_export_starts_the_same_config(results: Path, name: str, tmp_path: Path
             "model": "smollm2", "temperature": 0, "max_tokens": 16,
             "messages": [{"role": "user", "content": "What is the capital of France?"}]})
         assert "Paris" in reply.json()["choices"][0]["message"]["content"]
+        asyncio.run(check_trace_prompts_are_exact(base))
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

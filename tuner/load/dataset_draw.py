@@ -20,9 +20,11 @@ Which datasets a sweep can send today is :func:`unsupported`'s to say, before an
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
-from tuner.load.dataset import Conversation, Dataset
+from tuner.load.dataset import Conversation, Dataset, TraceRequest
 from tuner.load.load_spec import Api
+from tuner.load.trace_prompts import TraceText
 from tuner.load.workload import TOKENS_PER_WORD, RequestPlan
 
 __all__ = ["DATASET_CLASS", "DatasetDraw", "unsupported"]
@@ -35,10 +37,6 @@ def unsupported(dataset: Dataset, api: Api, *, open_loop: bool = False) -> str |
     """Why this sweep cannot send ``dataset`` as the study asks, or None. ``open_loop``: the
     study has rate levels (request_rates or a max-rate search)."""
 
-    if dataset.timed:
-        return ("format mooncake is a timed trace of lengths and prefix blocks: its entries are "
-                "checked, but replaying it at its timestamps is not built yet (issue 33); use "
-                "prompts, sharegpt or openai-chat")
     if api != "chat" and any(c.prompt is None for c in dataset.conversations):
         return (f"format {dataset.format} holds chat messages: it needs load.api: chat "
                 "(load.api is completions)")
@@ -55,11 +53,14 @@ class DatasetDraw:
     """The cursor of one sweep over the study's seeded order of the dataset."""
 
     def __init__(self, dataset: Dataset, *, seed: int, output_tokens: int, ignore_eos: bool,
-                 think_s: float = 0.0) -> None:
+                 think_s: float = 0.0, trace_text: TraceText | None = None) -> None:
         problem = unsupported(dataset, "chat")
         if problem is not None:
             raise ValueError(problem)
-        self._entries = dataset.conversations
+        if dataset.timed and trace_text is None:
+            raise ValueError("a trace of lengths needs its TraceText to make prompts")
+        self._trace_text = trace_text
+        self._entries: Sequence[Conversation | TraceRequest] = dataset.conversations or dataset.trace
         self._order = list(range(len(self._entries)))
         random.Random(f"tuner-dataset|{seed}").shuffle(self._order)
         self._output_tokens = output_tokens
@@ -76,6 +77,13 @@ class DatasetDraw:
         """The next entry's requests (one, or a conversation's turns), from plan index ``index``."""
         entry = self._entries[self._order[self.drawn_entries % len(self._order)]]
         self.drawn_entries += 1
+        if isinstance(entry, TraceRequest):
+            assert self._trace_text is not None
+            self.drawn += 1
+            return [RequestPlan(
+                index=index, class_name=DATASET_CLASS, kind="dataset", prompt=self._trace_text.prompt(entry),
+                max_tokens=entry.output_length, ignore_eos=self._ignore_eos,
+                target_prompt_tokens=entry.input_length)]
         plans = _to_plans(entry, index, output_tokens=self._output_tokens,
                           ignore_eos=self._ignore_eos, think_s=self._think_s)
         self.drawn += len(plans)

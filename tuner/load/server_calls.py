@@ -12,10 +12,12 @@ from typing import Any
 import httpx
 
 from tuner.adapters.http_client import ReplyTooLarge, capped_request
+from tuner.load.dataset import TraceRequest
 from tuner.load.load_spec import Api, WorkloadSpec
 from tuner.load.prometheus import MetricsSnapshot, parse_prometheus_text
 from tuner.load.protocol import server_root
 from tuner.load.request import AUX_TIMEOUT_S
+from tuner.load.trace_prompts import CANDIDATE_WORDS, TraceText, one_token_words
 from tuner.load.workload import (
     LengthModel,
     RequestDraft,
@@ -24,7 +26,10 @@ from tuner.load.workload import (
     draft_requests,
 )
 
-__all__ = ["calibrate_lengths", "fetch_token_count", "fit_plan", "scrape_metrics"]
+__all__ = ["calibrate_lengths", "calibrate_trace_text", "fetch_token_count", "fit_plan", "scrape_metrics"]
+
+# /tokenize calls in flight at once while the words of a trace are calibrated.
+_TOKENIZE_PARALLEL = 16
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +63,44 @@ async def fetch_token_count(
         return count
     tokens = data.get("tokens")
     return len(tokens) if isinstance(tokens, list) else None
+
+
+async def calibrate_trace_text(
+    client: httpx.AsyncClient, base_url: str, model: str, *, api: Api, block_tokens: int, seed: int,
+) -> tuple[TraceText, str | None]:
+    """The words a trace's prompts are made of, as this server's tokenizer counts them
+    (tuner.load.trace_prompts), and a note when the lengths cannot be exact."""
+
+    chat = api == "chat"
+    overhead = await fetch_token_count(client, base_url, model, "", chat=chat)
+    if overhead is None:
+        return (TraceText(CANDIDATE_WORDS, block_tokens=block_tokens, overhead=0, seed=seed),
+                "/tokenize unavailable: trace prompt lengths are estimates (one token a word)")
+    gate = asyncio.Semaphore(_TOKENIZE_PARALLEL)
+
+    async def count(word: str) -> int | None:
+        async with gate:
+            return await fetch_token_count(client, base_url, model, " " + word, chat=chat)
+
+    counts = await asyncio.gather(*(count(w) for w in CANDIDATE_WORDS))
+    words = one_token_words(counts, overhead)
+    if len(words) < TraceText.MIN_WORDS:
+        return (TraceText(CANDIDATE_WORDS, block_tokens=block_tokens, overhead=overhead, seed=seed),
+                f"only {len(words)} of {len(CANDIDATE_WORDS)} words are one token for this tokenizer: "
+                "trace prompt lengths are estimates")
+    text = TraceText(words, block_tokens=block_tokens, overhead=overhead, seed=seed)
+    # Additive over words is what makes the lengths exact: checked on a few prompts.
+    worst = 0
+    for n, length in enumerate((block_tokens + 3, 2 * block_tokens + 1, 3 * block_tokens - 5)):
+        ids = tuple(range(n * 3, n * 3 + -(-length // block_tokens)))
+        sample = TraceRequest(0.0, length, 1, ids)
+        got = await fetch_token_count(client, base_url, model, text.prompt(sample), chat=chat)
+        if got is not None:
+            worst = max(worst, abs(got - length))
+    note = None if worst == 0 else (
+        f"trace prompt lengths may differ from the trace's by up to {worst} tokens (this tokenizer "
+        "merges some words)")
+    return text, note
 
 
 async def fit_plan(

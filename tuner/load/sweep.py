@@ -39,6 +39,7 @@ from tuner.load.request import AUX_TIMEOUT_S, LevelContext
 from tuner.load.results import LevelResult, SweepResult, TokenAgreement, WarmupSummary, agreement_of, count_notes
 from tuner.load.server_calls import (
     calibrate_lengths,
+    calibrate_trace_text,
     fetch_token_count,
     fit_plan,
     scrape_metrics,
@@ -114,12 +115,19 @@ async def run_sweep(
 
     draw = None
     source = load_spec.workload.dataset
-    if source is not None:
-        if dataset is None:
-            dataset = read_dataset(source)
-        draw = DatasetDraw(dataset, seed=load_spec.seed, output_tokens=source.output_tokens,
-                           ignore_eos=ignore_eos, think_s=source.think_time_s)
+    if source is not None and dataset is None:
+        dataset = read_dataset(source)
     async with server_client(timeout=AUX_TIMEOUT_S, headers=headers) as aux:
+        if source is not None and dataset is not None:
+            trace_text = None
+            if dataset.timed:
+                trace_text, note = await calibrate_trace_text(
+                    aux, base_url, model, api=load_spec.api, block_tokens=source.block_tokens,
+                    seed=load_spec.seed)
+                if note:
+                    notes.append(note)
+            draw = DatasetDraw(dataset, seed=load_spec.seed, output_tokens=source.output_tokens,
+                               ignore_eos=ignore_eos, think_s=source.think_time_s, trace_text=trace_text)
         can_fit, lengths = (False, None) if draw is not None else await _prompt_lengths(
             aux, base_url, model, load_spec, notes)
         sweep = _Sweep(
