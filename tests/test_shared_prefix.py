@@ -15,7 +15,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.sim_process import free_port
-from tuner.engine.measure import measure
+from tuner.engine.measure import format_summary, measure
 from tuner.load.load_spec import WorkloadClass, WorkloadSpec
 from tuner.load.workload import PromptStream, build_plan, shared_prefix_text
 from tuner.study.study_file import parse_study
@@ -139,6 +139,8 @@ def test_the_server_prefix_cache_sees_the_reuse_only_the_shared_prefix_class_has
         level = summary["levels"]["4"]
         assert level["metrics"]["failed"] == 0
         rates[name] = level["prefix_cache_hit_rate"]
+        if name == "shared_prefix":
+            assert f"prefix cache {rates[name]:.0%}" in format_summary(summary)
     # 2 groups x 480 of ~600 tokens shared: most of each prompt is served from the cache
     assert rates["shared_prefix"] > 0.5, rates
     assert rates["open_ended"] < 0.1, rates

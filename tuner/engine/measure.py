@@ -306,6 +306,9 @@ def format_summary(summary: dict[str, Any]) -> str:
             notes.append(f"tokens differ {lv['token_relative_diff']:.1%} from server")
         if lv["deadline_hit"]:
             notes.append("cut by deadline")
+        hit = lv.get("prefix_cache_hit_rate")
+        if hit:   # the server's prefix cache served part of the prompts (shared prefixes, turns)
+            notes.append(f"prefix cache {hit:.0%}")
         if lv["repeats"] > 1:
             cv = m.get("output_tok_s_cv")
             notes.append(f"median of {lv['repeats']}" + (f", cv {cv:.1%}" if cv is not None else ""))
