@@ -8,7 +8,12 @@ pinned to its own core, one token per SSE chunk):
   does (``vllm/benchmarks/lib/endpoint_request_func.py``, vLLM 0.32: ``iter_any()`` +
   ``StreamedResponseHandler`` + ``json.loads`` per message, ``perf_counter`` per message,
   a ``TCPConnector`` as in ``benchmarks/serve.py``, a semaphore around every request);
-* ``httpx-lines``  a plain httpx ``aiter_lines()`` + ``json.loads`` loop.
+* ``httpx-lines``  a plain httpx ``aiter_lines()`` + ``json.loads`` loop;
+* ``tuner-chat``   the tuner's generator on the chat API, one-message requests;
+* ``tuner-turns``  the same on a user's own traffic (issue 33): chat conversations of four
+  turns from a dataset (tuner.load.dataset_draw), each turn sent after the previous reply
+  with the server's reply text carried back. Its figure against ``tuner-chat``'s is what
+  multi-turn replay costs the client.
 
 Each (client, concurrency, repeat) runs in a fresh process pinned to one core
 (``os.sched_setaffinity``); the server is pinned to the other. Two experiments:
@@ -51,7 +56,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-CLIENTS = ("tuner", "aiohttp-vllm", "httpx-lines")
+CLIENTS = ("tuner", "tuner-chat", "tuner-turns", "aiohttp-vllm", "httpx-lines")
 MODEL = "instant"
 
 
@@ -64,7 +69,8 @@ def _prompt(i: int) -> str:
     return f"bench request {i} please stream"
 
 
-async def client_tuner(url: str, c: int, n: int, max_tokens: int, processes: int) -> list[list[Any]]:
+async def client_tuner(url: str, c: int, n: int, max_tokens: int, processes: int,
+                       api: str = "completions") -> list[list[Any]]:
     from tuner.load.closed_loop import run_level
     from tuner.load.workload import RequestPlan
 
@@ -77,12 +83,46 @@ async def client_tuner(url: str, c: int, n: int, max_tokens: int, processes: int
     kwargs: dict[str, Any] = {"t0": t0}
     if processes > 1:
         kwargs["processes"] = processes
-    records = await run_level(url, MODEL, plan, concurrency=c, api="completions",
+    records = await run_level(url, MODEL, plan, concurrency=c, api=api,  # type: ignore[arg-type]
                               deadline_s=None, request_timeout_s=300, **kwargs)
     rows = []
     for r in records:
         ts = r.chunk_times_s
         rows.append([_prompt(r.index), t0 + r.dispatch_s, t0 + ts[0] if ts else None,
+                     t0 + ts[-1] if ts else None, len(ts), r.output_tokens, r.ok,
+                     t0 + r.done_s])
+    return rows
+
+
+def _conversations(n: int) -> str:
+    """JSONL of openai-chat conversations, four user turns each, enough for ``n`` requests."""
+    lines = []
+    for i in range(n // 4 + 1):
+        turns = [m for t in range(4) for m in (
+            {"role": "user", "content": f"bench conversation {i} turn {t} please stream"},
+            {"role": "assistant", "content": "ok"})]
+        lines.append(json.dumps({"messages": turns[:-1]}))
+    return "\n".join(lines) + "\n"
+
+
+async def client_tuner_turns(url: str, c: int, n: int, max_tokens: int, processes: int) -> list[list[Any]]:
+    from tuner.load.closed_loop import run_level
+    from tuner.load.dataset import parse_dataset
+    from tuner.load.dataset_draw import DatasetDraw
+
+    draw = DatasetDraw(parse_dataset(_conversations(n), "openai-chat", source="bench"), seed=0,
+                       output_tokens=max_tokens, ignore_eos=True)
+    plan = draw.take(n)
+    t0 = time.monotonic()
+    kwargs: dict[str, Any] = {"t0": t0}
+    if processes > 1:
+        kwargs["processes"] = processes
+    records = await run_level(url, MODEL, plan, concurrency=c, api="chat",
+                              deadline_s=None, request_timeout_s=300, **kwargs)
+    rows = []
+    for r in records:
+        ts = r.chunk_times_s
+        rows.append([f"{r.index}", t0 + r.dispatch_s, t0 + ts[0] if ts else None,
                      t0 + ts[-1] if ts else None, len(ts), r.output_tokens, r.ok,
                      t0 + r.done_s])
     return rows
@@ -222,6 +262,8 @@ async def client_httpx_lines(url: str, c: int, n: int, max_tokens: int, processe
 
 _CLIENT_FUNCS = {
     "tuner": client_tuner,
+    "tuner-chat": lambda url, c, n, max_tokens, processes: client_tuner(url, c, n, max_tokens, processes, "chat"),
+    "tuner-turns": client_tuner_turns,
     "aiohttp-vllm": client_aiohttp_vllm,
     "httpx-lines": client_httpx_lines,
 }
@@ -233,8 +275,9 @@ def child_main(args: argparse.Namespace) -> int:
         os.sched_setaffinity(0, {args.cpu})
     func = _CLIENT_FUNCS[args.child]
     # Import outside the measured span: only the run's own CPU time counts.
-    if args.child == "tuner":
+    if args.child in ("tuner", "tuner-chat", "tuner-turns"):
         import tuner.load.closed_loop
+        import tuner.load.dataset_draw
         import tuner.load.workload  # noqa: F401
     elif args.child == "aiohttp-vllm":
         import aiohttp  # noqa: F401
