@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import yaml
 
 from tests.fake_server import Served, serving
 from tests.sim_process import Sim
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,10 +126,7 @@ def orphan_check():
     yield markers
     leftovers: dict[str, list[int]] = {}
     for marker in markers:
-        deadline = time.monotonic() + 5
-        while (pids := processes_with_env(marker)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if pids:
+        if pids := wait_no_orphans(marker, timeout=5):
             leftovers[marker] = pids
             for pid in pids:
                 try:
@@ -204,10 +201,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
 def wait_no_orphans(marker: str, timeout: float = 10.0) -> list[int]:
     """Pids still carrying the marker after up to ``timeout`` s (empty = no orphan)."""
 
-    deadline = time.monotonic() + timeout
-    while (pids := processes_with_env(marker)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return pids
+    try:
+        wait_for(lambda: not processes_with_env(marker), timeout, f"the processes marked {marker} to go")
+    except AssertionError:
+        return processes_with_env(marker)
+    return []
 
 
 def load_trials(results: Path, name: str, storage: str | None = None) -> list[Any]:
