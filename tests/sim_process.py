@@ -37,6 +37,19 @@ def alive(pid: int) -> bool:
         return False
 
 
+def wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout: float) -> None:
+    """Until the simulator ``proc`` answers ``url``/health; at once, with its log, if it exits."""
+
+    def tail() -> str:
+        return log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+
+    def exited() -> str | None:
+        return None if proc.poll() is None else f"sim exited {proc.returncode}:\n{tail()}"
+
+    wait_for(lambda: answers_health(url), timeout, f"the simulator on {url} to be ready",
+             unless=exited, context=tail)
+
+
 class Sim:
     def __init__(self, tmp: Path, argv: list[str], env: dict[str, str]) -> None:
         self.port = free_port()
@@ -54,8 +67,7 @@ class Sim:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        wait_for(lambda: answers_health(self.url), timeout, f"the simulator on {self.url} to be ready",
-                 unless=self.exited, context=lambda: self.log()[-3000:])
+        wait_ready(self.proc, self.url, self.log_path, timeout)
 
     def stays_up(self, seconds: float) -> bool:
         """Waits up to ``seconds`` on the process's exit: True if it did not come."""
