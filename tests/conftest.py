@@ -72,6 +72,30 @@ def processes_with_env(marker: str) -> list[int]:
     return found
 
 
+def _ignores_sigint(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    ignored = next((line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), "0")
+    return bool(int(ignored, 16) & (1 << (signal.SIGINT - 1)))
+
+
+def host_probes_running(marker: str, cli_pid: int, probes: int) -> bool:
+    """``probes`` host-check probes (tuner.adapters.host_probe) of a CLI carrying ``marker``
+    are timing their work: each ignores SIGINT (the CLI's to handle) and has pinned itself
+    to its CPU, which it does after that, at the start of its run."""
+
+    def pinned(pid: int) -> bool:
+        try:
+            return len(os.sched_getaffinity(pid)) == 1
+        except OSError:
+            return False
+
+    running = [pid for pid in processes_with_env(marker) if pid != cli_pid and _ignores_sigint(pid) and pinned(pid)]
+    return len(running) >= probes
+
+
 def write_study(tmp_path: Path, *, base: str = "demo.yaml", name: str | None = None,
                 updates: dict[str, Any] | None = None, env: dict[str, Any] | None = None) -> tuple[Path, str]:
     """A copy of a shipped study with a unique port block, marker and optional changes."""
