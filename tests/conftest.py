@@ -226,7 +226,8 @@ def wait_no_orphans(marker: str, timeout: float = 10.0) -> list[int]:
     """Pids still carrying the marker after up to ``timeout`` s (empty = no orphan)."""
 
     try:
-        wait_for(lambda: not processes_with_env(marker), timeout, f"the processes marked {marker} to go")
+        wait_for(lambda: not processes_with_env(marker), timeout, f"the processes marked {marker} to go",
+                 every=0.2)   # each check reads every process's environment
     except AssertionError:
         return processes_with_env(marker)
     return []

@@ -143,7 +143,7 @@ def test_ctrl_c_stops_the_probe_at_once_and_leaves_no_process(inherited: str) ->
         # Ctrl-C in the middle of the run: once every probe runs its timed loop (all carry the
         # marker), past the SIG_IGN a SIGINT arriving sooner would beat.
         wait_for(lambda: host_probes_running(marker, proc.pid, probes), 60, f"{probes} host probes to run",
-                 unless=lambda: proc.poll() is not None and f"host-check exited {proc.returncode}")
+                 unless=lambda: proc.poll() is not None and f"host-check exited {proc.returncode}", every=0.1)
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
         _, err = proc.communicate(timeout=60)

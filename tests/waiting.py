@@ -20,12 +20,13 @@ POLL_S = 0.02
 
 def wait_for(condition: Callable[[], T], timeout: float, what: str, *,
              unless: Callable[[], str | None] | None = None,
-             context: Callable[[], str] | None = None) -> T:
+             context: Callable[[], str] | None = None, every: float = POLL_S) -> T:
     """The first truthy value of ``condition()`` within ``timeout`` s.
 
     ``unless`` returns why the wait is hopeless (a process it waits on exited, with its
     output) or None; the wait then ends at once with that reason. ``context`` adds what
-    helps to read a timeout (a log's tail)."""
+    helps to read a timeout (a log's tail). ``every``: the pause between checks, longer for
+    a costly check (a scan of /proc)."""
 
     deadline = time.monotonic() + timeout
     while True:
@@ -37,7 +38,7 @@ def wait_for(condition: Callable[[], T], timeout: float, what: str, *,
         if time.monotonic() >= deadline:
             extra = f":\n{context()}" if context is not None else ""
             raise AssertionError(f"timed out after {timeout:g} s waiting for {what}{extra}")
-        time.sleep(POLL_S)
+        time.sleep(every)
 
 
 def answers_health(url: str, timeout: float = 1.0) -> bool:
