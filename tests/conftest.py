@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -21,6 +20,7 @@ import yaml
 
 from tests.fake_server import Served, serving
 from tests.sim_process import Sim
+from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -70,6 +70,30 @@ def processes_with_env(marker: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+def _ignores_sigint(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    ignored = next((line.split()[1] for line in status.splitlines() if line.startswith("SigIgn:")), "0")
+    return bool(int(ignored, 16) & (1 << (signal.SIGINT - 1)))
+
+
+def host_probes_running(marker: str, cli_pid: int, probes: int) -> bool:
+    """``probes`` host-check probes (tuner.adapters.host_probe) of a CLI carrying ``marker``
+    are timing their work: each ignores SIGINT (the CLI's to handle) and has pinned itself
+    to its CPU, which it does after that, at the start of its run."""
+
+    def pinned(pid: int) -> bool:
+        try:
+            return len(os.sched_getaffinity(pid)) == 1
+        except OSError:
+            return False
+
+    running = [pid for pid in processes_with_env(marker) if pid != cli_pid and _ignores_sigint(pid) and pinned(pid)]
+    return len(running) >= probes
 
 
 def write_study(tmp_path: Path, *, base: str = "demo.yaml", name: str | None = None,
@@ -126,10 +150,7 @@ def orphan_check():
     yield markers
     leftovers: dict[str, list[int]] = {}
     for marker in markers:
-        deadline = time.monotonic() + 5
-        while (pids := processes_with_env(marker)) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        if pids:
+        if pids := wait_no_orphans(marker, timeout=5):
             leftovers[marker] = pids
             for pid in pids:
                 try:
@@ -204,10 +225,12 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
 def wait_no_orphans(marker: str, timeout: float = 10.0) -> list[int]:
     """Pids still carrying the marker after up to ``timeout`` s (empty = no orphan)."""
 
-    deadline = time.monotonic() + timeout
-    while (pids := processes_with_env(marker)) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return pids
+    try:
+        wait_for(lambda: not processes_with_env(marker), timeout, f"the processes marked {marker} to go",
+                 every=0.2)   # each check reads every process's environment
+    except AssertionError:
+        return processes_with_env(marker)
+    return []
 
 
 def load_trials(results: Path, name: str, storage: str | None = None) -> list[Any]:

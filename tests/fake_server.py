@@ -14,7 +14,6 @@ import asyncio
 import json
 import socket
 import threading
-import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -162,25 +161,47 @@ class Served:
     state: FakeState
 
 
+class _Server(uvicorn.Server):
+    """uvicorn that says when it listens: ``ready`` is set once it does, or once it gave up."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self.ready = threading.Event()
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        self.ready.set()
+
+
 @contextmanager
-def serving() -> Iterator[Served]:
-    """The server on a free local port, in a daemon thread, until the block ends."""
-    state = FakeState()
+def serving_app(app: Any, log_level: str = "critical") -> Iterator[str]:
+    """``app`` served on a free local port in a daemon thread until the block ends; its URL."""
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        build_app(state), log_level="critical", lifespan="off", timeout_graceful_shutdown=1
-    )
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    server = _Server(uvicorn.Config(app, log_level=log_level, lifespan="off", timeout_graceful_shutdown=1))
+
+    def run() -> None:
+        try:
+            server.run(sockets=[sock])
+        finally:
+            server.ready.set()   # a server that never started ends the wait too
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("test server did not start")
-        time.sleep(0.01)
-    yield Served(f"http://127.0.0.1:{port}", state)
-    server.should_exit = True
-    thread.join(timeout=5)
-    sock.close()
+    if not server.ready.wait(10) or not server.started:
+        raise RuntimeError("test server did not start")
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=5)
+        sock.close()
+
+
+@contextmanager
+def serving() -> Iterator[Served]:
+    """The fake server on a free local port, in a daemon thread, until the block ends."""
+    state = FakeState()
+    with serving_app(build_app(state)) as url:
+        yield Served(url, state)

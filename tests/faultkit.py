@@ -8,12 +8,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import waiting
 from tests.conftest import ROOT, load_trials, tuner_argv, write_study
 
 STARTUP_TIMEOUT_S = 8
@@ -110,15 +110,44 @@ def trial_dir_of(results: Path, name: str, number: int) -> Path:
 
 
 def wait_for(predicate, timeout: float, what: str, tuner: Tuner | None = None) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        if tuner is not None and tuner.proc.poll() is not None:
-            raise AssertionError(f"tuner exited while waiting for {what}:\n{tuner.output[-4000:]}")
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for {what}")
+    """tests.waiting.wait_for, ended at once (with the tuner's output) if the tuner exits."""
+
+    def tuner_exited() -> str | None:
+        if tuner is None or tuner.proc.poll() is None:
+            return None
+        return f"tuner exited:\n{tuner.output[-4000:]}"
+
+    return waiting.wait_for(predicate, timeout, what, unless=tuner_exited)
+
+
+def first_ctrl_c_taken(tuner: Tuner, how: str = "Ctrl-C") -> None:
+    """Wait until the tuner says it took the first stop signal and is stopping gracefully."""
+
+    wait_for(lambda: f"[interrupt] {how}: stopping" in tuner.output, 30, f"the tuner to take the first {how}",
+             tuner)
+
+
+def assert_still_running(tuner: Tuner, for_s: float, why: str) -> None:
+    """The tuner does not exit within ``for_s`` s: a wait on its exit, which must not come."""
+
+    try:
+        code = tuner.proc.wait(timeout=for_s)
+    except subprocess.TimeoutExpired:
+        return
+    raise AssertionError(f"{why} (it exited {code} sooner):\n{tuner.output[-3000:]}")
+
+
+def wait_server_starting(folder: Path, tuner: Tuner | None = None, timeout: float = 120) -> int:
+    """The process group of the server whose folder (a trial's, the reference's, a re-run's)
+    is ``folder``, once that server is under way: its EngineCore child started, so the
+    simulator's signal handling (its faults' SIG_IGN included) is in place. Returns the pgid."""
+
+    log = folder / "server.log"
+    wait_for(lambda: log.exists() and "(EngineCore pid=" in log.read_text(errors="replace"), timeout,
+             f"the server in {folder.name} to start its engine", tuner)
+    pgid = server_pgid_of(folder)
+    assert pgid is not None, f"no server.pid in {folder}"
+    return pgid
 
 
 def server_pgid_of(trial_dir: Path) -> int | None:

@@ -10,10 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
+
+from tests.waiting import answers_health, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,6 +37,19 @@ def alive(pid: int) -> bool:
         return False
 
 
+def wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout: float) -> None:
+    """Until the simulator ``proc`` answers ``url``/health; at once, with its log, if it exits."""
+
+    def tail() -> str:
+        return log_path.read_text(encoding="utf-8", errors="replace")[-3000:]
+
+    def exited() -> str | None:
+        return None if proc.poll() is None else f"sim exited {proc.returncode}:\n{tail()}"
+
+    wait_for(lambda: answers_health(url), timeout, f"the simulator on {url} to be ready",
+             unless=exited, context=tail)
+
+
 class Sim:
     def __init__(self, tmp: Path, argv: list[str], env: dict[str, str]) -> None:
         self.port = free_port()
@@ -53,17 +67,21 @@ class Sim:
         return self.log_path.read_text(encoding="utf-8", errors="replace")
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"sim exited {self.proc.returncode}:\n{self.log()[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError("sim not ready:\n" + self.log()[-3000:])
+        wait_ready(self.proc, self.url, self.log_path, timeout)
+
+    def stays_up(self, seconds: float) -> bool:
+        """Waits up to ``seconds`` on the process's exit: True if it did not come."""
+        try:
+            self.proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            return True
+        return False
+
+    def exited(self) -> str | None:
+        """Why waiting on this simulator is hopeless: it exited (its log), or None."""
+        if self.proc.poll() is None:
+            return None
+        return f"sim exited {self.proc.returncode}:\n{self.log()[-3000:]}"
 
     def child_pid(self) -> int:
         m = re.search(r"\(EngineCore pid=(\d+)\)", self.log())

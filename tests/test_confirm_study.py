@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, processes_with_env, tuner_argv, write_study
-from tests.faultkit import FAST, Tuner, wait_for
+from tests.conftest import ROOT, tuner_argv, wait_no_orphans, write_study
+from tests.faultkit import FAST, Tuner, assert_still_running, first_ctrl_c_taken, wait_server_starting
 from tuner.adapters import proctree
 
 # quiethost: the verdicts compare two timings of the simulator, which a vLLM CPU server busy on
@@ -64,10 +64,7 @@ def confirmed(tmp_path_factory: pytest.TempPathFactory):
     print(out.stdout[-5000:], out.stderr[-3000:], f"\nstudy took {time.monotonic() - began:.1f}s")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     yield {"name": path.stem, "results": results, "root": results / path.stem, "out": out, "marker": marker}
-    deadline = time.monotonic() + 5
-    while processes_with_env(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not processes_with_env(marker), "orphan simulator processes"
+    assert not wait_no_orphans(marker, timeout=5), "orphan simulator processes"
 
 
 def _verdict(root: Path, trial: int) -> dict:
@@ -178,10 +175,7 @@ def test_a_wall_clock_limit_keeps_time_for_the_reruns(tmp_path: Path) -> None:
         finished = len(list((root / "trials").glob("*/outcome.json")))
         assert 2 <= finished < 40
     finally:
-        deadline = time.monotonic() + 5
-        while processes_with_env(marker) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not processes_with_env(marker), "orphan simulator processes"
+        assert not wait_no_orphans(marker, timeout=5), "orphan simulator processes"
 
 
 def test_second_ctrl_c_kills_a_rerun_at_once_and_a_later_confirm_starts_afresh(tmp_path: Path) -> None:
@@ -212,12 +206,11 @@ def test_second_ctrl_c_kills_a_rerun_at_once_and_a_later_confirm_starts_afresh(t
                       env={"TUNER_SIM_TIME_SCALE": SCALE, "TUNER_SIM_FAULTS": faults}, tag="confirm")
         pid_file = root / "confirm" / "0000-1" / "server.pid"
         try:
-            wait_for(pid_file.exists, 120, "the re-run's server", tuner)
-            pgid = int(json.loads(pid_file.read_text())["pgid"])
-            time.sleep(0.3)
+            pgid = wait_server_starting(pid_file.parent, tuner)
             tuner.ctrl_c()
-            time.sleep(1.0)   # the first stop now waits out the SIGTERM grace
-            assert tuner.proc.poll() is None, "the first Ctrl-C must wait for the server"
+            first_ctrl_c_taken(tuner)
+            # The first stop now waits out the SIGTERM grace the server ignores.
+            assert_still_running(tuner, 1.0, "the first Ctrl-C must wait for the server")
             pressed = time.monotonic()
             tuner.ctrl_c()
             code = tuner.wait(timeout=30)
@@ -234,7 +227,4 @@ def test_second_ctrl_c_kills_a_rerun_at_once_and_a_later_confirm_starts_afresh(t
         assert verdict["verdict"] == "reproduced" and [r["folder"] for r in verdict["runs"]] == ["0000-2"]
         assert (root / "confirm" / "0000-1").is_dir()
     finally:
-        deadline = time.monotonic() + 5
-        while processes_with_env(marker) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        assert not processes_with_env(marker), "orphan simulator processes"
+        assert not wait_no_orphans(marker, timeout=5), "orphan simulator processes"

@@ -12,10 +12,10 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.conftest import processes_with_env, run_tuner, write_study
+from tests.conftest import run_tuner, wait_no_orphans, write_study
+from tests.waiting import answers_health, wait_for
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.vllm.verify import verify
 
@@ -33,10 +33,7 @@ def demo_study(tmp_path_factory: pytest.TempPathFactory):
     print(out.stdout[-3000:])
     print(f"study of 12 trials took {took:.1f}s")
     yield {"out": out, "name": study.stem, "results": results, "tmp": tmp_path, "marker": marker}
-    deadline = time.monotonic() + 5
-    while processes_with_env(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not processes_with_env(marker), "orphan simulator processes"
+    assert not wait_no_orphans(marker, timeout=5), "orphan simulator processes"
 
 
 def test_study_finishes_with_front_and_artifacts(demo_study: dict) -> None:
@@ -72,16 +69,8 @@ def test_study_finishes_with_front_and_artifacts(demo_study: dict) -> None:
 
 
 def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        assert proc.poll() is None, "exported command exited"
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise AssertionError("exported server never became ready")
+    wait_for(lambda: answers_health(url), timeout, "the exported server to be ready",
+             unless=lambda: proc.poll() is not None and "exported command exited")
 
 
 def test_exported_best_throughput_starts_that_configuration(demo_study: dict) -> None:

@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests import waiting
 from tests.conftest import ROOT, failure_reasons, load_trials, lost_completed, record_fault_row, wait_no_orphans
 from tests.faultkit import (
     SLOW_START,
@@ -41,15 +42,18 @@ from tests.faultkit import (
     STOP_TIMEOUT_S,
     TRIAL_TIMEOUT_S,
     Tuner,
+    assert_still_running,
     counted,
     fault_study,
     fill,
+    first_ctrl_c_taken,
     hold_lock,
     mount_tmpfs,
     running_trial_dirs,
     server_pgid_of,
     trial_dir_of,
     wait_for,
+    wait_server_starting,
 )
 from tuner.adapters import proctree
 
@@ -87,21 +91,33 @@ class WorkerKiller(threading.Thread):
         self.killed: dict[str, Any] = {}
         self.error: str | None = None
 
+    def _kill_case_server(self) -> tuple[Path, int] | None:
+        for command in self.trials.glob("*/command.json"):
+            try:
+                case = json.loads(command.read_text())["values"]["case"]
+            except (OSError, ValueError, KeyError):
+                continue
+            pgid = server_pgid_of(command.parent)
+            if case == KILL_CASE and pgid is not None:
+                return command.parent, pgid
+        return None
+
     def run(self) -> None:
-        while not self.done.is_set() and not self.killed:
-            for command in self.trials.glob("*/command.json"):
-                try:
-                    case = json.loads(command.read_text())["values"]["case"]
-                except (OSError, ValueError, KeyError):
-                    continue
-                pgid = server_pgid_of(command.parent)
-                if case == KILL_CASE and pgid is not None:
-                    self._kill(command.parent, pgid)
-                    return
-            time.sleep(0.02)
+        def study_over() -> str | None:
+            return "the study ended first" if self.done.is_set() else None
+
+        try:
+            trial_dir, pgid = waiting.wait_for(self._kill_case_server, 600, "the kill case's server",
+                                               unless=study_over)
+            # Killed well into its startup: once its EngineCore runs.
+            log = trial_dir / "server.log"
+            waiting.wait_for(lambda: log.exists() and "(EngineCore pid=" in log.read_text(errors="replace"), 60,
+                             "the kill case's server to start its engine", unless=study_over)
+        except AssertionError:
+            return   # the test's own asserts say the worker was never found
+        self._kill(trial_dir, pgid)
 
     def _kill(self, trial_dir: Path, pgid: int) -> None:
-        time.sleep(0.5)  # let the server get well into its startup
         worker = proctree.parent_pid(pgid)
         title = " ".join(proctree.cmdline(worker)) if worker else ""
         if "TrialWorker" not in title:
@@ -238,10 +254,10 @@ def test_port_taken(tmp_path: Path, orphan_check: list[str]) -> None:
     name, results = study.stem, tmp_path / "results"
     port = yaml.safe_load(study.read_text())["server"]["port"]
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import socket,sys,time\n"
+        [sys.executable, "-c", "import socket,sys\n"
          "s=socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
-         "print('listening', flush=True); time.sleep(300)", str(port)],
-        env=dict(os.environ, TUNER_TEST_ID=marker), stdout=subprocess.PIPE, text=True)
+         "print('listening', flush=True); sys.stdin.read()", str(port)],   # holds it until let go
+        env=dict(os.environ, TUNER_TEST_ID=marker), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "listening"
         began = time.monotonic()
@@ -273,8 +289,7 @@ def test_ctrl_c_aborts_the_trial_cleanly_and_resume_reruns_it(tmp_path: Path, or
         # Press Ctrl-C while the second trial's server is starting.
         victim = wait_for(lambda: [d for d in running_trial_dirs(results, name) if d.name != "0000"], 120,
                           "the second trial", tuner)[0]
-        pgid = server_pgid_of(victim)
-        time.sleep(0.3)
+        pgid = wait_server_starting(victim, tuner)
         pressed = time.monotonic()
         tuner.ctrl_c()
         code = tuner.wait(timeout=60)
@@ -323,11 +338,11 @@ def test_second_ctrl_c_stops_at_once(tmp_path: Path, orphan_check: list[str]) ->
     tuner = Tuner(tmp_path, "run", str(study), "--results", str(results))
     try:
         victim = wait_for(lambda: running_trial_dirs(results, name), 120, "the first trial", tuner)[0]
-        pgid = server_pgid_of(victim)
-        time.sleep(0.5)
+        pgid = wait_server_starting(victim, tuner)
         tuner.ctrl_c()
-        time.sleep(1.0)  # the first stop is now waiting out the SIGTERM grace
-        assert tuner.proc.poll() is None, "the first Ctrl-C must wait for the servers"
+        first_ctrl_c_taken(tuner)
+        # The first stop is now waiting out the SIGTERM grace the server ignores.
+        assert_still_running(tuner, 1.0, "the first Ctrl-C must wait for the servers")
         pressed = time.monotonic()
         tuner.ctrl_c()
         code = tuner.wait(timeout=30)

@@ -126,7 +126,8 @@ def test_ctrl_c_stops_the_probe_at_once_and_leaves_no_process(inherited: str) ->
     import time
     import uuid
 
-    from tests.conftest import processes_with_env, wait_no_orphans
+    from tests.conftest import host_probes_running, wait_no_orphans
+    from tests.waiting import wait_for
 
     marker = uuid.uuid4().hex[:12]
     cpus = sorted(os.sched_getaffinity(0))
@@ -139,12 +140,10 @@ def test_ctrl_c_stops_the_probe_at_once_and_leaves_no_process(inherited: str) ->
                             env={**os.environ, "TUNER_TEST_ID": marker}, preexec_fn=ignore,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 30
-        # Ctrl-C in the middle of the run: once the CLI and every pinned probe run (all carry
-        # the marker).
-        while len(processes_with_env(marker)) < 1 + probes and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.0)
+        # Ctrl-C in the middle of the run: once every probe runs its timed loop (all carry the
+        # marker), past the SIG_IGN a SIGINT arriving sooner would beat.
+        wait_for(lambda: host_probes_running(marker, proc.pid, probes), 60, f"{probes} host probes to run",
+                 unless=lambda: proc.poll() is not None and f"host-check exited {proc.returncode}", every=0.1)
         proc.send_signal(signal.SIGINT)
         sent = time.monotonic()
         _, err = proc.communicate(timeout=60)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, free_port_block, processes_with_env, wait_no_orphans
+from tests.waiting import wait_for
 from tuner.adapters import gpu, proctree
 from tuner.adapters.launcher import TAG_VAR, ServerProcess, check_port_free
 from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerStartTimeout
@@ -50,10 +51,10 @@ def marker(orphan_check: list[str]) -> str:
 def test_port_in_use_fails_fast_and_names_the_owner(tmp_path: Path, marker: str) -> None:
     port = free_port_block(1)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import socket,sys,time\n"
+        [sys.executable, "-c", "import socket,sys\n"
          "s=socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1]))); s.listen()\n"
-         "print('listening', flush=True); time.sleep(60)", str(port)],
-        env=sim_env(marker), stdout=subprocess.PIPE, text=True)
+         "print('listening', flush=True); sys.stdin.read()", str(port)],   # holds it until let go
+        env=sim_env(marker), stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "listening"
         server = ServerProcess([sys.executable, "-m", "tuner.sim", "--model", MODEL, "--port", str(port)],
@@ -117,11 +118,12 @@ def test_stop_escalates_to_sigkill_when_sigterm_is_ignored(tmp_path: Path, marke
     assert not processes_with_env(marker)
 
 
+# A server whose child leaves its process group; both live until a signal ends them.
 ESCAPER = """
-import subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+import signal, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], start_new_session=True)
 print("escaped", child.pid, flush=True)
-time.sleep(120)
+signal.pause()
 """
 
 
@@ -131,10 +133,8 @@ def test_stop_kills_a_process_that_left_the_group(tmp_path: Path, marker: str) -
 
     async def scenario():
         server.start()
-        deadline = time.monotonic() + 20
-        while "escaped" not in server.log_text():
-            assert time.monotonic() < deadline, server.log_text()
-            await asyncio.sleep(0.05)
+        await asyncio.to_thread(wait_for, lambda: "escaped" in server.log_text(), 20, "the escaper's line",
+                                context=server.log_text)
         escaped = int(server.log_text().split("escaped")[1].split()[0])
         assert escaped not in proctree.group_members(server.pid), "the child did leave the group"
         assert escaped in proctree.pids_with_env(TAG_VAR, tag)
@@ -178,10 +178,9 @@ def test_watchdog_stops_the_server_when_its_worker_dies(tmp_path: Path, marker: 
         starter.send_signal(signal.SIGKILL)
         starter.wait()
         killed_at = time.monotonic()
-        while proctree.group_members(pgid) and time.monotonic() - killed_at < 10:
-            time.sleep(0.05)
+        wait_for(lambda: not proctree.group_members(pgid), 10,
+                 "the watchdog to stop the server (it outlived its worker)")
         took = time.monotonic() - killed_at
-        assert not proctree.group_members(pgid), "server outlived its worker"
         assert took < 4.0, f"watchdog took {took:.1f}s"  # 0.2 s poll + SIGTERM handling
     finally:
         starter.kill()

@@ -300,7 +300,7 @@ def test_a_planted_cycle_is_found(copy_of_tuner: Path) -> None:
 
 
 def test_planted_io_in_a_pure_module_is_found(copy_of_tuner: Path) -> None:
-    _plant(copy_of_tuner / "study" / "policy.py", "import time, os; time.sleep(os.environ['X'] and 1)")
+    _plant(copy_of_tuner / "study" / "policy.py", "import time, os; time.monotonic() + len(os.environ['X'])")
     problems = purity_problems(scan(copy_of_tuner), PURE)
     assert "tuner.study.policy: imports time" in problems
     assert any(p.startswith("tuner.study.policy: line") and "os.environ" in p for p in problems)

@@ -8,14 +8,13 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.conftest import run_tuner
+from tests.sim_process import wait_ready
 from tuner.engine.measure import MeasureError, format_summary, measure
 from tuner.load.record_files import read_records_jsonl
 from tuner.probe.client import load_probe_items
@@ -72,18 +71,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"sim exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("sim not ready:\n" + log.read_text()[-3000:])
-            time.sleep(0.05)
+        wait_ready(proc, url, log, 60)
         yield url
     finally:
         try:

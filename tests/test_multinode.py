@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from tests.conftest import ROOT, load_trials, wait_no_orphans
-from tests.faultkit import SLOW_START, Tuner, fault_study, wait_for
+from tests.faultkit import SLOW_START, Tuner, fault_study, wait_for, wait_server_starting
 
 pytestmark = pytest.mark.slow
 
@@ -97,7 +97,7 @@ def test_study_runs_on_two_nodes_at_once_and_survives_losing_one(
             return None
 
         victim = wait_for(second_round_trial_on_doomed_node, 120, "a trial on the doomed node", tuner)
-        time.sleep(0.5)
+        wait_server_starting(victim, tuner)   # the node goes while its server starts
         two_node_cluster.remove_node(worker_node, allow_graceful=False)
         removed = {"trial": int(victim.name), "at": time.time()}
         code = tuner.wait(timeout=300)

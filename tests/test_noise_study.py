@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, needs_chromium, processes_with_env, render_in_chromium, tuner_argv, write_study
+from tests.conftest import ROOT, needs_chromium, render_in_chromium, tuner_argv, wait_no_orphans, write_study
 from tuner.sim.profile import PROFILE_DIR
 
 pytestmark = pytest.mark.slow
@@ -69,10 +69,7 @@ def study(tmp_path_factory: pytest.TempPathFactory):
     print(out.stdout[-6000:], out.stderr[-3000:], f"\nstudy took {time.monotonic() - began:.1f}s")
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     yield {"name": path.stem, "results": results, "root": results / path.stem, "out": out}
-    deadline = time.monotonic() + 5
-    while processes_with_env(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not processes_with_env(marker), "orphan simulator processes"
+    assert not wait_no_orphans(marker, timeout=5), "orphan simulator processes"
 
 
 def test_pareto_json_carries_intervals_and_ties(study: dict) -> None:

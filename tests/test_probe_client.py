@@ -7,19 +7,18 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.routing import Route
 
+from tests.fake_server import serving_app
 from tuner.probe.client import load_probe_items, run_probe
 from tuner.probe.items import build_items
 from tuner.probe.prompts_file import PromptsFileError
@@ -105,24 +104,8 @@ APP = Starlette(
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    config = uvicorn.Config(
-        APP, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
-    )
-    srv = uvicorn.Server(config)
-    thread = threading.Thread(target=srv.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not srv.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("test server did not start")
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{port}"
-    srv.should_exit = True
-    thread.join(timeout=5)
-    sock.close()
+    with serving_app(APP, log_level="warning") as url:
+        yield url
 
 
 @pytest.fixture(autouse=True)

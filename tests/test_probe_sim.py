@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.sim_process import wait_ready
 from tuner.probe.client import load_probe_items, run_probe
 from tuner.probe.correctness import run_correctness
 from tuner.probe.record import Reference
@@ -70,18 +71,7 @@ class SimProc:
             raise
 
     def _wait_ready(self, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"sim exited {self.proc.returncode}:\n"
-                                     f"{self.log_path.read_text(errors='replace')[-3000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=1, trust_env=False).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise AssertionError("sim not ready:\n" + self.log_path.read_text(errors="replace")[-3000:])
+        wait_ready(self.proc, self.url, self.log_path, timeout)
 
     def stop(self) -> None:
         try:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import load_trials, processes_with_env, run_tuner, wait_no_orphans
-from tests.faultkit import SLOW_START, Tuner, fault_study, wait_for
+from tests.conftest import load_trials, run_tuner, wait_no_orphans
+from tests.faultkit import SLOW_START, Tuner, fault_study, wait_server_starting
 from tuner.adapters import proctree
 from tuner.probe.agreement import agreement_line
 
@@ -55,10 +55,7 @@ def probe_study(tmp_path_factory: pytest.TempPathFactory):
     assert set(by_case) == set(CASES), info["trials"]
     yield {"name": name, "results": results, "root": results / name, "status": info,
            "by_case": by_case, "marker": marker, "out": out}
-    deadline = time.monotonic() + 5
-    while processes_with_env(marker) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not processes_with_env(marker), "orphan simulator processes"
+    assert not wait_no_orphans(marker, timeout=5), "orphan simulator processes"
 
 
 def _trial_dir(study: dict, case: int) -> Path:
@@ -200,9 +197,7 @@ def test_ctrl_c_while_recording_stops_its_server_and_resume_records_it(
     pid_file = results / name / "reference" / "server.pid"
     tuner = Tuner(tmp_path, "run", str(study), "--results", str(results))
     try:
-        wait_for(pid_file.exists, 120, "the reference server", tuner)
-        pgid = int(json.loads(pid_file.read_text())["pgid"])
-        time.sleep(0.3)
+        pgid = wait_server_starting(pid_file.parent, tuner)   # Ctrl-C while it starts
         tuner.ctrl_c()
         code = tuner.wait(timeout=60)
     finally:

@@ -10,11 +10,11 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_for
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import StudyPaths
 from tuner.engine import recovery, runfile
@@ -69,7 +69,9 @@ def test_init_and_the_tuners_own_group_are_never_signalled(tmp_path: Path, pgid:
 
 
 def test_the_recorded_process_is_still_found_and_stopped(tmp_path: Path) -> None:
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+    # Lives until stopped (or until this test lets go of its stdin).
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                            start_new_session=True)
     try:
         paths = _pid_file(tmp_path, {"pgid": proc.pid, "argv": [sys.executable, "-c", "..."],
                                      "start_ticks": proctree.start_ticks(proc.pid)})
@@ -84,7 +86,8 @@ def test_the_recorded_process_is_still_found_and_stopped(tmp_path: Path) -> None
 def test_a_legacy_pid_file_with_the_exact_argv_is_still_ours(tmp_path: Path) -> None:
     proc = subprocess.Popen(["sleep", "301"], start_new_session=True)
     try:
-        time.sleep(0.2)
+        # The pid file is written once the child runs `sleep` (until its exec it is a copy of us).
+        wait_for(lambda: proctree.cmdline(proc.pid) == ["sleep", "301"], 10, "the child to exec sleep")
         paths = _pid_file(tmp_path, {"pgid": proc.pid, "argv": ["sleep", "301"]})
         assert recovery.kill_servers_now(paths.pid_files()) == [proc.pid]
         proc.wait(timeout=10)

@@ -13,6 +13,8 @@ import optuna
 import pytest
 
 from tests.conftest import ROOT, processes_with_env, record_fault_row, run_tuner, tuner_argv, write_study
+from tests.faultkit import wait_server_starting
+from tests.waiting import wait_for
 from tuner.adapters import proctree
 
 pytestmark = pytest.mark.slow
@@ -45,18 +47,19 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, orphan_check: list[str]) 
     proc = subprocess.Popen(tuner_argv("run", str(study), "--results", str(results)), cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     trials = results / name / "trials"
-    deadline = time.monotonic() + 300
-    victim_pid_file = None
-    # Kill while the third run trial's server is starting (two trials completed before).
-    while victim_pid_file is None:
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.monotonic() < deadline, "the third trial never started"
-        if len(list(trials.glob("*/outcome.json"))) >= 2:
-            running = list(trials.glob("*/server.pid"))
-            victim_pid_file = running[0] if running else None
-        time.sleep(0.05)
-    time.sleep(0.5)
-    server_pgid = json.loads(victim_pid_file.read_text())["pgid"]
+
+    def third_trial_server() -> Path | None:
+        if len(list(trials.glob("*/outcome.json"))) < 2:
+            return None
+        return next(iter(trials.glob("*/server.pid")), None)
+
+    # Kill while the third run trial's server is starting (two trials completed before),
+    # once it is under way (its EngineCore started).
+    def tuner_exited() -> str | None:
+        return None if proc.poll() is None else f"tuner exited {proc.returncode}:\n{proc.stdout.read()}"
+
+    victim_pid_file = wait_for(third_trial_server, 300, "the third trial's server", unless=tuner_exited)
+    server_pgid = wait_server_starting(victim_pid_file.parent, timeout=60)
     before = completed_runs(storage, name)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=30)
@@ -76,7 +79,10 @@ def test_sigkill_mid_trial_then_resume(tmp_path: Path, orphan_check: list[str]) 
     # A second resume while the first runs must refuse; start the first in the background.
     first = subprocess.Popen(tuner_argv("resume", name, "--results", str(results)), cwd=ROOT,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(1.5)
+    # ... once it holds the study folder (its pid in the folder's lock).
+    lock = results / name / "run.lock"
+    wait_for(lambda: lock.read_text().startswith(f"pid {first.pid} "), 120, "the first resume to take the study",
+             unless=lambda: first.poll() is not None and f"the first resume exited {first.returncode}")
     refused_began = time.monotonic()
     second = run_tuner("resume", name, "--results", str(results), timeout=120)
     refused_after = time.monotonic() - refused_began
@@ -129,9 +135,7 @@ def test_resume_stops_a_server_left_by_a_killed_run(tmp_path: Path, orphan_check
     import socket as socket_mod
     (trial_dir / "server.pid").write_text(json.dumps(
         {"pgid": server.pid, "argv": argv, "host": socket_mod.gethostname(), "port": spec.server.port}))
-    deadline = time.monotonic() + 30
-    while len(proctree.group_members(server.pid)) < 2 and time.monotonic() < deadline:
-        time.sleep(0.1)  # the simulator and its EngineCore child
+    wait_for(lambda: len(proctree.group_members(server.pid)) >= 2, 30, "the simulator and its EngineCore child")
     assert len(proctree.group_members(server.pid)) == 2
     lines: list[str] = []
     stop_leftover_servers(handle.paths, spec.server.stop_timeout, lines.append)
@@ -141,7 +145,8 @@ def test_resume_stops_a_server_left_by_a_killed_run(tmp_path: Path, orphan_check
     assert any("stopped a server left running" in line for line in lines)
 
     # A pid file whose process is no longer ours (pid reused by something else) is left alone.
-    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    other = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                             start_new_session=True)   # lives until the test lets go
     try:
         (trial_dir / "server.pid").write_text(json.dumps(
             {"pgid": other.pid, "argv": argv, "host": socket_mod.gethostname(), "port": 1}))

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from tests.sim_process import free_port
+from tests.sim_process import free_port, wait_ready
 from tuner.engine.measure import format_summary, measure
 from tuner.load.load_spec import WorkloadClass, WorkloadSpec
 from tuner.load.workload import PromptStream, build_plan, shared_prefix_text
@@ -112,14 +112,7 @@ def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
              "--served-model-name", "smol", "--port", str(port)],
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
     try:
-        ready = subprocess.run([sys.executable, "-c", (
-            "import httpx,sys,time\n"
-            "for _ in range(600):\n"
-            "    try:\n"
-            f"        if httpx.get('http://127.0.0.1:{port}/health', timeout=1).status_code == 200: sys.exit(0)\n"
-            "    except httpx.TransportError: time.sleep(0.1)\n"
-            "sys.exit(1)")], timeout=90)
-        assert ready.returncode == 0, log.read_text()[-3000:]
+        wait_ready(proc, f"http://127.0.0.1:{port}", log, 90)
         yield f"http://127.0.0.1:{port}"
     finally:
         os.killpg(proc.pid, signal.SIGKILL)

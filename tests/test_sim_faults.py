@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.sim_process import alive, chat
+from tests.waiting import wait_for
 from tuner.sim.faults import FaultError, parse_faults
 
 
@@ -103,10 +104,7 @@ def test_crash_mid_load_kills_tree_and_startup_faults(start):
     with pytest.raises(httpx.TransportError):
         chat(sim.url, "What is 2 + 3?")
     assert sim.proc.wait(timeout=3) != 0
-    deadline = time.monotonic() + 2
-    while alive(child) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not alive(child)
+    wait_for(lambda: not alive(child), 2, "the EngineCore child to go with its crashed parent")
     oom = start(ready=False, TUNER_SIM_FAULTS=faults({"fault": "oom_at_start"}))
     assert oom.proc.wait(timeout=5) == 1
     assert "is less than desired GPU memory utilization" in oom.log()

@@ -12,6 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
+from tests.waiting import wait_for
 from tuner.errors import StudyError
 from tuner.store import storage_lock
 from tuner.store.handle import make_storage
@@ -118,10 +119,7 @@ def test_the_heartbeat_keeps_the_marker_fresh(tmp_path: Path, monkeypatch: pytes
     lock = _hold(url, tmp_path / "a")
     try:
         first = _marker(url)["heartbeat_unix"]
-        deadline = time.monotonic() + 10
-        while _marker(url)["heartbeat_unix"] == first:
-            assert time.monotonic() < deadline, "no heartbeat"
-            time.sleep(0.1)
+        wait_for(lambda: _marker(url)["heartbeat_unix"] != first, 10, "a heartbeat to refresh the marker")
     finally:
         lock.__exit__(None, None, None)
     assert _marker(url) is None

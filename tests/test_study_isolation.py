@@ -27,6 +27,7 @@ import pytest
 from tests.conftest import (
     failure_reasons,
     free_port_block,
+    host_probes_running,
     load_trials,
     lost_completed,
     run_tuner,
@@ -41,10 +42,10 @@ from tests.faultkit import (
     Tuner,
     fault_study,
     running_trial_dirs,
-    server_pgid_of,
     wait_for,
+    wait_server_starting,
 )
-from tuner.adapters import proctree
+from tuner.adapters import host_probe, proctree
 
 pytestmark = pytest.mark.slow
 
@@ -172,8 +173,7 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_status_says_nothing_runs(
     try:
         victim = wait_for(lambda: [d for d in running_trial_dirs(results, name) if d.name != "0000"], 180,
                           "the second trial", tuner)[0]
-        pgid = server_pgid_of(victim)
-        time.sleep(0.3)
+        pgid = wait_server_starting(victim, tuner)
         sent = time.monotonic()
         os.kill(tuner.proc.pid, signal.SIGTERM)   # as `timeout` and Kubernetes do: the tuner alone
         code = tuner.wait(timeout=60)
@@ -204,12 +204,13 @@ def test_sigterm_stops_a_run_like_ctrl_c_and_status_says_nothing_runs(
 def test_sigterm_before_the_trials_start_is_an_interruption_too(tmp_path: Path) -> None:
     """Stopped during the host check, before Ray or any server: the same exit and line."""
 
-    study, _ = write_study(tmp_path, updates={"load.host_check_s": 30})
+    study, marker = write_study(tmp_path, updates={"load.host_check_s": 30})
     name, results = study.stem, tmp_path / "results"
-    tuner = Tuner(tmp_path, "run", str(study), "--results", str(results))
+    tuner = Tuner(tmp_path, "run", str(study), "--results", str(results), env={"TUNER_TEST_ID": marker})
     try:
         wait_for(lambda: "[host] timing CPU work" in tuner.output, 120, "the host check", tuner)
-        time.sleep(1.0)
+        probes = len(host_probe.default_cpus())
+        wait_for(lambda: host_probes_running(marker, tuner.proc.pid, probes), 60, "the host probes to run", tuner)
         os.kill(tuner.proc.pid, signal.SIGTERM)
         code = tuner.wait(timeout=30)
     finally:

@@ -22,11 +22,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.conftest import ROOT, load_trials, wait_no_orphans
 from tests.faultkit import Tuner, fault_study, trial_dir_of
+from tests.sim_process import wait_ready
 from tuner.load.record_files import read_records_jsonl
 from tuner.load.sse import MAX_LINE_BYTES, SSEError, SSEParser
 
@@ -74,17 +74,7 @@ def simulator(tmp_path: Path, faults: list[dict[str, Any]]) -> Iterator[str]:
             stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"sim exited {proc.returncode}:\n{log.read_text()[-3000:]}")
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "sim not ready:\n" + log.read_text()[-3000:]
-            time.sleep(0.05)
+        wait_ready(proc, url, log, 60)
         yield url
     finally:
         try:
