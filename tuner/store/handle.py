@@ -20,6 +20,7 @@ finished trial updated) are bugs and are raised as they are.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -57,7 +58,7 @@ from tuner.study.study_file import parse_study
 
 __all__ = ["StudyHandle", "create_or_open", "write_new_study", "open_existing", "StudyLock", "make_storage",
            "spec_digest",
-           "RetryPolicy"]
+           "RetryPolicy", "connect_with_backoff"]
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -115,11 +116,11 @@ def _with_backoff(call: Callable[[], _T], policy: RetryPolicy, what: str,
             delay = min(delay * 2, policy.max_delay_s)
 
 
-def unavailable(shown: str, policy: RetryPolicy, cause: BaseException) -> StorageUnavailable:
+def _unavailable(shown: str, policy: RetryPolicy, cause: BaseException) -> StorageUnavailable:
     """What stops the study when the storage stays away (the run exits 3, resumably)."""
 
-    return StorageUnavailable(f"the study storage {shown} failed (waited up to {policy.budget_s:g}s): "
-                              f"{_first_line(cause)}")
+    return StorageUnavailable(f"the study storage {shown} failed: {_first_line(cause)} (a lock or a "
+                              f"connection is waited for up to {policy.budget_s:g}s, TUNER_STORAGE_RETRY_S)")
 
 
 def connect_with_backoff(policy: RetryPolicy, shown: str) -> Callable[..., Any]:
@@ -142,7 +143,7 @@ def _storage_unavailable(policy: RetryPolicy, shown: str) -> Callable[[Any], Sto
     def handle_error(context: Any) -> StorageUnavailable | None:
         if context.is_pre_ping or not isinstance(context.sqlalchemy_exception, sqlalchemy.exc.OperationalError):
             return None   # a dead pooled connection is replaced; anything else is a bug, raised as is
-        return unavailable(shown, policy, context.original_exception)
+        return _unavailable(shown, policy, context.original_exception)
 
     return handle_error
 
@@ -158,7 +159,7 @@ def _sqlite_file(url: str) -> Path | None:
 
 def make_storage(url: str, policy: RetryPolicy | None = None, *,
                  must_exist: bool = False) -> RDBStorage:
-    """The study storage at ``url``, retried as the module doc says.
+    """The study storage at ``url``, waited for as the module doc says.
 
     ``must_exist``: for commands that only read (status, report, export): a SQLite file
     that is not there is an error at once, never created (and never waited for).
@@ -185,16 +186,18 @@ def make_storage(url: str, policy: RetryPolicy | None = None, *,
         # A database server: a pooled connection that died (the server restarted) is
         # replaced before it is used.
         engine_kwargs = {"pool_pre_ping": True}
+    opening = functools.partial(RDBStorage, url, engine_kwargs=engine_kwargs)
     try:
-        # Opening connects and reads before the engine's listeners below are in place.
-        storage = _with_backoff(lambda: RDBStorage(url, engine_kwargs=engine_kwargs), policy,
-                                f"{shown} open", _is_transient)
+        # Opening connects and reads before the engine's listeners below are in place: a
+        # database server is tried again here; for SQLite its busy handler did the waiting.
+        storage = (opening() if sqlite_file is not None
+                   else _with_backoff(opening, policy, f"{shown} open", _is_transient))
     except (sqlalchemy.exc.ArgumentError, ImportError) as exc:
         # An unknown dialect or a driver that is not installed.
         raise SpecError(f"--storage {shown}: cannot be opened ({_first_line(exc)})") from None
     except Exception as exc:
         if _is_transient(exc):
-            raise unavailable(shown, policy, exc.__cause__ or exc) from exc
+            raise _unavailable(shown, policy, exc.__cause__ or exc) from exc
         if isinstance(exc, sqlalchemy.exc.SQLAlchemyError | optuna.exceptions.StorageInternalError | RuntimeError):
             # A file that is no database, a foreign schema, an Optuna schema of another version.
             raise StudyError(f"the study storage {shown} cannot be read as an Optuna storage: "
