@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.errors import SpecError
-from tuner.study.confirmation import RunResult, choose_candidates, judge
+from tuner.study.confirmation import RunResult, choose_candidates, confirmable, judge
 from tuner.study.confirmation_text import blocks_export, confirmation_brief, summary_text
 from tuner.study.pareto import Point
 from tuner.study.study_file import parse_study
@@ -80,6 +80,21 @@ def test_a_rerun_that_is_infeasible_fails_the_point() -> None:
     # Medians come from the feasible re-runs only.
     assert v.objectives[0].reruns == [100]
     assert judge(2, LABELS, DIRS, [100.0, 20.0], [], tolerance=0.1, repeats=1).verdict == "failed"
+
+
+def test_only_a_completed_run_with_every_objective_measured_can_be_confirmed() -> None:
+    levels = {"1": {"tpot_ms.mean": 20.0}, "16": {"output_tok_s": 100.0}}
+    measured = TrialRecord(3, "COMPLETE", "run", {}, values={LABELS[0]: 100.0, LABELS[1]: 20.0},
+                           attrs={"outcome": {"levels": levels}})
+    assert confirmable(measured)
+    assert not confirmable(None)
+    assert not confirmable(TrialRecord(4, "FAIL", "run", {}))
+    # Told the worst values seen (a level never measured): numbers for the sampler, not a result.
+    told_worst = TrialRecord(5, "COMPLETE", "run", {}, values={LABELS[0]: 100.0, LABELS[1]: 20.0},
+                             attrs={"outcome": {"levels": {"1": {"tpot_ms.mean": 20.0}}},
+                                    "placeholder_values": True})
+    assert not confirmable(told_worst)
+    assert not confirmable(TrialRecord(6, "COMPLETE", "duplicate", {}, values=dict(measured.values)))
 
 
 def test_texts_and_export_block_from_the_json_form() -> None:

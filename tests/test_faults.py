@@ -515,21 +515,20 @@ def test_driver_deadline_cancels_into_the_actor_and_stops_the_server(tmp_path: P
 # -- storage retries and recovery, in process --------------------------------------------------
 
 
-def test_storage_retries_through_a_short_lock_and_gives_up_on_a_long_one(tmp_path: Path) -> None:
+def test_storage_waits_through_a_short_lock_and_gives_up_on_a_long_one(tmp_path: Path) -> None:
     import optuna
 
     from tuner.errors import StorageUnavailable
     from tuner.store.handle import RetryPolicy, make_storage
 
     db = tmp_path / "optuna.db"
-    storage = make_storage(f"sqlite:///{db}", RetryPolicy(busy_timeout_s=0.2, budget_s=4, first_delay_s=0.2))
+    storage = make_storage(f"sqlite:///{db}", RetryPolicy(budget_s=4, first_delay_s=0.2))
     study = optuna.create_study(study_name="s", storage=storage)
     locker = hold_lock(db, 1.5)
     try:
         began = time.monotonic()
-        study.set_user_attr("k", 1)  # blocked, retried, then through once the lock is gone
+        study.set_user_attr("k", 1)  # blocked, waited for, then through once the lock is gone
         assert time.monotonic() - began >= 1.0
-        assert storage.retries >= 1
     finally:
         locker.kill()
         locker.wait()
@@ -540,11 +539,48 @@ def test_storage_retries_through_a_short_lock_and_gives_up_on_a_long_one(tmp_pat
         began = time.monotonic()
         with pytest.raises(StorageUnavailable, match="database is locked"):
             study.set_user_attr("k", 2)
-        assert 4.0 <= time.monotonic() - began < 9.0  # the budget, then one last attempt
+        assert 4.0 <= time.monotonic() - began < 9.0  # the budget, then the study stops
     finally:
         locker.kill()
         locker.wait()
     assert optuna.load_study(study_name="s", storage=f"sqlite:///{db}").user_attrs["k"] == 1
+    study.set_user_attr("k", 3)  # the same storage works again once the lock is gone
+    assert study.user_attrs["k"] == 3
+
+
+def test_a_refused_connection_is_tried_again_until_the_budget_is_spent() -> None:
+    """A database server restarting: the engine's connect listener backs off and retries."""
+
+    from tuner.store.handle import RetryPolicy, connect_with_backoff
+
+    class Refused(Exception):
+        pass
+
+    class Dialect:
+        loaded_dbapi = type("dbapi", (), {"OperationalError": Refused})
+
+        def __init__(self, refusals: int) -> None:
+            self.refusals, self.calls = refusals, []
+
+        def connect(self, *cargs: object, **cparams: object) -> str:
+            self.calls.append((cargs, cparams))
+            if len(self.calls) <= self.refusals:
+                raise Refused("connection refused")
+            return "connection"
+
+    policy = RetryPolicy(budget_s=2.0, first_delay_s=0.1, max_delay_s=0.4)
+    back = Dialect(refusals=3)
+    began = time.monotonic()
+    assert connect_with_backoff(policy, "db")(back, None, ("dsn",), {"x": 1}) == "connection"
+    assert back.calls == [(("dsn",), {"x": 1})] * 4
+    assert 0.1 + 0.2 + 0.4 <= time.monotonic() - began < 2.0   # 0.1, 0.2, 0.4: doubling pauses
+
+    gone = Dialect(refusals=1000)
+    began = time.monotonic()
+    with pytest.raises(Refused):
+        connect_with_backoff(policy, "db")(gone, None, (), {})
+    assert 2.0 <= time.monotonic() - began < 3.0
+    assert 5 <= len(gone.calls) <= 9   # 0.1, 0.2, 0.4, 0.4, ... then one at the budget's end
 
 
 @pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")

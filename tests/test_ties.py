@@ -10,7 +10,7 @@ from tuner.study.early_stop import Target, optimistic
 from tuner.study.noise import NoisyPoint, label_noise, level_unstable, noisy_front, pick_ties, unmeasured_level
 from tuner.study.scoring import pareto_payload
 from tuner.study.study_file import parse_study
-from tuner.study.ties import next_runs, pooled, remaining_ties
+from tuner.study.ties import candidates, next_runs, pooled, remaining_ties, ties_record
 from tuner.study.trials import TrialRecord
 from tuner.views.export import noise_notes, render_export
 from tuner.views.status import _unstable_text, _value
@@ -147,6 +147,31 @@ def test_pooled_repeats_separate_or_stay_tied() -> None:
     c = pooled(9, [[8600.0], [8700.0], [8500.0]], [200.0])
     d = pooled(3, [[8650.0], [8550.0], [8620.0]], [200.0])
     assert [t.trials for t in remaining_ties([c, d], ["maximize"], ["x@c32"])] == [(3, 9)]
+
+
+def test_candidates_pool_each_front_point_with_its_feasible_reruns_and_the_record_says_what_was_separated(
+) -> None:
+    records = [_record(4, 8648, 210, 12.0, 0.3), _record(7, 8590, 190, 12.1, 0.3),
+               _record(9, 7000, 100, 12.0, 0.2)]          # 9: dominated beyond noise, no candidate
+    confirmations = {7: {"runs": [{"feasible": True, "values": [8400.0, 12.2]},
+                                  {"feasible": False, "values": [9999.0, 1.0]},   # infeasible: left out
+                                  {"feasible": True, "values": None}]}}         # no values: left out
+    first = candidates(records, {}, DIRS, LABELS)
+    assert [(c.number, c.runs) for c in first] == [(4, 1), (7, 1)]
+    assert first[0].noise == (210.0, 0.3)                  # one run: the trial's own interval
+    ties = remaining_ties(first, DIRS, LABELS)
+    assert [t.trials for t in ties] == [(4, 7)]
+    now = candidates(records, confirmations, DIRS, LABELS)
+    assert [(c.number, c.runs) for c in now] == [(4, 1), (7, 2)]
+    assert now[1].values == pytest.approx((8495.0, 12.15))
+    assert now[1].noise[0] is not None and now[1].noise[0] > 1000   # two runs 190 apart: t with 1 dof
+    record = ties_record(budget=3, spent=1, spent_s=2.5, rounds=[{"trials": [7]}], first=ties,
+                         pooled_now=now, directions=DIRS, labels=LABELS)
+    assert record["spent_runs"] == 1 and record["budget_runs"] == 3 and record["spent_s"] == 2.5
+    # The re-run widened 7's interval: still a tie, nothing separated yet.
+    assert [t["trials"] for t in record["remaining_ties"]] == [[4, 7]] and record["separated"] == []
+    assert record["ties_at_start"] == [t.as_dict() for t in ties]
+    assert record["pooled"]["7"]["runs"] == 2 and record["pooled"]["7"]["values"][LABELS[0]] == 8495.0
 
 
 def test_on_unstable_infeasible_is_a_constraint_flag_is_not() -> None:

@@ -13,17 +13,18 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import optuna
 
-from tuner.adapters.artifacts import atomic_write_json, make_private_dir
+from tuner.adapters.artifacts import StudyPaths, atomic_write_json, make_private_dir
 from tuner.engine.execution import Finished, JobHost, NoWorkersLeft
 from tuner.errors import ArtifactWriteError, StudyError
 from tuner.store.records import read_records
-from tuner.study.confirmation import Confirmation, RunResult, judge, summary_text
+from tuner.study.confirmation import Confirmation, RunResult, confirmable, judge, summary_text
 from tuner.study.outcome import TrialOutcome
-from tuner.study.policy import told_for
+from tuner.study.policy import rerun_result
+from tuner.study.spec import StudySpec
+from tuner.study.trials import TrialRecord
 
 __all__ = ["confirm_trials", "CONFIRM_JOB_BASE"]
 
@@ -44,7 +45,7 @@ class _Pending:
     runs: dict[int, list[RunResult]] = field(default_factory=dict)
 
 
-def _next_rerun(paths: Any, trial: int) -> int:
+def _next_rerun(paths: StudyPaths, trial: int) -> int:
     used = [int(p.name.rsplit("-", 1)[1]) for p in paths.confirm_root.glob(f"{trial:04d}-*")
             if p.is_dir() and p.name.rsplit("-", 1)[1].isdigit()]
     return max(used, default=0) + 1
@@ -100,9 +101,9 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
                 running[job.number] = job
                 host.progress(f"[confirm] trial {job.trial}: re-run {job.folder.name} on group {group}")
             for item in executor.poll(0.5, stop_grace_s=stop_grace):
-                job = running.pop(int(item.request["number"]), None)
-                if job is not None:
-                    finish(job, _run_result(spec, job, item))
+                ended = running.pop(int(item.request["number"]), None)
+                if ended is not None:
+                    finish(ended, _run_result(spec, ended, item))
     except NoWorkersLeft as exc:
         raise StudyError(str(exc)) from exc
     except KeyboardInterrupt:
@@ -112,7 +113,7 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
     return verdicts
 
 
-def _plan(host: JobHost, by_number: dict[int, Any], trials: list[int], repeats: int) -> _Pending:
+def _plan(host: JobHost, by_number: dict[int, TrialRecord], trials: list[int], repeats: int) -> _Pending:
     """One job per re-run of each trial, in new ``confirm/NNNN-K`` folders.
 
     Raises:
@@ -123,7 +124,7 @@ def _plan(host: JobHost, by_number: dict[int, Any], trials: list[int], repeats: 
     counter = CONFIRM_JOB_BASE
     for trial in trials:
         record = by_number.get(trial)
-        if record is None or not record.values or record.measured_values() != record.values:
+        if not confirmable(record):
             raise StudyError(f"trial {trial} is not a completed trial of study {host.name}; "
                              "only measured trials can be confirmed")
         first = _next_rerun(host.paths, trial)
@@ -134,7 +135,7 @@ def _plan(host: JobHost, by_number: dict[int, Any], trials: list[int], repeats: 
     return pending
 
 
-def _verdict(host: JobHost, record: Any, every: list[RunResult], *, tolerance: float) -> Confirmation:
+def _verdict(host: JobHost, record: TrialRecord, every: list[RunResult], *, tolerance: float) -> Confirmation:
     """The verdict on ``record`` from all its re-runs, written to confirm/NNNN.json and told."""
 
     spec, trial = host.spec, record.number
@@ -151,15 +152,9 @@ def _verdict(host: JobHost, record: Any, every: list[RunResult], *, tolerance: f
     return verdict
 
 
-def _run_result(spec: Any, job: _Job, item: Finished) -> RunResult:
-    """A finished re-run, told by the study's own rule (policy.told_for)."""
+def _run_result(spec: StudySpec, job: _Job, item: Finished) -> RunResult:
+    """A finished re-run, told by the study's own rule (``policy.rerun_result``)."""
 
     if item.result is None:
         return RunResult(folder=job.folder.name, outcome=f"failed:{item.error}", message=item.message)
-    outcome = TrialOutcome.model_validate(item.result)
-    told = told_for(spec, outcome, lambda: None)
-    word = told.verdict
-    failure = (told.attrs.get("failure") or {}).get("message")
-    message = outcome.message or failure or outcome.probe_reason if word != "feasible" else None
-    return RunResult(folder=job.folder.name, values=told.values, feasible=word == "feasible",
-                     outcome=word, message=message, trial_s=outcome.trial_s)
+    return rerun_result(spec, job.folder.name, TrialOutcome.model_validate(item.result))

@@ -43,7 +43,7 @@ from tuner.probe.record import Reference
 from tuner.secrets import Redactor, known_values
 from tuner.store.handle import StudyHandle, check_storage_covers_folder, make_storage
 from tuner.store.records import RecordReader, to_record
-from tuner.study import policy, space
+from tuner.study import policy, space, stopping
 from tuner.study.confirmation import choose_candidates, confirmation_brief, reserve_seconds
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def restore_signals(previous: dict[int, Any]) -> None:
+def restore_signals(previous: dict[signal.Signals, Any]) -> None:
     for sig, handler in previous.items():
         signal.signal(sig, handler)
 
@@ -151,7 +151,7 @@ class StudyLoop:
                 done_runs = policy.finished_runs(self.records(study))
                 in_flight = len(self.executor.running())
                 self._check_time(elapsed)
-                can_start = self.stop_reason is None and done_runs + in_flight < self.n_trials
+                can_start = stopping.may_start(self.stop_reason, done_runs, in_flight, self.n_trials)
                 while can_start and self.executor.idle_groups():
                     if self.start_next(study, rejected_in_a_row) is None:
                         rejected_in_a_row += 1
@@ -162,7 +162,7 @@ class StudyLoop:
                         continue
                     rejected_in_a_row = 0
                     in_flight += 1
-                    can_start = done_runs + in_flight < self.n_trials
+                    can_start = stopping.may_start(self.stop_reason, done_runs, in_flight, self.n_trials)
                 if not self.executor.running():
                     if not (can_start and self.executor.pending_groups()):
                         self.stop_reason = self.stop_reason or "budget"
@@ -189,16 +189,9 @@ class StudyLoop:
             raise StudyError(str(exc)) from exc
 
     def _check_time(self, elapsed: float) -> None:
-        out_of_time = self.timeout_s is not None and elapsed >= self.timeout_s - self.confirm_reserve_s
-        if not out_of_time or self.stop_reason is not None:
-            return
-        self.stop_reason = "timeout"
-        if self.confirm_reserve_s and self.timeout_s is not None and elapsed < self.timeout_s:
-            self.progress(f"[budget] no new trials after {elapsed:.0f}s: the last "
-                          f"{self.confirm_reserve_s:.0f}s of the wall-clock limit are kept for "
-                          "the confirmation re-runs; finishing running trials")
-        else:
-            self.progress(f"[budget] wall-clock limit reached after {elapsed:.0f}s; finishing running trials")
+        if self.stop_reason is None and stopping.out_of_time(elapsed, self.timeout_s, self.confirm_reserve_s):
+            self.stop_reason = "timeout"
+            self.progress(stopping.out_of_time_line(elapsed, self.timeout_s, self.confirm_reserve_s))
 
     def cancel_running(self, study: optuna.Study) -> None:
         for item in self.executor.cancel_all(wait_s=self.spec.server.stop_timeout + 30):
@@ -438,12 +431,12 @@ class Orchestrator(StudyLoop):
         try:
             if self.prepare_reference():
                 self._loop_until_stopped(study, prior_elapsed)
-                elapsed = prior_elapsed + time.monotonic() - began
-                if self.stop_reason in ("budget", "exhausted") or (
-                        self.stop_reason == "timeout" and self.timeout_s is not None and elapsed < self.timeout_s):
+                after = stopping.after_trials(self.stop_reason, prior_elapsed + time.monotonic() - began,
+                                              self.timeout_s, self.spec.confirm.candidates)
+                if after == "confirm":
                     self.confirm_front(study)
                     separate_ties(self.job_host(), study)
-                elif self.stop_reason == "timeout" and self.spec.confirm.candidates > 0:
+                elif after == "skip":
                     self.progress(f"[confirm] skipped: the wall-clock limit is reached; run "
                                   f"`tuner confirm {self.handle.name}` to re-run the front")
         except StorageUnavailable as exc:
@@ -477,11 +470,11 @@ class Orchestrator(StudyLoop):
             f"were stopped. When the storage is back, continue with `tuner resume {self.handle.name}`."
         )
 
-    def catch_stop_signals(self) -> dict[int, Any]:
+    def catch_stop_signals(self) -> dict[signal.Signals, Any]:
         """Ctrl-C and SIGTERM (`timeout`, systemd, Kubernetes) stop this run (``on_sigint``)
         from now on; the handlers they replace, for ``restore_signals``."""
 
-        previous = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
+        previous: dict[signal.Signals, Any] = {sig: signal.getsignal(sig) for sig in STOP_SIGNALS}
         for sig in STOP_SIGNALS:
             signal.signal(sig, self.on_sigint)
         return previous
@@ -513,7 +506,7 @@ class Orchestrator(StudyLoop):
         failed ``interrupted``. Stop signals are ignored meanwhile: this must not be cut short."""
 
         self.stop_reason = "interrupted"
-        previous = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
+        previous: dict[signal.Signals, Any] = {sig: signal.signal(sig, signal.SIG_IGN) for sig in STOP_SIGNALS}
         try:
             how = "SIGTERM" if self.stopped_by == "SIGTERM" else "Ctrl-C"
             items = self.executor.kill_now("interrupted", f"stopped at once by a second {how}")

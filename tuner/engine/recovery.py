@@ -63,9 +63,10 @@ def _ours(record: dict[str, Any]) -> int | None:
 
 def _read(pid_file: Path) -> dict[str, Any] | None:
     try:
-        return json.loads(pid_file.read_text())
+        record = json.loads(pid_file.read_text())
     except (OSError, ValueError):
         return None
+    return record if isinstance(record, dict) else None
 
 
 def _kill_escaped(record: dict[str, Any]) -> None:

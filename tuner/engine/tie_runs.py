@@ -18,9 +18,7 @@ from tuner.adapters.artifacts import atomic_write_json
 from tuner.engine.confirming import confirm_trials
 from tuner.errors import ArtifactWriteError
 from tuner.store.records import read_records
-from tuner.study.noise import noisy_front
-from tuner.study.ties import Pooled, next_runs, pooled, remaining_ties
-from tuner.study.trials import noisy_points
+from tuner.study.ties import Pooled, candidates, next_runs, remaining_ties, ties_record
 
 if TYPE_CHECKING:
     from tuner.engine.execution import JobHost
@@ -33,21 +31,10 @@ def _objectives(host: JobHost) -> tuple[list[str], list[str]]:
 
 
 def _candidates(host: JobHost, study: optuna.Study) -> list[Pooled]:
-    """The noisy front's points, pooled with their re-runs so far."""
+    """The noisy front's points, pooled with their re-runs so far (tuner.study.ties)."""
+
     labels, directions = _objectives(host)
-    records = {r.number: r for r in read_records(study)}
-    points = noisy_points(list(records.values()), labels)
-    near, _ = noisy_front(points, directions, labels)
-    confirmations = host.paths.confirmations()
-    out = []
-    for number in near:
-        record = records[number]
-        samples = [[record.values[l] for l in labels]]
-        for run in (confirmations.get(number) or {}).get("runs") or []:
-            if run.get("feasible") and run.get("values") is not None:
-                samples.append([float(v) for v in run["values"]])
-        out.append(pooled(number, samples, list(record.noise(labels).values())))
-    return out
+    return candidates(read_records(study), host.paths.confirmations(), directions, labels)
 
 
 def separate_ties(host: JobHost, study: optuna.Study) -> dict[str, Any] | None:
@@ -62,11 +49,11 @@ def separate_ties(host: JobHost, study: optuna.Study) -> dict[str, Any] | None:
     spent = 0
     first = remaining_ties(_candidates(host, study), directions, labels)
     while spent < cfg.tie_runs and not host.interrupted():
-        candidates = _candidates(host, study)
-        ties = remaining_ties(candidates, directions, labels)
+        pooled_now = _candidates(host, study)
+        ties = remaining_ties(pooled_now, directions, labels)
         if not ties:
             break
-        runs = {c.number: c.runs for c in candidates}
+        runs = {c.number: c.runs for c in pooled_now}
         todo = next_runs(ties, runs, cfg.tie_runs - spent)
         host.progress(f"[ties] {len(ties)} tie(s) within noise; re-running trial(s) {todo} "
                       f"({spent + len(todo)} of {cfg.tie_runs} runs)")
@@ -75,34 +62,17 @@ def separate_ties(host: JobHost, study: optuna.Study) -> dict[str, Any] | None:
         spent += len(todo)
         rounds.append({"trials": todo, "ties_before": [t.as_dict() for t in ties],
                        "finished": [v.trial for v in verdicts]})
-        _write(host, _record(cfg.tie_runs, spent, began, rounds, first,
-                             _candidates(host, study), directions, labels))
-    record = _record(cfg.tie_runs, spent, began, rounds, first, _candidates(host, study),
-                     directions, labels)
+        _write(host, ties_record(budget=cfg.tie_runs, spent=spent, spent_s=time.monotonic() - began,
+                                 rounds=rounds, first=first, pooled_now=_candidates(host, study),
+                                 directions=directions, labels=labels))
+    record = ties_record(budget=cfg.tie_runs, spent=spent, spent_s=time.monotonic() - began, rounds=rounds,
+                         first=first, pooled_now=_candidates(host, study), directions=directions, labels=labels)
     _write(host, record)
     left = record["remaining_ties"]
     host.progress(f"[ties] {spent} extra run(s) spent; "
                   + (f"{len(left)} tie(s) remain: " + "; ".join(t["text"] for t in left)
                      if left else "no tie remains"))
     return record
-
-
-def _record(budget: int, spent: int, began: float, rounds: list[dict[str, Any]],
-            first: list[Any], candidates: list[Pooled], directions: list[str],
-            labels: list[str]) -> dict[str, Any]:
-    left = remaining_ties(candidates, directions, labels)
-    left_pairs = {t.trials for t in left}
-    return {
-        "budget_runs": budget,
-        "spent_runs": spent,
-        "spent_s": time.monotonic() - began,
-        "rounds": rounds,
-        "ties_at_start": [t.as_dict() for t in first],
-        "separated": [t.as_dict() for t in first if t.trials not in left_pairs],
-        "remaining_ties": [t.as_dict() for t in left],
-        "pooled": {str(c.number): {"runs": c.runs, "values": dict(zip(labels, c.values)),
-                                   "noise": dict(zip(labels, c.noise))} for c in candidates},
-    }
 
 
 def _write(host: JobHost, record: dict[str, Any]) -> None:

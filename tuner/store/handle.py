@@ -5,13 +5,16 @@ spec, metadata and per-trial files, plus an Optuna storage (a SQLite file in the
 unless another URL is given). The lock file keeps two tuner processes from driving the
 same study at once; the kernel drops it when the process dies, even by SIGKILL.
 
-The storage retries what is worth retrying: a SQLite database locked by another process
-(``tuner status``, a backup, a second writer), a database server restarting. Those come
-out of SQLAlchemy as ``OperationalError`` (Optuna wraps errors raised inside its sessions
-in ``StorageInternalError`` with the original as ``__cause__``); each call is retried with
-exponential backoff until ``RetryPolicy.budget_s`` is spent, then ``StorageUnavailable``
-stops the study resumably. Other errors (bad data, a finished trial updated) are bugs and
-are raised at once.
+The storage waits out what is worth waiting for through the hooks SQLAlchemy and the
+database have for it, never by overriding Optuna's storage (``make_storage``): a SQLite
+file locked by another process (``tuner status``, a backup, a second writer) is waited for
+by SQLite's own busy handler; a database server restarting, by replacing dead pooled
+connections before use (``pool_pre_ping``) and trying a refused connection again with
+exponential backoff (the engine's ``do_connect`` event). Each wait lasts up to
+``RetryPolicy.budget_s``; what still fails with ``OperationalError`` after it (and a
+connection lost in the middle of a call) becomes ``StorageUnavailable`` (the engine's
+``handle_error`` event), which stops the study resumably. Other errors (bad data, a
+finished trial updated) are bugs and are raised as they are.
 """
 
 from __future__ import annotations
@@ -24,7 +27,6 @@ import logging
 import os
 import platform
 import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import optuna
+import sqlalchemy.event
 import sqlalchemy.exc
 import yaml
 from optuna.storages import RDBStorage
@@ -55,7 +58,7 @@ from tuner.study.study_file import parse_study
 
 __all__ = ["StudyHandle", "create_or_open", "write_new_study", "open_existing", "StudyLock", "make_storage",
            "spec_digest",
-           "RetryPolicy", "RetryingRDBStorage", "is_transient_storage_error"]
+           "RetryPolicy", "connect_with_backoff"]
 
 logger = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -71,102 +74,78 @@ def spec_digest(spec: StudySpec) -> str:
 
 @dataclass(frozen=True)
 class RetryPolicy:
-    busy_timeout_s: float = 10.0  # SQLite waits this long for a lock within one attempt
-    budget_s: float = 120.0       # retry one call for this long, then one last attempt
-    first_delay_s: float = 0.5    # backoff: doubles after every failed attempt ...
+    budget_s: float = 120.0       # how long one storage call waits for the storage
+    first_delay_s: float = 0.5    # between connection attempts: doubles after every failed one ...
     max_delay_s: float = 15.0     # ... up to this
 
     @classmethod
     def from_env(cls) -> RetryPolicy:
-        """Defaults, or ``TUNER_STORAGE_RETRY_S`` seconds of retrying (e.g. for a flaky NFS)."""
+        """Defaults, or ``TUNER_STORAGE_RETRY_S`` seconds of waiting (e.g. for a flaky NFS)."""
 
         raw = os.environ.get("TUNER_STORAGE_RETRY_S")
-        if not raw:
-            return cls()
-        budget = float(raw)
-        return cls(busy_timeout_s=min(cls.busy_timeout_s, max(0.1, budget / 4)), budget_s=budget)
+        return cls(budget_s=float(raw)) if raw else cls()
 
 
-def is_transient_storage_error(exc: BaseException) -> bool:
-    """A lock, a busy database or a lost connection: worth another attempt."""
+def _is_transient(exc: BaseException) -> bool:
+    """A lock, a busy database or a lost connection, as SQLAlchemy raises it (Optuna wraps
+    errors inside its sessions in ``StorageInternalError``, the original as ``__cause__``)."""
 
-    transient = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.DisconnectionError,
-                 sqlalchemy.exc.TimeoutError)
+    transient = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.DisconnectionError)
     if isinstance(exc, transient):
         return True
     return isinstance(exc, optuna.exceptions.StorageInternalError) and isinstance(exc.__cause__, transient)
 
 
-class RetryingRDBStorage(RDBStorage):
-    """Optuna's RDBStorage whose calls are retried on transient errors (see the module doc)."""
+def _with_backoff(call: Callable[[], _T], policy: RetryPolicy, what: str,
+                  transient: Callable[[BaseException], bool]) -> _T:
+    """``call``, again after a pause that doubles while it fails ``transient``ly, until
+    ``policy.budget_s`` is spent; then its last error."""
 
-    def __init__(self, url: str, *, policy: RetryPolicy, engine_kwargs: dict[str, Any] | None = None) -> None:
-        self.policy = policy
-        self.retries = 0  # attempts that failed and were retried (for logs and tests)
-        self._depth = threading.local()  # only the outermost call retries
-        self._redacted = redact_url(url)
-        self._retrying(functools.partial(RDBStorage.__init__, self, url, engine_kwargs=engine_kwargs),
-                       "open")
-
-    def _retrying(self, call: Callable[[], _T], what: str) -> _T:
-        depth = getattr(self._depth, "n", 0)
-        if depth:
-            return call()
-        self._depth.n = 1
+    began = time.monotonic()
+    delay = policy.first_delay_s
+    while True:
         try:
-            began = time.monotonic()
-            delay = self.policy.first_delay_s
-            attempts = 0
-            while True:
-                attempts += 1
-                try:
-                    return call()
-                except Exception as exc:
-                    if not is_transient_storage_error(exc):
-                        raise
-                    spent = time.monotonic() - began
-                    if spent >= self.policy.budget_s:
-                        cause = exc.__cause__ if exc.__cause__ is not None else exc
-                        raise StorageUnavailable(
-                            f"the study storage {self._redacted} failed {attempts} time(s) over "
-                            f"{spent:.0f}s ({what}): {type(cause).__name__}: {str(cause).splitlines()[0]}"
-                        ) from exc
-                    self.retries += 1
-                    # The last wait is cut to the budget, so a final attempt comes at its end.
-                    wait = min(delay, self.policy.budget_s - spent)
-                    logger.warning("storage %s failed (%s); retrying in %.1fs", what,
-                                   type(exc.__cause__ or exc).__name__, wait)
-                    time.sleep(wait)
-                    delay = min(delay * 2, self.policy.max_delay_s)
-        finally:
-            self._depth.n = 0
+            return call()
+        except Exception as exc:
+            spent = time.monotonic() - began
+            if not transient(exc) or spent >= policy.budget_s:
+                raise
+            wait = min(delay, policy.budget_s - spent)
+            logger.warning("storage %s failed (%s); retrying in %.1fs", what, _first_line(exc), wait)
+            time.sleep(wait)
+            delay = min(delay * 2, policy.max_delay_s)
 
 
-def _retried(name: str) -> Callable[..., Any]:
-    method = getattr(RDBStorage, name)
+def _unavailable(shown: str, policy: RetryPolicy, cause: BaseException) -> StorageUnavailable:
+    """What stops the study when the storage stays away (the run exits 3, resumably)."""
 
-    @functools.wraps(method)
-    def wrapper(self: RetryingRDBStorage, *args: Any, **kwargs: Any) -> Any:
-        return self._retrying(functools.partial(method, self, *args, **kwargs), name)
-
-    return wrapper
+    return StorageUnavailable(f"the study storage {shown} failed: {_first_line(cause)} (a lock or a "
+                              f"connection is waited for up to {policy.budget_s:g}s, TUNER_STORAGE_RETRY_S)")
 
 
-# Every call that touches the database: Optuna's public storage API plus the private ones
-# its cache layer (_CachedStorage) calls on the backend.
-for _name in (
-    "create_new_study", "delete_study", "set_study_user_attr", "set_study_system_attr",
-    "get_study_id_from_name", "get_study_name_from_id", "get_study_directions",
-    "get_study_user_attrs", "get_study_system_attrs", "get_all_studies", "create_new_trial",
-    "_create_new_trial", "set_trial_param", "_set_trial_param", "get_trial_id_from_study_id_trial_number",
-    "set_trial_state_values", "set_trial_intermediate_value", "set_trial_user_attr",
-    "set_trial_system_attr", "get_trial", "get_all_trials", "_get_trials", "get_n_trials",
-    "_get_best_trial_id", "get_best_trial", "get_trial_param", "get_trial_params",
-    "get_trial_user_attrs", "get_trial_system_attrs", "get_trial_number_from_id",
-    "check_trial_is_updatable", "record_heartbeat", "_get_stale_trial_ids",
-):
-    if hasattr(RDBStorage, _name):
-        setattr(RetryingRDBStorage, _name, _retried(_name))
+def connect_with_backoff(policy: RetryPolicy, shown: str) -> Callable[..., Any]:
+    """The engine's ``do_connect`` listener: a connection the database refuses (a server
+    restarting) is tried again with backoff until the budget is spent."""
+
+    def do_connect(dialect: Any, conn_rec: Any, cargs: Any, cparams: Any) -> Any:
+        refused = dialect.loaded_dbapi.OperationalError
+        return _with_backoff(lambda: dialect.connect(*cargs, **cparams), policy, f"{shown} connect",
+                             lambda exc: isinstance(exc, refused))
+
+    return do_connect
+
+
+def _storage_unavailable(policy: RetryPolicy, shown: str) -> Callable[[Any], StorageUnavailable | None]:
+    """The engine's ``handle_error`` listener: what still fails as ``OperationalError``
+    after the waits (a lock held past the busy timeout, a connection lost mid-call, a full
+    disk) stops the study resumably; SQLAlchemy raises the returned error instead."""
+
+    def handle_error(context: Any) -> StorageUnavailable | None:
+        if context.is_pre_ping or not isinstance(context.sqlalchemy_exception, sqlalchemy.exc.OperationalError):
+            return None   # a dead pooled connection is replaced; anything else is a bug, raised as is
+        return _unavailable(shown, policy, context.original_exception)
+
+    return handle_error
 
 
 def _sqlite_file(url: str) -> Path | None:
@@ -179,8 +158,8 @@ def _sqlite_file(url: str) -> Path | None:
 
 
 def make_storage(url: str, policy: RetryPolicy | None = None, *,
-                 must_exist: bool = False) -> optuna.storages.BaseStorage:
-    """The study storage at ``url``, retried as the module doc says.
+                 must_exist: bool = False) -> RDBStorage:
+    """The study storage at ``url``, waited for as the module doc says.
 
     ``must_exist``: for commands that only read (status, report, export): a SQLite file
     that is not there is an error at once, never created (and never waited for).
@@ -199,21 +178,35 @@ def make_storage(url: str, policy: RetryPolicy | None = None, *,
                         "e.g. sqlite:///path/optuna.db or postgresql://user@host/db") from None
     if must_exist and sqlite_file is not None and not sqlite_file.is_file():
         raise StudyError(f"the study storage {shown} does not exist ({sqlite_file} is missing)")
+    if sqlite_file is not None:
+        # SQLite's own busy handler waits out a lock (lets `tuner status` read while the study
+        # writes, a backup copy the file): sqlite3's timeout is the budget.
+        engine_kwargs: dict[str, Any] = {"connect_args": {"timeout": policy.budget_s}}
+    else:
+        # A database server: a pooled connection that died (the server restarted) is
+        # replaced before it is used.
+        engine_kwargs = {"pool_pre_ping": True}
+    opening = functools.partial(RDBStorage, url, engine_kwargs=engine_kwargs)
     try:
-        if sqlite_file is not None:
-            # SQLite's own busy wait is the first line (lets `tuner status` read while the
-            # study writes); the retries above are the second.
-            return RetryingRDBStorage(url, policy=policy,
-                                      engine_kwargs={"connect_args": {"timeout": policy.busy_timeout_s}})
-        return RetryingRDBStorage(url, policy=policy)
+        # Opening connects and reads before the engine's listeners below are in place: a
+        # database server is tried again here; for SQLite its busy handler did the waiting.
+        storage = (opening() if sqlite_file is not None
+                   else _with_backoff(opening, policy, f"{shown} open", _is_transient))
     except (sqlalchemy.exc.ArgumentError, ImportError) as exc:
         # An unknown dialect or a driver that is not installed.
         raise SpecError(f"--storage {shown}: cannot be opened ({_first_line(exc)})") from None
-    except (sqlalchemy.exc.SQLAlchemyError, optuna.exceptions.StorageInternalError, RuntimeError) as exc:
-        # Not transient (those were retried): a file that is no database, a foreign schema,
-        # an Optuna schema of another version.
-        raise StudyError(f"the study storage {shown} cannot be read as an Optuna storage: "
-                         f"{_first_line(exc)}") from None
+    except Exception as exc:
+        if _is_transient(exc):
+            raise _unavailable(shown, policy, exc.__cause__ or exc) from exc
+        if isinstance(exc, sqlalchemy.exc.SQLAlchemyError | optuna.exceptions.StorageInternalError | RuntimeError):
+            # A file that is no database, a foreign schema, an Optuna schema of another version.
+            raise StudyError(f"the study storage {shown} cannot be read as an Optuna storage: "
+                             f"{_first_line(exc)}") from None
+        raise
+    if sqlite_file is None:
+        sqlalchemy.event.listen(storage.engine, "do_connect", connect_with_backoff(policy, shown))
+    sqlalchemy.event.listen(storage.engine, "handle_error", _storage_unavailable(policy, shown))
+    return storage
 
 
 def _first_line(exc: BaseException) -> str:

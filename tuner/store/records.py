@@ -225,8 +225,9 @@ def read_sqlite_study(db_path: Path, study_name: str) -> StoredStudy | None:
     import sqlite3
 
     try:
-        # mode=rw: never create a database that is not there. The busy timeout is the
-        # storage's own (tuner.store.handle.RetryPolicy), for reading while a study writes.
+        # mode=rw: never create a database that is not there. The busy timeout lets this
+        # read while a study writes; past it, the caller reads through Optuna, which waits
+        # the storage's whole budget (tuner.store.handle.RetryPolicy).
         conn = sqlite3.connect(f"{Path(db_path).resolve().as_uri()}?mode=rw", uri=True, timeout=10.0)
     except sqlite3.Error:
         return None

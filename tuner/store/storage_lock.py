@@ -50,10 +50,10 @@ MARKER = "tuner:run"     # the study's system attribute that names the run holdi
 HEARTBEAT_S = 30.0       # how often a run refreshes its marker
 STALE_S = 300.0          # a marker from another host this old is a dead run's (> the storage retries)
 CONFIRM_S = 0.3          # written, then read back after this: a run that wrote at the same instant loses
-# A heartbeat and the release make one short attempt: a missed beat costs nothing, and a
+# A heartbeat and the release wait a second at most: a missed beat costs nothing, and a
 # release must not hold up a run that is stopping because its storage is gone (the marker
-# is then taken over as a dead run's). Taking the lock retries like any storage call.
-_ONE_TRY = RetryPolicy(busy_timeout_s=1.0, budget_s=0.0)
+# is then taken over as a dead run's). Taking the lock waits like any storage call.
+_ONE_TRY = RetryPolicy(budget_s=1.0)
 
 
 class StorageLock:

@@ -23,12 +23,20 @@ from pydantic import BaseModel, ConfigDict
 from tuner.study.confirmation_text import blocks_export, confirmation_brief, summary_text
 from tuner.study.confirmation_text import pct as _pct
 from tuner.study.pareto import Point, knee_point, pareto_front
+from tuner.study.trials import TrialRecord
 
 __all__ = ["RunResult", "ObjectiveCheck", "Confirmation", "choose_candidates", "judge", "Verdict",
            "reserve_seconds",
            "blocks_export", "summary_text", "confirmation_brief"]
 
 Verdict = Literal["reproduced", "not_reproducible", "failed"]
+
+
+def confirmable(record: TrialRecord | None) -> bool:
+    """Whether a trial can be re-run to confirm it: a completed run whose every objective
+    was measured (not told a bound or the worst values seen)."""
+
+    return record is not None and bool(record.values) and record.measured_values() == record.values
 
 
 class RunResult(BaseModel):

@@ -52,6 +52,7 @@ from typing import Any
 
 from tuner.load.load_spec import rate_level_name
 from tuner.study import early_stop, space, sweep_guard
+from tuner.study.confirmation import RunResult
 from tuner.study.objectives import MAX_RATE
 from tuner.study.outcome import TrialOutcome
 from tuner.study.pareto import Point, pareto_front
@@ -330,6 +331,18 @@ def told_for(spec: StudySpec, outcome: TrialOutcome, worst: Callable[[], list[fl
         return Told("no_measurement", None, missing=missing, attrs={"failure": {
             "reason": "no_measurement", "message": f"no value for {', '.join(missing)}", "phase": "load"}})
     return Told("measured", [float(v) for v in measured if v is not None], constraints(spec, outcome))
+
+
+def rerun_result(spec: StudySpec, folder: str, outcome: TrialOutcome) -> RunResult:
+    """A confirmation re-run (in ``confirm/<folder>``) as the study would have told it
+    (``told_for``): its values, whether it is feasible, and why not."""
+
+    told = told_for(spec, outcome, lambda: None)
+    word = told.verdict
+    failure = (told.attrs.get("failure") or {}).get("message")
+    message = outcome.message or failure or outcome.probe_reason if word != "feasible" else None
+    return RunResult(folder=folder, values=told.values, feasible=word == "feasible",
+                     outcome=word, message=message, trial_s=outcome.trial_s)
 
 
 def _failed_levels(spec: StudySpec, outcome: TrialOutcome, objectives: Sequence[Any]) -> list[str]:

@@ -7,6 +7,7 @@ policy's (``tuner.study.policy.told_for``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from tuner.load.load_spec import rate_level_name
@@ -182,7 +183,7 @@ def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
 
 
 def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
-                   directions: list[str], *, now: float) -> dict[str, Any]:
+                   directions: Sequence[str], *, now: float) -> dict[str, Any]:
     """pareto.json: the study's front with each point's command, gain over the baseline, each
     value's 95 % interval (``noise``) and sample count, the unstable flag, and the ties noise
     leaves (tuner.study.noise); ``now``: when it was written, unix seconds."""

@@ -18,11 +18,13 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from tuner.load.uncertainty import mean_ci
 from tuner.study.noise import NoisyPoint, Tie, noisy_front
+from tuner.study.trials import TrialRecord, noisy_points
 
-__all__ = ["Pooled", "next_runs", "pooled", "remaining_ties"]
+__all__ = ["Pooled", "candidates", "next_runs", "pooled", "remaining_ties", "ties_record"]
 
 
 @dataclass(frozen=True)
@@ -63,3 +65,42 @@ def next_runs(ties: Sequence[Tie], runs: Mapping[int, int], budget: int) -> list
     (then lowest number), each once."""
     members = sorted({n for t in ties for n in t.trials}, key=lambda n: (runs.get(n, 1), n))
     return members[:max(0, budget)]
+
+
+def candidates(records: Sequence[TrialRecord], confirmations: Mapping[int, Mapping[str, Any]],
+               directions: Sequence[str], labels: Sequence[str]) -> list[Pooled]:
+    """The noisy front's points, each pooled with its feasible re-runs so far
+    (``confirmations``: the verdicts in ``confirm/``, by trial)."""
+
+    by_number = {r.number: r for r in records}
+    near, _ = noisy_front(noisy_points(list(records), list(labels)), directions, labels)
+    out = []
+    for number in near:
+        record = by_number[number]
+        samples = [[record.values[label] for label in labels]]
+        for run in (confirmations.get(number) or {}).get("runs") or []:
+            if run.get("feasible") and run.get("values") is not None:
+                samples.append([float(v) for v in run["values"]])
+        out.append(pooled(number, samples, list(record.noise(list(labels)).values())))
+    return out
+
+
+def ties_record(*, budget: int, spent: int, spent_s: float, rounds: Sequence[Mapping[str, Any]],
+                first: Sequence[Tie], pooled_now: Sequence[Pooled], directions: Sequence[str],
+                labels: Sequence[str]) -> dict[str, Any]:
+    """What ``confirm/ties.json`` says: the runs spent, the ties at the start, those the
+    re-runs separated and those left, and every candidate's pooled estimate."""
+
+    left = remaining_ties(pooled_now, directions, labels)
+    left_pairs = {t.trials for t in left}
+    return {
+        "budget_runs": budget,
+        "spent_runs": spent,
+        "spent_s": spent_s,
+        "rounds": list(rounds),
+        "ties_at_start": [t.as_dict() for t in first],
+        "separated": [t.as_dict() for t in first if t.trials not in left_pairs],
+        "remaining_ties": [t.as_dict() for t in left],
+        "pooled": {str(c.number): {"runs": c.runs, "values": dict(zip(labels, c.values, strict=True)),
+                                   "noise": dict(zip(labels, c.noise, strict=True))} for c in pooled_now},
+    }
