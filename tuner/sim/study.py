@@ -21,6 +21,7 @@ import optuna
 from tuner.engine.orchestrator import StudyLoop
 from tuner.sim.executor import EarlyStopPolicy, SimExecutor, TrialLog
 from tuner.sim.ground_truth import GroundTruth
+from tuner.sim.truth import StartupVerdict
 from tuner.store.records import read_records
 from tuner.study import early_stop
 from tuner.study.spec import StudySpec
@@ -96,7 +97,7 @@ def run_study(spec: StudySpec, truth: GroundTruth, sampler_factory: SamplerFacto
               seed: int, noise: float = 0.0, workers: int = 1, policy: EarlyStopPolicy | None = None,
               grid: bool = False, initial: Sequence[dict[str, Any]] = (),
               stop_at_full: bool = False,
-              verdict: Callable[[dict[str, Any]], float | None] | None = None,
+              verdict: Callable[[dict[str, Any]], StartupVerdict | None] | None = None,
               compile_cache: bool = False) -> StudyRun:
     """One simulated study of at most ``n_trials`` runs.
 
@@ -104,8 +105,8 @@ def run_study(spec: StudySpec, truth: GroundTruth, sampler_factory: SamplerFacto
     (every point once, shuffled by ``seed``); ``initial``: points enqueued after the
     baseline (an initial design); ``stop_at_full``: stop once the evaluated points cover the
     whole true front. ``policy``: the worker's early stop (None: never);
-    ``verdict(values)``: seconds into a trial when its log shows a knob not applied
-    (``Evaluator.verdict_s``), used by ``EarlyStopPolicy.streaming_verify``.
+    ``verdict(values)``: the log that shows a knob not applied while the server starts, and
+    when (``Evaluator.startup_verdict``), used by ``EarlyStopPolicy.streaming_verify``.
     ``compile_cache``: model vLLM's torch.compile cache shared by the study's servers."""
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
