@@ -43,6 +43,7 @@ from tuner.sim.open_loop import OpenLoopRun, simulate_open_loop
 from tuner.sim.perf_config import PerfConfig
 from tuner.sim.perf_model import NGRAM_METHODS, Workload
 from tuner.sim.truth import Evaluator
+from tuner.study.space import trial_ignore_eos
 from tuner.study.spec import StudySpec
 
 __all__ = ["COARSE_SEEDS", "OpenLoopPoint", "TRUTH_SEEDS", "level_flat", "measure_level", "model_clock",
@@ -95,15 +96,13 @@ def open_loop_point(ev: Evaluator, values: dict[str, Any]) -> OpenLoopPoint | No
         return None
     if eff.failure is not None or eff.corruption is not None:
         return None
-    ignore_eos = spec.load.workload.ignore_eos
-    if ignore_eos == "auto":
-        ignore_eos = command.asked.get("speculative_config.method") is None
+    ignore_eos = trial_ignore_eos(spec, command.asked)
     ngram = None
     if eff.spec is not None and eff.spec.method in NGRAM_METHODS:
         ngram = (eff.spec.num_spec_tokens, eff.spec.prompt_lookup_min, eff.spec.prompt_lookup_max)
     # The request mix of rate levels is the study's workload, as at every level: calibrated
     # from the requests of the top concurrency level (their mean lengths and n-gram hits).
-    workload = ev.workload(max(spec.load.concurrency), bool(ignore_eos), ngram)
+    workload = ev.workload(max(spec.load.concurrency), ignore_eos, ngram)
     return OpenLoopPoint(dict(values), eff.perf, workload)
 
 

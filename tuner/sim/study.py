@@ -23,7 +23,7 @@ from tuner.sim.executor import EarlyStopPolicy, SimExecutor, TrialLog
 from tuner.sim.ground_truth import GroundTruth
 from tuner.sim.truth import StartupVerdict
 from tuner.store.records import read_records
-from tuner.study import early_stop
+from tuner.study.pareto import Point, pareto_front
 from tuner.study.spec import StudySpec
 from tuner.study.trials import KIND_DUPLICATE, KIND_FORBIDDEN
 
@@ -53,13 +53,10 @@ class StudyRun:
     def reported_front_hv(self, truth: GroundTruth, directions: Sequence[str]) -> float:
         """True hypervolume of what the study would report: its front by measured values."""
 
-        rows = [(t.measured, t.true_values) for t in self.trials
-                if t.feasible and t.measured is not None and t.true_values is not None]
-        front = []
-        for m, tv in rows:
-            if early_stop.dominated(m, [r[0] for r in rows if r[0] is not m], directions) is None:
-                front.append(tv)
-        return truth.hv_of(front)
+        rows = [t for t in self.trials if t.feasible and t.measured is not None and t.true_values is not None]
+        front = pareto_front([Point(i, t.measured) for i, t in enumerate(rows) if t.measured is not None],
+                             directions)
+        return truth.hv_of([rows[p.number].true_values for p in front])  # type: ignore[misc]
 
     @property
     def total_seconds(self) -> float:

@@ -36,11 +36,11 @@ with noise for simulated studies) and computes the true front and hypervolume.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tuner.load.stats import percentile
 from tuner.sim.args import ArgvError, parse_argv
 from tuner.sim.dry_log import startup_log
 from tuner.sim.effective import ConfigError, resolve
@@ -227,13 +227,11 @@ class Evaluator:
                               stop_s=tm.stop_s, **cc)
         wrong = tuple(log_mismatches(argv, env, asked, self.profile))
         probe_ok = eff.corruption is None
-        ignore_eos = spec.load.workload.ignore_eos
-        if ignore_eos == "auto":
-            ignore_eos = asked.get("speculative_config.method") is None
+        ignore_eos = space.trial_ignore_eos(spec, asked)
         ngram = None
         if eff.spec is not None and eff.spec.method in NGRAM_METHODS:
             ngram = (eff.spec.num_spec_tokens, eff.spec.prompt_lookup_min, eff.spec.prompt_lookup_max)
-        levels = {c: self._level(eff.perf, c, bool(ignore_eos), ngram) for c in spec.load.concurrency}
+        levels = {c: self._level(eff.perf, c, ignore_eos, ngram) for c in spec.load.concurrency}
         return PointTruth(values, "completed", None, None, applied=not wrong, mismatches=wrong,
                           probe_passed=probe_ok, levels=levels,
                           startup_s=tm.prepare_s + startup_s(eff), probe_s=self._probe_s(eff.perf),
@@ -292,8 +290,8 @@ class Evaluator:
             metrics["ttft_ms.mean"] = sum(per_class[cls].mean_ttft_s * counts[cls] for cls in counts) / n * 1e3
             metrics["e2el_ms.mean"] = sum(per_class[cls].mean_latency_s * counts[cls] for cls in counts) / n * 1e3
             ttfts = sorted(per_class[r.cls].mean_ttft_s * 1e3 for r in reqs)
-            metrics["ttft_ms.p90"] = _percentile(ttfts, 90)
-            metrics["tpot_ms.p90"] = _percentile(sorted(per_class[r.cls].mean_tpot_s * 1e3 for r in reqs), 90)
+            metrics["ttft_ms.p90"] = percentile(ttfts, 90)
+            metrics["tpot_ms.p90"] = percentile(sorted(per_class[r.cls].mean_tpot_s * 1e3 for r in reqs), 90)
         # Warm-up runs at the level's concurrency, so it costs warmup/requests of the run.
         load_s = pooled.duration_s * (1 + load.warmup_for(c) / max(1, load.requests_for(c)))
         return LevelTruth(c, metrics, load_s)
@@ -309,17 +307,6 @@ class Evaluator:
                           requests_per_stream=per_stream)
             total += self.simulate(perf, wl, c).duration_s
         return total
-
-
-def _percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
 def evaluate_point(spec: StudySpec, profile: Profile, values: dict[str, Any]) -> PointTruth:
