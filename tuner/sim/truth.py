@@ -43,11 +43,11 @@ from typing import Any
 from tuner.load.stats import percentile
 from tuner.sim.args import ArgvError, parse_argv
 from tuner.sim.dry_log import startup_log
-from tuner.sim.effective import ConfigError, resolve
+from tuner.sim.effective import ConfigError, Effective, resolve
 from tuner.sim.perf_model import NGRAM_METHODS, LevelEstimate, PerfConfig, Workload, simulate_closed_loop
 from tuner.sim.profile import Profile
 from tuner.sim.truth_time import TimeModel, compile_fields, startup_s
-from tuner.sim.truth_verify import default_render, log_mismatches
+from tuner.sim.truth_verify import default_render, log_mismatches, sim_start
 from tuner.sim.truth_workload import LevelRequest, calibrate_workload, level_requests
 from tuner.study import space
 from tuner.study.sampling import grid_points
@@ -228,9 +228,7 @@ class Evaluator:
         wrong = tuple(log_mismatches(argv, env, asked, self.profile))
         probe_ok = eff.corruption is None
         ignore_eos = space.trial_ignore_eos(spec, asked)
-        ngram = None
-        if eff.spec is not None and eff.spec.method in NGRAM_METHODS:
-            ngram = (eff.spec.num_spec_tokens, eff.spec.prompt_lookup_min, eff.spec.prompt_lookup_max)
+        ngram = ngram_of(eff)
         levels = {c: self._level(eff.perf, c, ignore_eos, ngram) for c in spec.load.concurrency}
         return PointTruth(values, "completed", None, None, applied=not wrong, mismatches=wrong,
                           probe_passed=probe_ok, levels=levels,
@@ -248,21 +246,15 @@ class Evaluator:
         come before the weights load and what follows takes minutes: the worker's poll of
         the log (every few seconds) sees them at about that time."""
 
-        spec = self.spec
-        command = self.render(spec, values)
-        argv = command.argv[len(spec.server.command):]
-        try:
-            eff = resolve(parse_argv(argv), command.launch_env, self.profile)
-        except (ArgvError, ConfigError):
+        start = sim_start(self.spec, values, self.profile, self.render)
+        if start is None:
             return None
-        if eff.failure is not None:
-            return None
-        lines = startup_log(argv, command.launch_env, self.profile).splitlines()
+        lines = startup_log(start.argv, start.env, self.profile).splitlines()
         cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
         early = "\n".join(lines[:cut])
-        if not startup_mismatches(command.asked, early):
+        if not startup_mismatches(start.asked, early):
             return None
-        return StartupVerdict(self.time_model.prepare_s + startup_s(eff, until="attn"), early)
+        return StartupVerdict(self.time_model.prepare_s + startup_s(start.effective, until="attn"), early)
 
     def _level(self, perf: PerfConfig, c: int, ignore_eos: bool,
                ngram: tuple[int, int, int] | None) -> LevelTruth:
@@ -307,6 +299,14 @@ class Evaluator:
                           requests_per_stream=per_stream)
             total += self.simulate(perf, wl, c).duration_s
         return total
+
+
+def ngram_of(eff: Effective) -> tuple[int, int, int] | None:
+    """(k, prompt_lookup_min, prompt_lookup_max) of a server drafting by n-gram lookup."""
+
+    if eff.spec is not None and eff.spec.method in NGRAM_METHODS:
+        return eff.spec.num_spec_tokens, eff.spec.prompt_lookup_min, eff.spec.prompt_lookup_max
+    return None
 
 
 def evaluate_point(spec: StudySpec, profile: Profile, values: dict[str, Any]) -> PointTruth:

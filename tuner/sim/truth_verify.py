@@ -10,7 +10,7 @@ infeasible.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,11 +44,12 @@ class SimStart:
     effective: Effective
 
 
-def sim_start(spec: StudySpec, values: dict[str, Any], profile: Profile) -> SimStart | None:
+def sim_start(spec: StudySpec, values: dict[str, Any], profile: Profile,
+              render: Callable[[StudySpec, dict[str, Any]], RenderedCommand] = default_render) -> SimStart | None:
     """The simulator's start of ``values``, or None when that server would not start (a
     configuration error or a startup failure: nothing to verify)."""
 
-    command = default_render(spec, values)
+    command = render(spec, values)
     argv, env, asked = command.argv[len(spec.server.command):], command.launch_env, command.asked
     try:
         eff = resolve(parse_argv(argv), env, profile)
