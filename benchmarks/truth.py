@@ -45,7 +45,10 @@ SOURCES = ["tuner.sim.perf_model", "tuner.sim.perf_config", "tuner.sim.scheduler
            "tuner.sim.effective", "tuner.sim.comm", "tuner.sim.model", "tuner.sim.args",
            "tuner.sim.tokenizer", "tuner.load.workload", "tuner.vllm.knobs", "tuner.vllm.knob_values",
            "tuner.sim.cache",
-           "tuner.sim.profile", "tuner.vllm.compile_cache", "tuner.study.space"]
+           "tuner.sim.profile", "tuner.vllm.compile_cache", "tuner.study.space",
+           # "applied" is the worker's verification of the simulated startup log
+           "tuner.sim.truth_verify", "tuner.sim.dry_log", "tuner.sim.__main__", "tuner.sim.logs",
+           "tuner.vllm.effective_config", "tuner.vllm.verify"]
 
 
 def load_spec(path: str | Path) -> StudySpec:

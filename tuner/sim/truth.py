@@ -226,6 +226,9 @@ class Evaluator:
                               startup_s=tm.prepare_s + startup_s(eff, until=eff.failure.stage),
                               stop_s=tm.stop_s, **cc)
         wrong = tuple(log_mismatches(argv, env, asked, self.profile))
+        # The probe's verdict is the model's own (a garbling configuration fails, every
+        # other passes): the real probe needs a server answering, which the served simulator
+        # does in tests/test_probe_sim.py; here no request is sent.
         probe_ok = eff.corruption is None
         ignore_eos = space.trial_ignore_eos(spec, asked)
         ngram = ngram_of(eff)
