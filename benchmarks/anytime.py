@@ -149,7 +149,7 @@ def _verdict(name: str) -> Any:
         from tuner.sim.truth import Evaluator
 
         _EVALUATORS[name] = Evaluator(load(name)[0], load_profile("glm5-8xpcie"))
-    return _EVALUATORS[name].verdict_s
+    return _EVALUATORS[name].startup_verdict
 
 
 def budget_of(name: str, sampler: Sampler) -> int:

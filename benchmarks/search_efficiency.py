@@ -271,7 +271,7 @@ def run_job(job: Job) -> dict[str, Any]:
     initial = sampling.initial_design(spec, budget=job.n_trials, children=v.design == "all") if v.design else ()
     verdict = None
     if job.policy is not None and job.policy.streaming_verify:
-        verdict = _evaluator(job.space).verdict_s
+        verdict = _evaluator(job.space).startup_verdict
     began = time.monotonic()
     run = run_study(spec, truth, v.factory, n_trials=job.n_trials, seed=job.seed, noise=job.noise,
                     workers=v.workers, policy=job.policy, grid=v.grid, initial=initial,

@@ -48,7 +48,7 @@ from tuner.study.confirmation import choose_candidates, confirmation_brief, rese
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
 from tuner.study.scoring import outcome_attrs, pareto_payload, result_text, stop_text, values_text
-from tuner.study.space import trial_command
+from tuner.study.space import trial_command, trial_ignore_eos
 from tuner.study.spec import StudySpec
 from tuner.study.sweep_guard import SweepPlan
 from tuner.study.trials import KIND_RUN, TrialRecord, record_points
@@ -254,9 +254,6 @@ class StudyLoop:
         # The study's shared torch.compile cache (execution.compile_cache_dir, expanded by
         # the CLI) is measurement environment: the server gets it, an export does not.
         command = trial_command(spec, values, port=port, compile_cache_dir=spec.execution.compile_cache_dir)
-        ignore_eos = spec.load.workload.ignore_eos
-        if ignore_eos == "auto":
-            ignore_eos = command.asked.get("speculative_config.method") is None
         secrets = known_values(spec.server)
         return TrialRequest(
             # asked is what verification compares with the server's log, which the worker
@@ -269,7 +266,7 @@ class StudyLoop:
             stop_timeout_s=spec.server.stop_timeout, gpu_free_timeout_s=spec.execution.gpu_free_timeout,
             deadline_s=spec.budget.trial_timeout,
             load=spec.load, probe=self.probe,
-            ignore_eos=bool(ignore_eos), reference=self.reference, early_stop=early_stop,
+            ignore_eos=trial_ignore_eos(spec, command.asked), reference=self.reference, early_stop=early_stop,
             slo=spec.slo,
             search_max_rate=spec.searches_max_rate,
         )

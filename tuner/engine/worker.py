@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import errno
 import logging
-import math
 import os
 import signal
 import socket
@@ -34,7 +33,6 @@ from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCance
 from tuner.load.load_spec import rate_level_name
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.sweep import run_sweep
-from tuner.load.uncertainty import with_noise_floor
 from tuner.probe.agreement import agreement_line
 from tuner.probe.client import load_probe_items, run_probe
 from tuner.probe.known_score import ProbeResult
@@ -440,17 +438,8 @@ class TrialWorker:
         outcome.load_failures = sweep.load_failures()
         # A level stopped at its last dispatch (early stop rule 4a) has its objective measured:
         # its output tok/s is recorded so the trial is told with it, like any completed one.
-        for key, value in ((guard.record or {}).get("measured") or {}).items():
-            level_values = dict(value)
-            # The interval status, the front and picks read, widened like every other level's
-            # by the between-start noise floor (a value without one would look exact).
-            ci = level_values.get("output_tok_s.ci95") or math.nan
-            ci = with_noise_floor(ci, float(level_values.get("output_tok_s") or math.nan), spec.noise_floor)
-            if math.isfinite(ci) and ci > 0:
-                level_values["output_tok_s.ci95"] = ci
-            else:
-                level_values.pop("output_tok_s.ci95", None)
-            outcome.levels.setdefault(str(key), level_values)
+        for key, level_values in guard.measured_levels(spec.noise_floor).items():
+            outcome.levels.setdefault(key, level_values)
         outcome.warnings.extend(sweep.warnings)
         self._write_json(trial_dir / "metrics.json", sweep.summary())
 

@@ -2,9 +2,9 @@
 
 Runs the simulator's own startup code (``tuner.sim.__main__``: the lines ``main`` prints
 before resolving, then ``Sim.startup``) with no delays, no EngineCore child and no socket,
-into a string. Used to check that the ground truth's "applied" verdicts
-(``tuner.sim.truth_verify.mismatches``) agree with the real log path
-(``parse_effective_config`` + ``verify``) on every point of a study.
+into a string. The ground truth's "applied" verdicts go through it
+(``tuner.sim.truth_verify.log_mismatches``: this log, ``parse_effective_config`` and
+``verify``), as does early stop while starting (``Evaluator.startup_verdict``).
 """
 
 from __future__ import annotations

@@ -15,11 +15,15 @@ level (warm-up included), a stop. With ``compile_cache`` the servers share vLLM'
 torch.compile cache, as on a real node: a trial whose compile key a trial compiled before
 it started loads instead of compiling, and starts ``PointTruth.hit_saving_s`` sooner.
 
-Early stop (``EarlyStopPolicy``, None: never): the worker's rules with the request's plan (the study's
-front and history when the trial started) - infeasible at verification / after the probe /
-on a missed limit (rule 1), dominated after a level (rules 2 and 3), inside a level
-(rule 4, see ``_inside`` for its time and noise model). The policy's switches take the
-rules apart for the benchmarks; the default is what the worker does.
+Early stop (``EarlyStopPolicy``, None: never): the trial walks the worker's steps
+(``tuner.engine.worker.Worker.run_trial``) and consults the worker's own guard
+(``tuner.study.sweep_guard.SweepGuard``) with the request's plan (the study's front and
+history when the trial started) wherever the worker does: while starting, after
+verification, after the probe, inside each level and after each level. What the simulator
+adds is only what a real trial would observe - when the log shows a knob not applied
+(``verdict``), the level's window while it runs (``_windows``) - and the time each step
+takes. The policy's switches edit the plan (the benchmarks take the rules apart); the
+default is what the worker does.
 
 Every finished trial is also logged with what only the simulator knows (``TrialLog``:
 true values, whether a stopped trial would have entered the front), which is what the
@@ -31,36 +35,45 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.engine.execution import Finished
-from tuner.sim.ground_truth import Measured, level_of, measure
-from tuner.sim.truth import PointTruth
-from tuner.study import early_stop, sweep_guard
+from tuner.sim.ground_truth import Measured, measure
+from tuner.sim.truth import PointTruth, StartupVerdict
+from tuner.study import early_stop
 from tuner.study.outcome import TrialOutcome
 from tuner.study.spec import StudySpec
+from tuner.study.sweep_guard import SweepGuard
 
 __all__ = ["SimExecutor", "EarlyStopPolicy", "TrialLog"]
 
 
 @dataclass(frozen=True)
 class EarlyStopPolicy:
-    """Which of the worker's early-stop rules the simulated worker applies (a request with
-    no plan never stops, as on a real worker). What the worker does is
-    ``EarlyStopPolicy(streaming_verify=True, inside=True)``; the defaults leave out the two
-    rules the benchmarks measure separately."""
+    """Which of the worker's early-stop rules the simulated worker applies, as switches on
+    the plan its guard reads (a request with no plan never stops, as on a real worker).
+    What the worker does is ``EarlyStopPolicy(streaming_verify=True, inside=True)``; the
+    defaults leave out the two rules the benchmarks measure separately. Rule 1 (infeasible
+    at verification, after the probe, on a missed limit) always applies."""
 
-    infeasible: bool = True        # rule 1: not applied / probe failed / limit missed
-    dominated: bool = True         # rule 2: dominated for sure after a level
-    margin: float = early_stop.DEFAULT_MARGIN
-    min_history: int = early_stop.DEFAULT_MIN_HISTORY
-    max_gap: float = early_stop.DEFAULT_MAX_GAP
-    reorder: bool = True           # rule 3: objective/limit levels first
+    dominated: bool = True         # rules 2-4: False sends an empty front (nothing dominates)
+    reorder: bool = True           # objective/limit levels first; False: ascending levels
     streaming_verify: bool = False  # not applied known from the log while starting (``verdict``)
     inside: bool = False           # rule 4: stop inside a level on its window so far
     inside_margin: float = early_stop.INSIDE_MARGIN
+
+    def plan(self, plan: Mapping[str, Any], levels: Sequence[int]) -> dict[str, Any]:
+        """The request's plan (``SweepPlan`` as JSON) with this policy's switches."""
+
+        out = dict(plan)
+        if not self.dominated:
+            out["front"] = []
+        if not self.reorder:
+            out["order"] = sorted(levels)
+        out["inside_margin"] = self.inside_margin if self.inside else None
+        return out
 
 
 @dataclass
@@ -92,17 +105,24 @@ class TrialLog:
 
 @dataclass
 class _Play:
-    """A played trial: when it ends, what it measured, where it stopped."""
+    """A played trial: when it ends, what it measured, where it stopped (the guard's record)."""
 
     finished_s: float
     measured: Measured
-    stopped: str | None = None
-    after: str | None = None
+    record: dict[str, Any] | None = None
     levels: dict[int, dict[str, float]] = field(default_factory=dict)   # what it reports
-    bounds: tuple[float, ...] = ()
+    probed: bool = False
     wrong: bool = False
     compile: str | None = None
     compile_saved_s: float = 0.0
+
+    @property
+    def stopped(self) -> str | None:
+        return None if self.record is None else str(self.record["reason"])
+
+    @property
+    def after(self) -> str | None:
+        return None if self.record is None else str(self.record["after"])
 
 
 @dataclass
@@ -114,30 +134,16 @@ class _Job:
     started_s: float
 
 
-@dataclass
-class _Plan:
-    """The request's early-stop plan, as the simulated worker reads it."""
-
-    targets: list[early_stop.Target]
-    front: list[tuple[float, ...]]
-    history: list[dict[int, dict[str, float]]]
-
-    @classmethod
-    def of(cls, plan: Mapping[str, Any]) -> _Plan:
-        guard = sweep_guard.SweepGuard(plan)
-        return cls(guard.targets, guard.front, guard.history)
-
-
 class SimExecutor:
     """``workers`` simulated GPU groups answering trials from ``lookup(values)``."""
 
     def __init__(self, spec: StudySpec, lookup: Callable[[dict[str, Any]], PointTruth], *, workers: int = 1,
                  seed: int = 0, noise: float = 0.0, policy: EarlyStopPolicy | None = None,
-                 verdict: Callable[[dict[str, Any]], float | None] | None = None,
+                 verdict: Callable[[dict[str, Any]], StartupVerdict | None] | None = None,
                  compile_cache: bool = False, true_front: set[str] | None = None,
                  stop_when: Callable[[list[TrialLog]], bool] | None = None) -> None:
-        """``policy`` None: never stop early. ``verdict(values)``: seconds into the start when
-        the log shows a knob not applied (``Evaluator.verdict_s``; streaming verification).
+        """``policy`` None: never stop early. ``verdict(values)``: the log that shows a knob
+        not applied while the server starts, and when (``Evaluator.startup_verdict``).
         ``true_front``: keys of the true front's points (for ``TrialLog.true_front``).
         ``stop_when(logs)``: once true, no group takes a new trial (a benchmark that has
         found what it looks for)."""
@@ -237,8 +243,8 @@ class SimExecutor:
         return out
 
     def _play(self, number: int, truth: PointTruth, request: Mapping[str, Any], saving: float) -> _Play:
-        """Play one trial against the ground truth, stopping where the worker would with
-        the request's plan (the study's state when the trial started)."""
+        """Play one trial against the ground truth, step by step as the worker runs it,
+        stopping where the worker's guard stops it with the request's plan."""
 
         spec = self.spec
         rng = random.Random(f"{self.seed}|{number}|noise")
@@ -247,75 +253,52 @@ class SimExecutor:
         t = start + truth.startup_s - saving
         if truth.failed:
             return _Play(t + truth.stop_s, m)
-        plan_data = request.get("early_stop")
-        policy = self.policy if plan_data is not None else None
-        if policy and policy.infeasible:
-            reason = early_stop.infeasible_reason(applied=truth.applied, probe_passed=None,
-                                                  require_applied=spec.verify.require_applied)
-            if reason and policy.streaming_verify and self.verdict is not None:
-                seen = self.verdict(dict(request["values"]))
-                if seen is not None:
-                    if saving and seen >= truth.compile_at_s:
-                        seen -= saving        # a verdict from the end of the start comes sooner
-                    return _Play(start + seen + truth.stop_s, m, reason, "startup")
-            if reason:
-                return _Play(t + truth.stop_s, m, reason, "verify")
-        t += truth.probe_s
-        if policy and policy.infeasible and not truth.probe_passed:
-            return _Play(t + truth.stop_s, m, "probe_failed", "probe")
-        levels = sorted(truth.levels)
-        if policy is None or plan_data is None:
-            return _Play(t + sum(truth.levels[c].load_s for c in levels) + truth.stop_s, m, levels=m.levels)
-        plan = _Plan.of(plan_data)
-        if policy.reorder:
-            needed = [tg.level for tg in plan.targets] + [level_of(spec, lim.concurrency) for lim in spec.limits]
-            levels = early_stop.level_order(levels, needed)
-        limits = {k: v for k, v in m.constraints.items() if k.startswith("limit:")}
+        plan = request.get("early_stop")
+        policy = self.policy
+        guard = SweepGuard(None if policy is None or plan is None else policy.plan(plan, spec.load.concurrency))
+        if guard.enabled and policy is not None and policy.streaming_verify and self.verdict is not None:
+            seen = self.verdict(dict(request["values"]))
+            if seen is not None and guard.stop_while_starting(request["asked"], seen.log):
+                return _Play(start + seen.seconds + truth.stop_s, m, guard.record)
+        probed = bool(request["probe"]["enabled"]) and not guard.stop_after("verify", applied=truth.applied)
+        if probed:
+            t += truth.probe_s
+        if guard.stop_after("probe", probe_passed=truth.probe_passed if probed else None):
+            return _Play(t + truth.stop_s, m, guard.record, probed=probed)
+        guard.trial_metrics = {"startup_s": truth.startup_s - saving, "probe_s": truth.probe_s if probed else None}
+        levels = guard.levels(spec.load.concurrency)
+        # The load generator judges inside a level with one client process and no repeats
+        # (tuner.load.sweep).
+        inside = guard.enabled and spec.load.repeats == 1 and spec.load.client_processes == 1
+        measured: dict[int, dict[str, float]] = {}
         for i, c in enumerate(levels):
-            before = {lc: m.levels[lc] for lc in levels[:i]}
-            if policy.inside:      # the last level too, as the load generator does
-                inside = self._inside(number, truth, c, before, m.levels[c], plan, policy)
-                if inside is not None:
-                    seconds, bounds, where = inside
-                    if where.endswith("at last dispatch") and not any(
-                            level_of(spec, lim.concurrency) == c for lim in spec.limits):
-                        # Rule 4a: the level's output tok/s is measured; told like rule 2.
-                        return _Play(t + seconds + truth.stop_s, m, "dominated_exact", where,
-                                     {**before, c: {"output_tok_s": m.levels[c]["output_tok_s"]}}, bounds)
-                    return _Play(t + seconds + truth.stop_s, m, "dominated_inside", where, before, bounds,
-                                 self._would_enter(m, plan))
+            later = levels[i + 1:]
+            for seconds, window in self._windows(number, truth, c, m.levels[c]) if inside else []:
+                if guard.inside_level(c, window, later):
+                    # A rule-4a stop measured the level: told with it, like the worker's (the
+                    # simulated levels carry no interval, so neither does this one).
+                    told = {**measured, **{int(k): v for k, v in guard.measured_levels(0.0).items()}}
+                    return _Play(t + seconds + truth.stop_s, m, guard.record, told, probed,
+                                 self._wrong(m, guard))
             t += truth.levels[c].load_s
-            if i + 1 == len(levels):
-                continue
-            measured = {lc: m.levels[lc] for lc in levels[:i + 1]}
-            if policy.infeasible:
-                missed = {k: v for k, v in limits.items() if self._limit_level(k) in measured}
-                if early_stop.infeasible_reason(applied=True, probe_passed=True, limit_violations=missed):
-                    return _Play(t + truth.stop_s, m, "limit", f"c{c}", measured)
-            if policy.dominated:
-                d = early_stop.decide(plan.targets, measured, levels[i + 1:], plan.front, plan.history,
-                                      margin=policy.margin, min_history=policy.min_history,
-                                      max_gap=policy.max_gap)
-                if d.stop and d.reason == "dominated_exact":
-                    # Objective values are measured: only informational levels are skipped.
-                    return _Play(t + truth.stop_s, m, d.reason, f"c{c}", measured, d.bounds)
-                if d.stop:
-                    return _Play(t + truth.stop_s, m, "dominated", f"c{c}", measured, d.bounds,
-                                 self._would_enter(m, plan))
-        return _Play(t + truth.stop_s, m, levels=m.levels)
+            measured[c] = m.levels[c]
+            if later and guard.after_level(dict(measured), later):
+                return _Play(t + truth.stop_s, m, guard.record, measured, probed, self._wrong(m, guard))
+        return _Play(t + truth.stop_s, m, levels=m.levels, probed=probed)
 
-    def _would_enter(self, m: Measured, plan: _Plan) -> bool:
-        """Whether a stopped trial's full measurement would have entered the front it was
-        judged against (a wrong stop)."""
+    def _wrong(self, m: Measured, guard: SweepGuard) -> bool:
+        """Whether a trial stopped on a bound would have entered, fully measured, the front
+        it was judged against (a wrong stop; what only the simulator can know)."""
 
+        if guard.record is None or guard.record["reason"] not in ("dominated", "dominated_inside"):
+            return False
         return bool(m.feasible and m.objectives is not None and early_stop.dominated(
-            m.objectives, plan.front, self._directions) is None)
+            m.objectives, guard.front, self._directions) is None)
 
-    def _inside(self, number: int, truth: PointTruth, c: int, measured: dict[int, dict[str, float]],
-                final: Mapping[str, float], plan: _Plan,
-                policy: EarlyStopPolicy) -> tuple[float, tuple[float, ...], str] | None:
-        """Rule 4 in the simulated trial: (seconds into level ``c`` when it stops, bounds,
-        where) or None.
+    def _windows(self, number: int, truth: PointTruth, c: int,
+                 final: Mapping[str, float]) -> list[tuple[float, dict[str, Any]]]:
+        """The load generator's views of level ``c``'s window while it runs, each with the
+        seconds into the level when it is seen (what ``SweepGuard.inside_level`` reads).
 
         Time model (the ground truth's: a level's time is proportional to its requests): the
         measured run of n requests on C streams is n / C rounds of equal length d, after the
@@ -328,42 +311,25 @@ class SimExecutor:
         likelier than the real, overlapping windows would)."""
 
         load = self.spec.load
-        mine = [tg for tg in plan.targets if tg.level == c]
-        if (not mine or any(tg.metric != "output_tok_s" or tg.direction != "maximize" for tg in mine)
-                or load.repeats != 1 or load.client_processes != 1):
-            return None
         lv = truth.levels[c]
         n, w = load.requests_for(c), load.warmup_for(c)
         run_s = lv.load_s / (1 + w / max(1, n))
         d = run_s * min(c, n) / n
         full = run_s - 2 * d                      # [first wave done, last dispatch)
         if full <= 0:
-            return None
+            return []
         warm = run_s * w / max(1, n)
         judged = d * early_stop.INSIDE_MIN_SHARE
-        checks = [(final["output_tok_s"], True, full, f"c{c} at last dispatch")]
+        views = []
         if judged < full:
             rng = random.Random(f"{self.seed}|{number}|inside|{c}")
             sigma = self.noise * math.sqrt(full / judged)
             rate = lv.metrics["output_tok_s"] * (math.exp(rng.gauss(0.0, sigma)) if sigma > 0 else 1.0)
-            checks.insert(0, (rate, False, judged, f"inside c{c}"))
-        for rate, exact, window_s, where in checks:
-            bound = early_stop.inside_bound(rate, window_s=window_s, first_wave_s=d, stable=True,
-                                            exact=exact, margin=policy.inside_margin)
-            if not math.isfinite(bound):
-                continue
-            partial = {**measured, c: {"output_tok_s": bound}}
-            bounds = early_stop.optimistic_values(plan.targets, partial, plan.history, margin=policy.margin,
-                                                  min_history=policy.min_history, max_gap=policy.max_gap)
-            if early_stop.dominated(bounds, plan.front, self._directions) is not None:
-                return warm + d + window_s, bounds, where
-        return None
-
-    def _limit_level(self, key: str) -> int | None:
-        for limit in self.spec.limits:
-            if f"limit:{limit.label}" == key:
-                return level_of(self.spec, limit.concurrency)
-        return None
+            views.append((warm + d + judged, {"output_tok_s": rate, "window_s": judged, "first_wave_s": d,
+                                              "stable": True, "exact": False}))
+        views.append((warm + d + full, {"output_tok_s": final["output_tok_s"], "window_s": full,
+                                        "first_wave_s": d, "stable": True, "exact": True}))
+        return views
 
     # -- what the worker reports, and what only the simulator knows ----------------------
 
@@ -377,17 +343,12 @@ class SimExecutor:
         if truth.failed:
             return TrialOutcome(number=number, status="failed", reason=truth.reason, message=truth.message,
                                 phase="start", startup_s=startup_s, trial_s=trial_s)
-        reached_probe = play.after not in ("startup", "verify")
-        record = None
-        if play.stopped is not None:
-            record = {"reason": play.stopped, "after": play.after,
-                      "bounds": [b if math.isfinite(b) else None for b in play.bounds] or None}
         return TrialOutcome(
             number=number, status="completed", startup_s=startup_s,
-            probe_s=truth.probe_s if reached_probe else None, trial_s=trial_s,
+            probe_s=truth.probe_s if play.probed else None, trial_s=trial_s,
             levels={str(c): dict(m) for c, m in play.levels.items()},
             applied=truth.applied, mismatches=[{"target": t} for t in truth.mismatches],
-            probe_passed=truth.probe_passed if reached_probe else None, early_stop=record,
+            probe_passed=truth.probe_passed if play.probed else None, early_stop=play.record,
             compile={"cache": play.compile} if play.compile else None)
 
     def _log(self, job: _Job) -> None:

@@ -31,12 +31,12 @@ from tuner.study import space
 from tuner.study.outcome import TrialOutcome
 from tuner.study.pareto import Point, pareto_front
 from tuner.study.scoring import constraints as scoring_constraints
-from tuner.study.scoring import level_for, metric_value
+from tuner.study.scoring import metric_value
 from tuner.study.spec import StudySpec
 
 __all__ = [
     "GroundTruth", "Measured", "build_ground_truth", "hypervolume", "reference_point", "measure",
-    "level_of", "REF_MARGIN", "STRICT_REF_MARGIN",
+    "REF_MARGIN", "STRICT_REF_MARGIN",
 ]
 
 REF_MARGIN = 0.5
@@ -46,12 +46,6 @@ STRICT_REF_MARGIN = 0.1
 # ------------------------------------------------------------------------------- scoring
 
 
-def level_of(spec: StudySpec, concurrency: int | str) -> int:
-    """The load level ``concurrency`` names (tuner.study.scoring's rule)."""
-
-    return level_for(spec, concurrency)
-
-
 def _outcome(truth: PointTruth, levels: Mapping[int, Mapping[str, float]]) -> TrialOutcome:
     """The outcome a worker would report for this point: what tuner.study.scoring reads."""
 
@@ -59,13 +53,6 @@ def _outcome(truth: PointTruth, levels: Mapping[int, Mapping[str, float]]) -> Tr
                         mismatches=[{"target": t} for t in truth.mismatches],
                         probe_passed=truth.probe_passed,
                         levels={str(c): dict(m) for c, m in levels.items()})
-
-
-def metric_of(spec: StudySpec, levels: Mapping[int, Mapping[str, float]], item: Any) -> float | None:
-    level = levels.get(level_of(spec, item.concurrency))
-    if level is None:
-        return None
-    return level.get(item.metric)
 
 
 @dataclass(frozen=True)

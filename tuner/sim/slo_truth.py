@@ -37,12 +37,12 @@ from typing import Any
 from tuner.load.load_spec import LoadSpec
 from tuner.load.slo import SloSpec, SloVerdict, level_verdict, term_ci
 from tuner.load.workload import arrival_schedule, rate_stream
-from tuner.sim.args import ArgvError, parse_argv
-from tuner.sim.effective import ConfigError, resolve
 from tuner.sim.open_loop import OpenLoopRun, simulate_open_loop
 from tuner.sim.perf_config import PerfConfig
-from tuner.sim.perf_model import NGRAM_METHODS, Workload
-from tuner.sim.truth import Evaluator
+from tuner.sim.perf_model import Workload
+from tuner.sim.truth import Evaluator, ngram_of
+from tuner.sim.truth_verify import sim_start
+from tuner.study.space import trial_ignore_eos
 from tuner.study.spec import StudySpec
 
 __all__ = ["COARSE_SEEDS", "OpenLoopPoint", "TRUTH_SEEDS", "level_flat", "measure_level", "model_clock",
@@ -87,23 +87,15 @@ def open_loop_point(ev: Evaluator, values: dict[str, Any]) -> OpenLoopPoint | No
     """The point's engine configuration and calibrated workload; None when it would fail to
     start, not apply a knob, or fail the probe (no rate to speak of)."""
     spec = ev.spec
-    command = ev.render(spec, values)
-    try:
-        eff = resolve(parse_argv(command.argv[len(spec.server.command):]), command.launch_env,
-                      ev.profile)
-    except (ArgvError, ConfigError):
+    start = sim_start(spec, values, ev.profile, ev.render)
+    if start is None or start.effective.corruption is not None:
         return None
-    if eff.failure is not None or eff.corruption is not None:
-        return None
-    ignore_eos = spec.load.workload.ignore_eos
-    if ignore_eos == "auto":
-        ignore_eos = command.asked.get("speculative_config.method") is None
-    ngram = None
-    if eff.spec is not None and eff.spec.method in NGRAM_METHODS:
-        ngram = (eff.spec.num_spec_tokens, eff.spec.prompt_lookup_min, eff.spec.prompt_lookup_max)
+    eff = start.effective
+    ignore_eos = trial_ignore_eos(spec, start.asked)
+    ngram = ngram_of(eff)
     # The request mix of rate levels is the study's workload, as at every level: calibrated
     # from the requests of the top concurrency level (their mean lengths and n-gram hits).
-    workload = ev.workload(max(spec.load.concurrency), bool(ignore_eos), ngram)
+    workload = ev.workload(max(spec.load.concurrency), ignore_eos, ngram)
     return OpenLoopPoint(dict(values), eff.perf, workload)
 
 
@@ -182,7 +174,9 @@ def true_max_rate(ev: Evaluator, point: OpenLoopPoint, slo: SloSpec, *, low: flo
 
 def _bisect(holds: Callable[[float], bool], lo: float, hi: float,
             precision: float) -> tuple[float, float]:
-    """Geometric bisection of [lo, hi] (lo holds, hi does not) to ``precision``."""
+    """Geometric bisection of [lo, hi] (lo holds, hi does not) to ``precision``: the true
+    value, on purpose not the tuner's search (``tuner.load.rate_search``), which the
+    benchmark measures against it."""
     while hi / lo - 1 > precision:
         mid = math.sqrt(lo * hi)
         if holds(mid):

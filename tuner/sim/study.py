@@ -21,8 +21,9 @@ import optuna
 from tuner.engine.orchestrator import StudyLoop
 from tuner.sim.executor import EarlyStopPolicy, SimExecutor, TrialLog
 from tuner.sim.ground_truth import GroundTruth
+from tuner.sim.truth import StartupVerdict
 from tuner.store.records import read_records
-from tuner.study import early_stop
+from tuner.study.pareto import Point, pareto_front
 from tuner.study.spec import StudySpec
 from tuner.study.trials import KIND_DUPLICATE, KIND_FORBIDDEN
 
@@ -52,13 +53,10 @@ class StudyRun:
     def reported_front_hv(self, truth: GroundTruth, directions: Sequence[str]) -> float:
         """True hypervolume of what the study would report: its front by measured values."""
 
-        rows = [(t.measured, t.true_values) for t in self.trials
-                if t.feasible and t.measured is not None and t.true_values is not None]
-        front = []
-        for m, tv in rows:
-            if early_stop.dominated(m, [r[0] for r in rows if r[0] is not m], directions) is None:
-                front.append(tv)
-        return truth.hv_of(front)
+        rows = [t for t in self.trials if t.feasible and t.measured is not None and t.true_values is not None]
+        front = pareto_front([Point(i, t.measured) for i, t in enumerate(rows) if t.measured is not None],
+                             directions)
+        return truth.hv_of([rows[p.number].true_values for p in front])  # type: ignore[misc]
 
     @property
     def total_seconds(self) -> float:
@@ -96,7 +94,7 @@ def run_study(spec: StudySpec, truth: GroundTruth, sampler_factory: SamplerFacto
               seed: int, noise: float = 0.0, workers: int = 1, policy: EarlyStopPolicy | None = None,
               grid: bool = False, initial: Sequence[dict[str, Any]] = (),
               stop_at_full: bool = False,
-              verdict: Callable[[dict[str, Any]], float | None] | None = None,
+              verdict: Callable[[dict[str, Any]], StartupVerdict | None] | None = None,
               compile_cache: bool = False) -> StudyRun:
     """One simulated study of at most ``n_trials`` runs.
 
@@ -104,8 +102,8 @@ def run_study(spec: StudySpec, truth: GroundTruth, sampler_factory: SamplerFacto
     (every point once, shuffled by ``seed``); ``initial``: points enqueued after the
     baseline (an initial design); ``stop_at_full``: stop once the evaluated points cover the
     whole true front. ``policy``: the worker's early stop (None: never);
-    ``verdict(values)``: seconds into a trial when its log shows a knob not applied
-    (``Evaluator.verdict_s``), used by ``EarlyStopPolicy.streaming_verify``.
+    ``verdict(values)``: the log that shows a knob not applied while the server starts, and
+    when (``Evaluator.startup_verdict``), used by ``EarlyStopPolicy.streaming_verify``.
     ``compile_cache``: model vLLM's torch.compile cache shared by the study's servers."""
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)

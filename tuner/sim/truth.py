@@ -9,9 +9,9 @@ takes, with each I/O step replaced by the simulator's pure model of it:
 2. **Start**: ``tuner.sim.args.parse_argv`` + ``tuner.sim.effective.resolve`` give the
    configuration the simulated vLLM would run. An argv/config error (``ConfigError``) or an
    engine failure (``Effective.failure``) makes the trial *failed* (told FAIL).
-3. **Verify**: each asked target is compared with the value the simulated server really
-   applies (``tuner.sim.truth_verify``); a silent downgrade makes the point *not applied*
-   -> infeasible.
+3. **Verify**: the simulated server's startup log goes through the worker's own
+   verification (``tuner.sim.truth_verify``); a silent downgrade makes the point *not
+   applied* -> infeasible.
 4. **Probe**: the simulator garbles every answer of a configuration with
    ``Effective.corruption`` (e.g. NCCL_PROTO=LL128 forced over PCIe), so the correctness
    probe fails exactly for those -> infeasible.
@@ -27,7 +27,8 @@ Trial time (``tuner.sim.truth_time``): startup follows the simulator's startup t
 cut at the failing stage; the probe is simulated as short known-answer requests at the
 probe's levels; a load level costs its warm-up (``warmup_for(c)`` requests, at the level's
 per-request cost) plus the measured run; a fixed stop cost is added. A not-applied point is
-known at verification, a probe failure after the probe.
+known at verification (or while starting: ``Evaluator.startup_verdict``), a probe failure
+after the probe.
 
 ``tuner.sim.ground_truth`` evaluates a whole space into a table, scores it (``measure``,
 with noise for simulated studies) and computes the true front and hypervolume.
@@ -35,25 +36,28 @@ with noise for simulated studies) and computes the true front and hypervolume.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tuner.load.stats import percentile
 from tuner.sim.args import ArgvError, parse_argv
-from tuner.sim.effective import ConfigError, resolve
+from tuner.sim.dry_log import startup_log
+from tuner.sim.effective import ConfigError, Effective, resolve
 from tuner.sim.perf_model import NGRAM_METHODS, LevelEstimate, PerfConfig, Workload, simulate_closed_loop
 from tuner.sim.profile import Profile
-from tuner.sim.truth_time import TimeModel, compile_fields, startup_s, verdict_stage_s
-from tuner.sim.truth_verify import default_render, mismatches
+from tuner.sim.truth_time import TimeModel, compile_fields, startup_s
+from tuner.sim.truth_verify import default_render, log_mismatches, sim_start
 from tuner.sim.truth_workload import LevelRequest, calibrate_workload, level_requests
 from tuner.study import space
 from tuner.study.sampling import grid_points
 from tuner.study.spec import StudySpec
 from tuner.vllm.knobs import RenderedCommand
+from tuner.vllm.verify import startup_mismatches
 
 __all__ = [
-    "LevelTruth", "PointTruth", "enumerate_points", "evaluate_point", "Evaluator", "EVAL_VERSION",
+    "LevelTruth", "PointTruth", "StartupVerdict", "enumerate_points", "evaluate_point", "Evaluator",
+    "EVAL_VERSION",
 ]
 
 # Bump when a change here or in the modules it uses (truth_verify, truth_workload, truth_time)
@@ -134,6 +138,15 @@ class PointTruth:
                    compile_at_s=float(data.get("compile_at_s", 0.0)))
 
 
+@dataclass(frozen=True)
+class StartupVerdict:
+    """A knob the simulated server's log shows not applied while it starts: the log so far
+    and the seconds into the trial when it is seen (``Evaluator.startup_verdict``)."""
+
+    seconds: float
+    log: str
+
+
 # ------------------------------------------------------------------------------- space
 
 
@@ -212,39 +225,39 @@ class Evaluator:
             return PointTruth(values, "failed", reason, eff.failure.message.splitlines()[0],
                               startup_s=tm.prepare_s + startup_s(eff, until=eff.failure.stage),
                               stop_s=tm.stop_s, **cc)
-        wrong = tuple(mismatches(asked, eff))
+        wrong = tuple(log_mismatches(argv, env, asked, self.profile))
+        # The probe's verdict is the model's own (a garbling configuration fails, every
+        # other passes): the real probe needs a server answering, which the served simulator
+        # does in tests/test_probe_sim.py; here no request is sent.
         probe_ok = eff.corruption is None
-        ignore_eos = spec.load.workload.ignore_eos
-        if ignore_eos == "auto":
-            ignore_eos = asked.get("speculative_config.method") is None
-        ngram = None
-        if eff.spec is not None and eff.spec.method in NGRAM_METHODS:
-            ngram = (eff.spec.num_spec_tokens, eff.spec.prompt_lookup_min, eff.spec.prompt_lookup_max)
-        levels = {c: self._level(eff.perf, c, bool(ignore_eos), ngram) for c in spec.load.concurrency}
+        ignore_eos = space.trial_ignore_eos(spec, asked)
+        ngram = ngram_of(eff)
+        levels = {c: self._level(eff.perf, c, ignore_eos, ngram) for c in spec.load.concurrency}
         return PointTruth(values, "completed", None, None, applied=not wrong, mismatches=wrong,
                           probe_passed=probe_ok, levels=levels,
                           startup_s=tm.prepare_s + startup_s(eff), probe_s=self._probe_s(eff.perf),
                           stop_s=tm.stop_s, **compile_fields(eff, env, tm))
 
-    def verdict_s(self, values: dict[str, Any]) -> float | None:
-        """Seconds into startup when the log already shows a knob not applied (None if every
-        knob is applied or the start fails). See ``tuner.sim.truth_time._STAGE_OF`` for where
-        each verdict comes from."""
+    def startup_verdict(self, values: dict[str, Any]) -> StartupVerdict | None:
+        """What the worker's early stop while starting sees of ``values``: the simulated
+        server's log up to where the weights start loading, and when that is (seconds into
+        the trial), if that log already proves a knob not applied for good (the worker's
+        rule, ``tuner.vllm.verify.startup_mismatches``); None otherwise (a verdict, if any,
+        waits for the full log, at verification).
 
-        spec = self.spec
-        command = self.render(spec, values)
-        asked = command.asked
-        try:
-            eff = resolve(parse_argv(command.argv[len(spec.server.command):]), command.launch_env,
-                          self.profile)
-        except (ArgvError, ConfigError):
+        Cut there because the downgrades vLLM prints once (communicator and attention init)
+        come before the weights load and what follows takes minutes: the worker's poll of
+        the log (every few seconds) sees them at about that time."""
+
+        start = sim_start(self.spec, values, self.profile, self.render)
+        if start is None:
             return None
-        if eff.failure is not None:
+        lines = startup_log(start.argv, start.env, self.profile).splitlines()
+        cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
+        early = "\n".join(lines[:cut])
+        if not startup_mismatches(start.asked, early):
             return None
-        wrong = mismatches(asked, eff)
-        if not wrong:
-            return None
-        return self.time_model.prepare_s + min(verdict_stage_s(eff, target) for target in wrong)
+        return StartupVerdict(self.time_model.prepare_s + startup_s(start.effective, until="attn"), early)
 
     def _level(self, perf: PerfConfig, c: int, ignore_eos: bool,
                ngram: tuple[int, int, int] | None) -> LevelTruth:
@@ -272,8 +285,8 @@ class Evaluator:
             metrics["ttft_ms.mean"] = sum(per_class[cls].mean_ttft_s * counts[cls] for cls in counts) / n * 1e3
             metrics["e2el_ms.mean"] = sum(per_class[cls].mean_latency_s * counts[cls] for cls in counts) / n * 1e3
             ttfts = sorted(per_class[r.cls].mean_ttft_s * 1e3 for r in reqs)
-            metrics["ttft_ms.p90"] = _percentile(ttfts, 90)
-            metrics["tpot_ms.p90"] = _percentile(sorted(per_class[r.cls].mean_tpot_s * 1e3 for r in reqs), 90)
+            metrics["ttft_ms.p90"] = percentile(ttfts, 90)
+            metrics["tpot_ms.p90"] = percentile(sorted(per_class[r.cls].mean_tpot_s * 1e3 for r in reqs), 90)
         # Warm-up runs at the level's concurrency, so it costs warmup/requests of the run.
         load_s = pooled.duration_s * (1 + load.warmup_for(c) / max(1, load.requests_for(c)))
         return LevelTruth(c, metrics, load_s)
@@ -291,15 +304,12 @@ class Evaluator:
         return total
 
 
-def _percentile(sorted_values: Sequence[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
+def ngram_of(eff: Effective) -> tuple[int, int, int] | None:
+    """(k, prompt_lookup_min, prompt_lookup_max) of a server drafting by n-gram lookup."""
 
-    if not sorted_values:
-        return math.nan
-    pos = (len(sorted_values) - 1) * q / 100
-    lo = math.floor(pos)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+    if eff.spec is not None and eff.spec.method in NGRAM_METHODS:
+        return eff.spec.num_spec_tokens, eff.spec.prompt_lookup_min, eff.spec.prompt_lookup_max
+    return None
 
 
 def evaluate_point(spec: StudySpec, profile: Profile, values: dict[str, Any]) -> PointTruth:

@@ -2,12 +2,11 @@
 
 Startup follows the simulator's startup timeline (``Sim.startup``: API init, engine init,
 weight load, compile, profile run, KV init, graph capture per size, server start), cut at
-the failing stage for failures; a fixed prepare and stop cost (``TimeModel``) is added. A
-not-applied point is known at verification (``verdict_stage_s``). ``PointTruth.startup_s``
-is a torch.compile cache miss; ``compile_fields`` gives the compile key and the miss/hit
-timeline that let a simulated study (``tuner.sim.study``, ``compile_cache=True``) shorten a
-start whose key an earlier trial compiled (``Sim.startup``'s hit loads in
-``StartupSpec.compile_hit_parts``).
+the failing stage for failures; a fixed prepare and stop cost (``TimeModel``) is added.
+``PointTruth.startup_s`` is a torch.compile cache miss; ``compile_fields`` gives the compile
+key and the miss/hit timeline that let a simulated study (``tuner.sim.study``,
+``compile_cache=True``) shorten a start whose key an earlier trial compiled
+(``Sim.startup``'s hit loads in ``StartupSpec.compile_hit_parts``).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from typing import Any
 from tuner.sim.cache import compile_hash
 from tuner.sim.effective import Effective
 
-__all__ = ["TimeModel", "compile_fields", "startup_s", "verdict_stage_s"]
+__all__ = ["TimeModel", "compile_fields", "startup_s"]
 
 
 @dataclass(frozen=True)
@@ -28,28 +27,6 @@ class TimeModel:
 
     stop_s: float = 10.0             # SIGTERM -> process group gone, GPUs checked free
     prepare_s: float = 5.0           # GPU check, trial folder, launcher start
-
-
-# Where in Sim.startup's log (= vLLM's order) a not-applied target can be stopped on while
-# the server starts: exactly the verdicts tuner.vllm.verify.startup_mismatches accepts
-# from a partial log - the custom all-reduce outcome at communicator init ("comm") and the
-# attention backend's CUDA-graph downgrade right after ("attn"), both before the weights
-# load. Every other verdict waits for the full log (end of startup), as in the worker.
-_STAGE_OF = {
-    "disable_custom_all_reduce": "comm",
-    "compilation_config.cudagraph_mode": "attn",
-}
-
-
-def verdict_stage_s(eff: Effective, target: str) -> float:
-    """Seconds into startup (prepare left out) when the log shows ``target`` not applied."""
-
-    st = eff.profile.startup
-    stage = _STAGE_OF.get(target)
-    if target == "compilation_config.cudagraph_mode" and eff.cudagraph_mode != "NONE" and not eff.capture_sizes:
-        stage = None          # "capture skipped": only known at the end of startup
-    return {"comm": st.api_init_s + st.engine_init_s,
-            "attn": st.api_init_s + st.engine_init_s}.get(stage or "", startup_s(eff))
 
 
 def compile_fields(eff: Effective, env: Mapping[str, str], tm: TimeModel) -> dict[str, Any]:

@@ -31,6 +31,7 @@ __all__ = [
     "random_values",
     "settings_for",
     "trial_command",
+    "trial_ignore_eos",
     "server_command",
     "params_key",
     "discrete_size",
@@ -181,6 +182,15 @@ def trial_command(spec: StudySpec, values: Mapping[str, Any], *, port: int | Non
 
     return server_command(spec, spec.server, settings_for(spec, values), port=port,
                           python=python, compile_cache_dir=compile_cache_dir)
+
+
+def trial_ignore_eos(spec: StudySpec, asked: Mapping[str, Any]) -> bool:
+    """The ``ignore_eos`` a trial's load sends: the study's ``load.workload.ignore_eos``,
+    with ``auto`` resolved by whether the trial's asked settings name a speculative
+    method (``trial_command(...).asked``)."""
+
+    return spec.load.workload.resolve_ignore_eos(
+        speculative=asked.get("speculative_config.method") is not None)
 
 
 def point_compile_key(spec: StudySpec, values: Mapping[str, Any]) -> str | None:

@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.load.uncertainty import with_noise_floor
 from tuner.study.early_stop import (
     DEFAULT_MARGIN,
     DEFAULT_MAX_GAP,
@@ -283,6 +284,24 @@ class SweepGuard:
                                                                "first_wave_s", "completed", "planned")},
                        "skipped_levels": [level, *remaining]}
         return True
+
+    def measured_levels(self, noise_floor: float) -> dict[str, dict[str, float]]:
+        """The level a rule-4a stop measured (``record["measured"]``), as the outcome records
+        it: its output tok/s, with the interval that status, the front and picks read widened
+        like every other level's by the between-start ``noise_floor`` (a value without one
+        would look exact). Empty for every other stop."""
+
+        out: dict[str, dict[str, float]] = {}
+        for key, value in ((self.record or {}).get("measured") or {}).items():
+            level_values = dict(value)
+            ci = level_values.get("output_tok_s.ci95") or math.nan
+            ci = with_noise_floor(ci, float(level_values.get("output_tok_s") or math.nan), noise_floor)
+            if math.isfinite(ci) and ci > 0:
+                level_values["output_tok_s.ci95"] = ci
+            else:
+                level_values.pop("output_tok_s.ci95", None)
+            out[str(key)] = level_values
+        return out
 
     def during_search(self, levels: Levels, bound: float) -> bool:
         """During the max_rate@slo search (rule 5): ``levels`` are the flat metrics of every
