@@ -163,6 +163,7 @@ def test_startup_stop_sees_what_the_time_model_assumes(name) -> None:
     the benchmark's time model (Evaluator.verdict_s) stops early on - and nothing that the
     full log would not confirm."""
 
+    from tuner.vllm.effective_config import parse_effective_config
     from tuner.vllm.verify import startup_mismatches
 
     spec = spec_of(name)
@@ -175,7 +176,7 @@ def test_startup_stop_sees_what_the_time_model_assumes(name) -> None:
         argv, env, asked, eff = start.argv, start.env, start.asked, start.effective
         lines = startup_log(argv, env, GLM).splitlines()
         cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
-        early = set(startup_mismatches(asked, "\n".join(lines[:cut])))
+        early = set(startup_mismatches(asked, parse_effective_config("\n".join(lines[:cut]))))
         assert early <= set(truth_verify.mismatches(asked, eff)), values        # never a wrong stop
         verdict = ev.verdict_s(values)
         before_weights = verdict is not None and verdict < ev.time_model.prepare_s + _startup_until_load(eff)
@@ -192,6 +193,7 @@ def test_startup_stop_defers_to_full_verification_once_capture_lines_appear(glm5
     """A capture still running shows one kind of graph so far; a cudagraph_mode verdict is
     only taken early before the first capture line (afterwards "ready" is seconds away)."""
 
+    from tuner.vllm.effective_config import parse_effective_config
     from tuner.vllm.verify import startup_mismatches
 
     values = next(v for v in st.enumerate_points(glm5)
@@ -200,6 +202,7 @@ def test_startup_stop_defers_to_full_verification_once_capture_lines_appear(glm5
     asked = command.asked
     lines = startup_log(command.argv[len(glm5.server.command):], command.launch_env, GLM).splitlines()
     cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
-    assert startup_mismatches(asked, "\n".join(lines[:cut])) == ["compilation_config.cudagraph_mode"]
+    early = startup_mismatches(asked, parse_effective_config("\n".join(lines[:cut])))
+    assert early == ["compilation_config.cudagraph_mode"]
     capture = next(i for i, line in enumerate(lines) if "Capturing CUDA graphs" in line)
-    assert startup_mismatches(asked, "\n".join(lines[:capture + 1])) == []
+    assert startup_mismatches(asked, parse_effective_config("\n".join(lines[:capture + 1]))) == []
