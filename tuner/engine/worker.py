@@ -285,7 +285,7 @@ class TrialWorker:
                 done, _ = await asyncio.wait({ready}, timeout=STARTUP_LOG_POLL_S)
                 if done:
                     return ready.result()
-                # wait_ready reads the log as it grows; this reads what it read so far.
+                # The reader wait_ready polls too: only what was appended since is read.
                 if guard.stop_while_starting(request.asked, self._server.log.poll().effective()):
                     return time.monotonic() - began
         finally:
