@@ -22,8 +22,9 @@ from tests.log_replay import digest_written_in_chunks
 from tuner.adapters.server_log import LogFollower, ServerLog
 from tuner.probe.shapes import log_boundaries
 from tuner.vllm.compile_cache import parse_compile_log
-from tuner.vllm.effective_config import parse_effective_config
+from tuner.vllm.effective_config import parse_effective_config, text_lines
 from tuner.vllm.failure_signatures import scan_log
+from tuner.vllm.log_digest import BACKLOG_CHARS, LogDigest
 from tuner.vllm.startup import parse_startup
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
@@ -242,3 +243,19 @@ def test_the_first_logger_line_is_timed_when_it_arrives(tmp_path: Path, writer: 
     writer.write("\n" + LINE.format(2, "second") + "\n")
     log.poll()
     assert log.first_line_s == first
+
+
+def test_the_digest_reads_a_long_log_in_bounded_batches(tmp_path: Path) -> None:
+    """Past BACKLOG_CHARS of lines nobody asked about, the parsers behind the fail-fast
+    scanner catch up by themselves: the lines waiting stay under the bound, and the answers
+    are still the whole text's."""
+
+    text = (LOGS / "h200-0.26.0" / "cudagraph-full.log").read_text(encoding="utf-8")
+    stats = LINE.format(9, "Avg prompt throughput: 0.0 tokens/s, Running: 0 reqs") + "\n"
+    text += stats * (3 * BACKLOG_CHARS // len(stats))
+    digest = LogDigest()
+    for line in text_lines(text):
+        digest.feed(line)
+        assert digest._backlog_chars <= BACKLOG_CHARS
+    assert digest.effective() == parse_effective_config(text)
+    assert digest.startup(first_line_s=1.0, ready_s=60.0) == parse_startup(text, first_line_s=1.0, ready_s=60.0)
