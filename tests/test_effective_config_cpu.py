@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from tests.log_replay import digest_written_in_chunks
 from tuner.load.prometheus import parse_prometheus_text, server_side_metrics
-from tuner.vllm.effective_config import EffectiveConfig, parse_effective_config
+from tuner.vllm.effective_config import EffectiveConfig, parse_effective_config, text_lines
 from tuner.vllm.failure_signatures import FatalLineScanner, match_fatal_line, scan_log
 from tuner.vllm.verify import verify
 
@@ -185,17 +186,17 @@ FAILED = [
 
 @pytest.mark.parametrize(("name", "reason", "line"), FAILED, ids=[f[0] for f in FAILED])
 @pytest.mark.parametrize("chunk", [1, 64, 4096, 1 << 20])
-def test_failed_cpu_starts_give_the_root_cause(name: str, reason: str, line: str, chunk: int) -> None:
-    text = read(name)
-    scanner = FatalLineScanner()
-    for start in range(0, len(text), chunk):
-        scanner.feed(text[start:start + chunk])
-    found = scanner.finish()
+def test_failed_cpu_starts_give_the_root_cause(tmp_path: Path, name: str, reason: str, line: str,
+                                               chunk: int) -> None:
+    # Through the launcher's reader, the log written a chunk at a time.
+    digest = digest_written_in_chunks(tmp_path / "server.log", (LOGS / name).read_bytes(), chunk)
+    found = digest.fatal.signature
     assert found is not None
     assert found.reason == reason
     assert line in found.line
-    assert scanner.ready_seen is False
+    assert digest.fatal.ready_seen is False
     assert eff(name).ready is False
+    assert digest.effective() == eff(name)
 
 
 def test_bad_cudagraph_mode_fails_before_any_config_is_logged() -> None:
@@ -219,7 +220,7 @@ def test_no_line_of_a_successful_cpu_log_is_fatal(name: str) -> None:
     end = next(i for i, line in enumerate(lines) if "] [shutdown] " in line)
     assert [(i, lines[i]) for i in range(end) if match_fatal_line(lines[i])] == []
     scanner = FatalLineScanner()
-    assert scanner.feed(text) is None
+    assert [line for line in text_lines(text) if scanner.feed_line(line)] == []
     assert scanner.finish() is None
     assert (scanner.ready_seen, scanner.shutdown_seen) == (True, True)
     assert scan_log(text) is None

@@ -93,7 +93,7 @@ def test_startup_downgrades_are_final_only_where_the_table_says() -> None:
     cut = next(i for i, line in enumerate(lines) if "Capturing CUDA graphs" in line)
     asked = {"compilation_config.cudagraph_mode": "FULL", "disable_custom_all_reduce": False,
              "env:NCCL_PROTO": "Simple"}
-    assert sorted(startup_mismatches(asked, "\n".join(lines[:cut]))) == [
+    assert sorted(startup_mismatches(asked, parse_effective_config("\n".join(lines[:cut])))) == [
         "compilation_config.cudagraph_mode", "disable_custom_all_reduce"]
     assert {c.target for c in verify(asked, parse_effective_config(text)).mismatches()} == set(asked)
 

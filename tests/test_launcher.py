@@ -133,9 +133,9 @@ def test_stop_kills_a_process_that_left_the_group(tmp_path: Path, marker: str) -
 
     async def scenario():
         server.start()
-        await asyncio.to_thread(wait_for, lambda: "escaped" in server.log_text(), 20, "the escaper's line",
-                                context=server.log_text)
-        escaped = int(server.log_text().split("escaped")[1].split()[0])
+        said = server.log_path.read_text
+        await asyncio.to_thread(wait_for, lambda: "\n" in said(), 20, "the escaper's line", context=said)
+        escaped = int(said().split("escaped")[1].split()[0])
         assert escaped not in proctree.group_members(server.pid), "the child did leave the group"
         assert escaped in proctree.pids_with_env(TAG_VAR, tag)
         return escaped, await server.stop(1.0)

@@ -52,7 +52,8 @@ PURE = [
     "tuner.study.noise", "tuner.study.stopping", "tuner.study.ties", "tuner.study.trials", "tuner.terminal",
     "tuner.vllm",
     "tuner.vllm.argument_names", "tuner.vllm.compile_cache", "tuner.vllm.compile_order", "tuner.vllm.effective_config",
-    "tuner.vllm.failure_signatures", "tuner.vllm.knob_values", "tuner.vllm.knobs", "tuner.vllm.multicast",
+    "tuner.vllm.failure_signatures", "tuner.vllm.knob_values", "tuner.vllm.knobs", "tuner.vllm.log_digest",
+    "tuner.vllm.multicast",
     "tuner.vllm.startup",
     "tuner.vllm.unverified", "tuner.vllm.verify",
 ]

@@ -141,6 +141,7 @@ def test_startup_stop_never_stops_what_full_verification_would_pass(name) -> Non
     where the weights start loading, as Evaluator.startup_verdict cuts it) finds only
     targets the full log confirms not applied, and finds some in these spaces."""
 
+    from tuner.vllm.effective_config import parse_effective_config
     from tuner.vllm.verify import startup_mismatches
 
     spec = spec_of(name)
@@ -153,7 +154,7 @@ def test_startup_stop_never_stops_what_full_verification_would_pass(name) -> Non
         argv, env, asked = start.argv, start.env, start.asked
         lines = startup_log(argv, env, GLM).splitlines()
         cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
-        early = set(startup_mismatches(asked, "\n".join(lines[:cut])))
+        early = set(startup_mismatches(asked, parse_effective_config("\n".join(lines[:cut]))))
         assert early <= set(truth_verify.log_mismatches(argv, env, asked, GLM)), values   # never a wrong stop
         assert (ev.startup_verdict(values) is not None) == bool(early), values
         early_seen += bool(early)
@@ -164,6 +165,7 @@ def test_startup_stop_defers_to_full_verification_once_capture_lines_appear(glm5
     """A capture still running shows one kind of graph so far; a cudagraph_mode verdict is
     only taken early before the first capture line (afterwards "ready" is seconds away)."""
 
+    from tuner.vllm.effective_config import parse_effective_config
     from tuner.vllm.verify import startup_mismatches
 
     values = next(v for v in st.enumerate_points(glm5)
@@ -172,6 +174,7 @@ def test_startup_stop_defers_to_full_verification_once_capture_lines_appear(glm5
     asked = command.asked
     lines = startup_log(command.argv[len(glm5.server.command):], command.launch_env, GLM).splitlines()
     cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
-    assert startup_mismatches(asked, "\n".join(lines[:cut])) == ["compilation_config.cudagraph_mode"]
+    early = startup_mismatches(asked, parse_effective_config("\n".join(lines[:cut])))
+    assert early == ["compilation_config.cudagraph_mode"]
     capture = next(i for i, line in enumerate(lines) if "Capturing CUDA graphs" in line)
-    assert startup_mismatches(asked, "\n".join(lines[:capture + 1])) == []
+    assert startup_mismatches(asked, parse_effective_config("\n".join(lines[:capture + 1]))) == []

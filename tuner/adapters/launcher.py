@@ -32,10 +32,10 @@ import httpx
 from tuner.adapters import proctree
 from tuner.adapters.artifacts import open_private
 from tuner.adapters.http_client import ReplyTooLarge, capped_request, server_client
+from tuner.adapters.server_log import ServerLog
 from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerStartTimeout
 from tuner.secrets import Redactor
-from tuner.vllm.failure_signatures import FatalLineScanner, FatalSignature, trial_reason, vllm_message
-from tuner.vllm.startup import has_log_stamp
+from tuner.vllm.failure_signatures import FatalSignature, trial_reason, vllm_message
 
 __all__ = ["ServerProcess", "StopReport", "port_owner_message", "check_port_free", "TAG_VAR",
            "WATCHDOG_TAG_VAR"]
@@ -135,14 +135,12 @@ class ServerProcess:
         self.process: asyncio.subprocess.Process | None = None
         self._popen_pid: int | None = None
         self._watchdog: subprocess.Popen[bytes] | None = None
-        self._scanner = FatalLineScanner()
-        self._log_offset = 0
+        # The log, read as it grows (fatal lines, and what the trial reads back after).
+        self.log = ServerLog(log_path)
+        self._scanner = self.log.digest.fatal
         # When a generic fatal line was first seen (waiting for its root cause), else None.
         self._pending_since: float | None = None
         self.started_at: float | None = None
-        # Seconds from spawn to the first vLLM logger line read back: the end of the Python
-        # imports (vllm.startup's first phase); None until one was seen.
-        self.first_line_s: float | None = None
 
     @property
     def base_url(self) -> str:
@@ -178,7 +176,7 @@ class ServerProcess:
             log.close()
         self._proc = proc
         self._popen_pid = proc.pid
-        self.started_at = time.monotonic()
+        self.started_at = self.log.started_at = time.monotonic()
         self._start_watchdog(proc.pid)
         if self.pid_file is not None:
             record = {
@@ -232,29 +230,15 @@ class ServerProcess:
     def is_running(self) -> bool:
         return self._popen_pid is not None and self._proc.poll() is None
 
-    def _scan_new_log(self) -> None:
-        try:
-            with open(self.log_path, "rb") as fh:
-                fh.seek(self._log_offset)
-                chunk = fh.read()
-        except FileNotFoundError:
-            return
-        if chunk:
-            self._log_offset += len(chunk)
-            text = chunk.decode("utf-8", errors="replace")
-            if self.first_line_s is None and self.started_at is not None and has_log_stamp(text):
-                self.first_line_s = time.monotonic() - self.started_at
-            self._scanner.feed(text)
+    @property
+    def first_line_s(self) -> float | None:
+        """Seconds from spawn to the first vLLM logger line read back: the end of the Python
+        imports (vllm.startup's first phase); None until one was seen."""
+        return self.log.first_line_s
 
     def log_excerpt(self) -> str:
-        self._scan_new_log()
+        self.log.poll()
         return self._scanner.excerpt()
-
-    def log_text(self) -> str:
-        try:
-            return self.log_path.read_text(encoding="utf-8", errors="replace")
-        except FileNotFoundError:
-            return ""
 
     async def wait_ready(self, timeout_s: float) -> float:
         """Seconds until ready. Raises ServerExited, ServerFatalLog or ServerStartTimeout.
@@ -294,11 +278,10 @@ class ServerProcess:
         """Raise when the process has exited or its log has a settled fatal line (a generic
         one after :data:`PENDING_GRACE_S` without its root cause)."""
 
-        self._scan_new_log()
+        self.log.poll()
         code = self.exit_code()
         if code is not None:
-            self._scan_new_log()
-            self._scanner.finish()  # the last line may lack its newline
+            self.log.finish()  # the rest of the log, the last line even without its newline
             found = self._scanner.signature
             raise _with_signature(ServerExited(
                 f"server exited with code {code} before it was ready{_detail(found)}",

@@ -37,7 +37,6 @@ from tuner.probe.agreement import agreement_line
 from tuner.probe.client import load_probe_items, run_probe
 from tuner.probe.known_score import ProbeResult
 from tuner.probe.recording import ReferenceRecordError, check_reference, load_reference_sources, record_reference
-from tuner.probe.shapes import log_boundaries
 from tuner.probe.spec import ProbeSpec
 from tuner.probe.trial import reference_known_answers, run_trial_probe
 from tuner.probe.verdict import validate_reference
@@ -45,9 +44,7 @@ from tuner.secrets import Redactor
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.server_spec import ServerSpec
 from tuner.study.sweep_guard import SweepGuard
-from tuner.vllm.compile_cache import parse_compile_log
-from tuner.vllm.effective_config import parse_effective_config
-from tuner.vllm.startup import parse_startup
+from tuner.vllm.log_digest import LogDigest
 from tuner.vllm.verify import verify
 
 __all__ = ["TrialWorker"]
@@ -286,8 +283,8 @@ class TrialWorker:
                 done, _ = await asyncio.wait({ready}, timeout=STARTUP_LOG_POLL_S)
                 if done:
                     return ready.result()
-                log = await asyncio.to_thread(self._server.log_text)
-                if guard.stop_while_starting(request.asked, log):
+                # The reader wait_ready polls too: only what was appended since is read.
+                if guard.stop_while_starting(request.asked, self._server.log.poll().effective()):
                     return time.monotonic() - began
         finally:
             if not ready.done():
@@ -297,11 +294,12 @@ class TrialWorker:
 
     def _verify(self, request: TrialRequest, trial_dir: Path, outcome: TrialOutcome) -> None:
         assert self._server is not None
-        effective = parse_effective_config(self._server.log_text())
+        log = self._server.log.poll()
+        effective = log.effective()
         # The shapes the server specialises for (CUDA-graph capture sizes) are what the
         # probe's prompt lengths and batch sizes must cover (tuner.probe.shapes).
         self._capture_sizes = list(effective.cudagraph_capture_sizes or [])
-        self._boundaries = log_boundaries(self._server.log_text())
+        self._boundaries = log.boundaries()
         result = verify(request.asked, effective)
         self._write_json(trial_dir / "effective_config.json", effective.model_dump(mode="json"))
         self._write_json(trial_dir / "verification.json", result.model_dump(mode="json"))
@@ -504,37 +502,35 @@ class TrialWorker:
         }
         if report.leftover_pids:
             outcome.warnings.append(f"processes still alive after stop: {report.leftover_pids}")
-        self._record_compile(server, request, outcome)
-        self._record_startup(server, request, outcome)
+        try:
+            log = server.log.finish()   # the whole log now, the last line even without its newline
+        except OSError as exc:
+            for record in ("compile", "startup"):
+                outcome.warnings.append(f"could not read the server log for the {record} record: {exc}")
+            return interrupted
+        self._record_compile(log, request, outcome)
+        self._record_startup(log, server.first_line_s, request, outcome)
         return interrupted
 
-    def _record_compile(self, server: ServerProcess, request: TrialRequest, outcome: TrialOutcome) -> None:
+    def _record_compile(self, log: LogDigest, request: TrialRequest, outcome: TrialOutcome) -> None:
         """What the server's log says about torch.compile and vLLM's compile cache (hit,
         miss, none, or unknown when the log stops before the engine was up), with compile,
         graph capture and init-engine seconds: ``compile_cache.json`` in the trial folder
         and ``outcome.compile`` (a trial user attribute through scoring.outcome_attrs)."""
 
-        try:
-            record = parse_compile_log(server.log_text()).to_json()
-        except OSError as exc:
-            outcome.warnings.append(f"could not read the server log for the compile record: {exc}")
-            return
+        record = log.compile_record().to_json()
         with contextlib.suppress(TrialError):   # a missing side file must not fail the trial
             self._write_json(Path(request.trial_dir) / "compile_cache.json", record)
         outcome.compile = record
 
     @staticmethod
-    def _record_startup(server: ServerProcess, request: TrialRequest, outcome: TrialOutcome) -> None:
+    def _record_startup(log: LogDigest, first_line_s: float | None, request: TrialRequest,
+                        outcome: TrialOutcome) -> None:
         """Where the start's time went, phase by phase, with the KV-cache size and the graph
         capture the log states (vllm.startup): ``startup.json`` in the trial folder and
         ``outcome.startup`` (a trial user attribute through scoring.outcome_attrs)."""
 
-        try:
-            record = parse_startup(server.log_text(), first_line_s=server.first_line_s,
-                                   ready_s=outcome.startup_s).to_json()
-        except OSError as exc:
-            outcome.warnings.append(f"could not read the server log for the startup record: {exc}")
-            return
+        record = log.startup(first_line_s=first_line_s, ready_s=outcome.startup_s).to_json()
         with contextlib.suppress(TrialError):   # a missing side file must not fail the trial
             atomic_write_json(Path(request.trial_dir) / "startup.json", record)
         outcome.startup = record

@@ -258,7 +258,7 @@ class SimExecutor:
         guard = SweepGuard(None if policy is None or plan is None else policy.plan(plan, spec.load.concurrency))
         if guard.enabled and policy is not None and policy.streaming_verify and self.verdict is not None:
             seen = self.verdict(dict(request["values"]))
-            if seen is not None and guard.stop_while_starting(request["asked"], seen.log):
+            if seen is not None and guard.stop_while_starting(request["asked"], seen.effective):
                 return _Play(start + seen.seconds + truth.stop_s, m, guard.record)
         probed = bool(request["probe"]["enabled"]) and not guard.stop_after("verify", applied=truth.applied)
         if probed:

@@ -52,6 +52,7 @@ from tuner.sim.truth_workload import LevelRequest, calibrate_workload, level_req
 from tuner.study import space
 from tuner.study.sampling import grid_points
 from tuner.study.spec import StudySpec
+from tuner.vllm.effective_config import EffectiveConfig, parse_effective_config
 from tuner.vllm.knobs import RenderedCommand
 from tuner.vllm.verify import startup_mismatches
 
@@ -140,11 +141,11 @@ class PointTruth:
 
 @dataclass(frozen=True)
 class StartupVerdict:
-    """A knob the simulated server's log shows not applied while it starts: the log so far
-    and the seconds into the trial when it is seen (``Evaluator.startup_verdict``)."""
+    """A knob the simulated server's log shows not applied while it starts: what the log so
+    far establishes and the seconds into the trial when it is seen (``Evaluator.startup_verdict``)."""
 
     seconds: float
-    log: str
+    effective: EffectiveConfig
 
 
 # ------------------------------------------------------------------------------- space
@@ -254,7 +255,7 @@ class Evaluator:
             return None
         lines = startup_log(start.argv, start.env, self.profile).splitlines()
         cut = next(i for i, line in enumerate(lines) if "Loading weights" in line or "Loading model" in line)
-        early = "\n".join(lines[:cut])
+        early = parse_effective_config("\n".join(lines[:cut]))
         if not startup_mismatches(start.asked, early):
             return None
         return StartupVerdict(self.time_model.prepare_s + startup_s(start.effective, until="attn"), early)

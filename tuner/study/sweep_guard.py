@@ -39,6 +39,7 @@ from tuner.study.early_stop import (
     level_order,
     optimistic_values,
 )
+from tuner.vllm.effective_config import EffectiveConfig
 from tuner.vllm.verify import startup_mismatches
 
 __all__ = ["PlanTarget", "PlanLimit", "SweepPlan", "sweep_plan", "SweepGuard", "MAX_RATE"]
@@ -167,13 +168,14 @@ class SweepGuard:
             self.record = {"reason": reason, "after": step, "bounds": None, "skipped_levels": list(self.order)}
         return self.stopped
 
-    def stop_while_starting(self, asked: Mapping[str, Any], log_text: str) -> bool:
-        """While the server starts: rule 1 for knobs whose downgrade the log already shows
-        for good (``tuner.vllm.verify.startup_mismatches``). True = stop the start; the trial is not applied."""
+    def stop_while_starting(self, asked: Mapping[str, Any], effective: EffectiveConfig) -> bool:
+        """While the server starts: rule 1 for knobs whose downgrade the log read so far
+        (``effective``) already shows for good (``tuner.vllm.verify.startup_mismatches``).
+        True = stop the start; the trial is not applied."""
 
         if not self.enabled or self.stopped or not self.require_applied:
             return self.stopped
-        sure = startup_mismatches(asked, log_text)
+        sure = startup_mismatches(asked, effective)
         if sure:
             self.record = {"reason": "not_applied", "after": "startup", "bounds": None,
                            "mismatches": sure, "skipped_levels": list(self.order)}

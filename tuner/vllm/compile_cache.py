@@ -49,13 +49,13 @@ import json
 import posixpath
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from tuner.vllm.knob_values import ANY
 from tuner.vllm.knobs import knob
 
-__all__ = ["CompileRecord", "parse_compile_log", "compile_key", "compile_settings", "relevance",
+__all__ = ["CompileLogScan", "CompileRecord", "parse_compile_log", "compile_key", "compile_settings", "relevance",
            "check_cache_dir", "expand_cache_dir", "STUDY_CACHE_DIR", "VLLM_DEFAULT", "study_cache_root"]
 
 # execution.compile_cache_dir unset: the study's own cache, this folder of the study folder.
@@ -156,25 +156,42 @@ class _Scan:
         return prefix == self.source
 
 
+class CompileLogScan:
+    """:func:`parse_compile_log` a line at a time: ``feed`` each line as the log grows,
+    ``record()`` whenever the record of the lines so far is wanted."""
+
+    def __init__(self) -> None:
+        self._rec = CompileRecord()
+        self._scan = _Scan()
+
+    def feed(self, line: str) -> None:
+        # splitlines, as over a whole text: a progress bar's \r parts are lines of their own.
+        for raw in line.splitlines():
+            prefix, rest = _split(raw)
+            _read_line(self._rec, self._scan, prefix, rest)
+
+    def record(self) -> CompileRecord:
+        scan = self._scan
+        rec = replace(self._rec)  # feeding goes on: the totals are set on a copy
+        rec.dynamo_s = round(sum(scan.dyn), 3) if scan.dyn else None
+        rec.inductor_s = round(sum(scan.ind), 3) if scan.ind else None
+        rec.load_s = round(sum(scan.lod), 3) if scan.lod else None
+        rec.compile_s = scan.init_compilation if scan.init_compilation is not None else (
+            round(sum(scan.totals), 3) if scan.totals else None)
+        rec.aot = "loaded" if scan.aot_loaded else ("saved" if scan.aot_saved else None)
+        rec.cache = _cache_status(scan, rec)
+        return rec
+
+
 def parse_compile_log(text: str) -> CompileRecord:
     """The compile record of one server log (any prefix of it; see CompileRecord.cache).
 
     Tensor-parallel workers each print the compile lines: times are taken from the process
     that printed the first one (rank 0 prints first), directories from the first line."""
 
-    rec = CompileRecord()
-    scan = _Scan()
-    for raw in text.splitlines():
-        prefix, line = _split(raw)
-        _read_line(rec, scan, prefix, line)
-    rec.dynamo_s = round(sum(scan.dyn), 3) if scan.dyn else None
-    rec.inductor_s = round(sum(scan.ind), 3) if scan.ind else None
-    rec.load_s = round(sum(scan.lod), 3) if scan.lod else None
-    rec.compile_s = scan.init_compilation if scan.init_compilation is not None else (
-        round(sum(scan.totals), 3) if scan.totals else None)
-    rec.aot = "loaded" if scan.aot_loaded else ("saved" if scan.aot_saved else None)
-    rec.cache = _cache_status(scan, rec)
-    return rec
+    scan = CompileLogScan()
+    scan.feed(text)
+    return scan.record()
 
 
 def _read_line(rec: CompileRecord, scan: _Scan, prefix: str, line: str) -> None:

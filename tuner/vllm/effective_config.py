@@ -20,6 +20,7 @@ Conventions:
 from __future__ import annotations
 
 import ast
+import copy
 import re
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -30,12 +31,14 @@ __all__ = [
     "EVIDENCE_WIDTH",
     "CudagraphDowngrade",
     "EffectiveConfig",
+    "EffectiveConfigScan",
     "LogLine",
     "excerpt",
     "excerpt_around_key",
     "parse_effective_config",
     "split_log_line",
     "strip_ansi",
+    "text_lines",
 ]
 
 EVIDENCE_WIDTH = 300
@@ -139,6 +142,15 @@ _RAY_DEDUP_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
 def strip_ansi(text: str) -> str:
     """Remove terminal colour codes (vLLM colours its process tags and levels)."""
     return _ANSI_RE.sub("", text) if "\x1b" in text else text
+
+
+def text_lines(text: str) -> list[str]:
+    """The lines of a whole log text as a line reader delivers them: split at ``\n`` only,
+    the last one kept even without its newline, no empty line after a final newline."""
+    lines = text.split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return lines
 
 
 def split_log_line(raw: str) -> LogLine:
@@ -500,17 +512,33 @@ _HANDLERS: tuple[tuple[str, Callable[[_Scan, str], None]], ...] = (
 )
 
 
-def parse_effective_config(log_text: str) -> EffectiveConfig:
-    """Parse a whole vLLM server log (any mix of API server, engine and worker lines)."""
-    log_text = strip_ansi(log_text)
-    scan = _Scan()
-    for line in log_text.split("\n"):
+class EffectiveConfigScan:
+    """:func:`parse_effective_config` a line at a time: ``feed`` each line as the log grows
+    (a line reader's lines, without their newline), ``config()`` whenever the configuration
+    the lines so far establish is wanted (a partial log gives a partial configuration)."""
+
+    def __init__(self) -> None:
+        self._scan = _Scan()
+
+    def feed(self, line: str) -> None:
+        line = strip_ansi(line)
         if "across cluster]" in line:
             line = _RAY_DEDUP_RE.sub("", line)
         for marker, handler in _HANDLERS:
             if marker in line:
-                handler(scan, line)
-    return _finish(scan)
+                handler(self._scan, line)
+
+    def config(self) -> EffectiveConfig:
+        # _finish derives fields in place: on a copy, so that feeding can go on.
+        return _finish(copy.deepcopy(self._scan))
+
+
+def parse_effective_config(log_text: str) -> EffectiveConfig:
+    """Parse a whole vLLM server log (any mix of API server, engine and worker lines)."""
+    scan = EffectiveConfigScan()
+    for line in log_text.split("\n"):
+        scan.feed(line)
+    return scan.config()
 
 
 def _finish(scan: _Scan) -> EffectiveConfig:

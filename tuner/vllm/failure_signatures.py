@@ -1,7 +1,8 @@
 """Recognise the log lines that mean a vLLM server will not come up (or just died).
 
-`match_fatal_line(line)` classifies one line, statelessly. `FatalLineScanner` is what a
-launcher feeds while tailing the server log; it adds the context a single line lacks:
+`match_fatal_line(line)` classifies one line, statelessly. `FatalLineScanner` is fed the
+server log's lines as they arrive (tuner.vllm.log_digest, from the launcher's reader); it
+adds the context a single line lacks:
 
 * **Root cause first.** vLLM often logs a generic wrapper (`EngineCore failed to start.`)
   *before* the traceback that names the cause (`ValueError: Free memory on device ...`).
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.vllm.effective_config import LogLine, excerpt, split_log_line, strip_ansi
+from tuner.vllm.effective_config import LogLine, excerpt, split_log_line, strip_ansi, text_lines
 
 __all__ = [
     "CONFIG_REASONS",
@@ -161,19 +162,17 @@ def _classify(parsed: LogLine, line: str) -> FatalSignature | None:
 class FatalLineScanner:
     """Incremental fatal-line detection over a growing log (see the module docstring).
 
-    ``feed(chunk)`` accepts any slice of the text, partial lines included, and returns the
-    settled signature (the same one on every later call) or None. ``signature`` is the
-    best answer so far: the settled one, else a generic failure still waiting for its root
-    cause (also in ``pending``). ``settled()`` tells which. ``finish()`` settles at end of
-    input (the process exited): call it before reading the final verdict.
+    ``feed_line(line)`` takes one complete line (a line reader's, without its newline; the
+    reader keeps a partial last line until it ends) and returns the settled signature (the
+    same one on every later call) or None. ``signature`` is the best answer so far: the
+    settled one, else a generic failure still waiting for its root cause (also in
+    ``pending``). ``settled()`` tells which. ``finish()`` settles at end of input (the
+    process exited): call it before reading the final verdict.
     """
 
-    def __init__(self, *, grace_lines: int = 200, excerpt_lines: int = 40,
-                 max_partial_chars: int = 1 << 16) -> None:
+    def __init__(self, *, grace_lines: int = 200, excerpt_lines: int = 40) -> None:
         self._grace_lines = grace_lines
-        self._max_partial_chars = max_partial_chars
         self._tail: deque[str] = deque(maxlen=excerpt_lines)
-        self._partial = ""
         self._decided: FatalSignature | None = None
         self._frozen_excerpt: list[str] | None = None
         self._pending: FatalSignature | None = None
@@ -193,25 +192,14 @@ class FatalLineScanner:
         """True once the verdict can no longer change."""
         return self._decided is not None
 
-    def feed(self, chunk: str) -> FatalSignature | None:
-        if self._decided is not None:
-            return self._decided
-        lines = (self._partial + chunk).split("\n")
-        self._partial = lines.pop()
-        if len(self._partial) > self._max_partial_chars:
-            # A progress bar redrawn with \r and no newline: only its last state matters.
-            self._partial = self._partial[self._partial.rfind("\r") + 1:][-self._max_partial_chars:]
-        for line in lines:
+    def feed_line(self, line: str) -> FatalSignature | None:
+        if self._decided is None:
             self._scan_line(line)
-            if self._decided is not None:
-                break
         return self._decided
 
     def finish(self) -> FatalSignature | None:
-        """End of input: classify the unterminated last line and settle a pending failure."""
-        if self._decided is None and self._partial:
-            self._scan_line(self._partial)
-        self._partial = ""
+        """End of input: settle a pending failure (the unterminated last line, if any, is
+        the reader's to deliver first)."""
         if self._decided is None and self._pending is not None:
             self._decide(self._pending)
         return self._decided
@@ -254,5 +242,7 @@ class FatalLineScanner:
 def scan_log(log_text: str, *, grace_lines: int = 200) -> FatalSignature | None:
     """Classify a finished log: the scanner's verdict over the whole text."""
     scanner = FatalLineScanner(grace_lines=grace_lines)
-    scanner.feed(log_text)
+    for line in text_lines(log_text):
+        if scanner.feed_line(line) is not None:
+            break
     return scanner.finish()

@@ -37,7 +37,8 @@ torch.compile, graph capture, init engine) that figure is kept as well, at its p
 A start that fails or is cut short has the phases up to the last end line seen
 (``reached``) and ``tail_s``, the seconds from there to the last log line.
 
-Pure: text in, record out (no clock, no file).
+Pure: text in, record out (no clock, no file); :class:`StartupScan` takes the text a line
+at a time as the log grows.
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tuner.vllm.compile_cache import parse_compile_log
+from tuner.vllm.compile_cache import CompileRecord, parse_compile_log
 
-__all__ = ["PHASES", "PHASE_LABELS", "StartupRecord", "parse_startup", "summary_text", "figures_text",
+__all__ = ["PHASES", "PHASE_LABELS", "StartupRecord", "StartupScan", "parse_startup", "summary_text", "figures_text",
            "median_phases", "has_log_stamp"]
 
 PHASES: tuple[str, ...] = ("imports", "api_config", "engine_spawn", "weights", "compile", "kv_cache",
@@ -144,58 +145,112 @@ def _stamp(line: str) -> float | None:
 _MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)
 
 
-def _scan(text: str) -> tuple[list[tuple[float, str]], dict[str, list[tuple[int, float]]]]:
-    """Timestamped lines (time, message) and, per end pattern, where it first matched."""
+# The figures vLLM states, each taken from its first line in the log.
+_FIGURES: tuple[re.Pattern[str], ...] = (_MODEL_LOADING_RE, _LOADING_WEIGHTS_RE, _KV_TOKENS_RE, _KV_GIB_RE,
+                                         _CONCURRENCY_RE, _CAPTURE_RE)
 
-    stamped: list[tuple[float, str]] = []
-    first: dict[str, list[tuple[int, float]]] = {}
-    for raw in text.splitlines():
+
+@dataclass
+class _Hit:
+    """Where an end pattern first matched: its stamped line's index and time, and the time
+    of the stamped line before it (the API server's last line, for ``api_config``)."""
+
+    index: int
+    when: float
+    before: float | None
+
+
+class StartupScan:
+    """:func:`parse_startup` a line at a time: ``feed`` each line as the log grows,
+    ``record()`` whenever the breakdown of the lines so far is wanted. Memory stays small
+    on any log: per line only the first and last timestamps, the first line of each end
+    pattern and of each figure are kept."""
+
+    def __init__(self) -> None:
+        self._count = 0                       # stamped lines so far
+        self._first: float | None = None      # the first stamped line's time
+        self._last: float | None = None       # the latest stamped line's time
+        self._hits: dict[tuple[str, int], _Hit] = {}
+        self._figures: dict[re.Pattern[str], re.Match[str]] = {}
+
+    def feed(self, line: str) -> None:
+        # splitlines, as over a whole text: a progress bar's \r parts are lines of their own.
+        for raw in line.splitlines():
+            self._line(raw)
+
+    def _line(self, raw: str) -> None:
+        for pattern in _FIGURES:
+            if pattern not in self._figures and (m := pattern.search(raw)) is not None:
+                self._figures[pattern] = m
         when = _stamp(raw)
         if when is None:
-            continue
-        stamped.append((when, raw))
+            return
+        before = self._last
+        if self._first is None:
+            self._first = when
         for phase in _LOGGED:
-            patterns = _ENDS[phase]
-            hits = first.setdefault(phase, [(-1, 0.0)] * len(patterns))
-            for i, pattern in enumerate(patterns):
-                if hits[i][0] < 0 and pattern.search(raw):
-                    hits[i] = (len(stamped) - 1, when)
-    return stamped, first
+            for i, pattern in enumerate(_ENDS[phase]):
+                if (phase, i) not in self._hits and pattern.search(raw):
+                    self._hits[phase, i] = _Hit(self._count, when, before)
+        self._count += 1
+        self._last = when
 
+    def _ends(self) -> list[tuple[str, float]]:
+        """(phase, time) of each phase end present, in phase order."""
 
-def _ends(stamped: list[tuple[float, str]],
-          first: dict[str, list[tuple[int, float]]]) -> list[tuple[str, int, float]]:
-    """(phase, line index, time) of each phase end present, in phase order."""
+        ends: list[tuple[str, float]] = []
+        for phase in _LOGGED:
+            chosen = next((hit for i in range(len(_ENDS[phase])) if (hit := self._hits.get((phase, i)))), None)
+            if chosen is None:
+                continue
+            if phase == "engine_spawn" and chosen.index > 0 and chosen.before is not None:
+                # The API server's part ends at its last line before the engine process logs.
+                ends.append(("api_config", chosen.before))
+            ends.append((phase, chosen.when))
+        return ends
 
-    ends: list[tuple[str, int, float]] = []
-    for phase in _LOGGED:
-        chosen = next(((i, t) for i, t in first.get(phase, []) if i >= 0), None)
-        if chosen is None:
-            continue
-        if phase == "engine_spawn" and chosen[0] > 0:
-            # The API server's part ends at its last line before the engine process logs.
-            ends.append(("api_config", chosen[0] - 1, stamped[chosen[0] - 1][0]))
-        ends.append((phase, *chosen))
-    return ends
+    def _fill_figures(self, rec: StartupRecord) -> None:
+        found = self._figures
+        if m := found.get(_MODEL_LOADING_RE):
+            rec.weights_gib, rec.weights_s = float(m.group(1)), float(m.group(2))
+        elif m := found.get(_LOADING_WEIGHTS_RE):
+            rec.weights_s = float(m.group(1))
+        if m := found.get(_KV_TOKENS_RE):
+            rec.kv_cache_tokens = int(m.group(1).replace(",", ""))
+        if m := found.get(_KV_GIB_RE):
+            rec.kv_cache_gib = float(m.group(1) or m.group(2))
+        if m := found.get(_CONCURRENCY_RE):
+            rec.max_concurrency_tokens = int(m.group(1).replace(",", ""))
+            rec.max_concurrency = float(m.group(2))
+        if m := found.get(_CAPTURE_RE):
+            rec.graph_capture_s = float(m.group(1))
+            rec.graph_capture_gib = float(m.group(2)) if m.group(2) else None
 
+    def record(self, *, compiled: CompileRecord, first_line_s: float | None = None,
+               ready_s: float | None = None) -> StartupRecord:
+        """The startup record so far (arguments as :func:`parse_startup`'s; ``compiled``: the
+        same log's compile record, whose cache status and seconds the record carries)."""
 
-def _figures(text: str, rec: StartupRecord) -> None:
-    if m := _MODEL_LOADING_RE.search(text):
-        rec.weights_gib, rec.weights_s = float(m.group(1)), float(m.group(2))
-    elif m := _LOADING_WEIGHTS_RE.search(text):
-        rec.weights_s = float(m.group(1))
-    if m := _KV_TOKENS_RE.search(text):
-        rec.kv_cache_tokens = int(m.group(1).replace(",", ""))
-    if m := _KV_GIB_RE.search(text):
-        rec.kv_cache_gib = float(m.group(1) or m.group(2))
-    if m := _CONCURRENCY_RE.search(text):
-        rec.max_concurrency_tokens = int(m.group(1).replace(",", ""))
-        rec.max_concurrency = float(m.group(2))
-    if m := _CAPTURE_RE.search(text):
-        rec.graph_capture_s = float(m.group(1))
-        rec.graph_capture_gib = float(m.group(2)) if m.group(2) else None
-    compiled = parse_compile_log(text)
-    rec.compile_cache, rec.compile_s, rec.init_engine_s = compiled.cache, compiled.compile_s, compiled.init_engine_s
+        rec = StartupRecord(total_s=ready_s, first_line_s=first_line_s)
+        self._fill_figures(rec)
+        rec.compile_cache, rec.compile_s, rec.init_engine_s = compiled.cache, compiled.compile_s, compiled.init_engine_s
+        if first_line_s is not None:
+            rec.phases["imports"] = round(max(0.0, first_line_s), 3)
+            rec.reached = "imports"
+        if self._first is None or self._last is None:
+            return rec
+        start = previous = self._first
+        for phase, when in self._ends():
+            rec.phases[phase] = round(max(0.0, when - previous), 3)
+            rec.reached, previous = phase, max(previous, when)
+        rec.complete = rec.reached == "api_start"
+        logged = previous - start
+        if rec.complete and ready_s is not None and first_line_s is not None:
+            rec.phases["serve"] = round(max(0.0, ready_s - first_line_s - logged), 3)
+            rec.reached = "serve"
+        else:
+            rec.tail_s = round(max(0.0, self._last - previous), 3)
+        return rec
 
 
 def parse_startup(text: str, *, first_line_s: float | None = None,
@@ -206,26 +261,9 @@ def parse_startup(text: str, *, first_line_s: float | None = None,
     line (the launcher's clock); ``ready_s``: seconds from spawning to the first ``/health`` 200, None
     when it never came."""
 
-    rec = StartupRecord(total_s=ready_s, first_line_s=first_line_s)
-    _figures(text, rec)
-    stamped, first = _scan(text)
-    if first_line_s is not None:
-        rec.phases["imports"] = round(max(0.0, first_line_s), 3)
-        rec.reached = "imports"
-    if not stamped:
-        return rec
-    start = previous = stamped[0][0]
-    for phase, _, when in _ends(stamped, first):
-        rec.phases[phase] = round(max(0.0, when - previous), 3)
-        rec.reached, previous = phase, max(previous, when)
-    rec.complete = rec.reached == "api_start"
-    logged = previous - start
-    if rec.complete and ready_s is not None and first_line_s is not None:
-        rec.phases["serve"] = round(max(0.0, ready_s - first_line_s - logged), 3)
-        rec.reached = "serve"
-    else:
-        rec.tail_s = round(max(0.0, stamped[-1][0] - previous), 3)
-    return rec
+    scan = StartupScan()
+    scan.feed(text)
+    return scan.record(compiled=parse_compile_log(text), first_line_s=first_line_s, ready_s=ready_s)
 
 
 def _secs(value: float) -> str:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from tuner.vllm.effective_config import EffectiveConfig, excerpt_around_key, parse_effective_config
+from tuner.vllm.effective_config import EffectiveConfig, excerpt_around_key
 from tuner.vllm.knob_values import ANY
 from tuner.vllm.knobs import GRAPH_KINDS, Knob, knob
 
@@ -87,8 +87,9 @@ def check_one(k: Knob, asked: Any, effective: EffectiveConfig) -> KnobCheck:
     return RULES[k.rule](k, asked, effective)
 
 
-def startup_mismatches(asked: Mapping[str, Any], log_text: str) -> list[str]:
-    """Asked targets that a *partial* startup log already proves not applied, for good.
+def startup_mismatches(asked: Mapping[str, Any], eff: EffectiveConfig) -> list[str]:
+    """Asked targets that a *partial* startup log (``eff``: what its lines so far establish,
+    vllm.log_digest) already proves not applied, for good.
 
     Only knobs whose ``final`` holds: verdicts resting on a line vLLM prints once and never
     takes back (the attention backend's CUDA-graph downgrade, printed at attention init
@@ -97,7 +98,6 @@ def startup_mismatches(asked: Mapping[str, Any], log_text: str) -> list[str]:
     log. The field-notes box shows both downgrades minutes before the server is ready.
     """
 
-    eff = parse_effective_config(log_text)
     sure = []
     for check in verify(asked, eff).mismatches():
         final = knob(check.target).final
