@@ -229,9 +229,6 @@ class ServerProcess:
     def exit_code(self) -> int | None:
         return self._proc.poll() if self._popen_pid is not None else None
 
-    def is_running(self) -> bool:
-        return self._popen_pid is not None and self._proc.poll() is None
-
     def _scan_new_log(self) -> None:
         try:
             with open(self.log_path, "rb") as fh:
