@@ -119,20 +119,6 @@ def test_enqueued_trials_are_left_alone(small) -> None:
     assert suggest_all(trial, small) == base
 
 
-def test_avoid_seen_draws_unmeasured_points(small) -> None:
-    total = space.discrete_size(small)[0]
-    sampler = samplers.AvoidSeenSampler(optuna.samplers.RandomSampler(seed=2), small, seed=2)
-    study = optuna.create_study(directions=["maximize", "minimize"], sampler=sampler)
-    keys = []
-    for _ in range(total):
-        trial = study.ask()
-        values = suggest_all(trial, small)
-        keys.append(space.params_key(values))
-        study.tell(trial, [1.0, 1.0])
-    # Forbidden points are never proposed, so the allowed ones are covered without repeats.
-    assert len(set(keys)) == total
-
-
 def test_initial_design_is_one_knob_at_a_time(glm5) -> None:
     base = space.baseline_values(glm5)
     when = {p.name: p.when for p in glm5.parameters}
