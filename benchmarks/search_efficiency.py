@@ -91,16 +91,6 @@ class TPE:
 
 
 @dataclass(frozen=True)
-class AvoidSeen:
-    """tuner/engine/samplers.py AvoidSeenSampler around a TPE variant."""
-
-    inner: TPE
-
-    def __call__(self, spec: StudySpec, seed: int) -> optuna.samplers.BaseSampler:
-        return samplers.AvoidSeenSampler(self.inner(spec, seed), spec, seed=seed)
-
-
-@dataclass(frozen=True)
 class Local:
     """tuner/engine/samplers.py ParetoLocalSampler around a sampler variant."""
 

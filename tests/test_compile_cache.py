@@ -25,8 +25,8 @@ from tuner.vllm.compile_cache import (
     compile_settings,
     expand_cache_dir,
     parse_compile_log,
-    relevance,
 )
+from tuner.vllm.knobs import knob
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_logs"
 
@@ -173,10 +173,9 @@ def test_eager_compiles_nothing() -> None:
 def test_every_verdict_has_a_reason() -> None:
     for target in [*BASE, "speculative_config.num_speculative_tokens", "compilation_config.cache_dir",
                    "env:RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES", "unknown_flag"]:
-        ok, why = relevance(target)
-        assert why
-    assert relevance("compilation_config.cache_dir")[0] is False
-    assert relevance("env:NCCL_PROTO")[0] is False and relevance("env:VLLM_FOO")[0] is True
+        assert knob(target).why
+    assert knob("compilation_config.cache_dir").compile_key is False
+    assert knob("env:NCCL_PROTO").compile_key is False and knob("env:VLLM_FOO").compile_key is True
     assert set(compile_settings(BASE)) == {"compilation_config.cudagraph_mode", "max_model_len",
                                            "tensor_parallel_size", "env:VLLM_ALLREDUCE_USE_FLASHINFER"}
 

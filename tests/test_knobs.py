@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tuner.vllm.compile_cache import compile_key, relevance
+from tuner.vllm.compile_cache import compile_key
 from tuner.vllm.effective_config import EffectiveConfig, parse_effective_config
 from tuner.vllm.knobs import KNOBS, check_value, knob
 from tuner.vllm.verify import RULES, startup_mismatches, verify
@@ -81,7 +81,6 @@ def test_a_target_without_an_entry_gets_its_familys(target: str, rule: str, comp
                                                     log_env: bool) -> None:
     k = knob(target)
     assert (k.target, k.rule, k.compile_key, bool(k.log_env)) == (target, rule, compile_key, log_env)
-    assert relevance(target) == (k.compile_key, k.why)
 
 
 def test_startup_downgrades_are_final_only_where_the_table_says() -> None:

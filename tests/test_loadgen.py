@@ -263,7 +263,7 @@ def test_sweep_end_to_end(served: Served, tmp_path: Path) -> None:
     slim = json.loads(result.to_json(include_records=False))
     assert "records" not in slim["levels"][0]
     assert result.summary() == slim
-    assert set(result.flat_by_level()) == {1, 2}
+    assert {lv.concurrency for lv in result.levels} == {1, 2}
     path = tmp_path / "records-c2.jsonl"
     write_records_jsonl(path, result.levels[1].records)
     assert read_records_jsonl(path) == result.levels[1].records

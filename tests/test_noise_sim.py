@@ -83,7 +83,7 @@ def measure(tmp: Path, profile: Path, load: LoadSpec = LOAD, scale: float = 1.0)
 def _record(number: int, result: SweepResult) -> TrialRecord:
     """The trial a study would record from this sweep (objective: output tok/s at c=2)."""
     levels = {str(c): {k: (None if v != v else v) for k, v in flat.items()}
-              for c, flat in result.flat_by_level().items()}
+              for c, flat in ((lv.concurrency, lv.metrics.flat()) for lv in result.levels)}
     label = "output_tok_s@c2"
     return TrialRecord(number, "COMPLETE", "run", {"n": number},
                        values={label: float(levels["2"]["output_tok_s"])},

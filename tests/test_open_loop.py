@@ -211,8 +211,8 @@ def test_sweep_measures_rate_levels_after_the_concurrency_levels(served: Served,
     # (with the cap as first wave it would wait for every request and fall back).
     fast = result.rate_levels[1].metrics
     assert not fast.window_fallback and fast.output_tok_s > 0
-    assert set(result.flat_by_rate()) == {"r5.0", "r20.0"}
-    assert set(result.flat_by_level()) == {1}
+    assert {rate_level_name(lv.request_rate or 0.0) for lv in result.rate_levels} == {"r5.0", "r20.0"}
+    assert {lv.concurrency for lv in result.levels} == {1}
     assert SweepResult.model_validate_json(result.to_json()) == result
     assert "records" not in result.summary()["rate_levels"][0]
 

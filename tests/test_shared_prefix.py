@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from tests.request_plans import build_plan
 from tests.sim_process import free_port, wait_ready
 from tuner.engine.measure import format_summary, measure
 from tuner.load.load_spec import WorkloadClass, WorkloadSpec
-from tuner.load.workload import PromptStream, build_plan, shared_prefix_text
+from tuner.load.workload import PromptStream, shared_prefix_text
 from tuner.study.study_file import parse_study
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -29,7 +29,7 @@ SPEC = parse_study(textwrap.dedent("""
 
 
 def test_children_only_active_under_their_condition() -> None:
-    k = SPEC.parameter("k")
+    k = next(p for p in SPEC.parameters if p.name == "k")
     assert not space.is_active(k, {"method": None})
     assert space.is_active(k, {"method": "ngram"})
     assert space.settings_for(SPEC, {"eager": True, "mode": "PIECEWISE", "method": None, "k": 3, "proto": None}) == {

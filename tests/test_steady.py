@@ -4,7 +4,6 @@ token streams, and whole sweeps against the in-test streaming server (tests/fake
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 
 import pytest
@@ -15,7 +14,6 @@ from tuner.load.metrics import compute_level_metrics
 from tuner.load.records import RequestRecord
 from tuner.load.steady import SteadyRule, SteadyTracker
 from tuner.load.sweep import run_sweep
-from tuner.load.uncertainty import within_noise
 from tuner.load.window import SteadyWindow
 
 RULE = SteadyRule(min_window_s=2.0, min_requests=4, subwindows=4, max_ratio=1.10,
@@ -123,12 +121,6 @@ def test_steady_metrics_latencies_from_the_window_throughput_from_every_token() 
     late = compute_level_metrics(phased, concurrency=1,
                                  steady=SteadyWindow(1.0, 5.0, 4, 1.10, "max_level_seconds"))
     assert late.unstable and late.flat()["unstable"] == 1.0
-
-
-def test_within_noise() -> None:
-    assert within_noise(100.0, 3.0, 104.0, 3.0)         # 4 < 4.24
-    assert not within_noise(100.0, 3.0, 105.0, 3.0)
-    assert not within_noise(100.0, None, 100.5, math.nan)
 
 
 SPEC = LoadSpec(

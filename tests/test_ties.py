@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tuner.study.early_stop import Target, optimistic
-from tuner.study.noise import NoisyPoint, label_noise, level_unstable, noisy_front, pick_ties, unmeasured_level
+from tuner.study.noise import NoisyPoint, label_noise, level_unstable, noisy_front, unmeasured_level
 from tuner.study.scoring import pareto_payload
 from tuner.study.study_file import parse_study
 from tuner.study.ties import candidates, next_runs, pooled, remaining_ties, ties_record
@@ -31,8 +31,6 @@ def test_front_records_ties_inside_the_noise_and_keeps_winners_beyond_it() -> No
     assert [t.trials for t in ties] == [(4, 7)]
     assert ties[0].as_dict()["text"] == (
         "trials 4 and 7 are within noise at output_tok_s@c32, tpot_ms.mean@c1")
-    # Best throughput is 4, but 7 is within noise of it there: the pick says so.
-    assert pick_ties(points, 4, 0) == [7]
 
 
 def test_a_gap_beyond_noise_is_no_tie() -> None:

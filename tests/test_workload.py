@@ -8,13 +8,13 @@ from collections.abc import Callable
 
 import pytest
 
+from tests.request_plans import build_plan
 from tuner.load.load_spec import WorkloadClass, WorkloadSpec
 from tuner.load.workload import (
     TOKENS_PER_WORD,
     PromptDraft,
     TokenFitter,
     allocate_classes,
-    build_plan,
     draft_requests,
     fit_draft,
     level_stream,

@@ -31,6 +31,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.vllm.knobs import env_text
+
 __all__ = ["is_secret_name", "flag_reference", "as_reference", "reference_name", "SecretSlot",
            "secret_slots", "public_server", "public_spec", "resolve_server", "known_values", "Redactor",
            "MIN_SECRET_CHARS", "MARK", "split_marked"]
@@ -96,12 +98,6 @@ def _leaves(prefix: str, value: Any) -> list[tuple[str, Any]]:
     return [(prefix, value)]
 
 
-def _text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)
-
-
 def secret_slots(server: Any) -> list[SecretSlot]:
     """The secrets of a ``ServerSpec`` (or anything with ``env``, ``flags``,
     ``secret_env`` and ``secret_flags``), in file order."""
@@ -111,7 +107,7 @@ def secret_slots(server: Any) -> list[SecretSlot]:
     slots: list[SecretSlot] = []
     for name, value in server.env.items():
         if value is not None and (name in listed_env or is_secret_name(name)):
-            text = _text(value)
+            text = env_text(value)
             slots.append(SecretSlot(f"env:{name}", reference_name(text) or name, text))
     for name in getattr(server, "secret_env", ()) or ():
         if name not in server.env:
@@ -121,7 +117,7 @@ def secret_slots(server: Any) -> list[SecretSlot]:
             if leaf is None:
                 continue
             if target in listed_flags or key in listed_flags or is_secret_name(target.split(".")[-1]):
-                text = _text(leaf)
+                text = env_text(leaf)
                 slots.append(SecretSlot(target, reference_name(text) or flag_reference(target), text))
     return slots
 

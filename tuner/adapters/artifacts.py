@@ -6,7 +6,6 @@
         spec.yaml           the resolved study spec (resume runs exactly this)
         optuna.db           the Optuna storage, unless another URL was given
         pareto.json         the current front, rewritten atomically after every trial
-        exports/            what `tuner export` wrote
         trials/0007/
             command.json    argv and environment (secrets redacted)
             server.log      the server's stdout and stderr
@@ -174,10 +173,6 @@ class StudyPaths:
     def host_check_json(self) -> Path:
         """The host's own CPU steadiness, one entry per `run`/`resume` (load.host_check_s)."""
         return self.root / "host-check.json"
-
-    @property
-    def exports(self) -> Path:
-        return self.root / "exports"
 
     def trial_dir(self, number: int) -> Path:
         return self.root / "trials" / f"{number:04d}"

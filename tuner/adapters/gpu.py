@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from tuner.errors import GpusNotFree
 
 __all__ = ["GpuProcess", "GpuMemory", "Busy", "parse_compute_apps", "parse_gpu_memory", "select_uuids",
-           "busy_on", "busy_processes", "gpu_state", "wait_until_free", "UNSEEN_BUSY_MIB"]
+           "busy_on", "gpu_state", "wait_until_free", "UNSEEN_BUSY_MIB"]
 
 # Memory in use on one of the group's GPUs that no listed process accounts for, above which
 # the GPU counts as busy. An idle GPU reports a few MiB; one CUDA context alone is ~0.5 GiB.
@@ -151,13 +151,6 @@ def gpu_state() -> Busy | None:
     uuids = None if visible is None else select_uuids(
         listing, [v.strip() for v in visible.split(",") if v.strip()])
     return busy_on(parse_compute_apps(apps), parse_gpu_memory(listing), uuids)
-
-
-def busy_processes() -> list[GpuProcess] | None:
-    """Processes holding memory on this worker's GPUs; None when there is no nvidia-smi."""
-
-    state = gpu_state()
-    return None if state is None else list(state.processes)
 
 
 async def wait_until_free(timeout_s: float, poll_s: float = 0.25) -> tuple[float, Busy | None]:

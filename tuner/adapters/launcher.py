@@ -227,9 +227,6 @@ class ServerProcess:
     def exit_code(self) -> int | None:
         return self._proc.poll() if self._popen_pid is not None else None
 
-    def is_running(self) -> bool:
-        return self._popen_pid is not None and self._proc.poll() is None
-
     @property
     def first_line_s(self) -> float | None:
         """Seconds from spawn to the first vLLM logger line read back: the end of the Python

@@ -194,9 +194,6 @@ class RayExecutor:
 
         return [g.index for g in self._groups if not g.retired and g.ready_ref is not None]
 
-    def worker_info(self, group: int) -> dict[str, Any]:
-        return dict(self._groups[group].info)
-
     def running(self) -> list[dict[str, Any]]:
         return [r.request for r in self._running.values()]
 

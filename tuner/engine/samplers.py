@@ -23,9 +23,6 @@ every figure.
   grid are unchanged.
 * ``initial_design`` - the baseline with one knob changed at a time (an alternative start
   that the benchmark also measures: with multivariate TPE it reached 95 % in 42 trials).
-* ``AvoidSeenSampler`` - redraws values that can only lead to measured points (measured:
-  removes the repeats but does not by itself find the front faster; kept for samplers that
-  must not repeat, e.g. a grid-like use of TPE).
 
 Optuna sampler objects (stateful); the pure helpers they use are in ``tuner.study.sampling``.
 """
@@ -40,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import optuna
-from optuna.distributions import BaseDistribution, CategoricalDistribution, IntDistribution
+from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, Trial, TrialState
@@ -50,7 +47,7 @@ from tuner.study.pareto import Point, pareto_front
 from tuner.study.sampling import neighbours
 from tuner.study.spec import StudySpec
 
-__all__ = ["make_sampler", "suggest", "AvoidSeenSampler", "ParetoLocalSampler", "PlannedSampler",
+__all__ = ["make_sampler", "suggest", "ParetoLocalSampler", "PlannedSampler",
            "observations", "STARTUP_TRIALS", "HISTORY_LIMIT"]
 
 STARTUP_TRIALS = 10
@@ -113,120 +110,6 @@ def suggest(trial: Trial, param: Any) -> Any:
     if param.kind == "int":
         return trial.suggest_int(param.name, param.low, param.high, step=param.step, log=param.log)
     return trial.suggest_float(param.name, param.low, param.high, step=param.step, log=param.log)
-
-
-class AvoidSeenSampler(BaseSampler):
-    """Wraps a sampler; a value after which every completion of the point is one the study
-    already has (run, running, or told) or a forbidden one is drawn again, up to ``tries``
-    times, then replaced by a random value that still leads somewhere new.
-
-    Why: on a discrete space TPE's best candidate is often a point it has measured (its
-    "good" density peaks there). The orchestrator then tells the repeat the earlier result
-    and asks again - which makes the peak sharper - and after 25 repeats in a row enqueues a
-    random point, so a converged study spends its budget on random points. The completions of
-    a partial point are known because parameters are suggested in
-    ``space.ordered_parameters`` order and a condition only names earlier parameters. Only independent suggestions pass
-    through here (multivariate TPE fixes its groups before the first suggestion).
-    """
-
-    def __init__(self, base: BaseSampler, spec: StudySpec, *, tries: int = 8, seed: int | None = None) -> None:
-        self._base = base
-        self._spec = spec
-        self._order = space.ordered_parameters(spec)
-        self._tries = tries
-        self._rng = random.Random(seed)
-        self._seen_cache: tuple[tuple[int, int], set[str]] | None = None
-
-    # -- delegation ----------------------------------------------------------------------
-    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return self._base.infer_relative_search_space(study, trial)
-
-    def sample_relative(self, study: Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        return self._base.sample_relative(study, trial, search_space)
-
-    def before_trial(self, study: Study, trial: FrozenTrial) -> None:
-        self._base.before_trial(study, trial)
-
-    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
-        self._base.after_trial(study, trial, state, values)
-
-    def reseed_rng(self) -> None:
-        self._base.reseed_rng()
-        self._rng = random.Random()
-
-    # -- the point -----------------------------------------------------------------------
-    def _seen(self, study: Study, trial: FrozenTrial) -> set[str]:
-        trials = study.get_trials(deepcopy=False)
-        key = (trial.number, len(trials))
-        if self._seen_cache is None or self._seen_cache[0] != key:
-            seen = set()
-            for t in trials:
-                if t.number == trial.number or t.state == TrialState.WAITING:
-                    continue
-                values = t.user_attrs.get("values", t.params)
-                if values:
-                    seen.add(space.params_key(values))
-            self._seen_cache = (key, seen)
-        return self._seen_cache[1]
-
-    def _exhausted(self, values: dict[str, Any], seen: set[str], cap: int = 4096) -> bool:
-        """Whether every allowed completion of ``values`` is already in ``seen`` (False when
-        there are more than ``cap`` completions or a continuous parameter remains)."""
-
-        pending = [p for p in self._order if p.name not in values]
-        count = 0
-
-        def walk(i: int, point: dict[str, Any]) -> bool:
-            nonlocal count
-            if i == len(pending):
-                count += 1
-                if count > cap:
-                    raise OverflowError
-                return space.forbidden_reason(self._spec, point) is not None or space.params_key(point) in seen
-            param = pending[i]
-            if not space.is_active(param, point):
-                return walk(i + 1, point)
-            domain = param.domain()
-            if domain is None:
-                raise OverflowError
-            for v in domain:
-                point[param.name] = v
-                done = walk(i + 1, point)
-                del point[param.name]
-                if not done:
-                    return False
-            return True
-
-        try:
-            return walk(0, dict(values))
-        except OverflowError:
-            return False
-
-    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
-        value = self._base.sample_independent(study, trial, param_name, param_distribution)
-        so_far = dict(trial.params)
-        seen = self._seen(study, trial)
-
-        def repeats(v: Any) -> bool:
-            return self._exhausted({**so_far, param_name: v}, seen)
-
-        if not repeats(value):
-            return value
-        for _ in range(self._tries):
-            value = self._base.sample_independent(study, trial, param_name, param_distribution)
-            if not repeats(value):
-                return value
-        if isinstance(param_distribution, CategoricalDistribution):
-            domain: list[Any] = list(param_distribution.choices)
-        elif isinstance(param_distribution, IntDistribution) and not param_distribution.log:
-            domain = list(range(param_distribution.low, param_distribution.high + 1, param_distribution.step))
-        else:
-            return value
-        fresh = [v for v in domain if not repeats(v)]
-        return self._rng.choice(fresh) if fresh else value
 
 
 class ParetoLocalSampler(BaseSampler):

@@ -12,7 +12,7 @@ Pure modules (data and arithmetic; no sockets, processes, clocks, environment or
 * ``stats``       latency sample summaries (percentiles).
 * ``window``      the steady-state window of a level, its sub-windows and stability.
 * ``steady``      levels sized by time: when a running level has measured enough.
-* ``uncertainty`` 95 % intervals of a level's metrics; when two values are within noise.
+* ``uncertainty`` 95 % intervals of a level's metrics.
 * ``live_window`` the window of a level still running (early stop inside a level).
 * ``metrics``     records → per-level metrics (vLLM's definitions), repeats.
 * ``prometheus``  ``/metrics`` text → snapshots and server-side deltas.

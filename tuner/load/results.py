@@ -104,15 +104,6 @@ class SweepResult(BaseModel):
         """JSON-ready dict of everything but the raw records (for metrics.json)."""
         return self.model_dump(mode="json", exclude=_NO_RECORDS)
 
-    def flat_by_level(self) -> dict[int, dict[str, float]]:
-        """``LevelMetrics.flat()`` of each level, keyed by concurrency."""
-        return {lv.concurrency: lv.metrics.flat() for lv in self.levels}
-
-    def flat_by_rate(self) -> dict[str, dict[str, float]]:
-        """``LevelMetrics.flat()`` of each rate level, keyed by its name (``r2.0``)."""
-        return {rate_level_name(lv.request_rate or 0.0): lv.metrics.flat()
-                for lv in self.rate_levels}
-
     def load_failures(self) -> dict[str, str]:
         """:func:`failure_text` of every level with failed measured requests, keyed as a
         trial's outcome keys its levels (``"4"``, ``"r2.0"``)."""

@@ -36,7 +36,7 @@ from tuner.load.stats import percentile
 from tuner.load.uncertainty import mean_ci, quantile_ci, t95
 
 __all__ = ["GOODPUT_KEYS", "SLO_METRICS", "SLO_STATS", "LevelSlo", "SloSpec", "SloTerm", "SloVerdict", "TermVerdict",
-           "BLOCKS", "block_ci", "good_count", "level_verdict", "records_verdict",
+           "BLOCKS", "block_ci", "level_verdict", "records_verdict",
            "request_latencies", "request_meets", "term_ci", "term_samples"]
 
 SLO_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2el_ms")
@@ -311,12 +311,6 @@ def records_verdict(records: Iterable[RequestRecord], slo: SloSpec) -> SloVerdic
         if ci is not None:
             flat[f"{t.key}.ci95"] = ci
     return level_verdict(flat, slo)
-
-
-def good_count(records: Iterable[RequestRecord], slo: SloSpec) -> int:
-    """How many of ``records`` meet every bound."""
-    bounds = slo.bounds()
-    return sum(1 for r in records if request_meets(r, bounds))
 
 
 class LevelSlo(BaseModel):

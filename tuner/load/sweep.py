@@ -312,20 +312,25 @@ async def _plan_for(sw: _Sweep, c: int, repeat: int) -> tuple[list[RequestPlan],
     the same prompts would be served from the prefix cache and inflate later repeats
     (measurement.md §4, vLLM sweep notes).
     """
-    spec, ignore_eos = sw.spec, sw.ignore_eos
-    if sw.dataset is not None:  # verbatim text: nothing to fit
-        return sw.dataset.take(spec.requests_for(c)), False
     purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
-    drafts = draft_requests(
-        spec.workload, spec.requests_for(c), seed=spec.seed, stream=level_stream(purpose, c)
-    )
+    return await _fitted_plan(sw, sw.spec.requests_for(c), level_stream(purpose, c), f"c={c}")
+
+
+async def _fitted_plan(sw: _Sweep, n: int, stream: str, level: str) -> tuple[list[RequestPlan], bool]:
+    """``n`` requests of ``stream``, fitted to exact lengths through the server's /tokenize
+    when it can; (plan, fitted). A failed fit is noted under ``level``'s name. A dataset's
+    requests are its verbatim text: nothing to fit."""
+    spec, ignore_eos = sw.spec, sw.ignore_eos
+    if sw.dataset is not None:
+        return sw.dataset.take(n), False
+    drafts = draft_requests(spec.workload, n, seed=spec.seed, stream=stream)
     plan = None
     if sw.can_fit:
         plan = await fit_plan(
             sw.aux, sw.base_url, sw.model, drafts, ignore_eos=ignore_eos, api=spec.api
         )
         if plan is None:
-            sw.notes.append(f"c={c}: /tokenize failed while fitting; prompt lengths estimated")
+            sw.notes.append(f"{level}: /tokenize failed while fitting; prompt lengths estimated")
     if plan is None:
         return [d.to_plan(ignore_eos=ignore_eos) for d in drafts], False
     return plan, True
@@ -494,25 +499,9 @@ async def _server_view(
 
 async def _rate_plan_for(sw: _Sweep, rate: float, repeat: int) -> tuple[list[RequestPlan], bool]:
     """The measured plan of one repeat of a rate level (own seed stream, see _plan_for)."""
-    spec, ignore_eos = sw.spec, sw.ignore_eos
-    if sw.dataset is not None:
-        return sw.dataset.take(spec.requests_for_rate(rate)), False
     purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
-    drafts = draft_requests(
-        spec.workload, spec.requests_for_rate(rate), seed=spec.seed,
-        stream=rate_stream(purpose, rate),
-    )
-    plan = None
-    if sw.can_fit:
-        plan = await fit_plan(
-            sw.aux, sw.base_url, sw.model, drafts, ignore_eos=ignore_eos, api=spec.api
-        )
-        if plan is None:
-            sw.notes.append(
-                f"{rate_level_name(rate)}: /tokenize failed while fitting; prompt lengths estimated")
-    if plan is None:
-        return [d.to_plan(ignore_eos=ignore_eos) for d in drafts], False
-    return plan, True
+    return await _fitted_plan(sw, sw.spec.requests_for_rate(rate), rate_stream(purpose, rate),
+                              rate_level_name(rate))
 
 
 async def _sweep_rate_level(sw: _Sweep, rate: float) -> LevelResult | None:

@@ -1,5 +1,4 @@
-"""Noise as a number: 95 % confidence intervals of a level's metrics, and when two values
-are within noise of each other.
+"""Noise as a number: 95 % confidence intervals of a level's metrics.
 
 * **Rates** (output/total tok/s) are the mean of the steady window's equal sub-windows, so
   their interval is Student's t over the sub-window rates (aiperf's multi-run rule,
@@ -11,9 +10,8 @@ are within noise of each other.
 * **Repeats** (``load.repeats`` ≥ 2): Student's t over the repeats' values, when wider.
 
 Intervals are stored as a symmetric half-width (``<metric>.ci95``, the larger side of an
-asymmetric one) and the sample count it rests on (``<metric>.n``). Two values are *within
-noise* when their difference is inside the 95 % interval of the difference,
-√(a.ci95² + b.ci95²): a difference the measurement could produce by chance is a tie.
+asymmetric one) and the sample count it rests on (``<metric>.n``). Which differences are
+ties is :mod:`tuner.study.noise`'s decision.
 """
 
 from __future__ import annotations
@@ -21,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-__all__ = ["Z95", "mean_ci", "quantile_ci", "t95", "with_noise_floor", "within_noise"]
+__all__ = ["Z95", "mean_ci", "quantile_ci", "t95", "with_noise_floor"]
 
 Z95 = 1.959964
 # Two-sided 95 % Student t quantiles by degrees of freedom (1..30); beyond, the normal.
@@ -87,13 +85,3 @@ def quantile_ci(sorted_values: Sequence[float], q: float) -> tuple[float, float]
     lo = min(max(lo, 1), n)
     hi = min(max(hi, 1), n)
     return sorted_values[lo - 1], sorted_values[hi - 1]
-
-
-def within_noise(a: float, a_ci: float | None, b: float, b_ci: float | None) -> bool:
-    """Whether ``a`` and ``b`` differ by no more than their combined 95 % noise. Without an
-    interval on either side (None or NaN) nothing is known about the noise: not a tie."""
-    ua = 0.0 if a_ci is None or math.isnan(a_ci) else a_ci
-    ub = 0.0 if b_ci is None or math.isnan(b_ci) else b_ci
-    if ua == 0.0 and ub == 0.0:
-        return a == b
-    return abs(a - b) <= math.sqrt(ua * ua + ub * ub)

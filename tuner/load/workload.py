@@ -40,7 +40,6 @@ __all__ = [
     "TokenFitter",
     "allocate_classes",
     "arrival_schedule",
-    "build_plan",
     "draft_requests",
     "fit_draft",
     "level_stream",
@@ -404,25 +403,6 @@ class PromptStream:
         """The next request, as the one-request group a steady level's stream sends
         (tuner.load.dataset_draw.DrawStream's are whole conversations)."""
         return [self.next()]
-
-
-def build_plan(
-    workload: WorkloadSpec,
-    n: int,
-    *,
-    seed: int,
-    stream: str,
-    ignore_eos: bool,
-    count_tokens: Callable[[str], int] | None = None,
-) -> list[RequestPlan]:
-    """``n`` requests for one stream; exact-length prompts when ``count_tokens`` is given."""
-    plans = []
-    for d in draft_requests(workload, n, seed=seed, stream=stream):
-        prompt = None
-        if count_tokens is not None:
-            prompt = fit_draft(d.draft, d.target_prompt_tokens, count_tokens)
-        plans.append(d.to_plan(ignore_eos=ignore_eos, prompt=prompt))
-    return plans
 
 
 # --- content ------------------------------------------------------------------------------

@@ -47,7 +47,6 @@ from tuner.probe.spec import BANK_FAMILIES
 __all__ = [
     "BANK_FAMILIES",
     "RETRIEVAL_CHARS_PER_TOKEN",
-    "bank_size",
     "build_pool",
     "retrieval_lengths",
     "strata",
@@ -358,20 +357,6 @@ def strata(families: Sequence[str]) -> list[str]:
         if family in _GENERATORS
         for w in range(_GENERATORS[family][0])
     ]
-
-
-def bank_size(families: Sequence[str] = BANK_FAMILIES) -> int:
-    """Distinct questions the bank can ask for the chosen families (retrieval excluded: its
-    contents are unbounded), for the documentation's "hundreds of items"."""
-    per_family = {
-        "fact": len(_CAPITALS) * len(_FACT_WORDINGS),
-        "arithmetic": 2500 * len(_ARITHMETIC_WORDINGS),
-        "copy": 8**4 * len(_COPY_WORDINGS),
-        "translation": len(_TRANSLATIONS) * 2 * len(_TRANSLATION_WORDINGS),
-        "code": 29 * 29 + len(_FUNCTION_NAMES),
-        "multi_turn": len(_NAMES) + 36 * 35 + len(_NAMES) * 30,
-    }
-    return sum(per_family.get(f, 0) for f in families)
 
 
 def _item(ident: str, family: str, stratum: str, q: _Q) -> ProbeItem:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from tuner.sim.perf_model import unit_hash
-from tuner.sim.tokenizer import EOS_ID, IM_END_ID, IM_START_ID, Tokenizer
+from tuner.sim.tokenizer import EOS_ID, Tokenizer
 
 WORDS = (
     "the of and to in is was for that with as on by at from it this which be are or an "
@@ -453,7 +453,3 @@ def count_accepted(draft: Sequence[int], truth: Sequence[int]) -> int:
             break
         n += 1
     return n
-
-
-def is_chat_eos(token_id: int) -> bool:
-    return token_id in (EOS_ID, IM_END_ID, IM_START_ID)

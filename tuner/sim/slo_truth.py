@@ -30,7 +30,7 @@ Pure: no I/O, no clocks (simulated seconds).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -184,8 +184,3 @@ def _bisect(holds: Callable[[float], bool], lo: float, hi: float,
         else:
             hi = mid
     return lo, hi
-
-
-def probe_table(verdicts: Mapping[float, SloVerdict]) -> list[dict[str, Any]]:
-    """Rates and verdicts as JSON-ready rows (benchmarks)."""
-    return [{"rate": r, **v.as_dict()} for r, v in sorted(verdicts.items())]

@@ -57,8 +57,7 @@ from tuner.vllm.knobs import RenderedCommand
 from tuner.vllm.verify import startup_mismatches
 
 __all__ = [
-    "LevelTruth", "PointTruth", "StartupVerdict", "enumerate_points", "evaluate_point", "Evaluator",
-    "EVAL_VERSION",
+    "LevelTruth", "PointTruth", "StartupVerdict", "enumerate_points", "Evaluator", "EVAL_VERSION",
 ]
 
 # Bump when a change here or in the modules it uses (truth_verify, truth_workload, truth_time)
@@ -311,7 +310,3 @@ def ngram_of(eff: Effective) -> tuple[int, int, int] | None:
     if eff.spec is not None and eff.spec.method in NGRAM_METHODS:
         return eff.spec.num_spec_tokens, eff.spec.prompt_lookup_min, eff.spec.prompt_lookup_max
     return None
-
-
-def evaluate_point(spec: StudySpec, profile: Profile, values: dict[str, Any]) -> PointTruth:
-    return Evaluator(spec, profile).evaluate(values)

@@ -10,8 +10,6 @@ their difference is inside the 95 % interval of the difference, sqrt(ci_a² + ci
   it. Those are recorded as ties with the front points that dominate them, and front points
   within noise of each other in every objective are ties too ("trials 4 and 7 are within
   noise at output_tok_s@c32").
-* A **pick** (best per objective) is tied with every noisy-front point within noise of it
-  in that objective.
 
 Pure: plain numbers in, plain data out (status, report, export and pareto.json read it).
 """
@@ -25,7 +23,7 @@ from typing import Any
 
 __all__ = ["NoisyPoint", "Tie", "better_beyond", "label_noise", "level_client_bound",
            "level_unstable", "unstable_text", "max_rate_noise",
-           "noisy_front", "pick_ties", "plus_minus", "resolve_level", "tie_text", "unmeasured_level",
+           "noisy_front", "plus_minus", "resolve_level", "tie_text", "unmeasured_level",
            "within"]
 
 
@@ -136,14 +134,6 @@ def noisy_front(points: Sequence[NoisyPoint], directions: Sequence[str], labels:
                        if within(p.values[k], p.noise[k], q.values[k], q.noise[k]))
             ties.append(Tie(tuple(sorted((p.number, q.number))), at))  # type: ignore[arg-type]
     return [p.number for p in front], ties
-
-
-def pick_ties(points: Sequence[NoisyPoint], best: int, objective: int) -> list[int]:
-    """The points within noise of point ``best`` at objective ``objective``."""
-    by = {p.number: p for p in points}
-    b = by[best]
-    return [p.number for p in points if p.number != best and within(
-        p.values[objective], p.noise[objective], b.values[objective], b.noise[objective])]
 
 
 def label_noise(levels: Mapping[str, Mapping[str, float | None]], label: str) -> float | None:

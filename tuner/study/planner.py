@@ -134,16 +134,6 @@ class Planner:
         scores = self._scores(observations, pool, rng)
         return dict(self.points[pool[_argmax(scores, rng)]])
 
-    def ranking(self, observations: Sequence[Observation], *, seed: int) -> list[tuple[dict[str, Any], float]]:
-        """Every unknown allowed point with its score (expected improvement x probability
-        of being feasible), best first: what the model phase would run, in order."""
-
-        known = {o.key for o in observations}
-        remaining = [i for i, k in enumerate(self.keys) if k not in known]
-        scores = self._scores(observations, remaining, np.random.default_rng(seed))
-        order = sorted(range(len(remaining)), key=lambda j: (-scores[j, 0], -scores[j, 1]))
-        return [(dict(self.points[remaining[j]]), float(scores[j, 0])) for j in order]
-
     # -- design ----------------------------------------------------------------------------
     def _design_moves(self, observations: Sequence[Observation], known: set[str]) -> list[dict[str, Any]]:
         """The unknown one-knob moves from the current front (or, before anything is

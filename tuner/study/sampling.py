@@ -1,7 +1,7 @@
 """Pure helpers of the search: the grid's points, the one-knob-at-a-time design and a
 point's one-knob neighbours. No Optuna: plain values over the study's space.
 
-The Optuna samplers that use them (``ParetoLocalSampler``, ``AvoidSeenSampler``) and the
+The Optuna sampler that uses them (``ParetoLocalSampler``) and the
 sampler a study runs (``make_sampler``) are in ``tuner.engine.samplers``.
 """
 

@@ -26,11 +26,7 @@ from tuner.secrets import is_secret_name
 from tuner.study.bounds import bound_errors, unknown_bound_names
 from tuner.study.objectives import MAX_RATE, TRIAL_METRICS, LimitSpec, ObjectiveSpec
 from tuner.study.parameters import (
-    BoolParam,
-    CategoricalParam,
-    FloatParam,
     ForbiddenSpec,
-    IntParam,
     Parameter,
     check_acyclic,
     check_condition,
@@ -275,12 +271,6 @@ class StudySpec(Strict):
         """An objective or a limit names max_rate@slo: every trial searches it."""
         return (any(o.metric == MAX_RATE for o in self.objectives)
                 or any(lim.metric == MAX_RATE for lim in self.limits))
-
-    def parameter(self, name: str) -> CategoricalParam | IntParam | FloatParam | BoolParam:
-        for p in self.parameters:
-            if p.name == name:
-                return p
-        raise KeyError(name)
 
 
 def _unusable(value: Any, path: str = "") -> str | None:

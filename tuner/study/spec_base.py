@@ -14,6 +14,7 @@ from typing import Annotated
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
 from tuner.study.durations import parse_duration
+from tuner.vllm.knobs import env_text
 
 __all__ = ["Strict", "Scalar", "Seconds", "Condition", "env_text_or_none"]
 
@@ -31,8 +32,4 @@ class Strict(BaseModel):
 def env_text_or_none(value: Scalar) -> str | None:
     """A scalar as an environment variable's text (booleans as 1/0); None stays None."""
 
-    if value is None:
-        return None
-    if isinstance(value, bool):
-        return "1" if value else "0"
-    return str(value)
+    return None if value is None else env_text(value)

@@ -30,7 +30,7 @@ import numpy as np
 from tuner.study import space
 from tuner.study.spec import StudySpec
 
-__all__ = ["Encoder", "Fit", "fit", "feasibility", "feasibility_weights", "probability", "margin", "expected_gain",
+__all__ = ["Encoder", "Fit", "fit", "feasibility_weights", "probability", "margin", "expected_gain",
            "to_model_units", "PRIOR_SCALE", "NOISE", "STOPPED_NOISE"]
 
 # Prior standard deviation of one value's effect, in log units: a knob value typically moves
@@ -235,12 +235,6 @@ def feasibility_weights(x: np.ndarray, feasible: np.ndarray, start: np.ndarray |
         if float(np.max(np.abs(step))) < 1e-4:     # log-odds: far below what matters
             break
     return w
-
-
-def feasibility(x: np.ndarray, feasible: np.ndarray, candidates: np.ndarray) -> np.ndarray:
-    """Probability that each candidate row runs feasibly (``feasibility_weights``)."""
-
-    return _sigmoid(candidates @ feasibility_weights(x, feasible))
 
 
 def probability(candidates: np.ndarray, weights: np.ndarray) -> np.ndarray:

@@ -39,12 +39,11 @@ from tuner.study.early_stop import (
     level_order,
     optimistic_values,
 )
+from tuner.study.objectives import MAX_RATE
 from tuner.vllm.effective_config import EffectiveConfig
 from tuner.vllm.verify import startup_mismatches
 
 __all__ = ["PlanTarget", "PlanLimit", "SweepPlan", "sweep_plan", "SweepGuard", "MAX_RATE"]
-
-MAX_RATE = "max_rate@slo"
 
 
 def _level_key(level: Any) -> int | str:

@@ -14,14 +14,13 @@ import os
 import re
 import subprocess
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 
 from tuner.adapters.environment import server_python
 from tuner.study.spec import StudySpec
 from tuner.views.export_formats import read_shell, read_systemd_exec
 
-__all__ = ["CheckResult", "VllmUnavailable", "vllm_python_for", "argv_from_export", "check_arguments",
+__all__ = ["VllmUnavailable", "vllm_python_for", "argv_from_export", "check_arguments",
            "env_from_export", "vllm_message", "CHECK_SCRIPT"]
 
 # Runs inside the vLLM environment. Import paths moved between vLLM releases; the first
@@ -64,13 +63,6 @@ for argv in argvs:
 class VllmUnavailable(ValueError):
     """The interpreter cannot run vLLM's parser at all (missing, no vLLM, vLLM broken): one
     reason for every format, not a verdict on any."""
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    fmt: str
-    ok: bool
-    message: str
 
 
 def vllm_python_for(spec: StudySpec, explicit: str | None = None) -> str:

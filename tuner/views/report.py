@@ -27,10 +27,11 @@ from tuner.study.confirmation_text import summary_text
 from tuner.study.durations import format_duration
 from tuner.study.environment import environment_for, environment_lines
 from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
+from tuner.study.objectives import MAX_RATE
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points
 from tuner.views.export import ExportError, choose_record, noise_notes, render_export
 from tuner.views.plots import best_so_far_png, importance_png, pareto_png, startup_png
-from tuner.views.status import read_checks, searched_targets
+from tuner.views.status import read_checks, searched_targets, value_text
 from tuner.vllm.knobs import mismatch_text
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
@@ -72,15 +73,6 @@ def knob_importances(study: optuna.Study, records: list[TrialRecord]) -> tuple[d
     return out, ""
 
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4g}"
-    return "unset" if value is None else str(value)
-
-
-MAX_RATE = "max_rate@slo"
-
-
 def _value(r: TrialRecord, label: str) -> str:
     """An objective's value as shown; max_rate@slo as its search says it (>=100: a lower
     bound; 0 (slo_unmet))."""
@@ -88,7 +80,7 @@ def _value(r: TrialRecord, label: str) -> str:
     record = r.attrs.get("outcome", {}).get("max_rate")
     if label == MAX_RATE and record:
         return max_rate_value_text(record)
-    return _fmt(r.measured_values().get(label))
+    return value_text(r.measured_values().get(label))
 
 
 def _share(value: Any) -> str:
@@ -106,7 +98,7 @@ def slo_section(slo_text: str, front: list[TrialRecord]) -> tuple[str, list[str]
         levels = {**{f"c={c}": lv for c, lv in (outcome.get("levels") or {}).items()},
                   **(outcome.get("rate_levels") or {})}
         good = ", ".join(
-            f"{name}: {_fmt(lv.get('goodput_req_s'))} req/s, {_fmt(lv.get('goodput_tok_s'))} tok/s "
+            f"{name}: {value_text(lv.get('goodput_req_s'))} req/s, {value_text(lv.get('goodput_tok_s'))} tok/s "
             f"({_share(lv.get('slo_attained'))} within SLO)"
             for name, lv in levels.items() if lv.get("goodput_req_s") is not None)
         search = max_rate_text(outcome.get("max_rate")) if outcome.get("max_rate") else ""
@@ -132,7 +124,7 @@ def _pm(r: TrialRecord, label: str) -> str:
     told = r.values.get(label)
     level = r.bound_labels([label]).get(label)
     if told is not None and level is not None:   # stopped early before this level's end
-        return f"{_fmt(told)} (bound, c={level} not measured)"
+        return f"{value_text(told)} (bound, c={level} not measured)"
     return "not measured" if r.kind == KIND_RUN and r.state == "COMPLETE" else "–"
 
 
@@ -182,7 +174,7 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
     for r in sorted((r for r in records if r.kind == KIND_RUN), key=lambda r: r.number):
         outcome = r.attrs.get("outcome", {})
         values = "".join(f"<td>{html.escape(_pm(r, l))}</td>" for l in labels)
-        params = ", ".join(f"{html.escape(k)}={html.escape(_fmt(v))}" for k, v in r.params.items())
+        params = ", ".join(f"{html.escape(k)}={html.escape(value_text(v))}" for k, v in r.params.items())
         notes = []
         if r.unstable_levels:
             notes.append(f'<span class="unstable">{html.escape(_unstable(r))}</span>')
@@ -191,10 +183,11 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
                     if c.get("status") == "applied" and not str(c.get("target")).startswith("env:TUNER_")]
         for check in unverified(checks, searched):
             notes.append(f'<span class="unstable">NOT VERIFIED: {html.escape(str(check["target"]))}='
-                         f'{html.escape(_fmt(check.get("asked")))} ({html.escape(str(check.get("note")))})</span>')
+                         f'{html.escape(value_text(check.get("asked")))} '
+                         f'({html.escape(str(check.get("note")))})</span>')
         if verified:
             notes.append("applied: " + ", ".join(
-                f"{html.escape(str(c['target']))}={html.escape(_fmt(c.get('got')))}" for c in verified))
+                f"{html.escape(str(c['target']))}={html.escape(value_text(c.get('got')))}" for c in verified))
         for m in outcome.get("mismatches", []):
             notes.append(
                 f"not applied: {html.escape(mismatch_text(m))}"
@@ -213,7 +206,7 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
         baseline_tag = " (baseline)" if r.is_baseline else ""
         rows.append(
             f'<tr class="{html.escape(r.outcome.split(":")[0])}"><td>{r.number}{baseline_tag}</td>'
-            f"<td>{html.escape(r.outcome)}</td>{values}<td>{_fmt(startup)}</td><td>{params}</td>"
+            f"<td>{html.escape(r.outcome)}</td>{values}<td>{value_text(startup)}</td><td>{params}</td>"
             f"<td>{'<br>'.join(notes)}</td></tr>"
         )
     return "\n".join(rows)
@@ -434,7 +427,7 @@ def _report_html(shown: _Shown, records: list[TrialRecord], figures: dict[str, b
             r.number,
             f' <span class="unstable">{html.escape(_unstable(r))}</span>' if r.unstable_levels else "",
             "".join(f"<td>{html.escape(_pm(r, l))}{ratio(r, l)}</td>" for l in labels),
-            html.escape(", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items())),
+            html.escape(", ".join(f"{k}={value_text(v)}" for k, v in r.params.items())),
             html.escape(confirmed(r)),
         ) for r in front
     )
@@ -453,7 +446,7 @@ def _report_html(shown: _Shown, records: list[TrialRecord], figures: dict[str, b
     counts_text = ", ".join(f"{html.escape(k)} {v}" for k, v in sorted(counts.items()))
     objectives_text = ", ".join(f"{html.escape(l)} ({d})" for l, d in zip(labels, directions))
     baseline_text = (f"trial {baseline.number} — "
-                     + ", ".join(f"{l}={_fmt(baseline.measured_values().get(l))}" for l in labels)
+                     + ", ".join(f"{l}={value_text(baseline.measured_values().get(l))}" for l in labels)
                      if baseline else "not measured")
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>tuner report: {html.escape(handle.name)}</title>
@@ -500,7 +493,7 @@ def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> s
     for r in front:
         md.append(f"| {r.number}{' ' + _unstable(r) if r.unstable_levels else ''} | "
                   + " | ".join(_pm(r, l) + ratio(r, l) for l in labels)
-                  + " | " + ", ".join(f"{k}={_fmt(v)}" for k, v in r.params.items()) + " |")
+                  + " | " + ", ".join(f"{k}={value_text(v)}" for k, v in r.params.items()) + " |")
     md += ["", "Values are ± their 95 % interval; differences inside it are ties."]
     md += [f"- {t}" for t in shown.ties]
     agreements = [(r.number, a) for r in front

@@ -349,26 +349,30 @@ def _stopped_values(row: dict[str, Any], labels: list[str], directions: list[str
         if bound is None:
             shown.append(f"{label}=not measured")
         elif label == MAX_RATE and (row.get("max_rate") or {}).get("status") in ("stopped", None):
-            shown.append(f"{label}<={_fmt(bound)} (bound, search stopped)")
+            shown.append(f"{label}<={value_text(bound)} (bound, search stopped)")
         elif level is not None:
             # Stopped during the level (rule 4b) or before it: part-measured or skipped.
             how = "stopped inside" if stop.get("after") == f"inside c{level}" else "skipped"
-            shown.append(f"{label}{'<=' if direction == 'maximize' else '>='}{_fmt(bound)} (bound, c={level} {how})")
+            sign = "<=" if direction == "maximize" else ">="
+            shown.append(f"{label}{sign}{value_text(bound)} (bound, c={level} {how})")
         elif label in row["values"]:
             # Measured: the value it was told with and its interval, not the bound (a
             # measured value's bound is moved by its own noise towards the optimistic side).
             shown.append(_value(row, label))
         else:
-            shown.append(f"{label}={_fmt(bound)}")
+            shown.append(f"{label}={value_text(bound)}")
     return "  ".join(shown) + f"  [{stop_record_text(stop)}]"
 
 
-def _fmt(value: Any) -> str:
+def value_text(value: Any) -> str:
+    """A parameter value or bound as status and the report show it: floats to 4 significant
+    digits, None as "unset"."""
     if isinstance(value, float):
         return f"{value:.4g}"
     return "unset" if value is None else str(value)
 
 
+# tuner.study.objectives.MAX_RATE, spelled out: status imports no pydantic (test_status_fast).
 MAX_RATE = "max_rate@slo"
 
 
@@ -382,7 +386,7 @@ def _value(row: dict[str, Any], label: str) -> str:
         return f"{label}={max_rate_value_text(row['max_rate'])}"
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return f"{label}={plus_minus(float(value), (row.get('noise') or {}).get(label))}"
-    return f"{label}={_fmt(value)}"
+    return f"{label}={value_text(value)}"
 
 
 def _unstable_text(row: dict[str, Any]) -> str:
@@ -440,7 +444,7 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
                 for l in labels if base["values"].get(l) and l in row["values"]
             ]
             gain = f"  (vs baseline: {' / '.join(ratios)})"
-        params = " ".join(f"{k}={_fmt(v)}" for k, v in row["params"].items())
+        params = " ".join(f"{k}={value_text(v)}" for k, v in row["params"].items())
         lines.append(f"  trial {row['trial']:>3}{' [baseline]' if row['baseline'] else ''}: {vals}{gain}"
                      f"{_unstable_text(row)}")
         lines.append(f"             {params}")
@@ -491,11 +495,11 @@ def _trial_lines(row: dict[str, Any], labels: list[str], directions: list[str]) 
     checked = [c for c in row["checks"] if c.get("status") != "unverifiable"]
     if checked:
         lines.append("        asked vs got: " + ", ".join(
-            f"{c['target']}={_fmt(c.get('asked'))}"
-            + ("" if c.get("status") == "applied" else f" -> GOT {_fmt(c.get('got'))}")
+            f"{c['target']}={value_text(c.get('asked'))}"
+            + ("" if c.get("status") == "applied" else f" -> GOT {value_text(c.get('got'))}")
             for c in checked))
     for check in row.get("unverified") or []:
-        lines.append(f"        NOT VERIFIED: {check['target']}={_fmt(check.get('asked'))}"
+        lines.append(f"        NOT VERIFIED: {check['target']}={value_text(check.get('asked'))}"
                      + (f" ({check['note']})" if check.get("note") else ""))
     for m in row["mismatches"]:
         # The knob table's label; imported here, so a status without mismatches

@@ -55,7 +55,7 @@ from typing import Any, Literal
 from tuner.vllm.knob_values import ANY
 from tuner.vllm.knobs import knob
 
-__all__ = ["CompileLogScan", "CompileRecord", "parse_compile_log", "compile_key", "compile_settings", "relevance",
+__all__ = ["CompileLogScan", "CompileRecord", "parse_compile_log", "compile_key", "compile_settings",
            "check_cache_dir", "expand_cache_dir", "STUDY_CACHE_DIR", "VLLM_DEFAULT", "study_cache_root"]
 
 # execution.compile_cache_dir unset: the study's own cache, this folder of the study folder.
@@ -257,13 +257,6 @@ def _cache_status(scan: _Scan, rec: CompileRecord) -> Cache | None:
 
 
 # ------------------------------------------------------------------------------ the key
-
-def relevance(target: str) -> tuple[bool, str]:
-    """(does this knob target enter vLLM's compile cache key, why): the knob table's word."""
-
-    k = knob(target)
-    return k.compile_key, k.why
-
 
 def _eager(asked: Mapping[str, Any]) -> bool:
     if knob("enforce_eager").values.canonical(asked.get("enforce_eager")) is True:

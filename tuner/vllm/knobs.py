@@ -386,6 +386,7 @@ class RenderedCommand:
 
 
 def env_text(value: Any) -> str:
+    """A value as an environment variable's text (booleans as 1/0)."""
     if isinstance(value, bool):
         return "1" if value else "0"
     return str(value)

@@ -72,9 +72,6 @@ class VerificationResult(BaseModel):
     def mismatches(self) -> list[KnobCheck]:
         return [c for c in self.checks if c.status == "not_applied"]
 
-    def unverifiable(self) -> list[KnobCheck]:
-        return [c for c in self.checks if c.status == "unverifiable"]
-
 
 def verify(asked: Mapping[str, Any], effective: EffectiveConfig) -> VerificationResult:
     """Check every asked target against the effective configuration. Never raises on
