@@ -94,7 +94,8 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
                 job = queue.pop(0)
                 group = executor.idle_groups()[0]
                 make_private_dir(job.folder)
-                values = by_number[job.trial].attrs.get("values", by_number[job.trial].params)
+                chosen = by_number[job.trial]
+                values = chosen.ran_values if chosen.ran_values is not None else chosen.params
                 request = host.request(job.number, values, group, job.folder)
                 executor.submit(group, request.model_dump(mode="json"), deadline_s=deadline)
                 running[job.number] = job
@@ -159,7 +160,7 @@ def _run_result(spec: Any, job: _Job, item: Finished) -> RunResult:
     outcome = TrialOutcome.model_validate(item.result)
     told = told_for(spec, outcome, lambda: None)
     word = told.verdict
-    failure = (told.attrs.get("failure") or {}).get("message")
+    failure = None if told.failure is None else told.failure.message
     message = outcome.message or failure or outcome.probe_reason if word != "feasible" else None
     return RunResult(folder=job.folder.name, values=told.values, feasible=word == "feasible",
                      outcome=word, message=message, trial_s=outcome.trial_s)

@@ -523,7 +523,7 @@ class TrialWorker:
         """What the server's log says about torch.compile and vLLM's compile cache (hit,
         miss, none, or unknown when the log stops before the engine was up), with compile,
         graph capture and init-engine seconds: ``compile_cache.json`` in the trial folder
-        and ``outcome.compile`` (a trial user attribute through scoring.outcome_attrs)."""
+        and ``outcome.compile`` (a trial user attribute through scoring.outcome_summary)."""
 
         try:
             record = parse_compile_log(server.log_text()).to_json()
@@ -538,7 +538,7 @@ class TrialWorker:
     def _record_startup(server: ServerProcess, request: TrialRequest, outcome: TrialOutcome) -> None:
         """Where the start's time went, phase by phase, with the KV-cache size and the graph
         capture the log states (vllm.startup): ``startup.json`` in the trial folder and
-        ``outcome.startup`` (a trial user attribute through scoring.outcome_attrs)."""
+        ``outcome.startup`` (a trial user attribute through scoring.outcome_summary)."""
 
         try:
             record = parse_startup(server.log_text(), first_line_s=server.first_line_s,
