@@ -19,7 +19,7 @@ Pure: no Optuna, no pydantic models of the spec (``tuner status`` imports this).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from tuner.vllm.compile_cache import CompileRecord
@@ -29,6 +29,8 @@ __all__ = ["SUMMARY_VERSION", "OutcomeSummary", "Failure"]
 
 # 2: the summary names its version. 1: no "version" key (written before it existed).
 SUMMARY_VERSION = 2
+# Fields of OutcomeSummary that are not stored under their own name.
+_NOT_STORED = ("version", "agreement_stored")
 
 
 def _number(value: Any) -> float | None:
@@ -164,35 +166,11 @@ class OutcomeSummary:
         ``probe_agreement`` when it was never stored (read from a version 1 summary that
         lacked it: unknown is not "no reference compared")."""
 
-        out: dict[str, Any] = {
-            "version": SUMMARY_VERSION,
-            "status": self.status,
-            "host": self.host,
-            "startup_s": self.startup_s,
-            "probe_s": self.probe_s,
-            "load_s": self.load_s,
-            "trial_s": self.trial_s,
-            "applied": self.applied,
-            "mismatches": self.mismatches,
-            "probe_passed": self.probe_passed,
-            "probe_reason": self.probe_reason,
-            "probe_coverage": self.probe_coverage,
-            "probe_agreement": self.probe_agreement,
-            "levels": self.levels,
-            "rate_levels": self.rate_levels,
-            "max_rate": self.max_rate,
-            "server_side": self.server_side,
-            "started_unix": self.started_unix,
-            "finished_unix": self.finished_unix,
-            "detected_unix": self.detected_unix,
-            "warnings": self.warnings,
-            "stop": self.stop,
-            "early_stop": self.early_stop,
-            "compile": None if self.compile is None else self.compile.to_json(),
-            "startup": None if self.startup is None else self.startup.to_json(),
-            "signature": self.signature,
-            "gpu_wait_s": self.gpu_wait_s,
-        }
+        out: dict[str, Any] = {"version": SUMMARY_VERSION}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name not in _NOT_STORED:
+                out[f.name] = value.to_json() if isinstance(value, (CompileRecord, StartupRecord)) else value
         if not self.agreement_stored:
             del out["probe_agreement"]
         return out

@@ -7,6 +7,7 @@ policy's (``tuner.study.policy.told_for``).
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import Any
 
 from tuner.load.load_spec import rate_level_name
@@ -155,20 +156,10 @@ def outcome_summary(outcome: TrialOutcome) -> OutcomeSummary:
     """The part of an outcome worth keeping in the storage (full details are on disk),
     stored as its ``as_attr()``."""
 
-    return OutcomeSummary(
-        status=outcome.status, host=outcome.host,
-        startup_s=outcome.startup_s, probe_s=outcome.probe_s, load_s=outcome.load_s, trial_s=outcome.trial_s,
-        applied=outcome.applied, mismatches=outcome.mismatches,
-        probe_passed=outcome.probe_passed, probe_reason=outcome.probe_reason,
-        probe_coverage=outcome.probe_coverage, probe_agreement=outcome.probe_agreement,
-        levels=outcome.levels, rate_levels=outcome.rate_levels, max_rate=outcome.max_rate,
-        server_side=outcome.server_side, started_unix=outcome.started_unix,
-        finished_unix=outcome.finished_unix, detected_unix=outcome.detected_unix,
-        warnings=outcome.warnings, stop=outcome.stop, early_stop=outcome.early_stop,
-        compile=CompileRecord.from_json(outcome.compile), startup=StartupRecord.from_json(outcome.startup),
-        signature=outcome.signature,
-        gpu_wait_s=outcome.gpu_wait_s,
-    )
+    copied = {f.name: getattr(outcome, f.name) for f in fields(OutcomeSummary)
+              if f.name not in ("version", "agreement_stored", "compile", "startup")}
+    return OutcomeSummary(**copied, compile=CompileRecord.from_json(outcome.compile),
+                          startup=StartupRecord.from_json(outcome.startup))
 
 
 def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
