@@ -21,7 +21,7 @@ from tuner.engine.worker import TrialWorker
 from tuner.errors import ServerFatalLog
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.policy import told_for
-from tuner.study.scoring import outcome_attrs
+from tuner.study.scoring import outcome_summary
 from tuner.study.trials import TrialRecord
 from tuner.views.status import _trial_row, format_status
 
@@ -187,7 +187,7 @@ def test_rejected_configuration_reaches_outcome_and_status(tmp_path: Path, marke
     # What the study stores (the orchestrator's told_for) and what `tuner status` prints.
     told = told_for(None, outcome, lambda: None)   # a failed outcome needs no spec
     record = TrialRecord(number=3, state="FAIL", kind="run", params={"spec": "mtp"},
-                         attrs={"outcome": outcome_attrs(outcome), **told.attrs})
+                         attrs={"outcome": outcome_summary(outcome).as_attr(), **told.user_attrs()})
     assert record.outcome == "failed:invalid_config"
     row = _trial_row(record, StudyPaths(tmp_path / "s"))
     text = format_status({"study": "s", "running_now": False, "target_trials": 1, "finished_trials": 1,

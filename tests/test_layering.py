@@ -42,7 +42,7 @@ PURE = [
     "tuner.study.command", "tuner.study.confirmation", "tuner.study.confirmation_text",
     "tuner.study.bounds", "tuner.study.dry_run", "tuner.study.durations", "tuner.study.environment",
     "tuner.study.early_stop", "tuner.study.objectives",
-    "tuner.study.outcome", "tuner.study.parameters", "tuner.study.pareto",
+    "tuner.study.outcome", "tuner.study.outcome_summary", "tuner.study.parameters", "tuner.study.pareto",
     "tuner.study.planner", "tuner.study.policy", "tuner.study.preflight", "tuner.study.safe_yaml",
     "tuner.study.sampling",
     "tuner.study.scoring", "tuner.study.server_spec", "tuner.study.spec_base", "tuner.study.surrogate",

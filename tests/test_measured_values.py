@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, run_tuner
+from tuner.study.outcome_summary import OutcomeSummary
 from tuner.study.trials import KIND_DUPLICATE, KIND_RUN, TrialRecord, label_measured, noisy_points
 
 EXAMPLE = ROOT / "results" / "examples" / "smollm2-cpu"
@@ -30,9 +31,10 @@ def _record(number: int, values: dict[str, float], *, outcome: dict | None = Non
 
 
 def test_a_label_is_measured_only_where_its_level_holds_the_metric() -> None:
-    outcome = {"levels": {"1": {"tpot_ms.mean": 2.0}, "4": {"output_tok_s": 50.0}},
-               "rate_levels": {"r2.0": {"goodput_req_s": 1.9}}, "startup_s": 30.0,
-               "max_rate": {"status": "stopped", "max_rate": None}}
+    outcome = OutcomeSummary.from_attr(
+        {"levels": {"1": {"tpot_ms.mean": 2.0}, "4": {"output_tok_s": 50.0}},
+         "rate_levels": {"r2.0": {"goodput_req_s": 1.9}}, "startup_s": 30.0,
+         "max_rate": {"status": "stopped", "max_rate": None}})
     assert label_measured("tpot_ms.mean@c1", outcome)
     assert label_measured("output_tok_s@cmax", outcome)       # the highest level run: 4
     assert not label_measured("output_tok_s@cmin", outcome)   # c=1 has no output_tok_s
@@ -41,8 +43,10 @@ def test_a_label_is_measured_only_where_its_level_holds_the_metric() -> None:
     assert not label_measured("goodput_req_s@r4.0", outcome)
     assert label_measured("startup_s", outcome) and not label_measured("probe_s", outcome)
     assert not label_measured("max_rate@slo", outcome)        # its search was stopped
-    assert label_measured("max_rate@slo", {"max_rate": {"status": "found", "max_rate": 2.5}})
-    assert not label_measured("tpot_ms.mean@c1", {"levels": {"1": {"tpot_ms.mean": float("nan")}}})
+    found = OutcomeSummary.from_attr({"max_rate": {"status": "found", "max_rate": 2.5}})
+    assert label_measured("max_rate@slo", found)
+    not_finite = OutcomeSummary.from_attr({"levels": {"1": {"tpot_ms.mean": float("nan")}}})
+    assert not label_measured("tpot_ms.mean@c1", not_finite)
 
 
 def test_measured_values_drop_bounds_placeholders_and_other_kinds() -> None:

@@ -10,6 +10,7 @@ import pytest
 from tests.sim_studies import SMALL_STUDY
 from tuner.study import policy, space
 from tuner.study.outcome import TrialOutcome
+from tuner.study.outcome_summary import Failure
 from tuner.study.study_file import parse_study
 from tuner.study.trials import TrialRecord
 
@@ -80,7 +81,7 @@ def test_a_trial_without_an_objective_value_fails_no_measurement() -> None:
     del lv["1"]["tpot_ms.mean"]
     told = policy.told_for(SPEC, completed(levels=lv), no_worst)
     assert told.how == "no_measurement" and told.values is None
-    assert told.missing == ["tpot_ms.mean@c1"] and told.attrs["failure"]["reason"] == "no_measurement"
+    assert told.missing == ["tpot_ms.mean@c1"] and told.failure.reason == "no_measurement"
 
 
 def test_a_trial_whose_objective_level_only_failed_fails_load_errors_with_the_reason() -> None:
@@ -91,11 +92,10 @@ def test_a_trial_whose_objective_level_only_failed_fails_load_errors_with_the_re
     told = policy.told_for(SPEC, completed(levels=lv, load_failures={"1": text}), no_worst)
     assert told.how == "load_errors" and told.values is None
     assert told.verdict == "failed:load_errors" and told.missing == ["tpot_ms.mean@c1"]
-    assert told.attrs["failure"] == {"reason": "load_errors", "phase": "load",
-                                     "message": f"no value for tpot_ms.mean@c1: c=1: {text}"}
+    assert told.failure == Failure("load_errors", f"no value for tpot_ms.mean@c1: c=1: {text}", "load")
     # An outcome from before load_failures was kept: the count alone.
     told = policy.told_for(SPEC, completed(levels=lv), no_worst)
-    assert told.attrs["failure"]["message"] == "no value for tpot_ms.mean@c1: c=1: 4 measured requests failed"
+    assert told.failure.message == "no value for tpot_ms.mean@c1: c=1: 4 measured requests failed"
 
 
 # -- failed trials ---------------------------------------------------------------------
@@ -112,9 +112,11 @@ def test_a_failed_trial_is_told_fail_with_its_typed_reason(reason: str, phase: s
     told = policy.told_for(SPEC, outcome, no_worst)
     assert told.how == "failed" and told.values is None and told.constraints == {}
     assert told.verdict == f"failed:{reason}"
-    failure = told.attrs["failure"]
-    assert (failure["reason"], failure["phase"], failure["message"]) == (reason, phase, "why")
-    assert len(failure["log_excerpt"]) == 2000            # the tail, bounded
+    failure = told.failure
+    assert (failure.reason, failure.phase, failure.message) == (reason, phase, "why")
+    assert len(failure.log_excerpt) == 2000            # the tail, bounded
+    assert told.user_attrs()["failure"] == {"reason": reason, "message": "why", "phase": phase,
+                                            "log_excerpt": "x" * 2000}
 
 
 # -- early-stopped trials ----------------------------------------------------------------
@@ -137,7 +139,7 @@ def test_a_trial_stopped_before_measuring_takes_the_worst_values_or_fails_first(
     assert told.values == [10.0, 99.0] and told.attrs["placeholder_values"] is True
     assert told.constraints["early_stopped"] == 1.0 and told.constraints["applied"] > 0
     first = policy.told_for(SPEC, outcome, lambda: None)   # the study's first trial: nothing to copy
-    assert first.values is None and first.attrs["failure"]["reason"] == "early_stopped"
+    assert first.values is None and first.failure.reason == "early_stopped"
 
 
 def test_rule_4a_measured_its_objectives_and_is_told_as_measured() -> None:
@@ -157,7 +159,7 @@ def test_a_forbidden_point_is_told_the_worst_values_or_fail_before_any_measureme
     assert told.values == [500.0, 9.0]                     # worst of each objective
     assert told.constraints == {"forbidden": 1.0}
     assert told.attrs["kind"] == "forbidden" and told.attrs["placeholder_values"] is True
-    assert told.attrs["failure"] == {"reason": "forbidden", "message": "tests need a forbidden rule"}
+    assert told.failure == Failure("forbidden", "tests need a forbidden rule")
     assert told.verdict == "forbidden"
     first = policy.screen(SPEC, FORBIDDEN, 0, [], LABELS, DIRS)
     assert first is not None and first.values is None and first.constraints == {}
@@ -177,7 +179,7 @@ def test_a_repeat_of_a_failed_or_running_point_is_infeasible(state: str) -> None
     told = policy.screen(SPEC, dict(BASE), 2, trials, LABELS, DIRS)
     assert told is not None and told.how == "duplicate" and told.values == [500.0, 6.0]
     assert told.constraints == {"failed_before": 1.0} and told.attrs["duplicate_of"] == 1
-    assert told.attrs["failure"]["reason"] == "duplicate"
+    assert told.failure.reason == "duplicate"
 
 
 def test_a_new_point_runs_and_an_interrupted_one_runs_again() -> None:
@@ -249,7 +251,7 @@ def test_on_resume_a_running_trial_is_recorded_from_its_outcome_or_failed_and_re
     for written in (None, TrialOutcome(number=2, status="failed", reason="interrupted")):
         decision = policy.resume(running, written, max_retries=1)
         assert not decision.record and decision.failure is not None
-        assert decision.failure["reason"] == "interrupted"
+        assert decision.failure.reason == "interrupted"
         assert decision.retry is not None and decision.retry.attrs["retry_of"] == 2
     # A trial that failed for a reason of its own before the stop is recorded as such.
     crashed = policy.resume(running, TrialOutcome(number=2, status="failed", reason="server_died"), 1)

@@ -14,6 +14,7 @@ import pytest
 from tests.conftest import run_tuner
 from tuner.adapters.artifacts import StudyPaths
 from tuner.probe.agreement import agreement_line
+from tuner.study.outcome_summary import OutcomeSummary
 
 ROOT = Path(__file__).resolve().parents[1]
 H200 = ROOT / "results" / "examples" / "smollm2-h200"
@@ -58,14 +59,17 @@ def test_nothing_compared_gives_no_line(reference: dict | None) -> None:
 
 def test_study_paths_prefers_the_stored_line_and_reads_old_folders(tmp_path: Path) -> None:
     paths = StudyPaths.of(H200.parent, H200.name)
-    assert paths.probe_agreement(2, {"probe_agreement": "stored"}) == "stored"
-    assert paths.probe_agreement(2, {}) is None          # no probe ran
+    def stored(**attr: object) -> OutcomeSummary:
+        return OutcomeSummary.from_attr(attr)
+
+    assert paths.probe_agreement(2, stored(probe_agreement="stored")) == "stored"
+    assert paths.probe_agreement(2, stored()) is None          # no probe ran
     # Stored as None (no reference compared): not looked for in probe.json again.
-    assert paths.probe_agreement(2, {"probe_agreement": None, "probe_passed": True}) is None
+    assert paths.probe_agreement(2, stored(probe_agreement=None, probe_passed=True)) is None
     probe = json.loads((H200 / "trials" / "0002" / "probe.json").read_text())
-    assert paths.probe_agreement(2, {"probe_passed": True}) == agreement_line(probe["reference"])
+    assert paths.probe_agreement(2, stored(probe_passed=True)) == agreement_line(probe["reference"])
     missing = StudyPaths.of(tmp_path, "gone")
-    assert missing.probe_agreement(2, {"probe_passed": True}) is None
+    assert missing.probe_agreement(2, stored(probe_passed=True)) is None
 
 
 @pytest.fixture(scope="module")

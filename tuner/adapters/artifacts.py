@@ -22,12 +22,12 @@ import errno
 import json
 import os
 import re
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tuner.errors import ArtifactWriteError, SpecError
 from tuner.probe.agreement import agreement_line
+from tuner.study.outcome_summary import OutcomeSummary
 from tuner.study.safe_yaml import MAX_BYTES
 from tuner.study.study_name import check_study_name
 from tuner.study.trial_folders import DAMAGED_SUFFIX, TRIAL_FILES, TrialFolders, looks_numbered, sort_out
@@ -210,15 +210,14 @@ class StudyPaths:
                 return entries[-1]
         return None
 
-    def probe_agreement(self, number: int, outcome: Mapping[str, Any]) -> str | None:
+    def probe_agreement(self, number: int, outcome: OutcomeSummary) -> str | None:
         """How far trial ``number``'s answers moved from the reference's, one line
         (tuner.probe.agreement): the stored attribute, or read back from its probe.json for
         a trial recorded before that attribute existed. None without a reference probe."""
 
-        if "probe_agreement" in outcome:    # stored - None when no reference was compared
-            line = outcome["probe_agreement"]
-            return None if line is None else str(line)
-        if outcome.get("probe_passed") is None:
+        if outcome.agreement_stored:    # stored - None when no reference was compared
+            return outcome.probe_agreement
+        if outcome.probe_passed is None:
             return None
         try:
             data = json.loads((self.trial_dir(number) / "probe.json").read_text(encoding="utf-8"))

@@ -228,7 +228,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
         notes = noise_notes(read_records(study), labels, directions, record)
         text = render_export(handle.spec, handle.name, record, args.format, notes,
-                             handle.paths.probe_agreement(record.number, record.attrs.get("outcome", {})),
+                             handle.paths.probe_agreement(record.number, record.summary),
                              environment_for(record.number, *handle.paths.environment()))
         if args.check:
             return _check_export(handle, record, args)

@@ -95,7 +95,8 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
                 job = queue.pop(0)
                 group = executor.idle_groups()[0]
                 make_private_dir(job.folder)
-                values = by_number[job.trial].attrs.get("values", by_number[job.trial].params)
+                chosen = by_number[job.trial]
+                values = chosen.ran_values if chosen.ran_values is not None else chosen.params
                 request = host.request(job.number, values, group, job.folder)
                 executor.submit(group, request.model_dump(mode="json"), deadline_s=deadline)
                 running[job.number] = job

@@ -47,7 +47,7 @@ from tuner.study import policy, space, stopping
 from tuner.study.confirmation import choose_candidates, confirmation_brief, reserve_seconds
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
-from tuner.study.scoring import outcome_attrs, pareto_payload, result_text, stop_text, values_text
+from tuner.study.scoring import outcome_summary, pareto_payload, result_text, stop_text, values_text
 from tuner.study.space import trial_command, trial_ignore_eos
 from tuner.study.spec import StudySpec
 from tuner.study.sweep_guard import SweepPlan
@@ -287,7 +287,7 @@ class StudyLoop:
         self.record(study, trial, outcome, retry_if_interrupted=True)
 
     def _apply(self, study: optuna.Study, trial: Trial, told: policy.Told) -> None:
-        for key, value in told.attrs.items():
+        for key, value in told.user_attrs().items():
             trial.set_user_attr(key, value)
         trial.set_user_attr("verdict", told.verdict)
         for key, value in told.constraints.items():
@@ -317,7 +317,7 @@ class StudyLoop:
 
         number = trial.number
         self.note_full_trials([], outcome)
-        trial.set_user_attr("outcome", outcome_attrs(outcome))
+        trial.set_user_attr("outcome", outcome_summary(outcome).as_attr())
         told = policy.told_for(self.spec, outcome,
                                lambda: policy.worst_values(self.records(study), self.labels, self.directions))
         self._apply(study, trial, told)
@@ -332,7 +332,7 @@ class StudyLoop:
         elif told.how == "no_measurement":
             self.progress(f"[trial {number}] FAILED (no_measurement) for {', '.join(told.missing)}")
         elif told.how == "load_errors":
-            self.progress(f"[trial {number}] FAILED (load_errors) {told.attrs['failure']['message']}")
+            self.progress(f"[trial {number}] FAILED (load_errors) {told.failure.message if told.failure else ''}")
         else:
             front = pareto_front(record_points(records, self.labels), self.directions)
             self.progress(f"[trial {number}] done in {outcome.trial_s or 0:.1f}s: " + result_text(
@@ -401,7 +401,7 @@ class Orchestrator(StudyLoop):
                               "recording its outcome")
                 self.record(study, trial, written, retry_if_interrupted=False)
                 continue
-            trial.set_user_attr("failure", decision.failure)
+            trial.set_user_attr("failure", None if decision.failure is None else decision.failure.as_attr())
             study.tell(frozen.number, state=TrialState.FAIL)
             self.progress(f"[resume] trial {frozen.number} was interrupted: marked failed")
             if decision.retry is not None:

@@ -516,7 +516,7 @@ class TrialWorker:
         """What the server's log says about torch.compile and vLLM's compile cache (hit,
         miss, none, or unknown when the log stops before the engine was up), with compile,
         graph capture and init-engine seconds: ``compile_cache.json`` in the trial folder
-        and ``outcome.compile`` (a trial user attribute through scoring.outcome_attrs)."""
+        and ``outcome.compile`` (a trial user attribute through scoring.outcome_summary)."""
 
         record = log.compile_record().to_json()
         with contextlib.suppress(TrialError):   # a missing side file must not fail the trial
@@ -528,7 +528,7 @@ class TrialWorker:
                         outcome: TrialOutcome) -> None:
         """Where the start's time went, phase by phase, with the KV-cache size and the graph
         capture the log states (vllm.startup): ``startup.json`` in the trial folder and
-        ``outcome.startup`` (a trial user attribute through scoring.outcome_attrs)."""
+        ``outcome.startup`` (a trial user attribute through scoring.outcome_summary)."""
 
         record = log.startup(first_line_s=first_line_s, ready_s=outcome.startup_s).to_json()
         with contextlib.suppress(TrialError):   # a missing side file must not fail the trial

@@ -46,9 +46,10 @@ from tuner.store.handle import (
 from tuner.store.records import read_records
 from tuner.study import space
 from tuner.study.outcome import TrialOutcome
+from tuner.study.outcome_summary import OutcomeSummary
 from tuner.study.parameters import BoolParam, CategoricalParam, IntParam
 from tuner.study.policy import told_for, worst_values
-from tuner.study.scoring import outcome_attrs
+from tuner.study.scoring import outcome_summary
 from tuner.study.spec import StudySpec
 from tuner.study.trial_folders import DAMAGED_SUFFIX
 from tuner.study.trials import KIND_DAMAGED, KIND_RUN
@@ -269,13 +270,13 @@ def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
         "values": values,
         "attempt": 1,
         "baseline": space.params_key(values) == baseline_key,
-        "outcome": outcome_attrs(outcome),
+        "outcome": outcome_summary(outcome).as_attr(),
         "command": shell_line(RenderedCommand(list(command.get("argv", [])), dict(command.get("env", {})))),
         "from_trial_files": True,
     }
     # Told exactly as the study loop tells it (tuner.study.policy.told_for).
     told = told_for(spec, outcome, worst)
-    attrs.update(told.attrs)
+    attrs.update(told.user_attrs())
     attrs["verdict"] = told.verdict
     state = TrialState.FAIL if told.values is None else TrialState.COMPLETE
     objective_values = told.values
@@ -326,11 +327,11 @@ def study_from_trial_files(paths: StudyPaths, spec: StudySpec, name: str, *,
             # Keeps later trials at their original numbers; never a run, so never shown.
             trial = optuna.trial.create_trial(state=TrialState.FAIL, user_attrs={"kind": KIND_NOT_IN_FOLDER})
         else:
-            outcome = trial.user_attrs["outcome"]
-            if outcome.get("started_unix") is not None:
-                starts.append(outcome["started_unix"])
-            if outcome.get("finished_unix") is not None:
-                ends.append(outcome["finished_unix"])
+            summary = OutcomeSummary.from_attr(trial.user_attrs["outcome"])
+            if summary.started_unix is not None:
+                starts.append(summary.started_unix)
+            if summary.finished_unix is not None:
+                ends.append(summary.finished_unix)
         study.add_trial(trial)
     if starts and ends:
         study.set_user_attr("elapsed_s", max(ends) - min(starts))

@@ -55,6 +55,7 @@ from tuner.study import early_stop, space, sweep_guard
 from tuner.study.confirmation import RunResult
 from tuner.study.objectives import MAX_RATE
 from tuner.study.outcome import TrialOutcome
+from tuner.study.outcome_summary import Failure
 from tuner.study.pareto import Point, pareto_front
 from tuner.study.sampling import grid_points
 from tuner.study.scoring import TRIAL_METRICS, constraints, level_of, metric_value, stop_text, stopped_told
@@ -64,7 +65,7 @@ from tuner.vllm.compile_order import compile_order
 
 __all__ = ["Enqueue", "Told", "Resume", "MAX_REJECTED_IN_A_ROW", "EXHAUSTED_AFTER", "HISTORY_LIMIT",
            "first_points", "grid_order", "fill_in", "retry", "resume", "known_points", "finished_runs",
-           "worst_values", "screen", "told_for", "early_stop_plan", "full_trial_seconds", "is_interrupted"]
+           "worst_values", "screen", "told_for", "early_stop_plan", "full_trial_seconds"]
 
 MAX_REJECTED_IN_A_ROW = 25  # then a random unseen point is enqueued instead
 EXHAUSTED_AFTER = 4 * MAX_REJECTED_IN_A_ROW  # rejected in a row: every allowed point is known
@@ -88,7 +89,8 @@ class Told:
     """What a trial is told to Optuna as.
 
     ``values`` None: told FAIL. ``attrs``: user attributes to set before telling (``kind``,
-    ``failure``, ``placeholder_values``, ``duplicate_of``). ``how``: ``measured``,
+    ``placeholder_values``, ``duplicate_of``); ``failure``: why it failed or was not run,
+    stored beside them (``user_attrs``). ``how``: ``measured``,
     ``stopped`` (stopped early by its worker), ``failed`` (the worker reported a failure),
     ``no_measurement`` (completed without a value for an objective), ``load_errors`` (no
     value because the level's measured requests failed), ``forbidden`` or ``duplicate``
@@ -100,6 +102,12 @@ class Told:
     constraints: dict[str, float] = field(default_factory=dict)
     attrs: dict[str, Any] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
+    failure: Failure | None = None
+
+    def user_attrs(self) -> dict[str, Any]:
+        """The user attributes to set: ``attrs`` and the failure as stored."""
+
+        return self.attrs if self.failure is None else {**self.attrs, "failure": self.failure.as_attr()}
 
     @property
     def verdict(self) -> str:
@@ -107,7 +115,7 @@ class Told:
         stored with the trial (user attribute ``verdict``) for status, report and export."""
 
         return outcome_word("FAIL" if self.values is None else "COMPLETE", str(self.attrs.get("kind", KIND_RUN)),
-                            self.constraints, (self.attrs.get("failure") or {}).get("reason"))
+                            self.constraints, None if self.failure is None else self.failure.reason)
 
 
 # -- what runs next ----------------------------------------------------------------------
@@ -118,7 +126,7 @@ def first_points(spec: StudySpec, trials: Sequence[TrialRecord], *, parallel: in
     finds them already queued or run). ``parallel``: GPU groups running trials at once."""
 
     out = []
-    if not any(t.attrs.get("baseline") for t in trials):
+    if not any(t.is_baseline for t in trials):
         out.append(Enqueue(space.baseline_values(spec), {"baseline": True, "attempt": 1}))
     queued = {t.attrs.get("starting_point") for t in trials}
     points = space.starting_point_values(spec)
@@ -173,12 +181,11 @@ def fill_in(spec: StudySpec, trials: Sequence[TrialRecord], *, rejected_in_a_row
 def retry(trial: TrialRecord, max_retries: int) -> Enqueue | None:
     """An interrupted trial's re-run, while its attempts last (``budget.max_retries``)."""
 
-    values = trial.attrs.get("values")
-    attempt = int(trial.attrs.get("attempt", 1))
+    values = trial.ran_values
+    attempt = trial.attempt
     if values is None or attempt > max_retries:
         return None
-    return Enqueue(dict(values), {"retry_of": trial.number, "attempt": attempt + 1,
-                                  "baseline": bool(trial.attrs.get("baseline"))})
+    return Enqueue(values, {"retry_of": trial.number, "attempt": attempt + 1, "baseline": trial.is_baseline})
 
 
 @dataclass(frozen=True)
@@ -190,12 +197,11 @@ class Resume:
     """
 
     record: bool
-    failure: dict[str, Any] | None = None
+    failure: Failure | None = None
     retry: Enqueue | None = None
 
 
-INTERRUPTED_FAILURE = {"reason": "interrupted", "message": "the tuner stopped during this trial",
-                       "phase": "unknown"}
+INTERRUPTED_FAILURE = Failure("interrupted", "the tuner stopped during this trial", "unknown")
 
 
 def resume(trial: TrialRecord, written: TrialOutcome | None, max_retries: int) -> Resume:
@@ -205,15 +211,11 @@ def resume(trial: TrialRecord, written: TrialOutcome | None, max_retries: int) -
 
     if trial.kind == KIND_RUN and written is not None and written.reason != "interrupted":
         return Resume(record=True)
-    return Resume(record=False, failure=dict(INTERRUPTED_FAILURE),
+    return Resume(record=False, failure=INTERRUPTED_FAILURE,
                   retry=retry(trial, max_retries) if trial.kind == KIND_RUN else None)
 
 
 # -- what the study knows ----------------------------------------------------------------
-
-
-def is_interrupted(trial: TrialRecord) -> bool:
-    return bool((trial.attrs.get("failure") or {}).get("reason") == "interrupted")
 
 
 def known_points(trials: Sequence[TrialRecord]) -> dict[str, TrialRecord]:
@@ -224,7 +226,7 @@ def known_points(trials: Sequence[TrialRecord]) -> dict[str, TrialRecord]:
     for t in trials:
         if t.state not in ("COMPLETE", "FAIL", "RUNNING") or t.kind != KIND_RUN:
             continue
-        if t.point is None or is_interrupted(t):
+        if t.point is None or t.interrupted:
             continue
         known.setdefault(t.point, t)
     return known
@@ -234,7 +236,7 @@ def finished_runs(trials: Sequence[TrialRecord]) -> int:
     """Trials that count toward the budget: finished runs, interrupted ones excepted."""
 
     return sum(1 for t in trials if t.state in ("COMPLETE", "FAIL") and t.kind == KIND_RUN
-               and not is_interrupted(t))
+               and not t.interrupted)
 
 
 def worst_values(trials: Sequence[TrialRecord], labels: Sequence[str],
@@ -254,9 +256,9 @@ def full_trial_seconds(trials: Sequence[TrialRecord]) -> list[float]:
 
     out = []
     for t in trials:
-        attrs = t.attrs.get("outcome") or {}
-        if t.state == "COMPLETE" and t.kind == KIND_RUN and attrs.get("trial_s") and not attrs.get("early_stop"):
-            out.append(float(attrs["trial_s"]))
+        trial_s = t.summary.trial_s
+        if t.state == "COMPLETE" and t.kind == KIND_RUN and trial_s and not t.summary.early_stop:
+            out.append(float(trial_s))
     return out
 
 
@@ -283,8 +285,7 @@ def screen(spec: StudySpec, values: Mapping[str, Any], number: int, trials: Sequ
 
     reason = space.forbidden_reason(spec, values)
     if reason is not None:
-        told = Told("forbidden", None, attrs={"kind": KIND_FORBIDDEN,
-                                              "failure": {"reason": "forbidden", "message": reason}})
+        told = Told("forbidden", None, attrs={"kind": KIND_FORBIDDEN}, failure=Failure("forbidden", reason))
         return _infeasible(told, "forbidden", worst_values(trials, labels, directions))
     earlier = known_points(trials).get(space.params_key(values))
     if earlier is None or earlier.number == number:
@@ -295,8 +296,8 @@ def screen(spec: StudySpec, values: Mapping[str, Any], number: int, trials: Sequ
         # Nothing new to learn by running it again: the earlier result, told again.
         return Told("duplicate", list(told_before), dict(earlier.constraints), attrs)
     # Still running or failed: nothing new to learn either, and not a result to repeat.
-    attrs["failure"] = {"reason": "duplicate", "message": f"same parameters as trial {earlier.number}"}
-    return _infeasible(Told("duplicate", None, attrs=attrs), "failed_before",
+    failure = Failure("duplicate", f"same parameters as trial {earlier.number}")
+    return _infeasible(Told("duplicate", None, attrs=attrs, failure=failure), "failed_before",
                        worst_values(trials, labels, directions))
 
 
@@ -309,15 +310,13 @@ def told_for(spec: StudySpec, outcome: TrialOutcome, worst: Callable[[], list[fl
     """
 
     if outcome.status == "failed":
-        return Told("failed", None, attrs={"failure": {
-            "reason": outcome.reason, "message": outcome.message, "phase": outcome.phase,
-            "log_excerpt": (outcome.log_excerpt or "")[-2000:]}})
+        return Told("failed", None, failure=Failure(str(outcome.reason or "unknown"), outcome.message,
+                                                    outcome.phase, (outcome.log_excerpt or "")[-2000:]))
     if outcome.early_stop and outcome.early_stop.get("reason") != "dominated_exact":
         # dominated_exact measured its objectives: told like any completed trial.
         values, violated, placeholder = stopped_told(spec, outcome, worst())
         if values is None:
-            return Told("stopped", None, attrs={"failure": {
-                "reason": EARLY_STOPPED, "message": stop_text(outcome), "phase": "load"}})
+            return Told("stopped", None, failure=Failure(EARLY_STOPPED, stop_text(outcome), "load"))
         return Told("stopped", values, violated, {"placeholder_values": True} if placeholder else {})
     measured = [metric_value(spec, outcome, o) for o in spec.objectives]
     missing = [o.label for o, v in zip(spec.objectives, measured) if v is None]
@@ -325,11 +324,10 @@ def told_for(spec: StudySpec, outcome: TrialOutcome, worst: Callable[[], list[fl
         failed = _failed_levels(spec, outcome, [o for o, v in zip(spec.objectives, measured) if v is None])
         if failed:
             # Not a slow server with too few samples: one that answers with errors.
-            return Told("load_errors", None, missing=missing, attrs={"failure": {
-                "reason": "load_errors", "phase": "load",
-                "message": f"no value for {', '.join(missing)}: {'; '.join(failed)}"}})
-        return Told("no_measurement", None, missing=missing, attrs={"failure": {
-            "reason": "no_measurement", "message": f"no value for {', '.join(missing)}", "phase": "load"}})
+            return Told("load_errors", None, missing=missing, failure=Failure(
+                "load_errors", f"no value for {', '.join(missing)}: {'; '.join(failed)}", "load"))
+        return Told("no_measurement", None, missing=missing, failure=Failure(
+            "no_measurement", f"no value for {', '.join(missing)}", "load"))
     return Told("measured", [float(v) for v in measured if v is not None], constraints(spec, outcome))
 
 
@@ -339,7 +337,7 @@ def rerun_result(spec: StudySpec, folder: str, outcome: TrialOutcome) -> RunResu
 
     told = told_for(spec, outcome, lambda: None)
     word = told.verdict
-    failure = (told.attrs.get("failure") or {}).get("message")
+    failure = None if told.failure is None else told.failure.message
     message = outcome.message or failure or outcome.probe_reason if word != "feasible" else None
     return RunResult(folder=folder, values=told.values, feasible=word == "feasible",
                      outcome=word, message=message, trial_s=outcome.trial_s)
@@ -404,9 +402,9 @@ def early_stop_plan(spec: StudySpec, trials: Sequence[TrialRecord]) -> sweep_gua
         told = t.ordered_values(labels)
         if t.state != "COMPLETE" or told is None or t.kind != KIND_RUN:
             continue
-        if EARLY_STOPPED in t.constraints or t.attrs.get("placeholder_values"):
+        if EARLY_STOPPED in t.constraints or t.placeholder_values:
             continue
-        levels = (t.attrs.get("outcome") or {}).get("levels") or {}
+        levels = t.summary.levels
         if all(v <= 0 for v in t.constraints.values()):
             # Each front value moved by its noise towards worse: a trial is only stopped on
             # a front its measurement noise could not have put there (tuner.study.noise).

@@ -8,6 +8,7 @@ policy's (``tuner.study.policy.told_for``).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import fields
 from typing import Any
 
 from tuner.load.load_spec import rate_level_name
@@ -15,6 +16,7 @@ from tuner.load.max_rate_text import max_rate_value_text
 from tuner.study.noise import level_unstable, noisy_front, resolve_level
 from tuner.study.objectives import MAX_RATE, ObjectiveSpec
 from tuner.study.outcome import TrialOutcome
+from tuner.study.outcome_summary import OutcomeSummary
 from tuner.study.pareto import pareto_front
 from tuner.study.spec import StudySpec
 from tuner.study.trials import (
@@ -26,8 +28,10 @@ from tuner.study.trials import (
     record_points,
     stop_record_text,
 )
+from tuner.vllm.compile_cache import CompileRecord
+from tuner.vllm.startup import StartupRecord
 
-__all__ = ["stopped_told", "stop_text", "level_for", "level_of", "metric_value", "constraints", "outcome_attrs",
+__all__ = ["stopped_told", "stop_text", "level_for", "level_of", "metric_value", "constraints", "outcome_summary",
            "pareto_payload", "result_text", "values_text", "TRIAL_METRICS", "max_rate_value"]
 
 
@@ -149,37 +153,14 @@ def stop_text(outcome: TrialOutcome) -> str:
     return stop_record_text(outcome.early_stop or {})
 
 
-def outcome_attrs(outcome: TrialOutcome) -> dict[str, Any]:
-    """The part of an outcome worth keeping in the storage (full details are on disk)."""
+def outcome_summary(outcome: TrialOutcome) -> OutcomeSummary:
+    """The part of an outcome worth keeping in the storage (full details are on disk),
+    stored as its ``as_attr()``."""
 
-    return {
-        "status": outcome.status,
-        "host": outcome.host,
-        "startup_s": outcome.startup_s,
-        "probe_s": outcome.probe_s,
-        "load_s": outcome.load_s,
-        "trial_s": outcome.trial_s,
-        "applied": outcome.applied,
-        "mismatches": outcome.mismatches,
-        "probe_passed": outcome.probe_passed,
-        "probe_reason": outcome.probe_reason,
-        "probe_coverage": outcome.probe_coverage,
-        "probe_agreement": outcome.probe_agreement,
-        "levels": outcome.levels,
-        "rate_levels": outcome.rate_levels,
-        "max_rate": outcome.max_rate,
-        "server_side": outcome.server_side,
-        "started_unix": outcome.started_unix,
-        "finished_unix": outcome.finished_unix,
-        "detected_unix": outcome.detected_unix,
-        "warnings": outcome.warnings,
-        "stop": outcome.stop,
-        "early_stop": outcome.early_stop,
-        "compile": outcome.compile,
-        "startup": outcome.startup,
-        "signature": outcome.signature,
-        "gpu_wait_s": outcome.gpu_wait_s,
-    }
+    copied = {f.name: getattr(outcome, f.name) for f in fields(OutcomeSummary)
+              if f.name not in ("version", "agreement_stored", "compile", "startup")}
+    return OutcomeSummary(**copied, compile=CompileRecord.from_json(outcome.compile),
+                          startup=StartupRecord.from_json(outcome.startup))
 
 
 def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
@@ -207,10 +188,10 @@ def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
             "unstable_levels": record.unstable_levels,
             "ties": sorted({n for t in ties for n in t.trials if point.number in t.trials} - {point.number}),
             "params": record.params,
-            "command": record.attrs.get("command"),
+            "command": record.command,
             "baseline": record.is_baseline,
         }
-        searched = (record.attrs.get("outcome") or {}).get("max_rate")
+        searched = record.summary.max_rate
         if searched:
             # max_rate@slo's answer with how it was found: a lower bound (met at the highest
             # allowed rate) must not read as a measured maximum.

@@ -2,7 +2,9 @@
 reads (the ask/tell policy, status, report, export, pareto.json).
 
 Pure: no Optuna, no storage. ``tuner.store.records`` reads records from an Optuna storage,
-``tuner.store.folder`` rebuilds them from a study folder's trial files.
+``tuner.store.folder`` rebuilds them from a study folder's trial files. A record reads its
+stored attributes once, into the typed parts of ``tuner.study.outcome_summary`` (what was
+measured, why it failed): readers use those, never the attribute dictionaries.
 """
 
 from __future__ import annotations
@@ -23,7 +25,10 @@ from tuner.study.noise import (
     resolve_level,
     unmeasured_level,
 )
+from tuner.study.outcome_summary import Failure, OutcomeSummary
 from tuner.study.pareto import Point, pareto_front
+from tuner.vllm.compile_cache import CompileRecord
+from tuner.vllm.startup import StartupRecord
 
 __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "KIND_DAMAGED", "EARLY_STOPPED",
            "TOKEN_COUNT_MISMATCH", "label_measured", "noisy_points", "outcome_word", "point_key",
@@ -50,7 +55,7 @@ def stop_record_text(record: Mapping[str, Any]) -> str:
     return f"stopped {where}: {record.get('reason')}"
 
 
-def label_measured(label: str, outcome: Mapping[str, Any]) -> bool:
+def label_measured(label: str, outcome: OutcomeSummary) -> bool:
     """Whether a trial's outcome holds a measurement for the objective ``label``: its level's
     metric (``metric@cN``, ``@cmax``/``@cmin`` at the highest/lowest level run, ``metric@r2.0``
     at an open-loop level), its own reading (``startup_s``), or a finished max_rate@slo search.
@@ -59,17 +64,17 @@ def label_measured(label: str, outcome: Mapping[str, Any]) -> bool:
     never something to show a person as measured."""
 
     if label == _MAX_RATE:
-        record = outcome.get("max_rate") or {}
+        record = outcome.max_rate or {}
         return record.get("status") != "stopped" and record.get("max_rate") is not None
     if label in _TRIAL_METRICS:
-        return outcome.get(label) is not None
+        return getattr(outcome, label) is not None
     metric, sep, level = label.rpartition("@c")
-    levels: Mapping[str, Any] = outcome.get("levels") or {}
+    levels: Mapping[str, Any] = outcome.levels
     if not sep:
         metric, sep, level = label.rpartition("@")
         if not (sep and level.startswith("r")):
             return False
-        levels = outcome.get("rate_levels") or {}
+        levels = outcome.rate_levels
     found = (levels.get(resolve_level(levels, level)) or {}).get(metric)
     return isinstance(found, (int, float)) and not isinstance(found, bool) and math.isfinite(found)
 
@@ -98,6 +103,50 @@ class TrialRecord:
     attrs: dict[str, Any] = field(default_factory=dict)
     seconds: float | None = None
 
+    @cached_property
+    def summary(self) -> OutcomeSummary:
+        """What the worker measured, as stored (the ``outcome`` attribute, read once)."""
+
+        return OutcomeSummary.from_attr(self.attrs.get("outcome"))
+
+    @cached_property
+    def failure(self) -> Failure | None:
+        """Why the trial failed or was not run (the ``failure`` attribute); None: it did not."""
+
+        return Failure.from_attr(self.attrs.get("failure"))
+
+    @property
+    def interrupted(self) -> bool:
+        """Failed because the tuner stopped during it: re-run, never counted."""
+
+        return self.failure is not None and self.failure.reason == "interrupted"
+
+    @property
+    def ran_values(self) -> dict[str, Any] | None:
+        """The configuration the trial was asked to run (the ``values`` attribute, every
+        parameter named, unset ones too); None for a trial enqueued without it."""
+
+        values = self.attrs.get("values")
+        return dict(values) if isinstance(values, Mapping) else None
+
+    @property
+    def attempt(self) -> int:
+        return int(self.attrs.get("attempt", 1))
+
+    @property
+    def command(self) -> str | None:
+        """The shell line that started the trial's server (export and pareto.json)."""
+
+        command = self.attrs.get("command")
+        return None if command is None else str(command)
+
+    @property
+    def placeholder_values(self) -> bool:
+        """Whether the values told are the worst seen, not a measurement (an early stop
+        that measured nothing, a forbidden point, a duplicate of a failed one)."""
+
+        return bool(self.attrs.get("placeholder_values"))
+
     @property
     def feasible(self) -> bool:
         return (
@@ -121,13 +170,13 @@ class TrialRecord:
         if isinstance(stored, str):
             return stored
         return outcome_word(self.state, self.kind, self.constraints,
-                            (self.attrs.get("failure") or {}).get("reason"))
+                            None if self.failure is None else self.failure.reason)
 
     @property
     def levels(self) -> dict[str, dict[str, Any]]:
         """Flat metrics per load level, as the worker measured them."""
 
-        return dict((self.attrs.get("outcome") or {}).get("levels") or {})
+        return dict(self.summary.levels)
 
     @property
     def unstable_levels(self) -> list[int]:
@@ -144,12 +193,11 @@ class TrialRecord:
     def noise(self, labels: list[str]) -> dict[str, float | None]:
         """The 95 % half-width of each objective value (None: unknown or exact)."""
 
-        outcome = self.attrs.get("outcome") or {}
         # Open-loop levels by name (r2.0), next to the concurrency levels: labels metric@r2.0.
-        levels = {**self.levels, **(outcome.get("rate_levels") or {})}
+        levels = {**self.summary.levels, **self.summary.rate_levels}
         bounds = self.bound_labels(labels)
         return {label: None if label in bounds
-                else max_rate_noise(outcome.get("max_rate")) if label == "max_rate@slo"
+                else max_rate_noise(self.summary.max_rate) if label == "max_rate@slo"
                 else label_noise(levels, label) for label in labels}
 
     def bound_labels(self, labels: Sequence[str]) -> dict[str, int]:
@@ -157,7 +205,7 @@ class TrialRecord:
         their level (label -> that level): ``@cmax`` then means the highest level it would
         have run, not the highest it reached, so no lower level's value or noise stands in."""
 
-        stop = (self.attrs.get("outcome") or {}).get("early_stop") or {}
+        stop = self.summary.early_stop or {}
         if not stop.get("bounds"):
             return {}
         skipped = [int(c) for c in stop.get("skipped_levels") or [] if str(c).isdigit()]
@@ -174,48 +222,46 @@ class TrialRecord:
 
         if self.kind != KIND_RUN or self.state != "COMPLETE":
             return {}
-        outcome = self.attrs.get("outcome") or {}
-        stop = outcome.get("early_stop") or {}
-        if not stop and not self.attrs.get("placeholder_values"):
+        if not self.summary.early_stop and not self.placeholder_values:
             return dict(self.values)
         bounds = self.bound_labels(list(self.values))
         return {label: value for label, value in self.values.items()
-                if label not in bounds and label_measured(label, outcome)}
+                if label not in bounds and label_measured(label, self.summary)}
 
     @property
-    def compile_record(self) -> dict[str, Any] | None:
-        """The trial's torch.compile record (tuner.vllm.compile_cache.CompileRecord as JSON:
-        cache hit/miss/partial/none, compile, capture and init-engine seconds), from the
-        ``compile`` user attribute or the outcome's ``compile`` field; None when unknown
-        (trials recorded before compile records existed, or a log that never got there)."""
+    def compile_record(self) -> CompileRecord | None:
+        """The trial's torch.compile record (cache hit/miss/partial/none, compile, capture
+        and init-engine seconds), from the
+        outcome's ``compile`` field, or the ``compile`` user attribute early studies kept it
+        in; None when unknown (trials recorded before compile records existed, or a log that
+        never got there)."""
 
         rec = self.attrs.get("compile")
-        if rec is None:
-            rec = (self.attrs.get("outcome") or {}).get("compile")
-        return rec if isinstance(rec, dict) else None
+        if isinstance(rec, dict):
+            return CompileRecord.from_json(rec)
+        return self.summary.compile
 
     @property
-    def startup_record(self) -> dict[str, Any] | None:
-        """The trial's startup breakdown (tuner.vllm.startup.StartupRecord as JSON: seconds
-        per phase, KV-cache size, graph capture), from the outcome's ``startup`` field;
+    def startup_record(self) -> StartupRecord | None:
+        """The trial's startup breakdown (seconds per phase, KV-cache size, graph capture),
+        from the outcome's ``startup`` field;
         None for trials recorded before startup records existed or that started no server."""
 
-        rec = (self.attrs.get("outcome") or {}).get("startup")
-        return rec if isinstance(rec, dict) else None
+        return self.summary.startup
 
     @property
     def compile_cache(self) -> str | None:
         """"hit", "miss", "partial", "none" or None (unknown)."""
 
         rec = self.compile_record
-        return None if rec is None else rec.get("cache")
+        return None if rec is None else rec.cache
 
     @cached_property
     def point(self) -> str | None:
         """``point_key`` of the values the trial ran (None: it has none), computed once: the
         policy compares every proposal with every trial's point."""
 
-        values = self.attrs.get("values")
+        values = self.ran_values
         return None if values is None else point_key(values)
 
     def ordered_values(self, labels: Sequence[str]) -> tuple[float, ...] | None:
@@ -263,7 +309,7 @@ def record_points(records: list[TrialRecord], labels: list[str]) -> list[Point]:
         if r.kind == KIND_RUN and r.state == "COMPLETE" and all(label in r.values for label in labels)
         # Placeholder values (worst seen, told to an early-stopped trial that measured
         # nothing) are no measurement: never plotted, never a front candidate.
-        and not r.attrs.get("placeholder_values")
+        and not r.placeholder_values
     ]
 
 

@@ -88,9 +88,9 @@ def choose_record(
 
 def _why(record: TrialRecord) -> str:
     if record.outcome == "probe_failed":
-        return str(record.attrs.get("outcome", {}).get("probe_reason") or "correctness probe failed")
+        return str(record.summary.probe_reason or "correctness probe failed")
     if record.outcome == "not_applied":
-        bad = record.attrs.get("outcome", {}).get("mismatches", [])
+        bad = record.summary.mismatches
         return "; ".join(mismatch_text(m) for m in bad) or "not applied"
     if record.outcome == "limit_missed":
         return ", ".join(k for k, v in record.constraints.items() if k.startswith("limit:") and v > 0)
@@ -115,7 +115,7 @@ def _slo_lines(spec: StudySpec, record: TrialRecord) -> list[str]:
     if spec.slo is None:
         return []
     lines = [f"  slo: {spec.slo.text()}"]
-    searched = record.attrs.get("outcome", {}).get("max_rate")
+    searched = record.summary.max_rate
     if searched:
         lines.append(f"  {max_rate_text(searched)}")
     return lines
@@ -188,7 +188,7 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
         "environment": None if environment is None else dict(environment),
         "params": record.params,
         "slo": None if spec.slo is None else spec.slo.model_dump(mode="json"),
-        "max_rate": record.attrs.get("outcome", {}).get("max_rate"),
+        "max_rate": record.summary.max_rate,
         "tuner_version": __version__,
         "exported_unix": int(time.time()),
     }

@@ -142,8 +142,8 @@ def startup_png(records: Sequence[TrialRecord]) -> bytes | None:
     (tuner.vllm.startup), stacked, the compile-cache outcome beside it; None when no trial
     has a startup record."""
 
-    rows = [(r.number, r.startup_record) for r in sorted(records, key=lambda r: r.number)
-            if r.kind == "run" and r.startup_record and r.startup_record.get("phases")]
+    rows = [(r.number, rec) for r in sorted(records, key=lambda r: r.number)
+            if r.kind == "run" and (rec := r.startup_record) is not None and rec.phases]
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(8, 0.9 + 0.32 * len(rows)))
@@ -151,13 +151,13 @@ def startup_png(records: Sequence[TrialRecord]) -> bytes | None:
     for i, (_number, rec) in enumerate(rows):
         left = 0.0
         for j, phase in enumerate(PHASES):
-            width = float(rec["phases"].get(phase) or 0.0)
+            width = float(rec.phases.get(phase) or 0.0)
             if width > 0:
                 ax.barh(i, width, left=left, color=colours(j), label=PHASE_LABELS[phase] if i == 0 else None)
                 left += width
-        note = "" if rec.get("complete") else " never ready"
-        if rec.get("compile_cache") not in (None, "none"):
-            note = f" compile cache {rec['compile_cache']}" + note
+        note = "" if rec.complete else " never ready"
+        if rec.compile_cache not in (None, "none"):
+            note = f" compile cache {rec.compile_cache}" + note
         ax.text(left, i, f" {left:.0f}s{note}", va="center", fontsize=8)
     ax.set_yticks(range(len(rows)), [f"trial {number}" for number, _ in rows])
     ax.invert_yaxis()

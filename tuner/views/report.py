@@ -77,7 +77,7 @@ def _value(r: TrialRecord, label: str) -> str:
     """An objective's value as shown; max_rate@slo as its search says it (>=100: a lower
     bound; 0 (slo_unmet))."""
 
-    record = r.attrs.get("outcome", {}).get("max_rate")
+    record = r.summary.max_rate
     if label == MAX_RATE and record:
         return max_rate_value_text(record)
     return value_text(r.measured_values().get(label))
@@ -94,14 +94,13 @@ def slo_section(slo_text: str, front: list[TrialRecord]) -> tuple[str, list[str]
     rows, md = [], ["", "## Latency SLO", "", f"SLO: `{slo_text}` (per request as `vllm bench serve "
                     "--goodput`; the level's statistic for the verdict).", ""]
     for r in front:
-        outcome = r.attrs.get("outcome", {})
-        levels = {**{f"c={c}": lv for c, lv in (outcome.get("levels") or {}).items()},
-                  **(outcome.get("rate_levels") or {})}
+        outcome = r.summary
+        levels = {**{f"c={c}": lv for c, lv in outcome.levels.items()}, **outcome.rate_levels}
         good = ", ".join(
             f"{name}: {value_text(lv.get('goodput_req_s'))} req/s, {value_text(lv.get('goodput_tok_s'))} tok/s "
             f"({_share(lv.get('slo_attained'))} within SLO)"
             for name, lv in levels.items() if lv.get("goodput_req_s") is not None)
-        search = max_rate_text(outcome.get("max_rate")) if outcome.get("max_rate") else ""
+        search = max_rate_text(outcome.max_rate) if outcome.max_rate else ""
         rows.append(f"<tr><td>{r.number}</td><td>{html.escape(search)}</td>"
                     f"<td>{html.escape(good)}</td></tr>")
         md.append(f"- trial {r.number}: " + "; ".join(x for x in (search, "goodput " + good if good else "") if x))
@@ -116,7 +115,7 @@ def slo_section(slo_text: str, front: list[TrialRecord]) -> tuple[str, list[str]
 def _pm(r: TrialRecord, label: str) -> str:
     """A value with its 95 % half-width, e.g. ``8648 ± 210``."""
 
-    if label == MAX_RATE and r.attrs.get("outcome", {}).get("max_rate"):
+    if label == MAX_RATE and r.summary.max_rate:
         return _value(r, label)       # as its search says it: >=high, 0 (slo_unmet)
     value = r.measured_values().get(label)
     if value is not None:
@@ -172,7 +171,7 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
     rows = []
     searched = searched_targets(handle.paths.spec_yaml)
     for r in sorted((r for r in records if r.kind == KIND_RUN), key=lambda r: r.number):
-        outcome = r.attrs.get("outcome", {})
+        outcome = r.summary
         values = "".join(f"<td>{html.escape(_pm(r, l))}</td>" for l in labels)
         params = ", ".join(f"{html.escape(k)}={html.escape(value_text(v))}" for k, v in r.params.items())
         notes = []
@@ -188,21 +187,21 @@ def _trial_rows(records: list[TrialRecord], labels: list[str], handle: StudyHand
         if verified:
             notes.append("applied: " + ", ".join(
                 f"{html.escape(str(c['target']))}={html.escape(value_text(c.get('got')))}" for c in verified))
-        for m in outcome.get("mismatches", []):
+        for m in outcome.mismatches:
             notes.append(
                 f"not applied: {html.escape(mismatch_text(m))}"
                 + (f"<br><code>{html.escape(str(m.get('evidence'))[:240])}</code>" if m.get("evidence") else "")
             )
-        if outcome.get("probe_passed") is False:
-            notes.append("probe failed: " + html.escape(str(outcome.get("probe_reason"))))
+        if outcome.probe_passed is False:
+            notes.append("probe failed: " + html.escape(str(outcome.probe_reason)))
         if (agreement := handle.paths.probe_agreement(r.number, outcome)) is not None:
             notes.append("probe: " + html.escape(agreement))
-        if outcome.get("max_rate"):
-            notes.append(html.escape(max_rate_text(outcome["max_rate"])))
-        failure = r.attrs.get("failure")
-        if r.state == "FAIL" and failure:
-            notes.append(f"{html.escape(str(failure.get('reason')))}: {html.escape(str(failure.get('message') or ''))}")
-        startup = outcome.get("startup_s")
+        if outcome.max_rate:
+            notes.append(html.escape(max_rate_text(outcome.max_rate)))
+        failure = r.failure
+        if r.state == "FAIL" and failure is not None:
+            notes.append(f"{html.escape(failure.reason)}: {html.escape(failure.message or '')}")
+        startup = outcome.startup_s
         baseline_tag = " (baseline)" if r.is_baseline else ""
         rows.append(
             f'<tr class="{html.escape(r.outcome.split(":")[0])}"><td>{r.number}{baseline_tag}</td>'
@@ -219,12 +218,11 @@ def _startup_rows(runs: list[TrialRecord]) -> list[tuple[str, list[str], str]]:
     rows = []
     for r in sorted(runs, key=lambda r: r.number):
         rec = r.startup_record
-        if not rec:
+        if rec is None:
             continue
-        phases = rec.get("phases") or {}
-        cells = [_secs(phases.get(p)) for p in PHASES]
-        total = rec.get("total_s") if rec.get("complete") else None
-        cache = rec.get("compile_cache") or "unknown"
+        cells = [_secs(rec.phases.get(p)) for p in PHASES]
+        total = rec.total_s if rec.complete else None
+        cache = rec.compile_cache or "unknown"
         rows.append((f"{r.number}{' (baseline)' if r.is_baseline else ''}",
                      cells + [_secs(total) if total is not None else "never ready", cache],
                      figures_text(rec) or ""))
@@ -245,7 +243,7 @@ def _startup_html(runs: list[TrialRecord], figure: bytes | None) -> str:
     rows = _startup_rows(runs)
     if not rows:
         return "<p>No trial started a server with a startup record.</p>"
-    medians = median_phases([r.startup_record for r in runs if r.startup_record])
+    medians = median_phases([r.startup_record for r in runs if r.startup_record is not None])
     head = "".join(f"<th>{html.escape(h)}</th>" for h in _STARTUP_HEAD)
     body = "\n".join(f"<tr><td>{html.escape(t)}</td>" + "".join(f"<td>{html.escape(c)}</td>" for c in cells)
                      + f"<td>{html.escape(fig)}</td></tr>" for t, cells, fig in rows)
@@ -267,7 +265,7 @@ def _startup_md(runs: list[TrialRecord], with_figure: bool) -> list[str]:
     md += [_STARTUP_NOTE, "", "| trial | " + " | ".join(_STARTUP_HEAD) + " | KV cache, graph capture |",
            "|---|" + "---|" * (len(_STARTUP_HEAD) + 1)]
     md += [f"| {t} | " + " | ".join(cells) + f" | {fig} |" for t, cells, fig in rows]
-    medians = median_phases([r.startup_record for r in runs if r.startup_record])
+    medians = median_phases([r.startup_record for r in runs if r.startup_record is not None])
     if medians:
         md.append("| median | " + " | ".join(_secs(medians.get(p)) for p in PHASES)
                   + f" | {_secs(medians.get('total'))} |  |  |")
@@ -316,7 +314,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
                                confirmations=confirmations)
         export_text = render_export(handle.spec, handle.name, chosen, "shell",
                                     noise_notes(records, labels, directions, chosen),
-                                    handle.paths.probe_agreement(chosen.number, chosen.attrs.get("outcome", {})),
+                                    handle.paths.probe_agreement(chosen.number, chosen.summary),
                                     environment_for(chosen.number, *handle.paths.environment()))
     except ExportError as exc:
         chosen, export_text = None, f"# nothing to export: {exc}\n"
@@ -346,7 +344,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         "unstable": {str(r.number): r.unstable_levels for r in front if r.unstable_levels},
         "ties": shown.ties,
         "probe_agreement": {str(r.number): a for r in front
-                            if (a := handle.paths.probe_agreement(r.number, r.attrs.get("outcome", {})))},
+                            if (a := handle.paths.probe_agreement(r.number, r.summary))},
         "host_check": handle.paths.last_host_check(),
         "environment": handle.paths.environment()[0],
         "environment_changes": handle.paths.environment()[1],
@@ -497,7 +495,7 @@ def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> s
     md += ["", "Values are ± their 95 % interval; differences inside it are ties."]
     md += [f"- {t}" for t in shown.ties]
     agreements = [(r.number, a) for r in front
-                  if (a := shown.handle.paths.probe_agreement(r.number, r.attrs.get("outcome", {})))]
+                  if (a := shown.handle.paths.probe_agreement(r.number, r.summary))]
     if agreements:
         md += ["", "The probe passed each of them; how far their answers moved from the reference's:"]
         md += [f"- trial {n}: {a}" for n, a in agreements]
@@ -517,8 +515,8 @@ def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> s
     if problems:
         md += ["", "## Not on the front because", ""]
         for r in problems:
-            detail = r.attrs.get("failure", {}).get("message") if r.state == "FAIL" else ""
-            for m in r.attrs.get("outcome", {}).get("mismatches", []):
+            detail = (None if r.failure is None else r.failure.message) if r.state == "FAIL" else ""
+            for m in r.summary.mismatches:
                 detail = mismatch_text(m)
             md.append(f"- trial {r.number}: {r.outcome}" + (f" — {detail}" if detail else ""))
     md += _startup_md(runs, with_startup_figure)

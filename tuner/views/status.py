@@ -19,6 +19,7 @@ from tuner.study.durations import format_duration
 from tuner.study.environment import environment_lines
 from tuner.study.integrity import damaged_rows, integrity_lines, spec_changes
 from tuner.study.noise import noisy_front, plus_minus, unstable_text
+from tuner.study.outcome_summary import OutcomeSummary
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points, stop_record_text
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
@@ -70,11 +71,11 @@ SPEC_KEYS = ("spec_acceptance_rate", "spec_mean_acceptance_length", "spec_drafts
 _SPEC_NAMES = {"ngram": "n-gram", "mtp": "MTP", "eagle": "EAGLE", "eagle3": "EAGLE-3", "medusa": "Medusa"}
 
 
-def _speculation(outcome: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+def _speculation(outcome: OutcomeSummary) -> dict[str, dict[str, Any]] | None:
     """Per level (as in server_side, in concurrency order) the acceptance counters, or None
     when no level has any (no speculation, or a server without the metrics)."""
 
-    server_side = outcome.get("server_side") or {}
+    server_side = outcome.server_side
     levels = {c: {k: (lv or {}).get(k) for k in SPEC_KEYS}
               for c, lv in sorted(server_side.items(), key=lambda item: _level_order(item[0]))}
     levels = {c: lv for c, lv in levels.items() if any(v is not None for v in lv.values())}
@@ -119,9 +120,9 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
     ``checks`` (and the ``searched`` knobs it could not verify into ``unverified``);
     ``paths`` alone: read it only for the speculative method's name."""
 
-    outcome = record.attrs.get("outcome", {})
+    outcome = record.summary
     checks = read_checks(handle, record.number) if handle is not None else []
-    probe_s, trial_s = outcome.get("probe_s"), outcome.get("trial_s")
+    probe_s, trial_s = outcome.probe_s, outcome.trial_s
     folder = (handle if isinstance(handle, StudyPaths) else handle.paths) if handle is not None else paths
     speculation = _speculation(outcome)
     method = None
@@ -145,14 +146,14 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "unstable_levels": record.unstable_levels,
         "client_bound_levels": record.client_bound_levels,
         "seconds": record.seconds,
-        "failure": record.attrs.get("failure"),
-        "mismatches": outcome.get("mismatches", []),
-        "probe_passed": outcome.get("probe_passed"),
-        "probe_reason": outcome.get("probe_reason"),
-        "probe_coverage": outcome.get("probe_coverage"),
+        "failure": None if record.failure is None else record.failure.as_attr(),
+        "mismatches": outcome.mismatches,
+        "probe_passed": outcome.probe_passed,
+        "probe_reason": outcome.probe_reason,
+        "probe_coverage": outcome.probe_coverage,
         "probe_agreement": (folder.probe_agreement(record.number, outcome) if folder is not None
-                            else outcome.get("probe_agreement")),
-        "startup_s": outcome.get("startup_s"),
+                            else outcome.probe_agreement),
+        "startup_s": outcome.startup_s,
         "probe_s": probe_s,
         "trial_s": trial_s,
         "probe_share": probe_s / trial_s if probe_s is not None and trial_s else None,
@@ -160,14 +161,14 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "speculation": speculation,
         # A trial stopped early was told placeholder or bound values for what it never
         # measured; the text view must not print those as measurements.
-        "early_stop": outcome.get("early_stop"),
-        "compile": record.compile_record,
-        "startup": record.startup_record,
-        "gpu_wait_s": outcome.get("gpu_wait_s"),
-        "measured_levels": sorted(int(c) for c in (outcome.get("levels") or {})),
+        "early_stop": outcome.early_stop,
+        "compile": None if record.compile_record is None else record.compile_record.to_json(),
+        "startup": None if record.startup_record is None else record.startup_record.to_json(),
+        "gpu_wait_s": outcome.gpu_wait_s,
+        "measured_levels": sorted(int(c) for c in outcome.levels),
         # Objectives told as an early stop's bound (label -> the level never measured).
         "bound_labels": record.bound_labels(list(record.values)),
-        "max_rate": outcome.get("max_rate"),
+        "max_rate": outcome.max_rate,
         "checks": checks,
         "unverified": unverified(checks, searched),
     }
@@ -261,10 +262,9 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
     labels = list(study.metric_names or [])
     directions = study.directions
     runs = [r for r in records if r.kind == KIND_RUN]
-    finished = [r for r in runs if r.state in ("COMPLETE", "FAIL")
-                and r.attrs.get("failure", {}).get("reason") != "interrupted"]
+    finished = [r for r in runs if r.state in ("COMPLETE", "FAIL") and not r.interrupted]
     failures = collections.Counter(
-        r.attrs.get("failure", {}).get("reason", "unknown") for r in runs if r.state == "FAIL"
+        "unknown" if r.failure is None else r.failure.reason for r in runs if r.state == "FAIL"
     )
     outcomes = collections.Counter(r.outcome for r in runs)
     elapsed = float(study.user_attrs.get("elapsed_s", 0.0))
@@ -324,12 +324,11 @@ def _startup_summary(runs: list[TrialRecord]) -> dict[str, Any] | None:
     medians = median_phases(records)
     if not medians:
         return None
-    spent = [(r.attrs.get("outcome") or {}) for r in runs]
-    trial_s = sum(float(o.get("trial_s") or 0.0) for o in spent)
-    startup_s = sum(float(o.get("startup_s") or 0.0) for o in spent)
-    caches = collections.Counter(rec.get("compile_cache") for rec in records
-                                 if rec.get("compile_cache") not in (None, "none"))
-    return {"median": medians, "trials": sum(1 for rec in records if rec.get("complete")),
+    trial_s = sum(float(r.summary.trial_s or 0.0) for r in runs)
+    startup_s = sum(float(r.summary.startup_s or 0.0) for r in runs)
+    caches = collections.Counter(rec.compile_cache for rec in records
+                                 if rec.compile_cache not in (None, "none"))
+    return {"median": medians, "trials": sum(1 for rec in records if rec.complete),
             "share": startup_s / trial_s if trial_s else None, "compile_cache": dict(caches)}
 
 

@@ -44,7 +44,7 @@ at a time as the log grows.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -273,52 +273,62 @@ def _secs(value: float) -> str:
     return f"{value:.1f}"
 
 
-def summary_text(rec: Mapping[str, Any]) -> str:
+def _typed(rec: StartupRecord | Mapping[str, Any]) -> StartupRecord:
+    """A record as parsed, or as JSON (a trial's startup.json, a re-run's, a status row)."""
+
+    if isinstance(rec, StartupRecord):
+        return rec
+    return StartupRecord.from_json(rec) or StartupRecord()
+
+
+def summary_text(record: StartupRecord | Mapping[str, Any]) -> str:
     """One line: ``startup 87s = imports 20 + config 0.0 + engine process 15 + ... (compile
     cache miss)``; a failed start says how far it got."""
 
-    phases = rec.get("phases") or {}
+    rec = _typed(record)
+    phases = rec.phases or {}
     parts = [f"{PHASE_LABELS.get(p, p)} {_secs(phases[p])}" for p in PHASES if phases.get(p) is not None]
-    total = rec.get("total_s")
+    total = rec.total_s
     if total is None:
         head = "startup (never ready): "
-    elif rec.get("complete"):
+    elif rec.complete:
         head = f"startup {_secs(total)}s = "
     else:
         head = f"start stopped after {_secs(total)}s (never ready): "
     text = head + " + ".join(parts) if parts else head + "no timestamped log lines"
-    cache = rec.get("compile_cache")
+    cache = rec.compile_cache
     if cache not in (None, "none"):
         text += f" (torch.compile cache {cache})"
-    if not rec.get("complete") and rec.get("reached") and rec.get("tail_s") is not None:
-        text += f"; log ends {_secs(rec['tail_s'])}s after {PHASE_LABELS.get(rec['reached'], rec['reached'])}"
+    if not rec.complete and rec.reached and rec.tail_s is not None:
+        text += f"; log ends {_secs(rec.tail_s)}s after {PHASE_LABELS.get(rec.reached, rec.reached)}"
     return text
 
 
-def figures_text(rec: Mapping[str, Any]) -> str | None:
+def figures_text(record: StartupRecord | Mapping[str, Any]) -> str | None:
     """``KV cache 3,226,544 tokens (69.23 GiB, 787.73x at 4,096 tokens), graph capture 3 s
     (0.39 GiB)``, or None when the log states neither."""
 
+    rec = _typed(record)
     parts = []
-    if rec.get("kv_cache_tokens") is not None:
+    if rec.kv_cache_tokens is not None:
         extra = []
-        if rec.get("kv_cache_gib") is not None:
-            extra.append(f"{rec['kv_cache_gib']:.2f} GiB")
-        if rec.get("max_concurrency") is not None and rec.get("max_concurrency_tokens"):
-            extra.append(f"{rec['max_concurrency']:.2f}x at {rec['max_concurrency_tokens']:,} tokens")
-        parts.append(f"KV cache {rec['kv_cache_tokens']:,} tokens" + (f" ({', '.join(extra)})" if extra else ""))
-    if rec.get("graph_capture_s") is not None:
-        gib = rec.get("graph_capture_gib")
-        parts.append(f"graph capture {rec['graph_capture_s']:g} s" + (f" ({gib:.2f} GiB)" if gib is not None else ""))
+        if rec.kv_cache_gib is not None:
+            extra.append(f"{rec.kv_cache_gib:.2f} GiB")
+        if rec.max_concurrency is not None and rec.max_concurrency_tokens:
+            extra.append(f"{rec.max_concurrency:.2f}x at {rec.max_concurrency_tokens:,} tokens")
+        parts.append(f"KV cache {rec.kv_cache_tokens:,} tokens" + (f" ({', '.join(extra)})" if extra else ""))
+    if rec.graph_capture_s is not None:
+        gib = rec.graph_capture_gib
+        parts.append(f"graph capture {rec.graph_capture_s:g} s" + (f" ({gib:.2f} GiB)" if gib is not None else ""))
     return ", ".join(parts) or None
 
 
-def median_phases(records: list[Mapping[str, Any]]) -> dict[str, float]:
+def median_phases(records: Sequence[StartupRecord | Mapping[str, Any]]) -> dict[str, float]:
     """Median seconds per phase over completed starts (a phase a start did not have counts
     as 0 there, so the medians of compiled and eager trials are comparable), plus
     ``total``: the median startup."""
 
-    done = [r for r in records if r.get("complete") and r.get("total_s") is not None]
+    done = [r for r in map(_typed, records) if r.complete and r.total_s is not None]
     if not done:
         return {}
 
@@ -327,7 +337,7 @@ def median_phases(records: list[Mapping[str, Any]]) -> dict[str, float]:
         mid = len(ordered) // 2
         return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
-    out = {p: round(median([float((r.get("phases") or {}).get(p) or 0.0) for r in done]), 3)
-           for p in PHASES if any((r.get("phases") or {}).get(p) is not None for r in done)}
-    out["total"] = round(median([float(r["total_s"]) for r in done]), 3)
+    out = {p: round(median([float((r.phases or {}).get(p) or 0.0) for r in done]), 3)
+           for p in PHASES if any((r.phases or {}).get(p) is not None for r in done)}
+    out["total"] = round(median([float(r.total_s) for r in done if r.total_s is not None]), 3)
     return out
