@@ -1,6 +1,7 @@
 """The simulator as a real `vllm serve` stand-in process, for tests: Sim starts one on a free
-port (conftest's ``start`` fixture starts them and kills them after the test), alive() tells
-a live process from a gone or zombie one, chat() sends one chat completion."""
+port (conftest's ``start`` fixture starts them and kills them after the test), serving_sim
+runs one serving 'smol' for a block, alive() tells a live process from a gone or zombie one,
+chat() sends one chat completion."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import signal
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -48,6 +51,32 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout:
 
     wait_for(lambda: answers_health(url), timeout, f"the simulator on {url} to be ready",
              unless=exited, context=tail)
+
+
+@contextmanager
+def serving_sim(folder: Path, **env: str) -> Iterator[str]:
+    """The simulator serving 'smol' (fast clocks, tiny-cpu profile, ``env`` on top) on a free
+    port until the block ends; yields its URL, then kills its process group."""
+
+    port = free_port()
+    log = folder / f"sim-{port}.log"
+    full_env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNER_SIM_PROFILE": "tiny-cpu",
+                "TUNER_SIM_TIME_SCALE": "0.02", "TUNER_SIM_STARTUP_SCALE": "0.001", **env}
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "tuner.sim", "serve", "--model", "/models/smol",
+             "--served-model-name", "smol", "--port", str(port)],
+            stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(proc, url, log, 60)
+        yield url
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=10)
 
 
 class Sim:

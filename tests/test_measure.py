@@ -3,18 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import run_tuner
-from tests.sim_process import wait_ready
+from tests.sim_process import serving_sim
 from tuner.engine.measure import MeasureError, format_summary, measure
 from tuner.load.record_files import read_records_jsonl
 from tuner.probe.client import load_probe_items
@@ -59,26 +55,8 @@ def _free_port() -> int:
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The simulator serving as 'smol' on a free port; process group killed at the end."""
-    port = _free_port()
-    log = tmp_path_factory.mktemp("sim") / "sim.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNER_SIM_PROFILE": "tiny-cpu",
-           "TUNER_SIM_TIME_SCALE": "0.02", "TUNER_SIM_STARTUP_SCALE": "0.001"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.sim", "serve", "--model", "/models/smol",
-             "--served-model-name", "smol", "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(proc, url, log, 60)
+    with serving_sim(tmp_path_factory.mktemp("sim")) as url:
         yield url
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
 
 
 def test_measure_with_probe_writes_everything(sim: str, tmp_path: Path) -> None:

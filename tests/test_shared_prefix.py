@@ -3,10 +3,6 @@ the same system prompt, then a question of their own, for users without data of 
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from tests.request_plans import build_plan
-from tests.sim_process import free_port, wait_ready
+from tests.sim_process import serving_sim
 from tuner.engine.measure import format_summary, measure
 from tuner.load.load_spec import WorkloadClass, WorkloadSpec
 from tuner.load.workload import PromptStream, shared_prefix_text
@@ -103,21 +99,8 @@ load:
 @pytest.fixture(scope="module")
 def sim(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """The simulator (prefix caching on, as vLLM's default) serving 'smol'."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("sim") / "sim.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNER_SIM_PROFILE": "tiny-cpu",
-           "TUNER_SIM_TIME_SCALE": "0.02", "TUNER_SIM_STARTUP_SCALE": "0.001"}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.sim", "serve", "--model", "/models/smol",
-             "--served-model-name", "smol", "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
-    try:
-        wait_ready(proc, f"http://127.0.0.1:{port}", log, 90)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(timeout=10)
+    with serving_sim(tmp_path_factory.mktemp("sim")) as url:
+        yield url
 
 
 def test_the_server_prefix_cache_sees_the_reuse_only_the_shared_prefix_class_has(

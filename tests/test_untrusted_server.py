@@ -11,14 +11,10 @@ here), then a real study on the simulator with one trial per fault. The parser's
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +22,7 @@ import pytest
 
 from tests.conftest import ROOT, load_trials, wait_no_orphans
 from tests.faultkit import Tuner, fault_study, trial_dir_of
-from tests.sim_process import wait_ready
+from tests.sim_process import serving_sim
 from tuner.load.record_files import read_records_jsonl
 from tuner.load.sse import MAX_LINE_BYTES, SSEError, SSEParser
 
@@ -53,35 +49,9 @@ probe:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@contextmanager
-def simulator(tmp_path: Path, faults: list[dict[str, Any]]) -> Iterator[str]:
+def simulator(tmp_path: Path, faults: list[dict[str, Any]]) -> AbstractContextManager[str]:
     """The simulator serving 'smol' with ``faults``; its process group killed at the end."""
-    port = _free_port()
-    log = tmp_path / "sim.log"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TUNER_SIM_PROFILE": "tiny-cpu",
-           "TUNER_SIM_TIME_SCALE": "0.02", "TUNER_SIM_STARTUP_SCALE": "0.001",
-           "TUNER_SIM_FAULTS": json.dumps(faults)}
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tuner.sim", "serve", "--model", "/models/smol",
-             "--served-model-name", "smol", "--port", str(port)],
-            stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(proc, url, log, 60)
-        yield url
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        proc.wait(timeout=10)
+    return serving_sim(tmp_path, TUNER_SIM_FAULTS=json.dumps(faults))
 
 
 # The measure command in this process's interpreter, reporting its own peak memory on exit.

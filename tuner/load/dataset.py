@@ -50,7 +50,7 @@ MOONCAKE_BLOCK_TOKENS = 512
 _SHOWN_PROBLEMS = 20
 
 Role = Literal["system", "user", "assistant"]
-_SHAREGPT_ROLES: dict[str, Role] = {"system": "system", "human": "user", "gpt": "assistant"}
+_SHAREGPT_ROLES: dict[str, Role] = {"human": "user", "gpt": "assistant", "system": "system"}
 _CHAT_ROLES: tuple[Role, ...] = ("system", "user", "assistant")
 
 
@@ -285,50 +285,45 @@ def _prompt(entry: Mapping[str, Any], where: str, problems: list[tuple[str, str,
     return Conversation(prompt=prompt, messages=(), output_tokens=tokens)
 
 
-def _sharegpt(entry: Mapping[str, Any], where: str, problems: list[tuple[str, str, str]]) -> Conversation | None:
-    turns = entry.get("conversations")
+def _messages(entry: Mapping[str, Any], where: str, problems: list[tuple[str, str, str]], *, key: str,
+              speaker: str, text: str, roles: Mapping[str, Role], hint: str = "") -> list[Message] | None:
+    """The turns under ``key``, each an object naming its ``speaker`` (one of ``roles``) and
+    its ``text``; None after the first problem, which is recorded."""
+
+    turns = entry.get(key)
     if not isinstance(turns, list) or not turns:
-        problems.append((where, "conversations", "missing or not a non-empty list"))
+        problems.append((where, key, "missing or not a non-empty list"))
         return None
     messages: list[Message] = []
     for index, turn in enumerate(turns):
-        field = f"conversations[{index}]"
+        field = f"{key}[{index}]"
         if not isinstance(turn, Mapping):
-            problems.append((where, field, "not an object with 'from' and 'value'"))
+            problems.append((where, field, f"not an object with '{speaker}' and '{text}'"))
             return None
-        speaker = turn.get("from")
-        if speaker not in _SHAREGPT_ROLES:
-            problems.append((where, f"{field}.from", f"{speaker!r} is not one of human, gpt, system"))
+        who = turn.get(speaker)
+        if not isinstance(who, str) or who not in roles:
+            problems.append((where, f"{field}.{speaker}", f"{who!r} is not one of {', '.join(roles)}"))
             return None
-        content = _text(turn, "value", where, problems)
+        content = _text(turn, text, where, problems)
         if content is None:
-            problems[-1] = (where, f"{field}.value", problems[-1][2])
+            problems[-1] = (where, f"{field}.{text}", problems[-1][2] + hint)
             return None
-        messages.append(Message(_SHAREGPT_ROLES[speaker], content))
-    return _chat(messages, where, "conversations", problems)
+        messages.append(Message(roles[who], content))
+    return messages
+
+
+def _sharegpt(entry: Mapping[str, Any], where: str, problems: list[tuple[str, str, str]]) -> Conversation | None:
+    messages = _messages(entry, where, problems, key="conversations", speaker="from", text="value",
+                         roles=_SHAREGPT_ROLES)
+    return None if messages is None else _chat(messages, where, "conversations", problems)
 
 
 def _openai_chat(entry: Mapping[str, Any], where: str,
                  problems: list[tuple[str, str, str]]) -> Conversation | None:
-    turns = entry.get("messages")
-    if not isinstance(turns, list) or not turns:
-        problems.append((where, "messages", "missing or not a non-empty list"))
+    messages = _messages(entry, where, problems, key="messages", speaker="role", text="content",
+                         roles={r: r for r in _CHAT_ROLES}, hint=" (text content only)")
+    if messages is None:
         return None
-    messages: list[Message] = []
-    for index, turn in enumerate(turns):
-        field = f"messages[{index}]"
-        if not isinstance(turn, Mapping):
-            problems.append((where, field, "not an object with 'role' and 'content'"))
-            return None
-        role = turn.get("role")
-        if role not in _CHAT_ROLES:
-            problems.append((where, f"{field}.role", f"{role!r} is not one of {', '.join(_CHAT_ROLES)}"))
-            return None
-        content = _text(turn, "content", where, problems)
-        if content is None:
-            problems[-1] = (where, f"{field}.content", problems[-1][2] + " (text content only)")
-            return None
-        messages.append(Message(role, content))
     tokens = _output_tokens(entry, "output_tokens", where, problems, required=False)
     chat = _chat(messages, where, "messages", problems)
     return None if chat is None else Conversation(prompt=None, messages=chat.messages, output_tokens=tokens)
