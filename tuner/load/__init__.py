@@ -3,7 +3,12 @@
 Pure modules (data and arithmetic; no sockets, processes, clocks, environment or files):
 
 * ``load_spec``   the study file's ``load:`` section (pydantic).
-* ``workload``    deterministic synthetic prompts, token fitting, arrival schedules.
+* ``workload``    deterministic synthetic prompts (open_ended, copy_heavy, shared_prefix),
+                  token fitting, arrival schedules.
+* ``dataset``     a user's own traffic file: the five format names, parsing, detection,
+                  one-line errors, digest.
+* ``dataset_draw`` a sweep's requests drawn from a dataset (conversations whole).
+* ``trace_prompts`` mooncake lines (lengths and prefix-block hashes) made into prompt text.
 * ``sse``         incremental Server-Sent Events parser (the client's hot path), lines capped.
 * ``token_counts`` whether a server's usage counts are believed, against what arrived.
 * ``protocol``    request bodies, URL paths, what a streamed response said (StreamState),
@@ -29,7 +34,9 @@ I/O modules:
 * ``closed_loop``  one closed-loop level (``run_level``).
 * ``steady_loop``  one closed-loop level sized by time and steady state (``run_steady_level``).
 * ``open_loop``    one open-loop rate level (``run_rate_level``).
-* ``server_calls`` ``/tokenize`` (prompt fitting) and ``/metrics`` scrapes, through httpx;
+* ``dataset_file`` reading a study's dataset file.
+* ``server_calls`` ``/tokenize`` (prompt fitting, a trace's one-token words) and ``/metrics``
+                   scrapes, through httpx;
                    every non-streamed reply read up to a cap (tuner.adapters.http_client).
 * ``warmup``       the warm-up before a level.
 * ``sweep``        every level of a study's load section against one server (``run_sweep``).
