@@ -86,6 +86,14 @@ class Stream:
             self.conn = None
 
 
+def _body(lv: LevelContext, item: RequestPlan, replies: list[str] | None) -> tuple[bytes, int]:
+    """The POST body, and the prompt characters it carries (every message of a conversation)."""
+    payload = request_body(lv.model, item, lv.api, lv.continuous_usage, replies or ())
+    chars = (sum(len(m["content"]) for m in payload["messages"]) if "messages" in payload
+             else len(item.prompt))
+    return encode_body(payload), chars
+
+
 async def one_request(
     lv: LevelContext, stream: Stream, item: RequestPlan, scheduled_s: float,
     live: Live | None = None, pos: int = 0, replies: list[str] | None = None,
@@ -109,10 +117,7 @@ async def one_request(
         on_events(feed(payload), now - t0)
         return st.error is not None  # an error event ends the request; drop the rest
 
-    payload = request_body(lv.model, item, lv.api, lv.continuous_usage, replies or ())
-    body = encode_body(payload)
-    sent_chars = (sum(len(m["content"]) for m in payload["messages"]) if "messages" in payload
-                  else len(item.prompt))
+    body, sent_chars = _body(lv, item, replies)
     dispatch_s = clock() - t0
     if live is not None:
         # In flight: its tokens so far count in the window judged inside the level.

@@ -14,7 +14,7 @@ from tuner.load.rate_search import MaxRateResult
 from tuner.load.records import RequestRecord
 
 __all__ = ["TOKEN_AGREEMENT_TOLERANCE", "LevelResult", "SweepResult", "TokenAgreement",
-           "WarmupSummary", "agreement_of", "count_notes", "failure_text", "level_label"]
+           "WarmupSummary", "agreement_of", "closing_notes", "count_notes", "failure_text", "level_label"]
 
 # aiperf flags client/server usage discrepancies; measurement.md §4.7 asks for 1 %.
 TOKEN_AGREEMENT_TOLERANCE = 0.01
@@ -211,3 +211,15 @@ def agreement_of(
         agree=rel <= TOKEN_AGREEMENT_TOLERANCE,
         note=note,
     )
+
+
+def closing_notes(used_up: str | None, skipped: list[int], skipped_rates: list[float],
+                  deadline_s: float | None) -> list[str]:
+    """What a sweep says once its levels are done: a used-up dataset (``DatasetDraw.note``),
+    levels left out for the budget."""
+    notes = [used_up] if used_up else []
+    if skipped:
+        notes.append(f"levels {skipped} skipped: sweep budget of {deadline_s}s exhausted")
+    if skipped_rates:
+        notes.append(f"rate levels {skipped_rates} skipped: sweep budget of {deadline_s}s exhausted")
+    return notes

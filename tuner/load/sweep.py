@@ -25,7 +25,7 @@ from tuner.adapters.http_client import server_client
 from tuner.load.closed_loop import run_level
 from tuner.load.dataset import Dataset
 from tuner.load.dataset_draw import DatasetDraw
-from tuner.load.dataset_file import read_dataset
+from tuner.load.dataset_file import open_draw
 from tuner.load.goodput import level_slo
 from tuner.load.load_spec import LoadSpec, rate_level_name
 from tuner.load.loop_lag import LoopLagMonitor
@@ -36,10 +36,17 @@ from tuner.load.prometheus import MetricsSnapshot, server_side_metrics
 from tuner.load.rate_search import MaxRateResult, RateSearchSpec
 from tuner.load.records import RequestRecord
 from tuner.load.request import AUX_TIMEOUT_S, LevelContext
-from tuner.load.results import LevelResult, SweepResult, TokenAgreement, WarmupSummary, agreement_of, count_notes
+from tuner.load.results import (
+    LevelResult,
+    SweepResult,
+    TokenAgreement,
+    WarmupSummary,
+    agreement_of,
+    closing_notes,
+    count_notes,
+)
 from tuner.load.server_calls import (
     calibrate_lengths,
-    calibrate_trace_text,
     fetch_token_count,
     fit_plan,
     scrape_metrics,
@@ -101,9 +108,7 @@ async def run_sweep(
             and the levels after it; True ends the level there and stops the sweep
             (tuner.study.sweep_guard.SweepGuard.inside_level). The halted level is not
             measured: it is listed first in ``stopped_levels``.
-        dataset: the parsed ``load_spec.workload.dataset`` (read from its path when None):
-            every level, repeat and warm-up draws from one cursor over it
-            (tuner.load.dataset_draw).
+        dataset: the parsed ``load_spec.workload.dataset`` (None: read from its path).
     """
     t_start = time.monotonic()
     started_at = datetime.now(UTC).isoformat()
@@ -113,21 +118,8 @@ async def run_sweep(
         raise ValueError(f"levels {order} are not a reordering of {load_spec.concurrency}")
     budget = _budget_clock(load_spec, deadline_s, t_start)
 
-    draw = None
-    source = load_spec.workload.dataset
-    if source is not None and dataset is None:
-        dataset = read_dataset(source)
     async with server_client(timeout=AUX_TIMEOUT_S, headers=headers) as aux:
-        if source is not None and dataset is not None:
-            trace_text = None
-            if dataset.timed:
-                trace_text, note = await calibrate_trace_text(
-                    aux, base_url, model, api=load_spec.api, block_tokens=source.block_tokens,
-                    seed=load_spec.seed)
-                if note:
-                    notes.append(note)
-            draw = DatasetDraw(dataset, seed=load_spec.seed, output_tokens=source.output_tokens,
-                               ignore_eos=ignore_eos, think_s=source.think_time_s, trace_text=trace_text)
+        draw = await open_draw(aux, base_url, model, load_spec, dataset, ignore_eos=ignore_eos, notes=notes)
         can_fit, lengths = (False, None) if draw is not None else await _prompt_lengths(
             aux, base_url, model, load_spec, notes)
         sweep = _Sweep(
@@ -143,13 +135,7 @@ async def run_sweep(
             searched, probed = await _search_max_rate(
                 sweep, max_rate, results, rate_results, stop_search)
             rate_results.extend(probed)
-    if draw is not None and (used_up := draw.note()):
-        notes.append(used_up)
-    if skipped:
-        notes.append(f"levels {skipped} skipped: sweep budget of {deadline_s}s exhausted")
-    if skipped_rates:
-        notes.append(
-            f"rate levels {skipped_rates} skipped: sweep budget of {deadline_s}s exhausted")
+    notes += closing_notes(draw.note() if draw is not None else None, skipped, skipped_rates, deadline_s)
     return SweepResult(
         model=model,
         base_url=base_url,
@@ -422,11 +408,9 @@ async def _sweep_steady_level(
                 f"c={c}: {len(runs)} of {spec.repeats} repeats measured before the budget ran out")
             break
         suffix = "" if repeat == 0 else f"-r{repeat}"
-        streams: list[Any] = [
-            sw.dataset.stream() if sw.dataset is not None else
-            PromptStream(spec.workload, seed=spec.seed, ignore_eos=sw.ignore_eos,
-                         stream=level_stream(purpose + suffix, c), lengths=sw.lengths)
-            for purpose in ("warmup", "measure")]
+        streams: list[Any] = [sw.dataset.stream() if sw.dataset is not None else PromptStream(
+            spec.workload, seed=spec.seed, ignore_eos=sw.ignore_eos, stream=level_stream(purpose + suffix, c),
+            lengths=sw.lengths) for purpose in ("warmup", "measure")]
         rule = SteadyRule(spec.min_window_s, spec.min_requests, spec.stability_subwindows,
                           spec.stability_max_ratio, max_level_s=level_budget)
         lv = LevelContext.create(sw.base_url, sw.model, spec.api, concurrency=c, t0=None,

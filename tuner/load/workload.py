@@ -17,7 +17,6 @@ trims: drafts are generated longer than the target.
 
 from __future__ import annotations
 
-import functools
 import math
 import random
 import re
@@ -27,6 +26,7 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.load.filler import TOKENS_PER_WORD, sentence, shared_prefix_text
 from tuner.load.load_spec import WorkloadClass, WorkloadKind, WorkloadSpec
 
 __all__ = [
@@ -47,9 +47,6 @@ __all__ = [
     "shared_prefix_text",
 ]
 
-# English prose is ~1.3 tokens per whitespace word for BPE tokenizers; it only has to be
-# close, because the exact fit (when enabled) corrects it with the server's tokenizer.
-TOKENS_PER_WORD = 1.3
 # Drafts are generated this much longer than the estimate so the fitter can always trim
 # down to the target instead of having to grow text (code tokenizes denser than prose).
 _OVERSHOOT = 1.6
@@ -442,71 +439,11 @@ _OPEN_TEMPLATES = (
     "Write a diary entry by {subject} who {situation}.",
     "Give a balanced summary of {topic} and list three common misconceptions.",
 )
-_ADJECTIVES = (
-    "quiet", "bright", "ancient", "narrow", "restless", "hollow", "golden", "distant",
-    "careful", "brittle", "patient", "crowded", "silver", "windy", "tired", "curious",
-    "gentle", "heavy", "sudden", "familiar",
-)
-_NOUNS = (
-    "harbour", "garden", "engine", "market", "valley", "library", "lantern", "river",
-    "station", "orchard", "window", "village", "bridge", "tower", "forest", "kitchen",
-    "workshop", "meadow", "archive", "corridor",
-)
-_VERBS = (
-    "watched", "crossed", "remembered", "followed", "repaired", "painted", "measured",
-    "carried", "described", "visited", "ignored", "guarded", "studied", "opened",
-)
-_PREPOSITIONS = ("near", "beyond", "beside", "under", "behind", "across", "inside", "above")
 _CLOSERS = (
     "Use the notes above only where they help.",
     "Keep the answer clear and well organised.",
     "Write in plain, vivid language.",
 )
-
-
-def _sentence(rng: random.Random) -> str:
-    c = rng.choice
-    return (
-        f"The {c(_ADJECTIVES)} {c(_NOUNS)} {c(_VERBS)} the {c(_ADJECTIVES)} {c(_NOUNS)} "
-        f"{c(_PREPOSITIONS)} the {c(_NOUNS)}."
-    )
-
-
-_ROLES = (
-    "the support desk of a regional railway", "a hospital's patient-information service",
-    "an online bookshop", "a city's building-permit office", "a bank's card helpline",
-    "a university's admissions office", "a travel insurer", "a software vendor's licensing team",
-)
-_POLICY_OPENERS = (
-    "Always", "Never", "When in doubt,", "Before answering,", "If the user asks about pricing,",
-    "For any complaint,", "Where a rule is unclear,", "At the end of each answer,",
-)
-
-
-@functools.lru_cache(maxsize=256)
-def shared_prefix_text(seed: int, class_name: str, group: int, prefix_tokens: int) -> str:
-    """The system prompt every request of one shared_prefix group begins with, byte for byte.
-
-    A function of (seed, class, group, length) only, not of the stream: like a deployment's
-    real system prompt it is the same in every level and every trial, so the server's prefix
-    cache sees the reuse the class describes. Its length is estimated (~1.3 tokens a word): exact
-    fitting trims the question after it, never the prefix, which must stay identical.
-    """
-
-    rng = random.Random(f"tuner-shared-prefix|{seed}|{class_name}|{group}")
-    # The group number comes first: prompts of different groups part within the server's
-    # first cache block (16 tokens), so a group's reuse is the only reuse there is.
-    head = (f"Policy set {group}. System: you are the assistant of {rng.choice(_ROLES)}. "
-            "Follow every rule below.\n")
-    want = max(0, round(prefix_tokens / TOKENS_PER_WORD) - len(head.split()))
-    rules: list[str] = []
-    words: list[str] = []
-    while len(words) < want:
-        rule = f"{len(rules) + 1}. {rng.choice(_POLICY_OPENERS)} {_sentence(rng).lower()}"
-        rules.append(rule)
-        words.extend(rule.split())
-    body = " ".join(words[:want])
-    return f"{head}{body}\n\n"
 
 
 def _units(text: str) -> tuple[str, ...]:
@@ -531,7 +468,7 @@ def _open_ended(rng: random.Random, target_tokens: int) -> PromptDraft:
     sentences: list[str] = []
     words = 0
     while words < want:
-        s = _sentence(rng)
+        s = sentence(rng)
         sentences.append(s)
         words += len(s.split())
     return PromptDraft(head, _units(" ".join(sentences)), tail)
