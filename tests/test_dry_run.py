@@ -64,6 +64,18 @@ def test_the_field_notes_study_on_the_simulator() -> None:
     )
 
 
+def test_a_dataset_is_sent_as_it_is_and_a_shared_prefix_keeps_its_share(tmp_path: Path) -> None:
+    data = yaml.safe_load(GLM5.read_text())
+    data["load"]["workload"] = {"dataset": {"path": str(tmp_path / "traffic.jsonl")}}
+    dry = _dry(yaml.safe_dump(data))
+    assert dry.spec.load.workload.dataset == parse_study(yaml.safe_dump(data)).load.workload.dataset
+    assert "load.workload.dataset: its requests are sent as the file has them" in "\n".join(dry.changes)
+    data["load"]["workload"] = {"classes": [{"name": "rag", "kind": "shared_prefix", "prompt_tokens": 2048,
+                                             "prefix_tokens": 1536, "output_tokens": 256}]}
+    [rag] = _dry(yaml.safe_dump(data)).spec.load.workload.classes
+    assert (rag.prompt_tokens, rag.prefix_tokens, rag.output_tokens) == (128, 96, 16)
+
+
 def test_a_study_keeps_its_own_simulator_settings_and_loses_a_shared_cache() -> None:
     data = yaml.safe_load(GLM5.read_text())
     data["server"]["env"].update({"TUNER_SIM_PROFILE": "tiny-cpu", "TUNER_SIM_TIME_SCALE": 0.5,

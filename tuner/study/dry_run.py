@@ -105,11 +105,18 @@ def _load(load: dict[str, Any], *, rates_measured: bool) -> list[str]:
         lines.append(f"load: each level {REQUESTS_PER_STREAM} requests per stream (at least {MIN_REQUESTS}) "
                      f"after {WARMUP_REQUESTS} warm-up requests, once, instead of {was}")
     classes = load["workload"]["classes"]
-    if any(c["output_tokens"] > OUTPUT_TOKENS or c["prompt_tokens"] > PROMPT_TOKENS for c in classes):
+    if load["workload"]["dataset"] is not None:
+        # The user's own requests stay as the file has them: text is never rewritten.
+        lines.append("load.workload.dataset: its requests are sent as the file has them (their lengths "
+                     "set the dry run's pace)")
+    elif any(c["output_tokens"] > OUTPUT_TOKENS or c["prompt_tokens"] > PROMPT_TOKENS for c in classes):
         was = ", ".join(f"{c['name']} {c['prompt_tokens']}/{c['output_tokens']}" for c in classes)
         for c in classes:
-            c.update(output_tokens=min(c["output_tokens"], OUTPUT_TOKENS),
-                     prompt_tokens=min(c["prompt_tokens"], PROMPT_TOKENS))
+            prompt = min(c["prompt_tokens"], PROMPT_TOKENS)
+            if c.get("prefix_tokens"):
+                # The shared part keeps its share of the prompt, so the class still has a question.
+                c["prefix_tokens"] = max(1, c["prefix_tokens"] * prompt // c["prompt_tokens"])
+            c.update(output_tokens=min(c["output_tokens"], OUTPUT_TOKENS), prompt_tokens=prompt)
         lines.append(f"load.workload: requests of at most {PROMPT_TOKENS} prompt and {OUTPUT_TOKENS} output "
                      f"tokens (the file's prompt/output tokens: {was})")
     if load["fit_prompt_tokens"]:
