@@ -152,7 +152,8 @@ def test_the_field_notes_study_dry_run_end_to_end(tmp_path: Path) -> None:
     # The reference: 284 s on the simulator's own clock, seconds on the dry run's.
     reference = json.loads((folder / "reference_probe.json").read_text())
     assert reference["trusted"] and reference["startup_s"] + reference["probe_s"] < 30, reference
-    # Confirmation re-runs are part of the night (confirm: candidates: 2).
-    assert len(list((folder / "confirm").glob("*.json"))) == 2
+    # Confirmation re-runs are part of the night (confirm: candidates: 2, of the front there is:
+    # the simulator's noise makes it one point or several).
+    assert len(list((folder / "confirm").glob("*.json"))) == min(2, len(status["front"])) > 0
     assert not wait_no_orphans(marker)
     assert took < 180, f"the dry run took {took:.1f}s (the demo takes about 80-105 s on two cores)"
