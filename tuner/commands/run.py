@@ -287,9 +287,11 @@ def _check_environment(handle: Any, *, allow_change: bool, cluster: bool) -> dic
     now = current_environment(handle.spec.server, cluster=cluster)
     if (source := handle.spec.load.workload.dataset) is not None:
         # the requests are part of what the numbers mean: another file is another measurement
-        from tuner.load.dataset_file import read_dataset_with_digest
+        from tuner.load.dataset import dataset_digest
+        from tuner.load.dataset_file import read_dataset_bytes
 
-        now["dataset"] = read_dataset_with_digest(source)[1]
+        # The bytes are what is pinned: the file was parsed and checked when the study loaded.
+        now["dataset"] = dataset_digest(read_dataset_bytes(source))
     changed = pin_environment(handle.paths, now, allow_change=allow_change, name=handle.name)
     if changed:
         say(f"[warning] the environment changed since this study's first run: {'; '.join(changed)}; "

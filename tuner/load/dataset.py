@@ -138,15 +138,19 @@ def dataset_digest(data: bytes) -> str:
 def detect_format(text: str) -> str | None:
     """The format the first entry's keys say, or None when they say none of them."""
 
-    first: Iterator[tuple[str, Any]] = _entries(text, limit=1)
     if text.lstrip().startswith("["):
         try:
             values = json.loads(text)
         except json.JSONDecodeError:
             return None
-        first = iter([("entry 1", values[0])] if isinstance(values, list) and values else [])
-    for _, entry in first:
-        if isinstance(entry, Mapping):
+        return _format_of(values[0]) if isinstance(values, list) and values else None
+    for _, entry in _entries(text, limit=1):
+        return _format_of(entry)
+    return None
+
+
+def _format_of(entry: Any) -> str | None:
+    if isinstance(entry, Mapping):
             if "conversations" in entry:
                 return "sharegpt"
             if "messages" in entry:
@@ -155,7 +159,6 @@ def detect_format(text: str) -> str | None:
                 return "mooncake"
             if "prompt" in entry:
                 return "prompts"
-        return None
     return None
 
 
@@ -166,8 +169,10 @@ def parse_dataset(text: str, fmt: str, *, source: str,
     if fmt not in FORMATS:
         raise DatasetError(source, [("", "format", f"{fmt!r} is not one of {', '.join(FORMATS)}")])
     detected = fmt == "auto"
+    # A JSON array (sharegpt's published layout) is decoded once, for detection and entries.
+    array = _json_array(text, source) if fmt in ("auto", "sharegpt") and text.lstrip().startswith("[") else None
     if detected:
-        found = detect_format(text)
+        found = detect_format(text) if array is None else _format_of(array[0]) if array else None
         if found is None and not text.strip():
             raise DatasetError(source, [("", "", "no entries: the dataset is empty")])
         if found is None:
@@ -177,8 +182,8 @@ def parse_dataset(text: str, fmt: str, *, source: str,
                 "sharegpt: 'conversations'; openai-chat: 'messages'; mooncake: 'hash_ids'); "
                 "name it in load.workload.dataset.format")])
         fmt = found
-    if fmt == "sharegpt" and text.lstrip().startswith("["):
-        entries = _array_entries(text, source)
+    if fmt == "sharegpt" and array is not None:
+        entries: Iterator[tuple[str, Any]] = ((f"entry {i}", value) for i, value in enumerate(array, start=1))
     else:
         entries = _entries(text)
     problems: list[tuple[str, str, str]] = []
@@ -237,15 +242,14 @@ def _entries(text: str, limit: int | None = None) -> Iterator[tuple[str, Any]]:
             return
 
 
-def _array_entries(text: str, source: str) -> Iterator[tuple[str, Any]]:
+def _json_array(text: str, source: str) -> list[Any]:
     try:
         values = json.loads(text)
     except json.JSONDecodeError as exc:
         raise DatasetError(source, [(f"line {exc.lineno}", "", f"not JSON ({exc.msg})")]) from None
     if not isinstance(values, list):
         raise DatasetError(source, [("", "", "a JSON file must hold an array of conversations")])
-    for index, value in enumerate(values, start=1):
-        yield f"entry {index}", value
+    return values
 
 
 # --- formats -------------------------------------------------------------------------------

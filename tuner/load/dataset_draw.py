@@ -23,9 +23,10 @@ import random
 from collections.abc import Sequence
 
 from tuner.load.dataset import Conversation, Dataset, TraceRequest
+from tuner.load.filler import TOKENS_PER_WORD
 from tuner.load.load_spec import Api
 from tuner.load.trace_prompts import TraceText
-from tuner.load.workload import TOKENS_PER_WORD, RequestPlan
+from tuner.load.workload import RequestPlan
 
 __all__ = ["DATASET_CLASS", "DatasetDraw", "unsupported"]
 
@@ -45,7 +46,8 @@ def unsupported(dataset: Dataset, api: Api, *, open_loop: bool = False) -> str |
         return (f"{len(multi)} of {len(dataset)} conversations have more than one user turn "
                 f"(the first is entry {multi[0]}): a conversation's turns wait for each other's "
                 "replies, so they are measured in concurrency levels only; leave out "
-                "load.request_rates and slo.max_rate, or keep one user turn per entry")
+                "load.request_rates and max_rate@slo objectives and limits, or keep one user turn "
+                "per entry")
     return None
 
 
@@ -54,9 +56,6 @@ class DatasetDraw:
 
     def __init__(self, dataset: Dataset, *, seed: int, output_tokens: int, ignore_eos: bool,
                  think_s: float = 0.0, trace_text: TraceText | None = None) -> None:
-        problem = unsupported(dataset, "chat")
-        if problem is not None:
-            raise ValueError(problem)
         if dataset.timed and trace_text is None:
             raise ValueError("a trace of lengths needs its TraceText to make prompts")
         self._trace_text = trace_text

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import httpx
 
-from tuner.load.dataset import Dataset, DatasetError, dataset_digest, parse_dataset
+from tuner.load.dataset import Dataset, DatasetError, parse_dataset
 from tuner.load.dataset_draw import DatasetDraw
 from tuner.load.load_spec import DatasetSource, LoadSpec
 from tuner.load.server_calls import calibrate_trace_text
 
-__all__ = ["FIELD", "open_draw", "read_dataset", "read_dataset_bytes", "read_dataset_with_digest"]
+__all__ = ["FIELD", "open_draw", "read_dataset", "read_dataset_bytes"]
 
 # Where the source is named in the study file, for messages.
 FIELD = "load.workload.dataset"
@@ -40,18 +40,13 @@ def read_dataset_bytes(source: DatasetSource) -> bytes:
 def read_dataset(source: DatasetSource) -> Dataset:
     """The parsed dataset (DatasetError: unreadable file, not UTF-8, or bad entries)."""
 
-    return read_dataset_with_digest(source)[0]
-
-
-def read_dataset_with_digest(source: DatasetSource) -> tuple[Dataset, str]:
     data = read_dataset_bytes(source)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise DatasetError(source.path, [(f"line {line}", "", "not UTF-8 text")]) from None
-    dataset = parse_dataset(text, source.format, source=source.path, block_tokens=source.block_tokens)
-    return dataset, dataset_digest(data)
+    return parse_dataset(text, source.format, source=source.path, block_tokens=source.block_tokens)
 
 
 async def open_draw(aux: httpx.AsyncClient, base_url: str, model: str, spec: LoadSpec, dataset: Dataset | None,
