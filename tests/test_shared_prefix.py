@@ -13,8 +13,9 @@ from pydantic import ValidationError
 from tests.request_plans import build_plan
 from tests.sim_process import serving_sim
 from tuner.engine.measure import format_summary, measure
+from tuner.load.filler import shared_prefix_text
 from tuner.load.load_spec import WorkloadClass, WorkloadSpec
-from tuner.load.workload import PromptStream, shared_prefix_text
+from tuner.load.workload import PromptStream
 from tuner.study.study_file import parse_study
 
 ROOT = Path(__file__).resolve().parents[1]

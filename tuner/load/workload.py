@@ -44,7 +44,6 @@ __all__ = [
     "fit_draft",
     "level_stream",
     "rate_stream",
-    "shared_prefix_text",
 ]
 
 # Drafts are generated this much longer than the estimate so the fitter can always trim
