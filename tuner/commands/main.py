@@ -200,7 +200,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.pick is not None:
             check_pick(args.pick, labels)
         filters = [parse_filter(text) for text in args.where]
-        record = choose_record(read_records(study), labels, directions, trial=args.trial,
+        from tuner.study.study_noise import with_study_noise
+        from tuner.views.saved_spec import study_noise_at
+
+        records = read_records(study)
+        records = with_study_noise(records, study_noise_at(handle.paths, records, labels))
+        record = choose_record(records, labels, directions, trial=args.trial,
                                pick=args.pick, filters=filters, force=args.force,
                                # --confirm --trial N re-checks N now: its last verdict is not the judge.
                                confirmations={} if args.confirm and args.trial is not None
@@ -215,7 +220,7 @@ def cmd_export(args: argparse.Namespace) -> int:
                                   "it with `tuner measure` instead")
             cfg = handle.spec.confirm
             say(f"confirming trial {record.number} before export: {cfg.repeats} re-run(s), "
-                f"tolerance {cfg.tolerance:.0%}")
+                f"tolerance {'from the study noise' if cfg.tolerance is None else format(cfg.tolerance, '.0%')}")
             verdicts = confirm(handle, args, [record.number], repeats=cfg.repeats, tolerance=cfg.tolerance)
             if not verdicts:
                 raise ExportError(f"the confirmation of trial {record.number} did not finish")
@@ -226,7 +231,7 @@ def cmd_export(args: argparse.Namespace) -> int:
         from tuner.study.environment import environment_for
         from tuner.views.export import noise_notes
 
-        notes = noise_notes(read_records(study), labels, directions, record)
+        notes = noise_notes(records, labels, directions, record)
         text = render_export(handle.spec, handle.name, record, args.format, notes,
                              handle.paths.probe_agreement(record.number, record.summary),
                              environment_for(record.number, *handle.paths.environment()))

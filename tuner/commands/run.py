@@ -143,7 +143,7 @@ def _with_secrets(spec: StudySpec) -> StudySpec:
         raise SpecError(str(exc)) from None
 
 
-def check_host_steadiness(paths: Any, seconds: float, noise_floor: float) -> dict[str, Any]:
+def check_host_steadiness(paths: Any, seconds: float, noise_floor: float | None) -> dict[str, Any]:
     """`tuner host-check` for a study: the CPUs' own spread measured while nothing of the study
     runs, printed, and appended to host-check.json (one entry per run and resume: a resumed
     study may run on another day's host). A floor below it is a warning, not an error: the
@@ -162,7 +162,7 @@ def check_host_steadiness(paths: Any, seconds: float, noise_floor: float) -> dic
     series, steal = host_probe.measure(cpus, seconds)
     host = summarize(series, steal)
     worst = host.worst_cv_5s
-    below = worst is not None and noise_floor < worst
+    below = worst is not None and noise_floor is not None and noise_floor < worst
     for line in host.verdict(noise_floor):
         say(f"[warning] {line}" if below and line.startswith("load.noise_floor") else f"[host] {line}")
     entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": seconds, **host.to_dict(),
@@ -374,7 +374,7 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
 
 
 def confirm(handle: Any, args: argparse.Namespace, trials: list[int], *, repeats: int,
-             tolerance: float) -> list[Any]:
+             tolerance: float | None) -> list[Any]:
     """Re-run ``trials`` on the study's GPU groups (the reference first, if it must be
     recorded); their verdicts, also written to confirm/ and pareto.json."""
 
@@ -473,7 +473,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     cfg = handle.spec.confirm
     repeats = args.repeats or cfg.repeats
     tolerance = args.tolerance if args.tolerance is not None else cfg.tolerance
-    if not 0 < tolerance < 1:
+    if tolerance is not None and not 0 < tolerance < 1:
         raise SpecError(f"--tolerance: {tolerance} is not allowed; give a fraction between 0 and 1, e.g. 0.1")
     study = handle.load()
     records = read_records(study)
@@ -492,7 +492,7 @@ def cmd_confirm(args: argparse.Namespace) -> int:
         if not trials:
             raise StudyError(f"study {handle.name} has no feasible trial to confirm")
     say(f"confirming trial(s) {', '.join(map(str, trials))} of {handle.name}: {repeats} re-run(s) each, "
-        f"tolerance {tolerance:.0%}")
+        f"tolerance {'from the study noise' if tolerance is None else format(tolerance, '.0%')}")
     verdicts = confirm(handle, args, trials, repeats=repeats, tolerance=tolerance)
     return 0 if verdicts and all(v.verdict == "reproduced" for v in verdicts) else 1
 

@@ -20,10 +20,11 @@ from tuner.adapters.artifacts import StudyPaths, atomic_write_json, make_private
 from tuner.engine.execution import Finished, JobHost, NoWorkersLeft
 from tuner.errors import ArtifactWriteError, StudyError
 from tuner.store.records import read_records
-from tuner.study.confirmation import Confirmation, RunResult, confirmable, judge, summary_text
+from tuner.study.confirmation import Confirmation, RunResult, confirmable, judge, noise_tolerances, summary_text
 from tuner.study.outcome import TrialOutcome
 from tuner.study.policy import rerun_result
 from tuner.study.spec import StudySpec
+from tuner.study.study_noise import noise_of_study
 from tuner.study.trials import TrialRecord
 
 __all__ = ["confirm_trials", "CONFIRM_JOB_BASE"]
@@ -52,7 +53,7 @@ def _next_rerun(paths: StudyPaths, trial: int) -> int:
 
 
 def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, repeats: int,
-                   tolerance: float, keep_previous: bool = False) -> list[Confirmation]:
+                   tolerance: float | None, keep_previous: bool = False) -> list[Confirmation]:
     """Re-run each trial ``repeats`` times and return (and write) the verdicts.
 
     ``keep_previous``: the verdict also counts the trial's re-runs already recorded in
@@ -83,7 +84,8 @@ def confirm_trials(host: JobHost, study: optuna.Study, trials: list[int], *, rep
             return
         earlier = [RunResult.model_validate(r)
                    for r in (previous.get(job.trial) or {}).get("runs") or []]
-        verdicts.append(_verdict(host, by_number[job.trial], earlier + runs, tolerance=tolerance))
+        verdicts.append(_verdict(host, by_number[job.trial], earlier + runs, tolerance=tolerance,
+                                 records=list(by_number.values())))
 
     try:
         while queue or running:
@@ -136,14 +138,23 @@ def _plan(host: JobHost, by_number: dict[int, TrialRecord], trials: list[int], r
     return pending
 
 
-def _verdict(host: JobHost, record: TrialRecord, every: list[RunResult], *, tolerance: float) -> Confirmation:
-    """The verdict on ``record`` from all its re-runs, written to confirm/NNNN.json and told."""
+def _verdict(host: JobHost, record: TrialRecord, every: list[RunResult], *, tolerance: float | None,
+             records: list[TrialRecord]) -> Confirmation:
+    """The verdict on ``record`` from all its re-runs, written to confirm/NNNN.json and told.
+    ``tolerance`` None: each objective's from the study's noise between starts, as measured
+    without these re-runs (they are what is judged)."""
 
     spec, trial = host.spec, record.number
     labels = [o.label for o in spec.objectives]
     directions = [o.direction for o in spec.objectives]
+    limits: float | list[float]
+    if tolerance is None:
+        noise = noise_of_study(records, host.paths.confirmations(), labels, override=spec.load.noise_floor)
+        limits = noise_tolerances([noise.half_width(label) for label in labels], len(every))
+    else:
+        limits = tolerance
     verdict = judge(trial, labels, directions, [record.values[l] for l in labels],
-                    sorted(every, key=lambda r: r.folder), tolerance=tolerance,
+                    sorted(every, key=lambda r: r.folder), tolerance=limits,
                     repeats=len(every), finished_unix=time.time())
     try:
         atomic_write_json(host.paths.confirmation_json(trial), verdict.model_dump(mode="json"))

@@ -31,25 +31,27 @@ from typing import Any
 import optuna
 from optuna.trial import Trial, TrialState
 
-from tuner.adapters.artifacts import atomic_write_json
 from tuner.engine import recovery
 from tuner.engine.confirming import confirm_trials
 from tuner.engine.execution import Executor, Finished, JobHost, NoWorkersLeft
+from tuner.engine.pareto_file import write_pareto_file
 from tuner.engine.referencing import WORKER_WAIT_S, pinned, prepare_reference, study_probe
 from tuner.engine.samplers import make_sampler, suggest
 from tuner.engine.tie_runs import separate_ties
-from tuner.errors import ArtifactWriteError, StorageUnavailable, StudyError, Terminated
+from tuner.errors import StorageUnavailable, StudyError, Terminated
 from tuner.probe.record import Reference
 from tuner.secrets import Redactor, known_values
 from tuner.store.handle import StudyHandle, check_storage_covers_folder, make_storage
 from tuner.store.records import RecordReader, to_record
 from tuner.study import policy, space, stopping
-from tuner.study.confirmation import choose_candidates, confirmation_brief, reserve_seconds
+from tuner.study.between_starts import StudyNoise
+from tuner.study.confirmation import choose_candidates, reserve_seconds
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
-from tuner.study.scoring import outcome_summary, pareto_payload, result_text, stop_text, values_text
+from tuner.study.scoring import outcome_summary, result_text, stop_text, values_text
 from tuner.study.space import trial_command, trial_ignore_eos
 from tuner.study.spec import StudySpec
+from tuner.study.study_noise import noise_of_study
 from tuner.study.sweep_guard import SweepPlan
 from tuner.study.trials import KIND_RUN, TrialRecord, record_points
 from tuner.vllm.compile_cache import study_cache_root
@@ -114,6 +116,14 @@ class StudyLoop:
     @property
     def interrupted(self) -> bool:
         return self.stop_reason == "interrupted"
+
+    def confirmations(self) -> dict[int, dict[str, Any]]:
+        """The study's confirmation and tie re-runs (verdicts as JSON, by trial)."""
+        return {}
+
+    def study_noise(self, records: list[TrialRecord]) -> StudyNoise:
+        """The study's between-start noise as it stands (tuner.study.between_starts)."""
+        return noise_of_study(records, self.confirmations(), self.labels, override=self.spec.load.noise_floor)
 
     # -- what the study run adds (Orchestrator) --------------------------------------
 
@@ -227,10 +237,14 @@ class StudyLoop:
             raise StudyError(f"trial {trial.number} already has finished files in {self.trials_root}; "
                              "the storage does not match the study folder, so the study stops here")
         group = self.executor.idle_groups()[0]
+        # A fresh start of the baseline for the study's noise runs its whole sweep: its values
+        # are what the noise is measured from.
+        stops = self.spec.execution.early_stop and not trial.user_attrs.get("noise_start")
         request = self.trial_request(
             trial.number, values, group=group, trial_dir=self.trials_root / f"{trial.number:04d}",
             # execution.early_stop: false sends no plan, and a worker without one never stops.
-            early_stop=policy.early_stop_plan(self.spec, records) if self.spec.execution.early_stop else None)
+            early_stop=policy.early_stop_plan(self.spec, records) if stops else None,
+            noise_floor=self.study_noise(records).floor())
         trial.set_user_attr("kind", KIND_RUN)
         trial.set_user_attr("attempt", int(trial.user_attrs.get("attempt", 1)))
         # The request's argv and env hold the secrets' values (the server needs them); the
@@ -241,15 +255,20 @@ class StudyLoop:
         self._in_flight[trial.number] = trial
         self.executor.submit(group, request.model_dump(mode="json"),
                              deadline_s=self.spec.budget.trial_timeout + self.spec.server.stop_timeout + 15)
-        label = "baseline" if trial.user_attrs.get("baseline") else values_text(values)
+        label = ("baseline" if trial.user_attrs.get("baseline") else
+                 f"baseline, fresh start {trial.user_attrs['noise_start']} for the study's noise"
+                 if trial.user_attrs.get("noise_start") else values_text(values))
         self.progress(f"[trial {trial.number}] start on group {group}: {label}")
 
     def trial_request(self, number: int, values: dict[str, Any], *, group: int, trial_dir: Path,
-                      early_stop: SweepPlan | None) -> TrialRequest:
+                      early_stop: SweepPlan | None, noise_floor: float | None = None) -> TrialRequest:
         """What a worker needs to run ``values`` on GPU group ``group`` (a trial, or a
-        confirmation re-run of one), with the study's probe and reference."""
+        confirmation re-run of one), with the study's probe and reference. ``noise_floor``:
+        the between-start CV its intervals and early stops use (the study's, when it set one)."""
 
         spec = self.spec
+        load = spec.load if spec.load.noise_floor is not None else spec.load.model_copy(
+            update={"noise_floor": noise_floor})
         port = spec.server.port + group
         # The study's shared torch.compile cache (execution.compile_cache_dir, expanded by
         # the CLI) is measurement environment: the server gets it, an export does not.
@@ -265,7 +284,7 @@ class StudyLoop:
             trial_dir=str(trial_dir.resolve()), startup_timeout_s=spec.server.startup_timeout,
             stop_timeout_s=spec.server.stop_timeout, gpu_free_timeout_s=spec.execution.gpu_free_timeout,
             deadline_s=spec.budget.trial_timeout,
-            load=spec.load, probe=self.probe,
+            load=load, probe=self.probe,
             ignore_eos=trial_ignore_eos(spec, command.asked), reference=self.reference, early_stop=early_stop,
             slo=spec.slo,
             search_max_rate=spec.searches_max_rate,
@@ -285,6 +304,9 @@ class StudyLoop:
         else:
             outcome = TrialOutcome.model_validate(item.result)
         self.record(study, trial, outcome, retry_if_interrupted=True)
+        if trial.user_attrs.get("noise_start") and self.spec.load.noise_floor is None:
+            for line in self.study_noise(self.records(study)).lines():
+                self.progress(f"[noise] {line}")
 
     def _apply(self, study: optuna.Study, trial: Trial, told: policy.Told) -> None:
         for key, value in told.user_attrs().items():
@@ -558,8 +580,12 @@ class Orchestrator(StudyLoop):
         if not todo:
             return
         self.progress(f"[confirm] re-running {len(todo)} front point(s) {todo} "
-                      f"{cfg.repeats}x each on a fresh server (tolerance {cfg.tolerance:.0%})")
+                      f"{cfg.repeats}x each on a fresh server (tolerance "
+                      f"{'from the study noise' if cfg.tolerance is None else format(cfg.tolerance, '.0%')})")
         confirm_trials(self.job_host(), study, todo, repeats=cfg.repeats, tolerance=cfg.tolerance)
+
+    def confirmations(self) -> dict[int, dict[str, Any]]:
+        return self.handle.paths.confirmations()
 
     # -- pareto.json ---------------------------------------------------------------------
 
@@ -570,16 +596,5 @@ class Orchestrator(StudyLoop):
         self._write_pareto(self.records(study))
 
     def _write_pareto(self, records: list[TrialRecord]) -> None:
-        """Rewrite pareto.json atomically; on a full disk the previous version stays."""
-
-        payload = pareto_payload(self.handle.name, records, self.labels, self.directions, now=time.time())
-        confirmations = self.handle.paths.confirmations()
-        for entry in payload["front"]:
-            found = confirmations.get(entry["trial"])
-            if found is not None:
-                entry["confirmation"] = confirmation_brief(found)
-        try:
-            atomic_write_json(self.handle.paths.pareto_json, payload)
-        except ArtifactWriteError as err:
-            self.progress(f"[warning] pareto.json not updated ({err.reason}): {err}; "
-                          "the previous version is intact and is rewritten after the next trial")
+        write_pareto_file(self.handle.paths, self.handle.name, records, self.labels, self.directions,
+                          self.study_noise(records), self.progress)

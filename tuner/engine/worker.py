@@ -436,8 +436,11 @@ class TrialWorker:
         outcome.load_failures = sweep.load_failures()
         # A level stopped at its last dispatch (early stop rule 4a) has its objective measured:
         # its output tok/s is recorded so the trial is told with it, like any completed one.
-        for key, level_values in guard.measured_levels(spec.noise_floor).items():
+        for key, level_values in guard.measured_levels(spec.noise_floor or 0.0).items():
             outcome.levels.setdefault(key, level_values)
+        # What the intervals above carry for the noise between starts, so that readers can put
+        # the study's current estimate in its place (tuner.study.between_starts).
+        outcome.noise_floor = spec.noise_floor or 0.0
         outcome.warnings.extend(sweep.warnings)
         self._write_json(trial_dir / "metrics.json", sweep.summary())
 

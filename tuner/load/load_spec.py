@@ -254,16 +254,27 @@ class LoadSpec(BaseModel):
             "(Perf Analyzer's 10 %, measurement.md §4.5)."
         ),
     )
-    noise_floor: float = Field(
-        default=0.03,
+    noise_floor: float | None = Field(
+        default=None,
         ge=0.0,
         lt=1.0,
         description=(
-            "Between-start noise: the coefficient of variation of a metric across fresh "
-            "server starts of one configuration, which one run's sub-windows cannot see. "
-            "Every interval gets 1.96 x noise_floor x value added in quadrature. 0.03 is the "
-            "target benchmarks/level_stability.py checks on a GPU (CV <= 3 % at c=32); "
-            "measure your box with it and set what you see."
+            "Between-start noise (a coefficient of variation across fresh server starts of one "
+            "configuration, which one run's sub-windows cannot see), as a fixed override. Unset "
+            "(the default), the study measures it: from the baseline's load.noise_starts fresh "
+            "starts and every confirmation or tie re-run, per objective (tuner.study.between_starts). "
+            "Set, every interval gets 1.96 x noise_floor x value added in quadrature instead."
+        ),
+    )
+    noise_starts: int = Field(
+        default=3,
+        ge=1,
+        le=10,
+        description=(
+            "Fresh starts of the baseline at the start of the study, from which the study measures "
+            "its between-start noise (1: none beyond the baseline itself; the noise then comes "
+            "from confirmation and tie re-runs alone). Each start is a trial of the budget. "
+            "Ignored when load.noise_floor is set."
         ),
     )
     host_check_s: float = Field(

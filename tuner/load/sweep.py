@@ -374,7 +374,7 @@ async def _sweep_level(
     server, agreement = await _server_view(sw, before, records, f"c={c}")
     # Instability is reported per level (metrics.unstable, stability_ratio), not as a sweep
     # warning: short levels are often flagged, and that is information, not degradation.
-    metrics = summarize_repeats(runs).model_copy(update={"noise_floor": spec.noise_floor})
+    metrics = summarize_repeats(runs).model_copy(update={"noise_floor": spec.noise_floor or 0.0})
     return LevelResult(
         concurrency=c,
         prompts_fitted=fitted,
@@ -436,7 +436,7 @@ async def _sweep_steady_level(
             requests=len(warm), completed=len(warm) - len(failed), failed=len(failed),
             failure_reasons=dict(Counter(r.error.type if r.error else "unknown" for r in failed)),
             duration_s=warm_s),
-        metrics=summarize_repeats(runs).model_copy(update={"noise_floor": spec.noise_floor}),
+        metrics=summarize_repeats(runs).model_copy(update={"noise_floor": spec.noise_floor or 0.0}),
         server_side=server,
         token_agreement=agreement,
         records=records,
@@ -573,7 +573,7 @@ async def _rate_result(sw: _Sweep, acc: _RateRuns) -> LevelResult:
         deadline_hit=acc.deadline_hit,
         warmup=WarmupSummary(requests=0, completed=0, failed=0, failure_reasons={},
                              duration_s=0.0),
-        metrics=summarize_repeats(acc.runs).model_copy(update={"noise_floor": spec.noise_floor}),
+        metrics=summarize_repeats(acc.runs).model_copy(update={"noise_floor": spec.noise_floor or 0.0}),
         server_side=server,
         token_agreement=agreement,
         records=list(acc.records),

@@ -25,7 +25,8 @@ from tuner.study.confirmation_text import pct as _pct
 from tuner.study.pareto import Point, knee_point, pareto_front
 from tuner.study.trials import TrialRecord
 
-__all__ = ["RunResult", "ObjectiveCheck", "Confirmation", "choose_candidates", "judge", "Verdict",
+__all__ = ["RunResult", "ObjectiveCheck", "Confirmation", "choose_candidates", "judge", "noise_tolerances",
+           "Verdict",
            "reserve_seconds",
            "blocks_export", "summary_text", "confirmation_brief"]
 
@@ -74,6 +75,9 @@ class Confirmation(BaseModel):
     tolerance: float
     repeats: int
     objectives: list[ObjectiveCheck]
+    # Per objective, when the tolerance came from the study's measured noise (confirm.tolerance
+    # unset): the 95 % interval of a re-run's difference from the trial (between_starts).
+    tolerances: list[float] | None = None
     runs: list[RunResult]
     finished_unix: float | None = None
 
@@ -109,8 +113,16 @@ def choose_candidates(points: Sequence[Point], directions: Sequence[str], n: int
     return order[:n]
 
 
+def noise_tolerances(half_widths: Sequence[float], reruns: int) -> list[float]:
+    """Each objective's tolerance from the study's noise: a re-run median and the trial are
+    both fresh starts, so their difference has the 95 % half-width h * sqrt(1 + 1/k) for
+    ``reruns`` k (h: one start's relative half-width, tuner.study.between_starts)."""
+
+    return [h * math.sqrt(1 + 1 / max(1, reruns)) for h in half_widths]
+
+
 def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_values: Sequence[float],
-          runs: Sequence[RunResult], *, tolerance: float, repeats: int,
+          runs: Sequence[RunResult], *, tolerance: float | Sequence[float], repeats: int,
           finished_unix: float | None = None) -> Confirmation:
     """The verdict on one candidate from its re-runs.
 
@@ -123,6 +135,8 @@ def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_va
     are in the reason. ``reproduced`` only when every objective is within ``tolerance``.
     """
 
+    per_label = [float(tolerance)] * len(labels) if isinstance(tolerance, (int, float)) else [
+        float(t) for t in tolerance]
     checks: list[ObjectiveCheck] = []
     good = [r for r in runs if r.feasible and r.values is not None]
     for i, (label, direction) in enumerate(zip(labels, directions)):
@@ -146,18 +160,23 @@ def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_va
         reason = "; ".join(f"re-run {r.folder}: {r.outcome}" + (f" ({r.message})" if r.message else "")
                            for r in bad)
     else:
-        over = [c for c in checks if c.change is not None and abs(c.change) > tolerance]
+        over = [(c, t) for c, t in zip(checks, per_label) if c.change is not None and abs(c.change) > t]
         if over:
             verdict = "not_reproducible"
             reason = ", ".join(
                 f"{c.label} {c.trial:.4g} -> {c.median:.4g} ({_pct(c.change)}, "
-                f"{'worse' if (c.worse_by or 0) > 0 else 'better'} by more than {tolerance:.0%})"
-                for c in over)
+                f"{'worse' if (c.worse_by or 0) > 0 else 'better'} by more than {t:.1%})"
+                for c, t in over)
+        elif len(set(per_label)) == 1:
+            verdict = "reproduced"
+            reason = f"every objective within {per_label[0]:.0%} of the trial, either way"
         else:
             verdict = "reproduced"
-            reason = f"every objective within {tolerance:.0%} of the trial, either way"
-    return Confirmation(trial=trial, verdict=verdict, reason=reason, tolerance=tolerance, repeats=repeats,
-                        objectives=checks, runs=list(runs), finished_unix=finished_unix)
+            reason = "every objective within its noise of the trial, either way (" + ", ".join(
+                f"{c.label} ±{t:.1%}" for c, t in zip(checks, per_label)) + ")"
+    return Confirmation(trial=trial, verdict=verdict, reason=reason, tolerance=max(per_label, default=0.0),
+                        repeats=repeats, objectives=checks, runs=list(runs), finished_unix=finished_unix,
+                        tolerances=None if isinstance(tolerance, (int, float)) else per_label)
 
 
 def reserve_seconds(full_trial_seconds: Sequence[float], *, candidates: int, repeats: int,

@@ -128,4 +128,8 @@ class TrialOutcome(BaseModel):
     gpu_wait_s: float | None = Field(
         default=None, description="seconds the trial waited for its GPUs to be free of other "
         "processes before starting the server")
+    noise_floor: float | None = Field(
+        default=None, description="the between-start CV the level intervals carry (the study's "
+        "override or its measured noise when the trial started, tuner.study.between_starts); readers "
+        "replace it with the study's current one. None: an outcome from before it was recorded")
     warnings: list[str] = Field(default_factory=list)

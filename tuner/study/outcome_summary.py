@@ -127,6 +127,7 @@ class OutcomeSummary:
     startup: StartupRecord | None = None
     signature: dict[str, Any] | None = None
     gpu_wait_s: float | None = None
+    noise_floor: float | None = None
 
     @classmethod
     def from_attr(cls, raw: Any) -> OutcomeSummary:
@@ -159,6 +160,7 @@ class OutcomeSummary:
             compile=CompileRecord.from_json(_mapping(raw.get("compile"))),
             startup=StartupRecord.from_json(_mapping(raw.get("startup"))),
             signature=_mapping(raw.get("signature")), gpu_wait_s=_number(raw.get("gpu_wait_s")),
+            noise_floor=_number(raw.get("noise_floor")),
         )
 
     def as_attr(self) -> dict[str, Any]:

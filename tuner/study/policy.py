@@ -128,6 +128,12 @@ def first_points(spec: StudySpec, trials: Sequence[TrialRecord], *, parallel: in
     out = []
     if not any(t.is_baseline for t in trials):
         out.append(Enqueue(space.baseline_values(spec), {"baseline": True, "attempt": 1}))
+    # The baseline's further fresh starts, from which the study measures its noise between
+    # starts (tuner.study.between_starts), right after it: on a shared torch.compile cache key.
+    if spec.load.noise_floor is None:
+        started = {t.attrs.get("noise_start") for t in trials}
+        out.extend(Enqueue(space.baseline_values(spec), {"noise_start": k, "attempt": 1})
+                   for k in range(2, spec.load.noise_starts + 1) if k not in started)
     queued = {t.attrs.get("starting_point") for t in trials}
     points = space.starting_point_values(spec)
     # Starting points that share a torch.compile cache key run back to back, the baseline's
@@ -185,7 +191,10 @@ def retry(trial: TrialRecord, max_retries: int) -> Enqueue | None:
     attempt = trial.attempt
     if values is None or attempt > max_retries:
         return None
-    return Enqueue(values, {"retry_of": trial.number, "attempt": attempt + 1, "baseline": trial.is_baseline})
+    attrs = {"retry_of": trial.number, "attempt": attempt + 1, "baseline": trial.is_baseline}
+    if trial.attrs.get("noise_start"):
+        attrs["noise_start"] = trial.attrs["noise_start"]
+    return Enqueue(values, attrs)
 
 
 @dataclass(frozen=True)
@@ -290,6 +299,8 @@ def screen(spec: StudySpec, values: Mapping[str, Any], number: int, trials: Sequ
     earlier = known_points(trials).get(space.params_key(values))
     if earlier is None or earlier.number == number:
         return None
+    if any(t.number == number and t.attrs.get("noise_start") for t in trials):
+        return None     # a fresh start of a measured point on purpose: the study's noise
     attrs: dict[str, Any] = {"kind": KIND_DUPLICATE, "duplicate_of": earlier.number}
     told_before = earlier.ordered_values(labels) if earlier.state == "COMPLETE" else None
     if told_before is not None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from tuner.load.load_spec import rate_level_name
 from tuner.load.max_rate_text import max_rate_value_text
+from tuner.study.between_starts import StudyNoise
 from tuner.study.noise import level_unstable, noisy_front, resolve_level
 from tuner.study.objectives import MAX_RATE, ObjectiveSpec
 from tuner.study.outcome import TrialOutcome
@@ -164,14 +165,15 @@ def outcome_summary(outcome: TrialOutcome) -> OutcomeSummary:
 
 
 def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
-                   directions: Sequence[str], *, now: float) -> dict[str, Any]:
+                   directions: Sequence[str], *, now: float, between: StudyNoise | None = None) -> dict[str, Any]:
     """pareto.json: the study's front with each point's command, gain over the baseline, each
-    value's 95 % interval (``noise``) and sample count, the unstable flag, and the ties noise
-    leaves (tuner.study.noise); ``now``: when it was written, unix seconds."""
+    value's 95 % interval (``noise``; ``between``: the study's between-start noise, shown as
+    ``between_starts``) and sample count, the unstable flag, and the ties noise leaves
+    (tuner.study.noise); ``now``: when it was written, unix seconds."""
     by_number = {r.number: r for r in records}
     points = record_points(records, labels)
     front = pareto_front(points, directions)
-    noisy = noisy_points(records, labels)
+    noisy = noisy_points(records, labels, between)
     near, ties = noisy_front(noisy, directions, labels)
     on_front = {p.number for p in front}
     baseline = next((r for r in records if r.is_baseline and r.state == "COMPLETE" and r.kind == KIND_RUN), None)
@@ -182,7 +184,7 @@ def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
         entry = {
             "trial": point.number,
             "values": dict(zip(labels, point.values)),
-            "noise": record.noise(labels),
+            "noise": record.noise(labels, between),
             "samples": _samples(record, labels),
             "unstable": bool(record.unstable_levels),
             "unstable_levels": record.unstable_levels,
@@ -213,10 +215,11 @@ def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
         # Points only noise keeps off the front, and front points noise cannot tell apart.
         "within_noise": [
             {"trial": n, "values": {label: by_number[n].measured_values().get(label) for label in labels},
-             "noise": by_number[n].noise(labels), "unstable": bool(by_number[n].unstable_levels)}
+             "noise": by_number[n].noise(labels, between), "unstable": bool(by_number[n].unstable_levels)}
             for n in near if n not in on_front],
         "ties": [t.as_dict() for t in ties],
         "unstable_on_front": [e["trial"] for e in entries if e["unstable"]],
+        **({} if between is None else {"between_starts": between.as_dict()}),
     }
 
 

@@ -113,9 +113,11 @@ class ConfirmSpec(Strict):
         0, ge=0, le=20, description="front points re-run once the budget is spent (0: none); "
         "chosen best-per-objective first, then the knee, then the rest of the front")
     repeats: int = Field(1, ge=1, le=5, description="fresh-server re-runs per candidate")
-    tolerance: float = Field(
-        0.10, gt=0, lt=1, description="relative change of an objective (median of the re-runs "
-        "against the trial) in either direction beyond which the point is not reproducible")
+    tolerance: float | None = Field(
+        None, gt=0, lt=1, description="relative change of an objective (median of the re-runs "
+        "against the trial) in either direction beyond which the point is not reproducible. "
+        "Unset: from the study's noise between starts, per objective (the 95 % interval of a "
+        "re-run's difference from the trial, tuner.study.confirmation.noise_tolerances)")
     tie_runs: int = Field(
         0, ge=0, le=50, description="fresh-server re-runs to spend, after the confirmation "
         "re-runs, on front candidates whose intervals overlap, until they separate or these "

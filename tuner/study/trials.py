@@ -14,7 +14,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tuner.study.noise import (
     NoisyPoint,
@@ -29,6 +29,9 @@ from tuner.study.outcome_summary import Failure, OutcomeSummary
 from tuner.study.pareto import Point, pareto_front
 from tuner.vllm.compile_cache import CompileRecord
 from tuner.vllm.startup import StartupRecord
+
+if TYPE_CHECKING:
+    from tuner.study.between_starts import StudyNoise
 
 __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "KIND_DAMAGED", "EARLY_STOPPED",
            "TOKEN_COUNT_MISMATCH", "label_measured", "noisy_points", "outcome_word", "point_key",
@@ -102,6 +105,9 @@ class TrialRecord:
     constraints: dict[str, float] = field(default_factory=dict)
     attrs: dict[str, Any] = field(default_factory=dict)
     seconds: float | None = None
+    # The study's between-start noise (tuner.study.between_starts.with_study_noise): what
+    # ``noise`` widens the stored intervals by; None: they are read as stored.
+    between: StudyNoise | None = field(default=None, repr=False, compare=False)
 
     @cached_property
     def summary(self) -> OutcomeSummary:
@@ -190,15 +196,28 @@ class TrialRecord:
 
         return level_client_bound(self.levels)
 
-    def noise(self, labels: list[str]) -> dict[str, float | None]:
-        """The 95 % half-width of each objective value (None: unknown or exact)."""
+    def noise(self, labels: list[str], between: StudyNoise | None = None) -> dict[str, float | None]:
+        """The 95 % half-width of each objective value (None: unknown or exact); ``between``:
+        the study's between-start noise, which replaces what the worker added when it measured
+        (tuner.study.between_starts)."""
 
         # Open-loop levels by name (r2.0), next to the concurrency levels: labels metric@r2.0.
         levels = {**self.summary.levels, **self.summary.rate_levels}
         bounds = self.bound_labels(labels)
-        return {label: None if label in bounds
-                else max_rate_noise(self.summary.max_rate) if label == "max_rate@slo"
-                else label_noise(levels, label) for label in labels}
+        out: dict[str, float | None] = {}
+        for label in labels:
+            if label in bounds:
+                out[label] = None
+            elif label == "max_rate@slo":
+                out[label] = max_rate_noise(self.summary.max_rate)
+            else:
+                ci = label_noise(levels, label)
+                value = self.values.get(label)
+                study = between or self.between
+                if study is not None and value is not None and "@" in label:   # read at a level
+                    ci = study.widen(label, value, ci, self.summary.noise_floor)
+                out[label] = ci
+        return out
 
     def bound_labels(self, labels: Sequence[str]) -> dict[str, int]:
         """The objectives a trial stopped early was told as bounds because it never measured
@@ -313,16 +332,18 @@ def record_points(records: list[TrialRecord], labels: list[str]) -> list[Point]:
     ]
 
 
-def noisy_points(records: list[TrialRecord], labels: list[str]) -> list[NoisyPoint]:
-    """The feasible measured trials with each value's 95 % half-width: what ties are found
-    among. A tie names an alternative a person could pick, so a trial that failed its probe,
-    was not applied or stopped early is never one, however close its numbers."""
+def noisy_points(records: list[TrialRecord], labels: list[str],
+                 between: StudyNoise | None = None) -> list[NoisyPoint]:
+    """The feasible measured trials with each value's 95 % half-width (``between``: the
+    study's between-start noise): what ties are found among. A tie names an alternative a
+    person could pick, so a trial that failed its probe, was not applied or stopped early is
+    never one, however close its numbers."""
 
     by_number = {r.number: r for r in records}
     out = []
     for p in record_points(records, labels):
         if p.feasible:
-            noise = by_number[p.number].noise(labels)
+            noise = by_number[p.number].noise(labels, between)
             out.append(NoisyPoint(p.number, p.values, tuple(noise[label] for label in labels)))
     return out
 

@@ -28,10 +28,12 @@ from tuner.study.durations import format_duration
 from tuner.study.environment import environment_for, environment_lines
 from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.objectives import MAX_RATE
+from tuner.study.study_noise import with_study_noise
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points
 from tuner.views.export import ExportError, choose_record, noise_notes, render_export
 from tuner.views.plots import best_so_far_png, importance_png, pareto_png, startup_png
-from tuner.views.status import read_checks, searched_targets, value_text
+from tuner.views.saved_spec import searched_targets, study_noise_at
+from tuner.views.status import read_checks, value_text
 from tuner.vllm.knobs import mismatch_text
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
@@ -298,8 +300,9 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
     """Write report.html, report.md and the PNG figures; return their paths."""
 
     study = handle.load()
-    records = read_records(study)
     labels = list(study.metric_names or [])
+    between = study_noise_at(handle.paths, read_records(study), labels)
+    records = with_study_noise(read_records(study), between)
     directions = [d.name.lower() for d in study.directions]
     make_private_dir(out_dir)
     figures, importances, importance_note = _figures(study, records, labels, directions)
@@ -325,7 +328,8 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         handle=handle, labels=labels, directions=directions, runs=runs, front=front,
         baseline=baseline, confirmations=confirmations, counts=counts,
         elapsed=float(study.user_attrs.get("elapsed_s", 0.0)),
-        ties=noise_ties(records, labels, directions), pick=pick, export_text=export_text)
+        ties=noise_ties(records, labels, directions), pick=pick, export_text=export_text,
+        noise_lines=between.lines())
     slo_html, slo_md = ("", [])
     if handle.spec.slo is not None:
         slo_html, slo_md = slo_section(handle.spec.slo.text(), front)
@@ -343,6 +347,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         "noise": {str(r.number): r.noise(labels) for r in front},
         "unstable": {str(r.number): r.unstable_levels for r in front if r.unstable_levels},
         "ties": shown.ties,
+        "between_starts": between.as_dict(),
         "probe_agreement": {str(r.number): a for r in front
                             if (a := handle.paths.probe_agreement(r.number, r.summary))},
         "host_check": handle.paths.last_host_check(),
@@ -400,6 +405,7 @@ class _Shown:
     ties: list[str]  # noise ties as sentences (noise_ties)
     pick: str
     export_text: str  # the chosen configuration as a shell command
+    noise_lines: list[str]  # the study's noise between fresh starts (tuner.study.between_starts)
 
     def ratio(self, r: TrialRecord, label: str) -> str:
         base = self.baseline.measured_values() if self.baseline is not None else {}
@@ -430,6 +436,7 @@ def _report_html(shown: _Shown, records: list[TrialRecord], figures: dict[str, b
         ) for r in front
     )
     ties_html = "".join(f"<li>{html.escape(t)}</li>" for t in shown.ties)
+    noise_html = "".join(f"<li>{html.escape(t)}</li>" for t in shown.noise_lines)
     separation = _separation_html(handle.paths.confirm_root / "ties.json")
     host = handle.paths.last_host_check()
     host_html = f'<p id="host-check">{html.escape(check_text(host))}.</p>' if host else ""
@@ -459,6 +466,8 @@ Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
 <table id="front"><tr><th>trial</th>{head}<th>parameters</th><th>confirmation re-run</th></tr>
 {front_rows or '<tr><td colspan="9">no feasible trial yet</td></tr>'}</table>
 <p>Values are ± their 95 % interval (tuner.load.uncertainty): differences inside it are ties.</p>
+<div id="between-starts"><p>Noise between fresh starts of one configuration, which every interval carries
+beyond its own run (tuner.study.between_starts):</p><ul>{noise_html}</ul></div>
 {f'<ul id="ties">{ties_html}</ul>' if ties_html else '<p id="ties">No ties within noise.</p>'}
 {separation}
 {host_html}
@@ -493,6 +502,7 @@ def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> s
                   + " | ".join(_pm(r, l) + ratio(r, l) for l in labels)
                   + " | " + ", ".join(f"{k}={value_text(v)}" for k, v in r.params.items()) + " |")
     md += ["", "Values are ± their 95 % interval; differences inside it are ties."]
+    md += ["", "Noise between fresh starts of one configuration:"] + [f"- {t}" for t in shown.noise_lines]
     md += [f"- {t}" for t in shown.ties]
     agreements = [(r.number, a) for r in front
                   if (a := shown.handle.paths.probe_agreement(r.number, r.summary))]

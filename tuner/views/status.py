@@ -20,7 +20,9 @@ from tuner.study.environment import environment_lines
 from tuner.study.integrity import damaged_rows, integrity_lines, spec_changes
 from tuner.study.noise import noisy_front, plus_minus, unstable_text
 from tuner.study.outcome_summary import OutcomeSummary
+from tuner.study.study_noise import with_study_noise
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points, stop_record_text
+from tuner.views.saved_spec import searched_targets, study_noise_at
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
 from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
@@ -97,21 +99,6 @@ def _spec_method(checks: list[dict[str, Any]]) -> str | None:
             got = check.get("got") if check.get("got") is not None else check.get("asked")
             return None if got is None else str(got)
     return None
-
-
-def searched_targets(spec_yaml: Path) -> frozenset[str]:
-    """The targets the study's parameters search (``enforce_eager``, ``env:NCCL_PROTO``),
-    read from its saved spec.yaml without the spec models; empty when it cannot be read."""
-
-    from tuner.study.safe_yaml import YamlInputError, load_bounded
-
-    try:
-        data = load_bounded(spec_yaml.read_text(encoding="utf-8"))
-    except (OSError, YamlInputError, UnicodeDecodeError):
-        return frozenset()
-    params = data.get("parameters") if isinstance(data, dict) else None
-    return frozenset(str(p["flag"]) if p.get("flag") is not None else f"env:{p.get('env')}"
-                     for p in params or [] if isinstance(p, dict))
 
 
 def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = None,
@@ -258,8 +245,9 @@ def _saved_budget(data: Any) -> tuple[int, float | None] | None:
 
 def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: float | None, *,
             name: str, spec_changes: list[str]) -> dict[str, Any]:
-    records = study.records
     labels = list(study.metric_names or [])
+    between = study_noise_at(paths, study.records, labels)
+    records = with_study_noise(study.records, between)
     directions = study.directions
     runs = [r for r in records if r.kind == KIND_RUN]
     finished = [r for r in runs if r.state in ("COMPLETE", "FAIL") and not r.interrupted]
@@ -297,6 +285,7 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "unverified": unverified_summary(trials),
         "startup": _startup_summary(runs),
         "host_check": paths.last_host_check(),
+        "between_starts": {**between.as_dict(), "lines": between.lines()} if labels else None,
         "environment": (environment := paths.environment())[0],
         "environment_changes": environment[1],
         # What the folder no longer says as it was measured (tuner.study.integrity).
@@ -420,6 +409,9 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     ]
     if status.get("host_check"):
         lines.append(f"  {check_text(status['host_check'])}")
+    if status.get("between_starts"):
+        lines.append("  noise between fresh starts (what every interval carries beyond its own run):")
+        lines.extend(f"    {line}" for line in status["between_starts"]["lines"])
     lines.extend(environment_lines(status.get("environment"), status.get("environment_changes") or []))
     lines.extend(integrity_lines(status))
     lines.extend(_running_lines(status))
