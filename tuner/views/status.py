@@ -21,6 +21,7 @@ from tuner.study.integrity import damaged_rows, integrity_lines, spec_changes
 from tuner.study.noise import noisy_front, plus_minus, unstable_text
 from tuner.study.outcome_summary import OutcomeSummary
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points, stop_record_text
+from tuner.views.workload_view import workload_lines
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
 from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
@@ -299,6 +300,7 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "host_check": paths.last_host_check(),
         "environment": (environment := paths.environment())[0],
         "environment_changes": environment[1],
+        "workload": paths.workload_profile(),
         # What the folder no longer says as it was measured (tuner.study.integrity).
         "spec_changes": spec_changes,
         "damaged": damaged_rows(records),
@@ -421,6 +423,7 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     if status.get("host_check"):
         lines.append(f"  {check_text(status['host_check'])}")
     lines.extend(environment_lines(status.get("environment"), status.get("environment_changes") or []))
+    lines.extend(workload_lines(status.get("workload")))
     lines.extend(integrity_lines(status))
     lines.extend(_running_lines(status))
     skipped = status["skipped"]
