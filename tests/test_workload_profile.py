@@ -224,3 +224,43 @@ def test_a_run_writes_the_profile_and_status_shows_it(tmp_path: Path, capsys: py
     shown = format_status(fast).splitlines()
     at = shown.index(block[0])
     assert shown[at:at + len(block)] == block
+
+
+def _brute_share(chats: list[dict], block: int) -> float:
+    """Each request against every earlier request and request-plus-reply, word by word."""
+    seen: list[list[str]] = []
+    repeated = total = 0
+    for chat in chats:
+        units: list[str] = []
+        for at, m in enumerate(chat["messages"]):
+            words = m["content"].split(" ")
+            units += [f"{m['role']}:{words[0]}" + (" " if len(words) > 1 else "")] + [
+                w + " " for w in words[1:-1]] + ([words[-1]] if len(words) > 1 else [])
+            if m["role"] == "user":
+                common = max((next((i for i, (a, b) in enumerate(zip(units, s)) if a != b), min(len(units), len(s)))
+                              for s in seen), default=0)
+                repeated += common // block * block
+                total += len(units)
+                seen.append(list(units))
+                rest = chat["messages"][at + 1:]
+                if rest and rest[0]["role"] == "assistant":
+                    reply = rest[0]["content"].split(" ")
+                    seen.append(units + [f"assistant:{reply[0]}" + (" " if len(reply) > 1 else "")]
+                                + [w + " " for w in reply[1:-1]] + ([reply[-1]] if len(reply) > 1 else []))
+    return repeated / total
+
+
+@pytest.mark.parametrize("block", [1, 2, 3, 12])
+def test_the_prefix_share_is_the_longest_earlier_prefix_in_whole_blocks(block: int) -> None:
+    import random
+
+    rng = random.Random(block)
+    chats = []
+    for _ in range(60):
+        messages = [{"role": "system", "content": " ".join(rng.choice("ab") for _ in range(rng.randint(1, 14)))}]
+        for _ in range(rng.randint(1, 4)):
+            messages += [{"role": "user", "content": " ".join(rng.choice("abc") for _ in range(rng.randint(1, 6)))},
+                         {"role": "assistant", "content": " ".join(rng.choice("ab") for _ in range(rng.randint(1, 9)))}]
+        chats.append({"messages": messages[:-1] if rng.random() < 0.5 else messages})
+    share = profile_of(chats, "openai-chat", block_words=block).prefix_repeat_share
+    assert 0 < share < 1 and share == pytest.approx(_brute_share(chats, block))

@@ -138,14 +138,14 @@ def profile_workload(workload: WorkloadSpec, dataset: Dataset | None = None, *,
 
 class _Seen:
     """Block prefixes seen so far, as a tree: a node per (parent node, block), so a block
-    counts as seen only with every block before it in its request."""
+    counts as seen only with every block before it in its request. Node 0 is the root."""
 
     def __init__(self) -> None:
         self._nodes: dict[tuple[int, Hashable], int] = {}
 
-    def leading(self, blocks: Sequence[Hashable]) -> int:
-        """How many leading blocks of ``blocks`` an earlier request had, in that order."""
-        node = found = 0
+    def leading(self, blocks: Sequence[Hashable], node: int = 0) -> int:
+        """How many leading blocks of ``blocks``, below ``node``, an earlier request had."""
+        found = 0
         for block in blocks:
             child = self._nodes.get((node, block))
             if child is None:
@@ -153,10 +153,11 @@ class _Seen:
             node, found = child, found + 1
         return found
 
-    def add(self, blocks: Sequence[Hashable]) -> None:
-        node = 0
+    def add(self, blocks: Sequence[Hashable], node: int = 0) -> int:
+        """``blocks`` seen below ``node``; the node of the last one."""
         for block in blocks:
             node = self._nodes.setdefault((node, block), len(self._nodes) + 1)
+        return node
 
 
 def _trace(trace: Sequence[TraceRequest], description: str, block_tokens: int) -> WorkloadProfile:
@@ -195,6 +196,24 @@ def _arrivals(times_s: Sequence[float]) -> TraceProfile:
                         rates=tuple(c / w for c, w in zip(counts, widths, strict=True)))
 
 
+def _conversations(entries: Sequence[Conversation], description: str, default_output: int,
+                   block_words: int) -> WorkloadProfile:
+    text = _Text(block_words)
+    outputs: list[int] = []
+    for entry in entries:
+        text.entry(entry)
+        outputs += [entry.output_tokens or default_output] * entry.user_turns
+    turns = [e.user_turns for e in entries]
+    return WorkloadProfile(
+        source="dataset", description=description, entries=len(entries), requests=len(outputs),
+        prompt_tokens=Distribution.of(text.prompts), output_tokens=Distribution.of(outputs),
+        turns=Distribution.of(turns), multi_turn=sum(1 for t in turns if t > 1),
+        prefix_repeat_share=text.repeated_words / text.total_words if text.total_words else 0.0,
+        prefix_method=(f"text in blocks of {block_words} words, about {round(block_words * TOKENS_PER_WORD)} tokens"
+                       + ("; a turn resends the conversation so far" if any(t > 1 for t in turns) else "")),
+        length_method=f"estimated at {TOKENS_PER_WORD:g} tokens a word", trace=None)
+
+
 def _units(message: Message | str) -> list[str]:
     """The words of a prompt or message with their trailing whitespace; a message's first word
     carries its role, so the same words said by another role are not the same prefix."""
@@ -204,47 +223,50 @@ def _units(message: Message | str) -> list[str]:
     return [f"{message.role}:{words[0]}", *words[1:]] if words else []
 
 
-def _blocks(units: Sequence[str], size: int) -> list[tuple[str, ...]]:
-    return [tuple(units[i:i + size]) for i in range(0, len(units) - size + 1, size)]
+class _Text:
+    """The text requests of a dataset in file order against what earlier ones sent, in blocks
+    of ``size`` words (a block is kept as its hash: equal text, equal hash; a collision of two
+    64-bit hashes is not worth the memory of keeping the words)."""
 
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.seen = _Seen()
+        self.prompts: list[int] = []           # tokens, estimated
+        self.repeated_words = self.total_words = 0
 
-def _conversations(entries: Sequence[Conversation], description: str, default_output: int,
-                   block_words: int) -> WorkloadProfile:
-    seen = _Seen()
-    prompts: list[int] = []
-    outputs: list[int] = []
-    repeated_words = total_words = 0
-    for entry in entries:
-        output = entry.output_tokens or default_output
-        for sent, reply in _turns(entry):
-            units = [u for part in sent for u in _units(part)]
-            repeated_words += seen.leading(_blocks(units, block_words)) * block_words
-            total_words += len(units)
-            prompts.append(max(1, round(len(units) * TOKENS_PER_WORD)))
-            outputs.append(output)
-            seen.add(_blocks(units + (_units(reply) if reply is not None else []), block_words))
-    turns = [e.user_turns for e in entries]
-    return WorkloadProfile(
-        source="dataset", description=description, entries=len(entries), requests=len(prompts),
-        prompt_tokens=Distribution.of(prompts), output_tokens=Distribution.of(outputs),
-        turns=Distribution.of(turns), multi_turn=sum(1 for t in turns if t > 1),
-        prefix_repeat_share=repeated_words / total_words if total_words else 0.0,
-        prefix_method=(f"text in blocks of {block_words} words, about {round(block_words * TOKENS_PER_WORD)} tokens"
-                       + ("; a turn resends the conversation so far" if any(t > 1 for t in turns) else "")),
-        length_method=f"estimated at {TOKENS_PER_WORD:g} tokens a word", trace=None)
+    def entry(self, entry: Conversation) -> None:
+        """Each request of ``entry``. A chat's turn k is turn k-1's text, its reply (the
+        dataset's assistant message) and the new message: what turn k-1 and its reply left in
+        the tree is added once, before turn k is looked up from where it ended, so a
+        conversation costs its length, not its length times its turns."""
+        if entry.prompt is not None:
+            prompt = _units(entry.prompt)
+            self._request(prompt, 0, 0)
+            self.seen.add(self._blocks(prompt, 0))
+            return
+        units: list[str] = []                  # the conversation so far
+        node = done = 0                        # its first ``done`` blocks are in the tree, below node
+        asked = False
+        for message in entry.messages:
+            if message.role == "user" and asked:
+                # the turn before and its reply: the server has them before this turn is sent
+                node = self.seen.add(self._blocks(units, done), node)
+                done = len(units) // self.size
+            units.extend(_units(message))
+            if message.role == "user":
+                self._request(units, node, done)
+                asked = True
+        self.seen.add(self._blocks(units, done), node)
 
+    def _blocks(self, units: Sequence[str], start: int) -> list[int]:
+        size = self.size
+        return [hash(tuple(units[i:i + size])) for i in range(start * size, len(units) - size + 1, size)]
 
-def _turns(entry: Conversation) -> list[tuple[Sequence[Message | str], Message | None]]:
-    """Each request of ``entry``: what it sends, and the reply that follows it in the dataset."""
-    if entry.prompt is not None:
-        return [([entry.prompt], None)]
-    messages = entry.messages
-    out: list[tuple[Sequence[Message | str], Message | None]] = []
-    for at, message in enumerate(messages):
-        if message.role == "user":
-            reply = messages[at + 1] if at + 1 < len(messages) else None
-            out.append((messages[:at + 1], reply))
-    return out
+    def _request(self, units: list[str], node: int, done: int) -> None:
+        hit = done + self.seen.leading(self._blocks(units, done), node)
+        self.repeated_words += hit * self.size
+        self.total_words += len(units)
+        self.prompts.append(max(1, round(len(units) * TOKENS_PER_WORD)))
 
 
 # --- synthetic classes ------------------------------------------------------------------------
