@@ -176,12 +176,24 @@ def test_a_study_measures_the_dataset_and_resume_refuses_a_changed_file(
     assert records and {r["class_name"] for r in records} == {DATASET_CLASS}
     assert json.loads((results / "dataset-study" / "study.json").read_text())["environment"]["dataset"].startswith(
         "sha256:")
+    # the workload measured, as status shows it: 5 words a prompt (6.5 -> 6 tokens), outputs 3..6
+    # ten times each, no prompt as long as one 12-word block
+    block = [f"  workload: dataset {data}, format prompts (detected): 40 entries, 40 requests",
+             "    prompt tokens p50 6, p90 6, max 6 (estimated at 1.3 tokens a word); output tokens p50 4.5, p90 6",
+             "    turns: one per entry",
+             "    prefix repeat: 0% of prompt tokens repeat an earlier prefix (text in blocks of 12 words, about 16 "
+             "tokens)"]
+    assert f"[workload] {block[0].strip()}" in out.stdout
+    status = run_tuner("status", "dataset-study", "--results", str(results), timeout=120)
+    assert status.returncode == 0 and "\n".join(block) in status.stdout, status.stdout + status.stderr
+    profile = (results / "dataset-study" / "workload.json").read_text()
 
     data.write_text(jsonl(PROMPTS[:-1]))
     refused = run_tuner("resume", "dataset-study", "--results", str(results), "--n-trials", "2", timeout=300)
     assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
     assert "workload dataset sha256:" in refused.stderr and "--allow-environment-change" in refused.stderr
     assert not (results / "dataset-study" / "trials" / "0001").exists()
+    assert (results / "dataset-study" / "workload.json").read_text() == profile   # a refused resume writes none
 
 
 @pytest.mark.parametrize("sizing", ["requests", "steady"])

@@ -174,6 +174,21 @@ class StudyPaths:
         """The host's own CPU steadiness, one entry per `run`/`resume` (load.host_check_s)."""
         return self.root / "host-check.json"
 
+    @property
+    def workload_json(self) -> Path:
+        """The workload the study measures (tuner.load.workload_profile), written at each
+        `run`/`resume`."""
+        return self.root / "workload.json"
+
+    def workload_profile(self) -> dict[str, Any] | None:
+        """workload.json as plain JSON, or None (a study run before it existed has none)."""
+
+        with contextlib.suppress(OSError, ValueError):
+            data = json.loads(self.workload_json.read_text(encoding="utf-8"))
+            if isinstance(data, dict):
+                return data
+        return None
+
     def trial_dir(self, number: int) -> Path:
         return self.root / "trials" / f"{number:04d}"
 

@@ -226,13 +226,14 @@ def _locked_study(handle: Any, *, budget: tuple[int | None, float | None] | None
 
 @contextlib.contextmanager
 def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool = False,
-                    checked: bool = False) -> Iterator[Any]:
+                    checked: bool = False, profile: bool = False) -> Iterator[Any]:
     """Ray and a started executor for as long as the block runs, inside ``_locked_study``;
     every server, worker and the local Ray runtime are stopped after it, whatever happens.
     ``check_host``: the study's host check first (load.host_check_s), before anything of
     ours runs beside it. ``checked``: the pre-flight already ran (a new study's, before its
     folder was made); otherwise it runs once the lock is held and an earlier run's leftover
-    servers are gone (they would hold the study's own ports)."""
+    servers are gone (they would hold the study's own ports). ``profile``: the workload's
+    profile written (workload.json) once the environment holds."""
 
     from tuner.engine.ray_executor import RayExecutor, init_ray
     from tuner.engine.runfile import clear_run, record_run
@@ -244,6 +245,8 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
     if not checked:
         preflight(spec, cluster=cluster)
     pinned = _check_environment(handle, allow_change=allow_change, cluster=cluster)
+    if profile:
+        write_workload_profile(handle)
     if check_host and spec.load.host_check_s:
         check_host_steadiness(handle.paths, spec.load.host_check_s, spec.load.noise_floor)
     groups = spec.execution.parallel_trials
@@ -302,6 +305,24 @@ def _check_environment(handle: Any, *, allow_change: bool, cluster: bool) -> dic
     return pinned or now
 
 
+def write_workload_profile(handle: Any) -> None:
+    """The workload this run measures (tuner.load.workload_profile) into the study's
+    workload.json, for status and the report, and its gist printed. The dataset is read again
+    here: the study file's reading only checked it, and the bytes were just pinned."""
+
+    from tuner.adapters.artifacts import atomic_write_json
+    from tuner.load.dataset_file import read_dataset
+    from tuner.load.workload_profile import profile_workload
+    from tuner.views.workload_view import workload_lines
+
+    workload = handle.spec.load.workload
+    dataset = None if workload.dataset is None else read_dataset(workload.dataset)
+    profile = profile_workload(workload, dataset).to_dict()
+    atomic_write_json(handle.paths.workload_json, profile)
+    for line in workload_lines(profile):
+        say(f"[workload] {line.strip()}")
+
+
 def _node_refusal(info: dict[str, Any], pinned: dict[str, Any], *, allow_change: bool) -> str | None:
     """Why a cluster node's trial worker must not run this study's trials: its environment
     differs from the pinned one (each change named), or could not be read. With
@@ -347,7 +368,7 @@ def _run_study(handle: Any, args: argparse.Namespace, *, n_trials: int | None, t
             # This run's ports only: the saved spec keeps the study file's (an export, a
             # later run of the same file).
             handle.spec = _with_port(handle.spec, getattr(args, "port", None))
-            with _study_executor(handle, args, check_host=True, checked=checked) as executor:
+            with _study_executor(handle, args, check_host=True, checked=checked, profile=True) as executor:
                 orchestrator = Orchestrator(handle, executor, n_trials=n_trials, timeout_s=timeout_s,
                                             progress=say)
                 say(f"study {handle.name}: {orchestrator.n_trials} trials on {executor.n_groups} GPU "

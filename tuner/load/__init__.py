@@ -9,6 +9,8 @@ Pure modules (data and arithmetic; no sockets, processes, clocks, environment or
                   one-line errors, digest.
 * ``dataset_draw`` a sweep's requests drawn from a dataset (conversations whole).
 * ``trace_prompts`` mooncake lines (lengths and prefix-block hashes) made into prompt text.
+* ``workload_profile`` what a workload is: length distributions, turns, the share of prompt
+                  tokens repeating an earlier prefix, a trace's arrival rate (workload.json).
 * ``sse``         incremental Server-Sent Events parser (the client's hot path), lines capped.
 * ``token_counts`` whether a server's usage counts are believed, against what arrived.
 * ``protocol``    request bodies, URL paths, what a streamed response said (StreamState),

@@ -1,5 +1,5 @@
 """Figures of a study (matplotlib, Agg backend): Pareto front, best-so-far, knob importance,
-startup time by phase.
+startup time by phase, the workload's lengths and a trace's arrivals.
 
 Each function takes plain records and returns PNG bytes, so the report can both embed
 them (self-contained HTML) and write them as files.
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib
 
@@ -20,7 +21,8 @@ from tuner.study.pareto import Point, pareto_front
 from tuner.study.trials import TrialRecord
 from tuner.vllm.startup import PHASE_LABELS, PHASES
 
-__all__ = ["pareto_png", "best_so_far_png", "importance_png", "startup_png", "OUTCOME_STYLE"]
+__all__ = ["pareto_png", "best_so_far_png", "importance_png", "startup_png", "workload_png", "arrivals_png",
+           "OUTCOME_STYLE"]
 
 # outcome -> (marker, colour, legend label)
 OUTCOME_STYLE = {
@@ -169,4 +171,43 @@ def startup_png(records: Sequence[TrialRecord]) -> bytes | None:
         labels.append(PHASE_LABELS[phase])
     ax.legend(handles, labels, fontsize=7, ncol=5, loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.5 / len(rows)))
     ax.grid(axis="x", alpha=0.3)
+    return _png(fig)
+
+
+def workload_png(profile: Mapping[str, Any]) -> bytes:
+    """Histograms of prompt and output tokens per request, from a workload profile's
+    (tuner.load.workload_profile) bins, with p50 and p90 marked."""
+
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.2))
+    for ax, key, title in zip(axes, ("prompt_tokens", "output_tokens"), ("prompt tokens", "output tokens")):
+        dist = profile[key]
+        edges, counts = dist["edges"], dist["counts"]
+        ax.bar(edges[:-1], counts, width=[b - a for a, b in zip(edges, edges[1:])], align="edge",
+               color="#1f77b4", edgecolor="white", lw=0.5)
+        for q, style in (("p50", "-"), ("p90", "--")):
+            ax.axvline(dist[q], color="#d62728", ls=style, lw=1, label=f"{q} {dist[q]:g}")
+        ax.set_xlabel(f"{title} per request")
+        ax.set_ylabel("requests")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    fig.suptitle(f"Workload: {profile['requests']:,} requests ({profile['length_method']})", fontsize=10)
+    return _png(fig)
+
+
+def arrivals_png(trace: Mapping[str, Any]) -> bytes:
+    """A timed trace's arrival rate over time: requests/s per bucket, the mean as a line."""
+
+    fig, ax = plt.subplots(figsize=(9, 3))
+    bucket, rates = float(trace["bucket_s"]), trace["rates"]
+    edges = [i * bucket for i in range(len(rates))] + [max(float(trace["duration_s"]), (len(rates) - 1) * bucket)]
+    ax.step(edges, [*rates, rates[-1]], where="post", c="#1f77b4",
+            label=f"requests/s per {bucket:g} s")
+    if trace.get("mean_rate") is not None:
+        ax.axhline(trace["mean_rate"], color="#2ca02c", ls="--", lw=1, label=f"mean {trace['mean_rate']:.2f} req/s")
+    ax.set_xlabel("seconds from the trace's first request")
+    ax.set_ylabel("requests/s")
+    ax.set_ylim(bottom=0)
+    ax.set_title(f"Trace arrivals: {trace['requests']:,} requests over {float(trace['duration_s']):,.0f} s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
     return _png(fig)

@@ -31,9 +31,10 @@ from tuner.study.objectives import MAX_RATE
 from tuner.study.study_noise import with_study_noise
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points
 from tuner.views.export import ExportError, choose_record, noise_notes, render_export
-from tuner.views.plots import best_so_far_png, importance_png, pareto_png, startup_png
+from tuner.views.plots import arrivals_png, best_so_far_png, importance_png, pareto_png, startup_png, workload_png
 from tuner.views.saved_spec import searched_targets, study_noise_at
 from tuner.views.status import read_checks, value_text
+from tuner.views.workload_view import FIGURE, TRACE_FIGURE, workload_html, workload_md
 from tuner.vllm.knobs import mismatch_text
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
@@ -305,7 +306,8 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
     records = with_study_noise(read_records(study), between)
     directions = [d.name.lower() for d in study.directions]
     make_private_dir(out_dir)
-    figures, importances, importance_note = _figures(study, records, labels, directions)
+    workload = handle.paths.workload_profile()
+    figures, importances, importance_note = _figures(study, records, labels, directions, workload)
     paths = _write_figures(out_dir, figures)
 
     runs = [r for r in records if r.kind == KIND_RUN]
@@ -327,7 +329,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
     shown = _Shown(
         handle=handle, labels=labels, directions=directions, runs=runs, front=front,
         baseline=baseline, confirmations=confirmations, counts=counts,
-        elapsed=float(study.user_attrs.get("elapsed_s", 0.0)),
+        elapsed=float(study.user_attrs.get("elapsed_s", 0.0)), workload=workload,
         ties=noise_ties(records, labels, directions), pick=pick, export_text=export_text,
         noise_lines=between.lines())
     slo_html, slo_md = ("", [])
@@ -339,7 +341,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
     atomic_write_text(out_dir / "report.html", page)
     paths["report.html"] = out_dir / "report.html"
 
-    atomic_write_text(out_dir / "report.md", _report_md(shown, slo_md, "startup.png" in figures))
+    atomic_write_text(out_dir / "report.md", _report_md(shown, slo_md, set(figures)))
     paths["report.md"] = out_dir / "report.md"
     atomic_write_text(out_dir / "report.json", json.dumps({
         "study": handle.name, "labels": labels, "directions": directions,
@@ -354,13 +356,13 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         "environment": handle.paths.environment()[0],
         "environment_changes": handle.paths.environment()[1],
         "confirmations": {str(n): c.get("verdict") for n, c in confirmations.items()},
-        "importances": importances, "importance_note": importance_note,
+        "importances": importances, "importance_note": importance_note, "workload": workload,
     }, indent=2) + "\n")
     return paths
 
 
-def _figures(study: optuna.Study, records: list[TrialRecord], labels: list[str],
-             directions: list[str]) -> tuple[dict[str, bytes], dict[str, dict[str, float]], str]:
+def _figures(study: optuna.Study, records: list[TrialRecord], labels: list[str], directions: list[str],
+             workload: dict[str, Any] | None) -> tuple[dict[str, bytes], dict[str, dict[str, float]], str]:
     """The report's PNG figures by file name, with the knob importances they plot and why
     those are missing (empty when computed)."""
     figures = {
@@ -370,10 +372,24 @@ def _figures(study: optuna.Study, records: list[TrialRecord], labels: list[str],
     startup_figure = startup_png(records)
     if startup_figure is not None:
         figures["startup.png"] = startup_figure
+    if workload:
+        figures.update(_workload_figures(workload))
     importances, importance_note = knob_importances(study, records)
     if importances:
         figures["importance.png"] = importance_png(importances)
     return figures, importances, importance_note
+
+
+def _workload_figures(workload: dict[str, Any]) -> dict[str, bytes]:
+    """The workload's lengths and, for a trace, its arrivals; none from a workload.json this
+    tuner does not read (the section says so)."""
+    try:
+        figures = {FIGURE: workload_png(workload)}
+        if workload.get("trace"):
+            figures[TRACE_FIGURE] = arrivals_png(workload["trace"])
+    except (KeyError, TypeError, ValueError, IndexError):
+        return {}
+    return figures
 
 
 def _write_figures(out_dir: Path, figures: dict[str, bytes]) -> dict[str, Path]:
@@ -406,6 +422,7 @@ class _Shown:
     pick: str
     export_text: str  # the chosen configuration as a shell command
     noise_lines: list[str]  # the study's noise between fresh starts (tuner.study.between_starts)
+    workload: dict[str, Any] | None  # workload.json (tuner.load.workload_profile), if the study has one
 
     def ratio(self, r: TrialRecord, label: str) -> str:
         base = self.baseline.measured_values() if self.baseline is not None else {}
@@ -472,6 +489,7 @@ beyond its own run (tuner.study.between_starts):</p><ul>{noise_html}</ul></div>
 {separation}
 {host_html}
 <p>Baseline: {baseline_text}.</p>
+{workload_html(shown.workload, [_img(figures[n], n) for n in (FIGURE, TRACE_FIGURE) if n in figures])}
 {slo_html}
 <h2>Chosen configuration ({html.escape(pick)})</h2>
 <pre id="export">{html.escape(export_text)}</pre>
@@ -488,8 +506,8 @@ beyond its own run (tuner.study.between_starts):</p><ul>{noise_html}</ul></div>
 """
 
 
-def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> str:
-    """The Markdown summary (report.md)."""
+def _report_md(shown: _Shown, slo_md: list[str], shown_figures: set[str]) -> str:
+    """The Markdown summary (report.md); ``shown_figures``: the figure files written beside it."""
     labels, front, runs, counts = shown.labels, shown.front, shown.runs, shown.counts
     confirmations, ratio = shown.confirmations, shown.ratio
     md = [f"# Study {shown.handle.name}", "",
@@ -512,6 +530,7 @@ def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> s
     if (host := shown.handle.paths.last_host_check()) is not None:
         md += ["", check_text(host) + "."]
     md += [line.strip() for line in environment_lines(*shown.handle.paths.environment())]
+    md += workload_md(shown.workload, [n for n in (FIGURE, TRACE_FIGURE) if n in shown_figures])
     md += slo_md
     if confirmations:
         md += ["", "## Confirmation re-runs", ""]
@@ -529,7 +548,7 @@ def _report_md(shown: _Shown, slo_md: list[str], with_startup_figure: bool) -> s
             for m in r.summary.mismatches:
                 detail = mismatch_text(m)
             md.append(f"- trial {r.number}: {r.outcome}" + (f" — {detail}" if detail else ""))
-    md += _startup_md(runs, with_startup_figure)
+    md += _startup_md(runs, "startup.png" in shown_figures)
     md += ["", f"## Chosen configuration ({shown.pick})", "",
            "```sh", shown.export_text.rstrip(), "```", ""]
     return "\n".join(md)

@@ -23,6 +23,7 @@ from tuner.study.outcome_summary import OutcomeSummary
 from tuner.study.study_noise import with_study_noise
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points, stop_record_text
 from tuner.views.saved_spec import searched_targets, study_noise_at
+from tuner.views.workload_view import workload_lines
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
 from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
@@ -288,6 +289,7 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "between_starts": {**between.as_dict(), "lines": between.lines()} if labels else None,
         "environment": (environment := paths.environment())[0],
         "environment_changes": environment[1],
+        "workload": paths.workload_profile(),
         # What the folder no longer says as it was measured (tuner.study.integrity).
         "spec_changes": spec_changes,
         "damaged": damaged_rows(records),
@@ -413,6 +415,7 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
         lines.append("  noise between fresh starts (what every interval carries beyond its own run):")
         lines.extend(f"    {line}" for line in status["between_starts"]["lines"])
     lines.extend(environment_lines(status.get("environment"), status.get("environment_changes") or []))
+    lines.extend(workload_lines(status.get("workload")))
     lines.extend(integrity_lines(status))
     lines.extend(_running_lines(status))
     skipped = status["skipped"]
