@@ -158,7 +158,8 @@ def test_confirm_section_is_validated(section: str, field: str, shown: str) -> N
 
 def test_confirm_defaults_are_off() -> None:
     spec = parse_study(STUDY % "{}", "study.yaml")
-    assert (spec.confirm.candidates, spec.confirm.repeats, spec.confirm.tolerance) == (0, 1, 0.10)
+    # No tolerance set: each objective's comes from the study's measured noise.
+    assert (spec.confirm.candidates, spec.confirm.repeats, spec.confirm.tolerance) == (0, 1, None)
 
 
 def test_reserve_is_rounds_of_parallel_reruns_at_the_median_full_trial() -> None:

@@ -208,12 +208,31 @@ def test_worst_values_and_the_budget_count_only_run_trials() -> None:
 
 
 def test_the_baseline_then_the_starting_points_are_queued_once() -> None:
-    spec = SPEC.model_copy(update={"starting_points": [OTHER]})
+    spec = SPEC.model_copy(update={"starting_points": [OTHER],
+                                   "load": SPEC.load.model_copy(update={"noise_floor": 0.05})})
     first = policy.first_points(spec, [])
     assert [p.attrs for p in first] == [{"baseline": True, "attempt": 1}, {"starting_point": 0, "attempt": 1}]
     assert first[0].values == BASE
     queued = [record(0, BASE, state="WAITING", baseline=True), record(1, OTHER, state="WAITING", starting_point=0)]
     assert policy.first_points(spec, queued) == []
+
+
+def test_the_baseline_starts_again_for_the_study_noise_unless_a_floor_is_set() -> None:
+    spec = SPEC.model_copy(update={"starting_points": [OTHER]})
+    first = policy.first_points(spec, [])
+    assert [p.attrs for p in first] == [{"baseline": True, "attempt": 1}, {"noise_start": 2, "attempt": 1},
+                                        {"noise_start": 3, "attempt": 1}, {"starting_point": 0, "attempt": 1}]
+    assert first[1].values == first[2].values == BASE
+    # A resumed study queues only what is missing.
+    queued = [record(0, BASE, baseline=True, told=(1.0, 1.0)), record(1, BASE, state="WAITING", noise_start=2)]
+    assert [p.attrs for p in policy.first_points(spec, queued)] == [
+        {"noise_start": 3, "attempt": 1}, {"starting_point": 0, "attempt": 1}]
+    # A fresh start of the baseline is run on purpose, never told as a duplicate of it; an
+    # interrupted one is retried as one.
+    running = record(2, BASE, state="RUNNING", noise_start=3)
+    assert policy.screen(spec, dict(BASE), 2, [queued[0], running], LABELS, DIRS) is None
+    again = policy.retry(record(2, BASE, state="FAIL", noise_start=3), max_retries=2)
+    assert again is not None and again.attrs["noise_start"] == 3
 
 
 def test_fill_in_after_rejections_and_on_a_grid() -> None:

@@ -97,8 +97,12 @@ def test_a_dominated_trial_stops_inside_its_throughput_level(tmp_path: Path) -> 
     request["load"]["concurrency"] = [1, 4, 16]
     request["load"]["requests_per_stream"] = 3
     request["early_stop"]["order"] = [1, 16, 4]
+    # The study's noise between starts as the orchestrator passes it (its estimate when the
+    # trial starts, tuner.study.between_starts).
+    request["load"]["noise_floor"] = 0.03
     out = _run(request)
     assert out.status == "completed" and out.early_stop is not None
+    assert out.noise_floor == 0.03     # what the intervals carry, for readers to swap
     assert out.early_stop["reason"] == "dominated_exact", out.early_stop
     assert out.early_stop["after"] == "c16 at last dispatch" and out.early_stop["skipped_levels"] == [16, 4]
     c16 = out.early_stop["measured"]["16"]
@@ -106,7 +110,7 @@ def test_a_dominated_trial_stops_inside_its_throughput_level(tmp_path: Path) -> 
     # The level's output tok/s is recorded, so the orchestrator tells it like any completed
     # trial (scoring.metric_value reads it), dominated by the front it was judged against.
     assert sorted(out.levels) == ["1", "16"] and out.levels["16"]["output_tok_s"] == c16["output_tok_s"]
-    # Its interval is the between-start noise floor (levels sized by request count have no
+    # Its interval is the between-start noise (levels sized by request count have no
     # sub-window interval): 1.96 x 3 % x value, so status shows it with a "±" like the rest.
     assert c16["output_tok_s.ci95"] == 0.0
     assert out.levels["16"]["output_tok_s.ci95"] == pytest.approx(1.959964 * 0.03 * c16["output_tok_s"])

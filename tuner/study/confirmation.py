@@ -135,6 +135,7 @@ def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_va
     are in the reason. ``reproduced`` only when every objective is within ``tolerance``.
     """
 
+    fixed = isinstance(tolerance, (int, float))
     per_label = [float(tolerance)] * len(labels) if isinstance(tolerance, (int, float)) else [
         float(t) for t in tolerance]
     checks: list[ObjectiveCheck] = []
@@ -165,8 +166,8 @@ def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_va
             verdict = "not_reproducible"
             reason = ", ".join(
                 f"{c.label} {c.trial:.4g} -> {c.median:.4g} ({_pct(c.change)}, "
-                f"{'worse' if (c.worse_by or 0) > 0 else 'better'} by more than {t:.1%})"
-                for c, t in over)
+                f"{'worse' if (c.worse_by or 0) > 0 else 'better'} by more than "
+                f"{format(t, '.0%' if fixed else '.1%')})" for c, t in over)
         elif len(set(per_label)) == 1:
             verdict = "reproduced"
             reason = f"every objective within {per_label[0]:.0%} of the trial, either way"
@@ -176,7 +177,7 @@ def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_va
                 f"{c.label} ±{t:.1%}" for c, t in zip(checks, per_label)) + ")"
     return Confirmation(trial=trial, verdict=verdict, reason=reason, tolerance=max(per_label, default=0.0),
                         repeats=repeats, objectives=checks, runs=list(runs), finished_unix=finished_unix,
-                        tolerances=None if isinstance(tolerance, (int, float)) else per_label)
+                        tolerances=None if fixed else per_label)
 
 
 def reserve_seconds(full_trial_seconds: Sequence[float], *, candidates: int, repeats: int,
