@@ -157,3 +157,23 @@ def test_a_noisy_box_is_said_to_be_one_and_a_quiet_one_is_not() -> None:
     text = "\n".join(noisy.lines())
     assert "too noisy to tell configurations apart" in text and "max_level_seconds" in text
     assert "host-check" in text
+
+
+def test_a_rerun_is_judged_by_its_trials_interval_and_noise_measured_without_it() -> None:
+    from tuner.study.study_noise import confirmation_tolerances
+
+    label = "output_tok_s@c32"
+    base = {"a": 1}
+    records = [_record(0, base, {label: 1000.0}, ci=0.0), _record(1, base, {label: 1001.0}, ci=0.0),
+               _record(2, base, {label: 999.0}, ci=0.0), _record(5, {"a": 2}, {label: 2000.0}, ci=8.0)]
+    # A fluke re-run of trial 5 must not widen the tolerance it is judged by.
+    fluke = {5: {"trial": 5, "objectives": [{"label": label}], "runs": [{"values": [2600.0], "feasible": True}]}}
+    (tol,) = confirmation_tolerances(records[3], records, fluke, [label], override=None, reruns=1)
+    noise = study_noise([label], [(base, {label: v}) for v in (1000.0, 1001.0, 999.0)])
+    own = 8.0 / 2000.0
+    assert tol == pytest.approx(math.hypot(own, noise.half_width(label)) * math.sqrt(2))
+    assert tol < 0.02 < 600 / 2000
+    # Never below confirm.min_change: a difference must also be big enough to matter.
+    (floored,) = confirmation_tolerances(records[3], records, fluke, [label], override=None, reruns=1,
+                                         min_change=0.05)
+    assert floored == 0.05

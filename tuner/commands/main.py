@@ -200,11 +200,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         if args.pick is not None:
             check_pick(args.pick, labels)
         filters = [parse_filter(text) for text in args.where]
-        from tuner.study.study_noise import with_study_noise
-        from tuner.views.saved_spec import study_noise_at
+        from tuner.views.saved_spec import noisy_records
 
-        records = read_records(study)
-        records = with_study_noise(records, study_noise_at(handle.paths, records, labels))
+        records = noisy_records(handle.paths, read_records(study), labels)
         record = choose_record(records, labels, directions, trial=args.trial,
                                pick=args.pick, filters=filters, force=args.force,
                                # --confirm --trial N re-checks N now: its last verdict is not the judge.
@@ -444,7 +442,9 @@ def _add_confirm(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
                    help="without --trial: how many front points (default: confirm.candidates or 1)")
     p.add_argument("--repeats", type=int, choices=range(1, 6), metavar="1-5",
                    help="re-runs per trial (default: confirm.repeats)")
-    p.add_argument("--tolerance", type=float, help="allowed relative worsening, e.g. 0.1 (default: confirm.tolerance)")
+    p.add_argument("--tolerance", type=float, help="allowed relative change (default: confirm.tolerance or noise)")
+    p.add_argument("--rejudge", action="store_true", help="judge the stored re-runs again under the current "
+                   "rule; starts nothing")
     p.add_argument("--ray-address", help="join this Ray cluster instead of starting a local one")
     _allow_environment_change(p)
     p.set_defaults(func=cmd_confirm)

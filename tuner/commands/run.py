@@ -96,6 +96,7 @@ def check_study_inputs(spec: StudySpec, source: str) -> str:
 
     from tuner.adapters.vllm_arguments import arguments_for, study_targets
     from tuner.study.server_spec import exposure_warning
+    from tuner.study.spec import dummy_weights_warning
     from tuner.vllm.argument_names import check_names
 
     known = arguments_for(spec.server, progress=say)
@@ -105,8 +106,9 @@ def check_study_inputs(spec: StudySpec, source: str) -> str:
         raise SpecError("\n".join(errors + [f"{source}: (names checked against {known.source})"]))
     for problem in problems:
         say(f"[warning] {source}: {problem}")
-    if warning := exposure_warning(spec.server):
-        say(f"[warning] {source}: {warning}")
+    for warning in (exposure_warning(spec.server), dummy_weights_warning(spec)):
+        if warning:
+            say(f"[warning] {source}: {warning}")
     return known.source
 
 
@@ -498,6 +500,18 @@ def cmd_confirm(args: argparse.Namespace) -> int:
         raise SpecError(f"--tolerance: {tolerance} is not allowed; give a fraction between 0 and 1, e.g. 0.1")
     study = handle.load()
     records = read_records(study)
+    if args.rejudge:
+        from tuner.engine.confirming import rejudge
+
+        from tuner.engine.pareto_file import write_pareto_file
+        from tuner.views.saved_spec import study_noise_at
+
+        verdicts = rejudge(handle.paths, handle.spec, records, list(dict.fromkeys(args.trial)),
+                           tolerance=tolerance, progress=say)
+        labels = [o.label for o in handle.spec.objectives]
+        write_pareto_file(handle.paths, handle.name, records, labels, [o.direction for o in handle.spec.objectives],
+                          study_noise_at(handle.paths, records, labels), say)
+        return 0 if verdicts and all(v.verdict == "reproduced" for v in verdicts) else 1
     if args.trial:
         trials = list(dict.fromkeys(args.trial))
         measured = sorted(r.number for r in records if r.values and r.measured_values() == r.values)

@@ -11,6 +11,7 @@ takes new folder numbers, so nothing measured is overwritten.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -20,14 +21,14 @@ from tuner.adapters.artifacts import StudyPaths, atomic_write_json, make_private
 from tuner.engine.execution import Finished, JobHost, NoWorkersLeft
 from tuner.errors import ArtifactWriteError, StudyError
 from tuner.store.records import read_records
-from tuner.study.confirmation import Confirmation, RunResult, confirmable, judge, noise_tolerances, summary_text
+from tuner.study.confirmation import Confirmation, RunResult, confirmable, judge, summary_text
 from tuner.study.outcome import TrialOutcome
 from tuner.study.policy import rerun_result
 from tuner.study.spec import StudySpec
-from tuner.study.study_noise import noise_of_study
+from tuner.study.study_noise import confirmation_tolerances
 from tuner.study.trials import TrialRecord
 
-__all__ = ["confirm_trials", "CONFIRM_JOB_BASE"]
+__all__ = ["confirm_trials", "CONFIRM_JOB_BASE", "rejudge"]
 
 # Request numbers of re-runs: below the reference job's -1, never a trial's number.
 CONFIRM_JOB_BASE = -1000
@@ -141,16 +142,17 @@ def _plan(host: JobHost, by_number: dict[int, TrialRecord], trials: list[int], r
 def _verdict(host: JobHost, record: TrialRecord, every: list[RunResult], *, tolerance: float | None,
              records: list[TrialRecord]) -> Confirmation:
     """The verdict on ``record`` from all its re-runs, written to confirm/NNNN.json and told.
-    ``tolerance`` None: each objective's from the study's noise between starts, as measured
-    without these re-runs (they are what is judged)."""
+    ``tolerance`` None: each objective's from the trial's interval and the study's noise
+    (``study_noise.confirmation_tolerances``)."""
 
     spec, trial = host.spec, record.number
     labels = [o.label for o in spec.objectives]
     directions = [o.direction for o in spec.objectives]
     limits: float | list[float]
     if tolerance is None:
-        noise = noise_of_study(records, host.paths.confirmations(), labels, override=spec.load.noise_floor)
-        limits = noise_tolerances([noise.half_width(label) for label in labels], len(every))
+        limits = confirmation_tolerances(record, records, host.paths.confirmations(), labels,
+                                         override=spec.load.noise_floor, reruns=len(every),
+                                         min_change=spec.confirm.min_change)
     else:
         limits = tolerance
     verdict = judge(trial, labels, directions, [record.values[l] for l in labels],
@@ -170,3 +172,35 @@ def _run_result(spec: StudySpec, job: _Job, item: Finished) -> RunResult:
     if item.result is None:
         return RunResult(folder=job.folder.name, outcome=f"failed:{item.error}", message=item.message)
     return rerun_result(spec, job.folder.name, TrialOutcome.model_validate(item.result))
+
+
+def rejudge(paths: StudyPaths, spec: StudySpec, records: list[TrialRecord], trials: list[int], *,
+            tolerance: float | None, progress: Callable[[str], None]) -> list[Confirmation]:
+    """Judge the re-runs already in ``confirm/`` again under the current rule (a tolerance set
+    since, or the study's noise as it now stands), without starting anything: each verdict is
+    rewritten with ``rejudged_unix``; its re-runs and their figures are as they were measured.
+    ``trials``: the trials to judge (empty: every one with a verdict)."""
+
+    stored = paths.confirmations()
+    by_number = {r.number: r for r in records}
+    labels = [o.label for o in spec.objectives]
+    directions = [o.direction for o in spec.objectives]
+    out = []
+    for trial in trials or sorted(stored):
+        if trial not in stored or trial not in by_number:
+            raise StudyError(f"--trial: trial {trial} has no confirmation to judge again; trials with one: "
+                             f"{', '.join(map(str, sorted(stored))) or 'none'}")
+        old = Confirmation.model_validate(stored[trial])
+        record = by_number[trial]
+        limits: float | list[float] = tolerance if tolerance is not None else confirmation_tolerances(
+            record, records, stored, labels, override=spec.load.noise_floor, reruns=len(old.runs),
+            min_change=spec.confirm.min_change)
+        verdict = judge(trial, labels, directions, [record.values[l] for l in labels], old.runs,
+                        tolerance=limits, repeats=old.repeats, finished_unix=old.finished_unix)
+        before = {"verdict": old.verdict, "reason": old.reason, "tolerance": old.tolerance,
+                  "tolerances": old.tolerances, "rejudged_unix": old.rejudged_unix}
+        verdict = verdict.model_copy(update={"rejudged_unix": time.time(), "previous": old.previous or before})
+        atomic_write_json(paths.confirmation_json(trial), verdict.model_dump(mode="json"))
+        progress(f"[confirm] trial {trial}: was {old.verdict}, judged again: {summary_text(verdict)}")
+        out.append(verdict)
+    return out

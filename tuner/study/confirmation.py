@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -78,6 +78,10 @@ class Confirmation(BaseModel):
     # Per objective, when the tolerance came from the study's measured noise (confirm.tolerance
     # unset): the 95 % interval of a re-run's difference from the trial (between_starts).
     tolerances: list[float] | None = None
+    # When the stored re-runs were judged again under the current rule (`tuner confirm --rejudge`),
+    # and what the verdict had said before (verdict, reason, tolerances).
+    rejudged_unix: float | None = None
+    previous: dict[str, Any] | None = None
     runs: list[RunResult]
     finished_unix: float | None = None
 
@@ -115,8 +119,9 @@ def choose_candidates(points: Sequence[Point], directions: Sequence[str], n: int
 
 def noise_tolerances(half_widths: Sequence[float], reruns: int) -> list[float]:
     """Each objective's tolerance from the study's noise: a re-run median and the trial are
-    both fresh starts, so their difference has the 95 % half-width h * sqrt(1 + 1/k) for
-    ``reruns`` k (h: one start's relative half-width, tuner.study.between_starts)."""
+    both fresh starts of one configuration, so their difference has the 95 % half-width
+    h * sqrt(1 + 1/k) for ``reruns`` k, h being the trial value's relative 95 % half-width
+    (its run's own interval and the noise between starts, tuner.study.between_starts)."""
 
     return [h * math.sqrt(1 + 1 / max(1, reruns)) for h in half_widths]
 

@@ -41,6 +41,7 @@ from tuner.vllm.multicast import multicast_use
 
 __all__ = [
     "StudySpec",
+    "dummy_weights_warning",
     "ConfirmSpec",
     "BudgetSpec",
     "SamplerSpec",
@@ -118,6 +119,10 @@ class ConfirmSpec(Strict):
         "against the trial) in either direction beyond which the point is not reproducible. "
         "Unset: from the study's noise between starts, per objective (the 95 % interval of a "
         "re-run's difference from the trial, tuner.study.confirmation.noise_tolerances)")
+    min_change: float = Field(
+        0.01, ge=0, lt=1, description="with the tolerance from the study's noise: a change smaller "
+        "than this is never called not reproducible, however quiet the box (a difference must be "
+        "both beyond the noise and big enough to change a choice)")
     tie_runs: int = Field(
         0, ge=0, le=50, description="fresh-server re-runs to spend, after the confirmation "
         "re-runs, on front candidates whose intervals overlap, until they separate or these "
@@ -344,3 +349,22 @@ def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -
             f"{where}: {metric} at concurrency {item.concurrency} is not a "
             f"measured level; load.concurrency is {list(levels)}"
         )
+
+
+def dummy_weights_warning(spec: StudySpec) -> str | None:
+    """Why speculative decoding measured on random weights (``load_format: dummy``) says
+    nothing of the real model's speed-up; None when the study does not combine them."""
+
+    def sets(target: str, value: object = None) -> bool:
+        fixed = spec.server.flags.get(target)
+        if fixed is not None and (value is None or fixed == value):
+            return True
+        return any(p.flag is not None and (p.flag == target or p.flag.startswith(target + "."))
+                   and (value is None or value in (getattr(p, "values", None) or [])) for p in spec.parameters)
+
+    if not (sets("load_format", "dummy") and sets("speculative_config")):
+        return None
+    return ("load_format 'dummy' with speculative decoding in the study: random weights repeat themselves, so "
+            "n-gram and draft acceptance is that of random text (100 % for n-gram on an 8B-class dummy model on "
+            "an H100), not your model's; the speed-up it measures is no evidence for your traffic - judge "
+            "speculation with the real weights")

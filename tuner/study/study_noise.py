@@ -11,9 +11,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tuner.study.between_starts import StudyNoise, study_noise
+from tuner.study.confirmation import noise_tolerances
 from tuner.study.trials import KIND_RUN, TrialRecord
 
-__all__ = ["fresh_starts", "noise_of_study", "with_study_noise"]
+__all__ = ["confirmation_tolerances", "fresh_starts", "noise_of_study", "with_study_noise"]
 
 
 def fresh_starts(records: Sequence[TrialRecord], confirmations: Mapping[int, Mapping[str, Any]],
@@ -56,3 +57,21 @@ def noise_of_study(records: Sequence[TrialRecord], confirmations: Mapping[int, M
 def with_study_noise(records: Sequence[TrialRecord], between: StudyNoise) -> list[TrialRecord]:
     """The records, each reading its intervals with the study's between-start noise."""
     return [dataclasses.replace(r, between=between) for r in records]
+
+
+def confirmation_tolerances(record: TrialRecord, records: Sequence[TrialRecord],
+                            confirmations: Mapping[int, Mapping[str, Any]], labels: Sequence[str], *,
+                            override: float | None, reruns: int, min_change: float = 0.0) -> list[float]:
+    """Each objective's tolerance for ``reruns`` confirmation re-runs of ``record``: the 95 %
+    interval of the difference between two fresh starts of it, from its value's own interval
+    and the study's noise as measured without this trial's re-runs (they are what is judged:
+    a fluke counted in the noise would widen the very tolerance it is judged by), and never
+    below ``min_change`` (confirm.min_change: a difference must also be big enough to matter)."""
+    others = {n: v for n, v in confirmations.items() if int(n) != record.number}
+    noise = noise_of_study(records, others, labels, override=override)
+    half = record.noise(list(labels), noise)
+    relative = []
+    for label in labels:
+        value, ci = record.values.get(label), half.get(label)
+        relative.append(ci / abs(value) if ci is not None and value else noise.half_width(label))
+    return [max(t, min_change) for t in noise_tolerances(relative, reruns)]

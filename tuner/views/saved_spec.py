@@ -9,10 +9,10 @@ from typing import Any
 
 from tuner.adapters.artifacts import StudyPaths
 from tuner.study.between_starts import StudyNoise
-from tuner.study.study_noise import noise_of_study
+from tuner.study.study_noise import noise_of_study, with_study_noise
 from tuner.study.trials import TrialRecord
 
-__all__ = ["saved_noise_floor", "searched_targets", "study_noise_at"]
+__all__ = ["noisy_records", "saved_noise_floor", "searched_targets", "study_noise_at"]
 
 
 def _saved_spec(spec_yaml: Path) -> dict[str, Any]:
@@ -48,3 +48,9 @@ def searched_targets(spec_yaml: Path) -> frozenset[str]:
     params = _saved_spec(spec_yaml).get("parameters")
     return frozenset(str(p["flag"]) if p.get("flag") is not None else f"env:{p.get('env')}"
                      for p in params or [] if isinstance(p, dict))
+
+
+def noisy_records(paths: StudyPaths, records: list[TrialRecord], labels: list[str]) -> list[TrialRecord]:
+    """The records, each reading its intervals with the study's between-start noise."""
+
+    return with_study_noise(records, study_noise_at(paths, records, labels))

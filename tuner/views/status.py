@@ -146,6 +146,7 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "trial_s": trial_s,
         "probe_share": probe_s / trial_s if probe_s is not None and trial_s else None,
         "spec_method": method,
+        "dummy_weights": "--load-format dummy" in (record.command or ""),
         "speculation": speculation,
         # A trial stopped early was told placeholder or bound values for what it never
         # measured; the text view must not print those as measurements.
@@ -586,4 +587,6 @@ def _speculation_line(row: dict[str, Any]) -> str:
         if length is not None:
             text += f" (mean length {length:.1f})" if not parts else f" ({length:.1f})"
         parts.append(text)
-    return f"        {name} acceptance: " + ", ".join(parts)
+    # Random weights repeat themselves: what drafts they accept says nothing of a real model's.
+    dummy = " (random weights, load_format dummy: not your model's acceptance)" if row.get("dummy_weights") else ""
+    return f"        {name} acceptance: " + ", ".join(parts) + dummy
