@@ -502,7 +502,6 @@ def cmd_confirm(args: argparse.Namespace) -> int:
     records = read_records(study)
     if args.rejudge:
         from tuner.engine.confirming import rejudge
-
         from tuner.engine.pareto_file import write_pareto_file
         from tuner.views.saved_spec import study_noise_at
 
