@@ -107,6 +107,9 @@ def study_variant(tmp_path: Path) -> tuple[Path, str, str]:
     data["baseline"] = {"enforce_eager": True, "spec_method": None}
     data.pop("starting_points", None)  # the grid runs the PIECEWISE point anyway
     data["budget"] = {"n_trials": 4, "trial_timeout": "16m"}
+    # The study's noise comes from the confirmation pair alone here (a fresh start of the
+    # best point, below): further baseline starts would be two more real trials.
+    data["load"]["noise_starts"] = 1
     # The best-throughput point is started again on a fresh server after the grid and
     # compared with its trial (a whole trial again, ~2 min).
     data["confirm"] = {"candidates": 1, "repeats": 1, "tolerance": 0.25}
@@ -332,6 +335,13 @@ def check_confirmation(results: Path, name: str) -> None:
     if not within:
         assert "by more than 25%" in verdict["reason"], verdict["reason"]
     assert not (rerun / "server.pid").exists()
+    # The pair is two fresh starts of one configuration on the real server: the study's noise
+    # between starts is measured from it, one degree of freedom per objective.
+    noise = pareto["between_starts"]["labels"]
+    for check in verdict["objectives"]:
+        found = noise[check["label"]]
+        assert found["source"] == "measured" and found["df"] == 1 and found["starts"] == 2, found
+        assert found["cv_low"] < found["cv"] < found["cv_high"]
 
 
 async def check_trace_prompts_are_exact(base: str) -> None:
