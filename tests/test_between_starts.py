@@ -177,3 +177,12 @@ def test_a_rerun_is_judged_by_its_trials_interval_and_noise_measured_without_it(
     (floored,) = confirmation_tolerances(records[3], records, fluke, [label], override=None, reruns=1,
                                          min_change=0.05)
     assert floored == 0.05
+
+
+def test_a_worker_is_never_handed_a_floor_a_load_spec_refuses() -> None:
+    from tuner.load.load_spec import LoadSpec
+
+    wild = study_noise(["x@c1"], [({"a": 1}, {"x@c1": 100.0}), ({"a": 1}, {"x@c1": 140.0})])
+    assert wild.half_width("x@c1") / Z95 > 1          # t95(1) x a 24 % spread
+    LoadSpec(noise_floor=wild.floor())                # accepted: capped below 1
+    assert wild.floor() < 1

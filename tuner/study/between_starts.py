@@ -50,6 +50,8 @@ ASSUMED_CV = 0.03
 NOISY_CV = 0.05
 # How sure the estimate is: the confidence of its interval.
 CONFIDENCE = 0.99
+# The largest CV a worker is handed (a load spec's noise_floor is below 1).
+MAX_FLOOR = 0.99
 
 Source = Literal["measured", "assumed", "override"]
 
@@ -182,9 +184,13 @@ class StudyNoise:
 
     def floor(self) -> float:
         """One CV for a worker's own decisions inside a trial (its early stops): the widest
-        label's half-width as the CV that ``with_noise_floor`` turns into it."""
-        return self.override if self.override is not None else max(
-            (self.half_width(label) for label in self.labels), default=Z95 * ASSUMED_CV) / Z95
+        label's half-width as the CV that ``with_noise_floor`` turns into it, below 1 (a
+        spread from one degree of freedom can ask for more: 12.7 x a 17 % CV is past any
+        bound a value could have)."""
+        if self.override is not None:
+            return self.override
+        return min(MAX_FLOOR, max((self.half_width(label) for label in self.labels),
+                                  default=Z95 * ASSUMED_CV) / Z95)
 
     def widen(self, label: str, value: float, ci95: float | None, baked_floor: float | None) -> float | None:
         """A stored half-width as the study's noise says it should be: the between-start part the
