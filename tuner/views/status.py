@@ -297,6 +297,7 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "unverified": unverified_summary(trials),
         "startup": _startup_summary(runs),
         "host_check": paths.last_host_check(),
+        "probe_mode": paths.probe_mode(),
         "environment": (environment := paths.environment())[0],
         "environment_changes": environment[1],
         # What the folder no longer says as it was measured (tuner.study.integrity).
@@ -420,6 +421,8 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     ]
     if status.get("host_check"):
         lines.append(f"  {check_text(status['host_check'])}")
+    if status.get("probe_mode"):
+        lines.append(f"  probe: {status['probe_mode']}")
     lines.extend(environment_lines(status.get("environment"), status.get("environment_changes") or []))
     lines.extend(integrity_lines(status))
     lines.extend(_running_lines(status))
