@@ -51,7 +51,7 @@ PURE = [
     "tuner.study.space", "tuner.study.spec", "tuner.study.study_file", "tuner.study.study_name",
     "tuner.study.integrity", "tuner.study.trial_folders",
     "tuner.study.noise", "tuner.study.between_starts", "tuner.study.study_noise",
-    "tuner.study.stopping", "tuner.study.ties", "tuner.study.trials", "tuner.terminal",
+    "tuner.study.stopping", "tuner.study.ties", "tuner.study.trials", "tuner.study.weights", "tuner.terminal",
     "tuner.vllm",
     "tuner.vllm.argument_names", "tuner.vllm.compile_cache", "tuner.vllm.compile_order", "tuner.vllm.effective_config",
     "tuner.vllm.failure_signatures", "tuner.vllm.knob_values", "tuner.vllm.knobs", "tuner.vllm.log_digest",

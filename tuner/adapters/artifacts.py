@@ -216,6 +216,15 @@ class StudyPaths:
     def confirmation_json(self, number: int) -> Path:
         return self.confirm_root / f"{number:04d}.json"
 
+    def probe_mode(self) -> str | None:
+        """What the study's probe judges, when not everything (reference_probe.json's
+        ``probe_mode``: "reference-only (dummy weights: known answers not judged)"), or None."""
+
+        with contextlib.suppress(OSError, ValueError):
+            said = json.loads(self.reference_probe_json.read_text(encoding="utf-8")).get("probe_mode")
+            return said if isinstance(said, str) else None
+        return None
+
     def last_host_check(self) -> dict[str, Any] | None:
         """The newest entry of host-check.json (load.host_check_s), or None."""
 

@@ -22,11 +22,12 @@ from tuner.errors import ArtifactWriteError, StudyError
 from tuner.probe.client import load_probe_items
 from tuner.probe.record import Reference
 from tuner.probe.recording import load_reference_sources
-from tuner.probe.spec import ProbeSpec, fit_to_study
+from tuner.probe.spec import ProbeSpec, fit_to_study, mode_text, resolve_mode
 from tuner.probe.verdict import with_reference_accuracy
 from tuner.secrets import Redactor, known_values
 from tuner.study.command import ReferenceConfiguration, reference_configuration
 from tuner.study.outcome import TrialOutcome, TrialRequest
+from tuner.study.weights import dummy_weights
 from tuner.vllm.knobs import RenderedCommand, shell_line
 
 __all__ = ["Prepared", "prepare_reference", "resolve_probe_files", "pinned", "study_probe", "REFERENCE_JOB",
@@ -71,12 +72,14 @@ def resolve_probe_files(probe: ProbeSpec, base_dir: Path) -> ProbeSpec:
 def study_probe(spec: Any, probe: ProbeSpec) -> ProbeSpec:
     """``probe`` with its bank fitted to the study (tuner.probe.spec.fit_to_study): its top
     decode batch size is the load's top concurrency, its longest prompt fits the server's
-    ``max_model_len``."""
+    ``max_model_len``; and its mode resolved for the study's weights (``auto`` on dummy
+    weights: reference-only, tuner.study.weights)."""
 
     levels = list(spec.load.concurrency or ())
     limit = spec.server.flags.get("max_model_len")
     max_len = int(limit) if isinstance(limit, int) or (isinstance(limit, str) and limit.isdigit()) else None
-    return fit_to_study(probe, top_concurrency=max(levels) if levels else None, max_model_len=max_len)
+    fitted = fit_to_study(probe, top_concurrency=max(levels) if levels else None, max_model_len=max_len)
+    return resolve_mode(fitted, dummy_weights=dummy_weights(spec))
 
 
 @dataclass(frozen=True)
@@ -184,7 +187,7 @@ def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference 
                 executor.cancel_all(wait_s=stop_grace + 30)
                 return None
             for item in executor.poll(0.5, stop_grace_s=stop_grace):
-                return _keep_reference(host, item, config)
+                return _keep_reference(host, item, config, probe)
     except NoWorkersLeft as exc:
         raise StudyError(str(exc)) from exc
     except KeyboardInterrupt:
@@ -193,7 +196,8 @@ def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference 
         raise
 
 
-def _keep_reference(host: JobHost, item: Finished, config: ReferenceConfiguration) -> Reference | None:
+def _keep_reference(host: JobHost, item: Finished, config: ReferenceConfiguration,
+                    probe: ProbeSpec) -> Reference | None:
     """Save what the reference job returned; the reference when it can be trusted."""
 
     paths = host.paths
@@ -220,6 +224,8 @@ def _keep_reference(host: JobHost, item: Finished, config: ReferenceConfiguratio
         "problem": problem,
         "label": config.label,
         "values": config.values,
+        # Status and report say it: dummy weights, known answers not judged.
+        "probe_mode": mode_text(probe, dummy_weights=dummy_weights(host.spec)),
         "command": shell_line(RenderedCommand(*Redactor(known_values(host.spec.server)).data(
             [config.argv, config.env]))),
         "startup_s": outcome.startup_s,
@@ -236,10 +242,11 @@ def _keep_reference(host: JobHost, item: Finished, config: ReferenceConfiguratio
             f"server log {log}")
     _write(host, paths.reference_json, reference.model_dump(mode="json"))
     accuracy = reference.known_answers_accuracy
+    judged = (mode_text(probe, dummy_weights=dummy_weights(host.spec)) if probe.reference_only
+              else f"known-answer accuracy {accuracy if accuracy is None else round(accuracy, 2)}")
     host.progress(
         f"[reference] recorded {len(reference.prompts)} prompts in {outcome.trial_s or 0:.1f}s "
-        f"(known-answer accuracy {accuracy if accuracy is None else round(accuracy, 2)}, "
-        f"agrees with itself); every trial is compared with it")
+        f"({judged}, agrees with itself); every trial is compared with it")
     return reference
 
 

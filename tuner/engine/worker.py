@@ -37,13 +37,14 @@ from tuner.probe.agreement import agreement_line
 from tuner.probe.client import load_probe_items, run_probe
 from tuner.probe.known_score import ProbeResult
 from tuner.probe.recording import ReferenceRecordError, check_reference, load_reference_sources, record_reference
-from tuner.probe.spec import ProbeSpec
+from tuner.probe.spec import ProbeSpec, mode_text
 from tuner.probe.trial import reference_known_answers, run_trial_probe
 from tuner.probe.verdict import validate_reference
 from tuner.secrets import Redactor
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.server_spec import ServerSpec
 from tuner.study.sweep_guard import SweepGuard
+from tuner.study.weights import DUMMY
 from tuner.vllm.log_digest import LogDigest
 from tuner.vllm.verify import verify
 
@@ -323,7 +324,10 @@ class TrialWorker:
         outcome.probe_s = time.monotonic() - began
         outcome.probe_passed = result.passed
         outcome.probe_reason = result.reason
-        outcome.probe_coverage = None if result.coverage is None else result.coverage.short()
+        coverage = [] if result.coverage is None else [result.coverage.short()]
+        if (said := mode_text(spec, dummy_weights=request.asked.get("load_format") == DUMMY)) is not None:
+            coverage.insert(0, said)
+        outcome.probe_coverage = "; ".join(coverage) or None
         record = result.model_dump(mode="json")
         outcome.probe_agreement = agreement_line(record.get("reference"))
         self._write_json(trial_dir / "probe.json", record)
@@ -345,7 +349,8 @@ class TrialWorker:
             known, reference, self_check = await self._record_bank_reference(
                 request, spec, items, sources, problems)
         else:
-            known = await run_probe(url, served, spec, deadline_s=self._remaining(request), items=items)
+            known = ProbeResult.not_judged() if spec.reference_only else await run_probe(
+                url, served, spec, deadline_s=self._remaining(request), items=items)
             try:
                 reference = await record_reference(url, served, spec, sources=sources, known_answers=known,
                                                    deadline_s=self._remaining(request))
@@ -355,7 +360,8 @@ class TrialWorker:
                                                    deadline_s=self._remaining(request))
             except ReferenceRecordError as exc:
                 problems.append(str(exc))
-        verdict = validate_reference(known, reference=reference, self_check=self_check)
+        verdict = validate_reference(known, reference=reference, self_check=self_check,
+                                     reference_only=spec.reference_only)
         if verdict is not None:
             problems.append(verdict)
         # A reference that silently kept graphs, compilation or a drafter could share the
@@ -390,8 +396,11 @@ class TrialWorker:
         except ReferenceRecordError as exc:
             problems.append(str(exc))
             return ProbeResult.disabled(), None, None
-        known = reference_known_answers(spec, items, reference)
-        reference = reference.model_copy(update={"known_answers_accuracy": known.accuracy})
+        if spec.reference_only:  # dummy weights: nothing to hold their answers to
+            known = ProbeResult.not_judged()
+        else:
+            known = reference_known_answers(spec, items, reference)
+            reference = reference.model_copy(update={"known_answers_accuracy": known.accuracy})
         check = await run_trial_probe(url, served, spec, reference=reference, items=items,
                                       sample_seed=0, capture_sizes=getattr(self, "_capture_sizes", []),
                                       deadline_s=self._remaining(request))

@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from tuner.probe.numerics import judge, top_k_kl, top_k_overlap
+from tuner.probe.numerics import flat, judge, top_k_kl, top_k_overlap
 from tuner.probe.record import ForcedStep, Generation, finite, top_k_ids
 
 __all__ = ["DecodeComparison", "ForcedComparison", "compare_forced", "compare_generation"]
@@ -69,6 +69,8 @@ def _distances(
     overlaps: list[float],
     kls: list[float],
 ) -> None:
+    if flat(ref_top, k):
+        return  # a tie among more than k tokens: which k are listed is numerics
     overlaps.append(top_k_overlap(ref_top, got_top, k))
     kls.append(top_k_kl(ref_top, got_top, k))
 

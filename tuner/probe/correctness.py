@@ -415,7 +415,9 @@ async def _known_answers_only(
     items: Sequence[ProbeItem] | None,
 ) -> CorrectnessResult:
     """The probe without its reference layer (``note`` says why): known answers alone,
-    all of its time counted as theirs."""
+    all of its time counted as theirs; nothing at all in reference-only mode."""
+    if spec.reference_only:
+        return combine(ProbeResult.not_judged(), None, reference_note=note, reference_only=True)
     start = perf_counter()
     known = await run_probe(
         base_url, model, spec, deadline_s=deadline_s, headers=headers, items=items
@@ -470,7 +472,9 @@ async def run_correctness(
         return await _known_answers_only(
             base_url, model, spec, note, deadline_s=deadline_s, headers=headers, items=items
         )
-    if items is None:
+    if spec.reference_only:
+        items = ()  # not asked: the known-answer prompts are still sent as reference prompts
+    elif items is None:
         items = load_probe_items(spec)
     plan = single_stream_plan(spec, items, reference)
     start = perf_counter()
@@ -481,7 +485,7 @@ async def run_correctness(
         known_answers, ref_answers, known_s = await run_levels(
             client, model, spec, reference, items, pairs, deadline, plan=plan
         )
-    known = score(
+    known = ProbeResult.not_judged() if spec.reference_only else score(
         items,
         known_answers,
         spec,
@@ -501,4 +505,5 @@ async def run_correctness(
         probe_seconds=total,
         known_answers_seconds=known_s,
         reference_seconds=total - known_s,
+        reference_only=spec.reference_only,
     )

@@ -104,6 +104,9 @@ class LevelResult(BaseModel):
     )
 
 
+NOT_JUDGED = "known answers not judged (reference-only probe)"
+
+
 class ProbeResult(BaseModel):
     """Outcome of one probe run; JSON-serialisable with ``model_dump(mode="json")``."""
 
@@ -146,6 +149,12 @@ class ProbeResult(BaseModel):
             records=[],
             skipped=True,
         )
+
+    @classmethod
+    def not_judged(cls) -> ProbeResult:
+        """The result of a reference-only probe (``ProbeSpec.mode``): no known answer asked
+        or judged - dummy weights answer none right - so nothing to fail."""
+        return cls.disabled().model_copy(update={"reason": NOT_JUDGED})
 
 
 def accuracy_tolerance(n: int, reference: float, confidence: float = 0.95) -> float:

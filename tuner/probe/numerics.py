@@ -36,7 +36,16 @@ import math
 from collections.abc import Mapping
 from typing import Literal, NamedTuple
 
-__all__ = ["Judgement", "judge", "top_k_kl", "top_k_overlap"]
+__all__ = ["FLAT_TOP_K_NATS", "Judgement", "flat", "judge", "top_k_kl", "top_k_overlap"]
+
+# A reference top-k whose k logprobs all lie within this many nats is a tie among more than
+# k tokens, so which k the server lists is numerics and comparing two such lists says nothing.
+# Dummy weights (load_format: dummy) are flat everywhere: SmolLM2-135M's top-5 spans 1-2e-6
+# nats (one float32 step at -10.8, the uniform logprob over its 49,152 tokens), and a correct
+# bfloat16 server shared 49 % of the float32 server's top-5 on average, 20 % at worst, with
+# every top-1 equal. Real weights never come near: the smallest top-5 span over 704 positions
+# was 0.52 nats (benchmarks/dummy_weights.py; docs/probe.md, dummy weights).
+FLAT_TOP_K_NATS = 0.01
 
 Kind = Literal["match", "near_tie", "corrupt"]
 
@@ -87,6 +96,13 @@ def judge(
     # every measured numerics flip chose a token inside the reference's top-5
     # (measurement.md §5), so this costs no false alarm even where the top-k is flat.
     return Judgement("corrupt", None, reference_logprob - floor, None)
+
+
+def flat(reference: Mapping[int, float], k: int) -> bool:
+    """The reference's k most likely tokens are tied within ``FLAT_TOP_K_NATS``: top-k
+    overlap and KL are not measured there."""
+    values = [lp for _, lp in _ranked(reference)[:k] if not math.isnan(lp)]
+    return len(values) >= 2 and values[0] - values[-1] <= FLAT_TOP_K_NATS
 
 
 def top_k_overlap(reference: Mapping[int, float], trial: Mapping[int, float], k: int) -> float:

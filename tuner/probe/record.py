@@ -173,6 +173,11 @@ class Reference(BaseModel):
     )
     recorded_unix: float | None = None
     record_seconds: float | None = None
+    mode: Literal["full", "reference_only"] = Field(
+        default="full",
+        description="The probe mode it was recorded for; reference_only: dummy weights, "
+        "known answers not judged (and no accuracy to hold trials to).",
+    )
 
     def mismatch(
         self, spec: ProbeSpec, sources: Sequence[ReferenceSource], model: str
@@ -200,6 +205,11 @@ class Reference(BaseModel):
                     f"reference.{name} changed ({getattr(self, name)} recorded, "
                     f"{getattr(ref, name)} now)"
                 )
+        mode = "reference_only" if spec.reference_only else "full"
+        if self.mode != mode:
+            # Dummy weights and real ones answer differently: a record of one cannot
+            # judge the other, and a reference-only record holds no known-answer accuracy.
+            return f"stored reference was recorded for probe mode {self.mode}, the study now runs {mode}"
         recorded = [(p.id, p.fingerprint) for p in self.prompts]
         wanted = [(s.id, s.fingerprint()) for s in sources]
         if recorded != wanted:

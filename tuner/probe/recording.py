@@ -143,7 +143,10 @@ async def record_reference(
         teacher_forced=ref.teacher_forced,
         forced_max_prompt_tokens=ref.forced_max_prompt_tokens,
         prompts=prompts,
-        known_answers_accuracy=None if known_answers is None else known_answers.accuracy,
+        known_answers_accuracy=None
+        if known_answers is None or known_answers.skipped
+        else known_answers.accuracy,
+        mode="reference_only" if spec.reference_only else "full",
         recorded_unix=time.time(),
         record_seconds=perf_counter() - start,
     )

@@ -25,11 +25,19 @@ __all__ = [
     "BankSpec",
     "Family",
     "ProbeSpec",
+    "ProbeMode",
     "ReferenceSpec",
     "fit_to_study",
+    "mode_text",
+    "resolve_mode",
 ]
 
 Family = Literal["arithmetic", "copy", "number_words", "capital", "lookup"]
+# What the probe judges: "full" known answers and reference agreement; "reference_only" the
+# reference agreement alone (dummy weights: random weights answer no question right, but are
+# deterministic, so a trial can still be held to the reference); "auto" picks one from the
+# server's load format (tuner.probe.spec.resolve_mode).
+ProbeMode = Literal["auto", "full", "reference_only"]
 Api = Literal["chat", "completions"]
 
 # Canonical order. Question slots are dealt round-robin in this order (see
@@ -382,6 +390,15 @@ class ProbeSpec(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     enabled: bool = True
+    mode: ProbeMode = Field(
+        default="auto",
+        description=(
+            "'full': known answers and reference agreement. 'reference_only': the reference "
+            "agreement alone, known answers not judged - what dummy weights (load_format: "
+            "dummy: real kernels, random weights) allow. 'auto': reference_only when the "
+            "study's server loads dummy weights, else full."
+        ),
+    )
     items: int = Field(
         default=12,
         ge=1,
@@ -489,7 +506,18 @@ class ProbeSpec(BaseModel):
     def _prompts_file_not_blank(self) -> ProbeSpec:
         if self.prompts_file is not None and not self.prompts_file.strip():
             raise ValueError("prompts_file must be a path or omitted, not an empty string")
+        if self.enabled and self.mode == "reference_only" and not self.reference.enabled:
+            raise ValueError(
+                "mode reference_only needs the reference comparison (it is the only check), "
+                "but reference.enabled is false; turn the reference on, or the probe off"
+            )
         return self
+
+    @property
+    def reference_only(self) -> bool:
+        """Known answers are not judged, only the agreement with the reference (an
+        unresolved ``auto`` counts as full: nothing says the weights are dummy)."""
+        return self.mode == "reference_only"
 
     def generated_tokens(self) -> int:
         """Tokens each reference request generates and compares: ``reference.max_tokens``;
@@ -505,6 +533,44 @@ class ProbeSpec(BaseModel):
         if self.api == "both":
             return ("chat", "completions")
         return (self.api,)
+
+
+DUMMY_TEXT = "reference-only (dummy weights: known answers not judged)"
+REFERENCE_ONLY_TEXT = "reference-only (known answers not judged)"
+
+
+def resolve_mode(probe: ProbeSpec, *, dummy_weights: bool) -> ProbeSpec:
+    """``probe`` with ``mode`` resolved for a study whose server loads dummy weights
+    (``dummy_weights``) or real ones: ``auto`` becomes ``reference_only`` or ``full``.
+
+    Raises:
+        ValueError: one line naming the field - ``full`` asked on dummy weights (every known
+            answer would fail), or reference-only with the reference layer off.
+    """
+    if not probe.enabled:
+        return probe
+    if probe.mode == "full" and dummy_weights:
+        raise ValueError(
+            "probe.mode: full judges known answers, which dummy weights (load_format: dummy) "
+            "cannot answer; use auto or reference_only"
+        )
+    mode = probe.mode
+    if mode == "auto":
+        mode = "reference_only" if dummy_weights else "full"
+    if mode == "reference_only" and not probe.reference.enabled:
+        raise ValueError(
+            f"probe.mode: {probe.mode} on dummy weights (load_format: dummy) leaves the reference "
+            "comparison as the only check, but probe.reference.enabled is false; turn the "
+            "reference on, or the probe off (probe.enabled: false)"
+        )
+    return probe if mode == probe.mode else probe.model_copy(update={"mode": mode})
+
+
+def mode_text(probe: ProbeSpec, *, dummy_weights: bool) -> str | None:
+    """What status and report say of a resolved reference-only probe; None for a full one."""
+    if not (probe.enabled and probe.reference_only):
+        return None
+    return DUMMY_TEXT if dummy_weights else REFERENCE_ONLY_TEXT
 
 
 def fit_to_study(

@@ -168,7 +168,8 @@ async def _level(
         seen[pid] = repeat + 1
         item, paired = shared.get(pid, (None, None))
         if item is not None and paired is None and repeat == 0:
-            own.append(item)
+            if not spec.reference_only:  # a known answer only: not judged there
+                own.append(item)
             item = None
         entries.append((by_id[pid], repeat, item))
     known: list[ProbeAnswer] = []
@@ -333,7 +334,10 @@ async def run_trial_probe(
             client, model, spec, reference, items, pairs, plan, deadline
         )
     total = perf_counter() - start
-    known = score_known(spec, items, reference, known_answers, ran, probe_seconds=known_s)
+    if spec.reference_only:
+        known = ProbeResult.not_judged()
+    else:
+        known = score_known(spec, items, reference, known_answers, ran, probe_seconds=known_s)
     result = score_plan(reference, ref_answers, spec.reference, plan, ran=ran)
     coverage = plan.coverage.model_copy(
         update={
@@ -349,6 +353,7 @@ async def run_trial_probe(
         probe_seconds=total,
         known_answers_seconds=known_s,
         reference_seconds=total - known_s,
+        reference_only=spec.reference_only,
     )
     return combined.model_copy(update={"coverage": coverage, "sample_seed": sample_seed})
 

@@ -4,6 +4,8 @@ the reference configuration itself can be trusted.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, Field
 
 from tuner.probe.known_score import ProbeResult
@@ -36,6 +38,11 @@ class CorrectnessResult(BaseModel):
         "decode batch sizes, strata, compared positions.",
     )
     sample_seed: int | None = Field(default=None, description="The bank sample's seed.")
+    mode: Literal["full", "reference_only"] = Field(
+        default="full",
+        description="reference_only: the known answers were not judged (dummy weights), "
+        "the reference agreement alone decided.",
+    )
 
     @property
     def skipped(self) -> bool:
@@ -71,8 +78,11 @@ def combine(
     probe_seconds: float | None = None,
     known_answers_seconds: float | None = None,
     reference_seconds: float | None = None,
+    reference_only: bool = False,
 ) -> CorrectnessResult:
-    """One verdict: failed when either layer failed, with each layer's reason prefixed."""
+    """One verdict: failed when either layer failed, with each layer's reason prefixed.
+    ``reference_only``: the known answers were not judged (``known`` is
+    :meth:`ProbeResult.not_judged`), which a passing verdict says."""
     reasons: list[str] = []
     if not known.passed:
         reasons.append(f"known answers: {known.reason}")
@@ -80,8 +90,10 @@ def combine(
         reasons.append(f"reference: {reference.reason}")
     passed = not reasons
     if passed:
-        reason = "ok" if reference_note is None else f"ok ({reference_note})"
-        if known.skipped:
+        mode_note = "reference-only: known answers not judged" if reference_only else None
+        notes = [n for n in (reference_note, mode_note) if n]
+        reason = f"ok ({'; '.join(notes)})" if notes else "ok"
+        if known.skipped and not reference_only:
             reason = known.reason
     else:
         reason = "; ".join(reasons)
@@ -94,6 +106,7 @@ def combine(
         reference_note=reference_note,
         known_answers_seconds=known_answers_seconds,
         reference_seconds=reference_seconds,
+        mode="reference_only" if reference_only else "full",
     )
 
 
@@ -105,6 +118,7 @@ def validate_reference(
     *,
     reference: Reference | None = None,
     self_check: ReferenceResult | CorrectnessResult | None = None,
+    reference_only: bool = False,
 ) -> str | None:
     """Why the reference configuration must not be trusted, or None when it can be.
 
@@ -115,10 +129,15 @@ def validate_reference(
     ``self_check`` the recording's requests repeated against the same server and scored
     against it (a reference that does not agree with itself cannot judge anyone).
 
+    With ``reference_only`` (dummy weights: ``ProbeSpec.mode``) its known answers are not
+    judged: the rest - output, NaN, finish reasons, agreement with itself - still is.
+
     The returned text is meant to stop the study, so it says what to do.
     """
     problems: list[str] = []
-    if known_answers.skipped:
+    if reference_only:
+        pass  # dummy weights answer no question right: nothing to hold them to
+    elif known_answers.skipped:
         problems.append("the known-answer probe is disabled, so the reference cannot be checked")
     elif not known_answers.passed:
         problems.append(

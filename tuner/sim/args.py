@@ -49,6 +49,7 @@ FLAGS: dict[str, tuple[str, Any]] = {
     "spec_model": ("str", None), "spec_tokens": ("int", None),
     "optimization_level": ("int", 2), "cudagraph_capture_sizes": ("list_int", None),
     "max_cudagraph_capture_size": ("int", None), "compilation_config": ("json", None),
+    "load_format": ("str", "auto"),
 }
 ALIASES = {"tp": "tensor_parallel_size", "pp": "pipeline_parallel_size",
            "cc": "compilation_config", "sc": "speculative_config", "O": "optimization_level"}

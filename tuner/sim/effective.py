@@ -99,6 +99,7 @@ class Effective:
     failure: Failure | None
     perf: PerfConfig
     asked: Mapping[str, Any] = field(default_factory=dict)
+    load_format: str = "auto"        # "dummy": random weights (the model answers nonsense)
 
     def notices_for(self, phase: str) -> list[Notice]:
         return [n for n in self.notices if n.phase == phase]
@@ -373,7 +374,7 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
         allreduce_backends=backends, nccl=nccl, kv_cache_gib=memory.kv_gib, kv_cache_tokens=memory.kv_tokens,
         weights_gib_per_rank=memory.weights_gib, corruption=corruption, numerics_salt=salt,
         log_stats_interval_s=max(_log_stats_interval(env), 0.1), notices=tuple(notices),
-        failure=failure, perf=perf, asked=asked)
+        failure=failure, perf=perf, asked=asked, load_format=str(args.load_format))
 
 
 def _silent_overrides(faults: Sequence[Fault], asked: Mapping[str, Any]) -> dict[str, Any]:

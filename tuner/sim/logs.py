@@ -125,7 +125,7 @@ def engine_config_line(eff: Effective) -> str:
         f"speculative_config={spec}, tokenizer={eff.model!r}, skip_tokenizer_init=False, "
         "tokenizer_mode=auto, revision=None, tokenizer_revision=None, trust_remote_code=False, "
         f"dtype=torch.{eff.dtype}, max_seq_len={eff.max_model_len}, download_dir=None, "
-        f"load_format=auto, tensor_parallel_size={eff.tp}, pipeline_parallel_size={eff.pp}, "
+        f"load_format={eff.load_format}, tensor_parallel_size={eff.tp}, pipeline_parallel_size={eff.pp}, "
         "data_parallel_size=1, decode_context_parallel_size=1, dcp_comm_backend=ag_rs, "
         f"disable_custom_all_reduce={eff.disable_custom_all_reduce}, quantization={quant}, "
         f"quantization_config=None, enforce_eager={eff.enforce_eager}, "

@@ -301,6 +301,7 @@ def natural_output(prompt: str, prompt_ids: Sequence[int]) -> tuple[str, list[st
 
 
 # ------------------------------------------------------------------------------ plans
+DUMMY_SALT = 0xD0_11_11_E5  # dummy weights' answers: other words than the real model's
 @dataclass
 class Plan:
     """Every token a request will emit, decided up front (greedy, or seeded sampling)."""
@@ -339,9 +340,15 @@ class Plan:
 
 
 def plan_output(prompt: str, prompt_ids: Sequence[int], *, max_tokens: int, ignore_eos: bool,
-                temperature: float = 0.0, seed: int = 0) -> Plan:
+                temperature: float = 0.0, seed: int = 0, dummy: bool = False) -> Plan:
+    """Every token of a request's answer. ``dummy``: the server loads random weights
+    (``--load-format dummy``): deterministic words that answer nothing, as vLLM's dummy
+    weights do (docs/probe.md, dummy weights)."""
     family, pieces = natural_output(prompt, prompt_ids)
     ctx = text_hash(prompt_ids)
+    if dummy:
+        lead = bool(prompt) and not prompt[-1].isspace()
+        family, pieces = "dummy", _prose(ctx ^ DUMMY_SALT, max(1, len(pieces)), lead)
     if ignore_eos:
         if len(pieces) < max_tokens:
             pieces = pieces + _prose(ctx ^ 0x5EED, max_tokens - len(pieces), True)
@@ -379,9 +386,21 @@ def _noise(salt: int, *parts: int) -> float:
     return (unit_hash(salt, *parts) - 0.5) * 2e-3
 
 
-def top_candidates(ctx: int, pos: int, chosen: int, k: int, salt: int) -> list[tuple[int, float]]:
+# Dummy weights' logprobs: vLLM's random weights (uniform in +-1e-3) make every logit about
+# equal, so each token gets log(1/vocabulary) (SmolLM2's 49,152 tokens: -10.8027) and the
+# top-k differ by one float32 step (docs/probe.md, dummy weights).
+DUMMY_LOGPROB = -10.802672
+DUMMY_STEP = 9.5367431640625e-07
+
+
+def top_candidates(ctx: int, pos: int, chosen: int, k: int, salt: int, *,
+                   flat: bool = False) -> list[tuple[int, float]]:
     """Deterministic top-k (id, logprob) with `chosen` first; gaps >= 0.6 nats, so tiny
-    numeric noise never changes the ranking."""
+    numeric noise never changes the ranking. ``flat``: dummy weights, all about equal."""
+    if flat:
+        ids = [chosen] + [w for w in dict.fromkeys(WORD_IDS[_h(ctx, pos, j, 22) % len(WORD_IDS)]
+                                                  for j in range(1, 4 * max(k, 1))) if w != chosen]
+        return [(tid, DUMMY_LOGPROB - DUMMY_STEP * rank) for rank, tid in enumerate(ids[:max(k, 1)])]
     lp1 = -(0.02 + 0.6 * unit_hash(ctx, pos, 21) ** 2)
     out = [(chosen, lp1 + _noise(salt, ctx, pos, 0))]
     used = {chosen}
@@ -398,19 +417,20 @@ def top_candidates(ctx: int, pos: int, chosen: int, k: int, salt: int) -> list[t
     return out[:max(k, 1)]
 
 
-def prompt_logprobs(prompt_ids: Sequence[int], k: int, salt: int, corrupt: bool
+def prompt_logprobs(prompt_ids: Sequence[int], k: int, salt: int, corrupt: bool, *, flat: bool = False
                     ) -> list[dict[int, tuple[float, int]] | None]:
-    """Per prompt position: {token_id: (logprob, rank)} incl. the actual token; first None."""
+    """Per prompt position: {token_id: (logprob, rank)} incl. the actual token; first None.
+    ``flat``: dummy weights (:func:`top_candidates`)."""
     out: list[dict[int, tuple[float, int]] | None] = [None]
     h = 1469598103934665603 ^ (0xBAD if corrupt else 0)
     for j in range(1, len(prompt_ids)):
         h = ((h ^ prompt_ids[j - 1]) * 1099511628211) & 0xFFFFFFFFFFFFFFFF
         actual = prompt_ids[j]
         predicted = WORD_IDS[_h(h, 31) % len(WORD_IDS)]
-        cands = top_candidates(h, j, predicted, max(k, 1), salt)
+        cands = top_candidates(h, j, predicted, max(k, 1), salt, flat=flat)
         entry = {cid: (lp, r + 1) for r, (cid, lp) in enumerate(cands[:max(k, 0)] or cands[:1])}
         if actual not in entry:
-            lp = -(2.0 + 6.0 * unit_hash(h, j, 32)) + _noise(salt, h, j, 99)
+            lp = DUMMY_LOGPROB - DUMMY_STEP * 2 if flat else -(2.0 + 6.0 * unit_hash(h, j, 32)) + _noise(salt, h, j, 99)
             entry[actual] = (lp, 2 + _h(h, j, 33) % 500)
         out.append(entry)
     return out

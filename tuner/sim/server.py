@@ -233,7 +233,8 @@ class SimServer:
                 seed = body.seed if body.seed is not None else self.eff.seed * 1000003 + \
                     self.n_requests * 17 + j
                 plan = plan_output(text, ids, max_tokens=want, ignore_eos=body.ignore_eos,
-                                   temperature=temperature, seed=seed + j)
+                                   temperature=temperature, seed=seed + j,
+                                   dummy=self.eff.load_format == "dummy")
                 reqs.append(GenRequest(f"{p_i}-{j}", ids, plan, logprobs=logprobs,
                                        read_cache=read_cache, index=p_i * body.n + j))
         return reqs
@@ -458,7 +459,8 @@ class SimServer:
                 k = getattr(body, "prompt_logprobs", None)
                 if k is not None:
                     plp = prompt_logprobs(r.prompt_ids, k, self.eff.numerics_salt,
-                                          self.engine.prompt_corrupt(r.prompt_ids))
+                                          self.engine.prompt_corrupt(r.prompt_ids),
+                                          flat=self.eff.load_format == "dummy")
                     choice["prompt_logprobs"] = [
                         None if e is None else {str(t): {"logprob": lp, "rank": rank,
                                                          "decoded_token": TOKENIZER.piece(t)}

@@ -36,6 +36,7 @@ from tuner.study.parameters import (
 from tuner.study.server_spec import ServerSpec, fixed_targets
 from tuner.study.spec_base import Scalar, Seconds, Strict
 from tuner.study.study_name import check_study_name
+from tuner.study.weights import study_probe_mode
 from tuner.vllm.compile_cache import check_cache_dir
 from tuner.vllm.multicast import multicast_use
 
@@ -271,6 +272,8 @@ class StudySpec(Strict):
         labels = [o.label for o in self.objectives]
         if len(set(labels)) != len(labels):
             raise ValueError(f"objectives: the same objective is listed twice: {labels}")
+        # The probe's mode against the server's weights (dummy: reference-only).
+        study_probe_mode(self)
         return self
 
     @property

@@ -353,6 +353,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         "probe_agreement": {str(r.number): a for r in front
                             if (a := handle.paths.probe_agreement(r.number, r.summary))},
         "host_check": handle.paths.last_host_check(),
+        "probe_mode": handle.paths.probe_mode(),
         "environment": handle.paths.environment()[0],
         "environment_changes": handle.paths.environment()[1],
         "confirmations": {str(n): c.get("verdict") for n, c in confirmations.items()},
@@ -457,6 +458,8 @@ def _report_html(shown: _Shown, records: list[TrialRecord], figures: dict[str, b
     separation = _separation_html(handle.paths.confirm_root / "ties.json")
     host = handle.paths.last_host_check()
     host_html = f'<p id="host-check">{html.escape(check_text(host))}.</p>' if host else ""
+    if (mode := handle.paths.probe_mode()) is not None:
+        host_html += f'<p id="probe-mode">Probe: {html.escape(mode)}.</p>'
     host_html += "".join(f'<p class="environment">{html.escape(line.strip())}</p>'
                          for line in environment_lines(*handle.paths.environment()))
     unstable_front = [r for r in front if r.unstable_levels]
@@ -527,6 +530,8 @@ def _report_md(shown: _Shown, slo_md: list[str], shown_figures: set[str]) -> str
     if agreements:
         md += ["", "The probe passed each of them; how far their answers moved from the reference's:"]
         md += [f"- trial {n}: {a}" for n, a in agreements]
+    if (mode := shown.handle.paths.probe_mode()) is not None:
+        md += ["", f"Probe: {mode}."]
     if (host := shown.handle.paths.last_host_check()) is not None:
         md += ["", check_text(host) + "."]
     md += [line.strip() for line in environment_lines(*shown.handle.paths.environment())]

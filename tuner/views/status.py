@@ -288,6 +288,7 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "startup": _startup_summary(runs),
         "host_check": paths.last_host_check(),
         "between_starts": {**between.as_dict(), "lines": between.lines()} if labels else None,
+        "probe_mode": paths.probe_mode(),
         "environment": (environment := paths.environment())[0],
         "environment_changes": environment[1],
         "workload": paths.workload_profile(),
@@ -415,6 +416,8 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     if status.get("between_starts"):
         lines.append("  noise between fresh starts (what every interval carries beyond its own run):")
         lines.extend(f"    {line}" for line in status["between_starts"]["lines"])
+    if status.get("probe_mode"):
+        lines.append(f"  probe: {status['probe_mode']}")
     lines.extend(environment_lines(status.get("environment"), status.get("environment_changes") or []))
     lines.extend(workload_lines(status.get("workload")))
     lines.extend(integrity_lines(status))

