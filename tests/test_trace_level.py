@@ -11,17 +11,23 @@ import asyncio
 import json
 from pathlib import Path
 
+import optuna
 import pytest
+import yaml
 from pydantic import ValidationError
 
 from tests.conftest import run_tuner, write_study
 from tests.fake_server import Served
 from tests.faultkit import FAST
+from tests.sim_process import serving_sim
 from tuner.load.dataset import parse_dataset
 from tuner.load.load_spec import LoadSpec
 from tuner.load.sweep import run_sweep
 from tuner.load.trace_spec import TraceSpec, select_trace, trace_schedule
+from tuner.store.records import read_records
+from tuner.study.dry_run import dry_run_spec
 from tuner.study.objectives import LimitSpec, ObjectiveSpec
+from tuner.study.study_file import parse_study
 
 # 30 requests in bursts and gaps over 2.9 s of trace time: two at once, then uneven gaps.
 STAMPS_MS = [0, 0, 40, 90, 100, 100, 100, 250, 300, 330, 600, 620, 640, 900, 1000, 1010, 1200,
@@ -29,6 +35,7 @@ STAMPS_MS = [0, 0, 40, 90, 100, 100, 100, 250, 300, 330, 600, 620, 640, 900, 100
 TRACE = [{"timestamp": 5000 + t, "input_length": 40 + 3 * i, "output_length": 2 + i % 3,
           "hash_ids": [i % 4]} for i, t in enumerate(STAMPS_MS)]
 TOLERANCE_S = 0.050
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def jsonl(entries: list[dict]) -> str:
@@ -141,8 +148,8 @@ def test_bad_trace_settings_are_one_line_at_validate(tmp_path: Path) -> None:
         ({"trace": {"start_s": 10}}, "load.trace: the window from 10 s to the end holds none of the trace's 30 "
          "requests (they span 2.9 s)"),
         ({"trace": {"time_scale": 100}}, "lasts 290 s at time_scale 100, not within load.max_level_seconds=60"),
-        ({"trace": {"speed": 2}}, "load.trace: unknown key 'speed'; allowed: time_scale, start_s, duration_s, "
-         "max_requests"),
+        ({"trace": {"speed": 2}}, "load.trace: unknown key 'speed'; allowed: duration_s, max_requests, start_s, "
+         "time_scale"),
         ({"objectives": level}, "output_tok_s at level trace is not a measured level; load.trace replays"),
         ({"trace": {}, "objectives": [{**level[0], "concurrency": 4}]}, "level trace is a level of its own"),
     ]
@@ -155,7 +162,7 @@ def test_bad_trace_settings_are_one_line_at_validate(tmp_path: Path) -> None:
     path, _ = _study(tmp_path, trace={"max_requests": 12})
     out = run_tuner("validate", str(path), timeout=120)
     assert out.returncode == 0, out.stderr
-    assert "trace level: 12 of 30 requests (trace time 0 s to 0.6 s), replayed in 0.6 s at time_scale 1" in out.stdout
+    assert "trace level: 12 of 30 requests (trace time 0 s to 0.62 s), replayed in 0.62 s at time_scale 1" in out.stdout
 
 
 def test_a_study_reads_objectives_and_limits_at_the_trace_level(tmp_path: Path, orphan_check: list[str]) -> None:
@@ -163,11 +170,13 @@ def test_a_study_reads_objectives_and_limits_at_the_trace_level(tmp_path: Path, 
         tmp_path, name="trace-study", trace={"time_scale": 0.5},
         objectives=[{"metric": "output_tok_s", "level": "trace", "direction": "maximize"},
                     {"metric": "tpot_ms.mean", "concurrency": 1, "direction": "minimize"}],
-        limits=[{"metric": "ttft_ms.p90", "level": "trace", "max": 1_000_000}])
+        # A limit no server meets: the trial is infeasible by the trace level's own TTFT.
+        limits=[{"metric": "ttft_ms.p90", "level": "trace", "max": 0.001}])
     orphan_check.append(marker)
     results = tmp_path / "results"
     out = run_tuner("run", str(path), "--results", str(results), timeout=400)
-    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    # Exit 4: no feasible configuration, the one trial having missed its limit at the trace.
+    assert out.returncode == 4 and "limit_missed 1" in out.stdout, out.stdout[-3000:] + out.stderr[-3000:]
     trial = results / "trace-study" / "trials" / "0000"
     outcome = json.loads((trial / "outcome.json").read_text())
     measured = outcome["rate_levels"]["trace"]
@@ -180,4 +189,62 @@ def test_a_study_reads_objectives_and_limits_at_the_trace_level(tmp_path: Path, 
     assert "output_tok_s@trace" in status.stdout
     row = json.loads(status.stdout)["trials"][0]
     assert row["values"]["output_tok_s@trace"] == pytest.approx(measured["output_tok_s"])
-    assert row["constraints"]["ttft_ms.p90@trace<=1000000.0"] <= 0
+    assert row["outcome"] == "limit_missed"
+    # The optimizer was told the limit's violation, read at the trace level.
+    study = optuna.load_study(study_name="trace-study",
+                              storage=f"sqlite:///{results / 'trace-study' / 'optuna.db'}")
+    [record] = read_records(study)
+    violated = record.constraints["limit:ttft_ms.p90@trace<=0.001"]
+    assert violated == pytest.approx(measured["ttft_ms.p90"] - 0.001)
+
+
+MEASURED = """
+name: measure-trace
+server:
+  command: ["{python}", -m, tuner.sim]
+  model: /models/smol
+  served_model_name: smol
+load:
+  api: completions
+  concurrency: [1]
+  requests_per_stream: 2
+  min_requests: 2
+  warmup_requests: 1
+  workload:
+    dataset: {path: trace.jsonl, block_tokens: 128}
+  trace: {max_requests: 20}
+"""
+
+
+def test_tuner_measure_replays_the_trace_and_saves_its_records(tmp_path: Path) -> None:
+    (tmp_path / "trace.jsonl").write_text(jsonl(TRACE))
+    study = tmp_path / "measure-trace.yaml"
+    study.write_text(MEASURED)
+    out = tmp_path / "out"
+    with serving_sim(tmp_path) as url:
+        run = run_tuner("measure", str(study), "--url", url, "-o", str(out), timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["levels"]) == {"1", "trace"}
+    assert summary["levels"]["trace"]["metrics"]["completed"] == 20
+    records = [json.loads(line) for line in (out / "requests-trace.jsonl").read_text().splitlines()]
+    assert [r["trace_offset_s"] for r in records] == pytest.approx([t / 1000 for t in STAMPS_MS[:20]])
+    assert all(abs(r["dispatch_s"] - r["trace_offset_s"]) <= TOLERANCE_S for r in records)
+    assert any(line.split()[:1] == ["trace"] for line in run.stdout.splitlines()), run.stdout
+
+
+def test_a_dry_run_cuts_the_replay_to_seconds() -> None:
+    data = yaml.safe_load((ROOT / "search_spaces" / "glm5-8xpcie.yaml").read_text())
+    data["load"]["workload"] = {"dataset": {"path": "/tmp/trace.jsonl"}}
+    for trace, want in [({"time_scale": 0.5}, (32, 20.0)), ({"max_requests": 8, "duration_s": 3.0}, (8, 3.0)),
+                        ({"max_requests": 500, "duration_s": 600.0, "time_scale": 2.0}, (32, 5.0))]:
+        data["load"]["trace"] = trace
+        dry = dry_run_spec(parse_study(yaml.safe_dump(data)), name="x-dry-run", default_profile="glm5-8xpcie",
+                           cache_dir="/tmp/dry/vllm-cache")
+        cut = dry.spec.load.trace
+        assert cut is not None and (cut.max_requests, cut.duration_s) == want
+        assert cut.time_scale == trace.get("time_scale", 1.0)
+        said = [line for line in dry.changes if line.startswith("load.trace")]
+        assert said == ([] if trace.get("max_requests") == 8 else [
+            f"load.trace: at most 32 requests of {want[1]:g} s of trace time from start_s 0 (at most 10 s of "
+            "replay a trial)"])

@@ -119,14 +119,20 @@ async def trace_level(sw: SweepContext) -> LevelResult | None:
     anything was measured. No warm-up of its own, like a rate level; its prompts are words
     no earlier level sent (DatasetDraw.replay)."""
     trace = sw.spec.trace
-    if trace is None or sw.dataset is None or not sw.dataset.trace:
+    if trace is None:
         return None
-    selected = tuple(select_trace(sw.dataset.trace, trace))
+    selected = tuple(select_trace(sw.dataset.trace, trace)) if sw.dataset is not None else ()
     if not selected:
+        # Checked when the study is read (tuner.load.trace_spec.trace_problem); a spec made
+        # elsewhere (a dry run's shortened window) may still miss.
+        sw.notes.append("the trace level was not measured: load.trace's window holds no request of the dataset")
         return None
     span = trace_schedule(selected, trace.time_scale)[-1]
     rate = (len(selected) - 1) / span if span > 0 else 0.0
-    return sw.judged(await _repeated(sw, _RateRuns(rate, selected)))
+    level = sw.judged(await _repeated(sw, _RateRuns(rate, selected)))
+    if level is None:
+        sw.notes.append("the trace level was skipped: the sweep's budget was spent")
+    return level
 
 
 async def _repeated(sw: SweepContext, acc: _RateRuns) -> LevelResult | None:

@@ -120,12 +120,9 @@ async def run_sweep(
             sweep, order, after_level, inside_level)
         rate_results, skipped_rates, stopped_rates = await rate_levels(
             sweep, load_spec.request_rates, stopped=bool(stopped))
-        if load_spec.trace is not None and not stopped:
-            replayed = await trace_level(sweep)
-            if replayed is None:
-                notes.append(f"the trace level was skipped: sweep budget of {deadline_s}s exhausted")
-            else:
-                rate_results.append(replayed)
+        replayed = None if stopped else await trace_level(sweep)
+        if replayed is not None:
+            rate_results.append(replayed)
         searched = None
         if max_rate is not None and not stopped:
             searched, probed = await search_rate(
