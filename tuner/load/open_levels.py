@@ -25,7 +25,26 @@ from tuner.load.sweep_context import SweepContext, fitted_plan, server_view
 from tuner.load.trace_spec import TRACE_LEVEL, select_trace, trace_schedule
 from tuner.load.workload import RequestPlan, arrival_schedule, rate_stream
 
-__all__ = ["rate_levels", "search_rate", "trace_level"]
+__all__ = ["open_loop_levels", "rate_levels", "search_rate", "trace_level"]
+
+
+async def open_loop_levels(
+    sweep: SweepContext, results: list[LevelResult], *, stopped: bool, max_rate: RateSearchSpec | None,
+    stop_search: Callable[[dict[int | str, dict[str, float]], float], bool] | None,
+) -> tuple[list[LevelResult], list[float], list[float], MaxRateResult | None]:
+    """Every open-loop level after the concurrency levels ``results``, in order: the rate
+    levels, the trace level, the max_rate@slo search's (with ``max_rate``). Returns (levels
+    measured, rates skipped for the budget, rates stopped early, the search). ``stopped``:
+    early stop ended the sweep, so none is run."""
+    measured, skipped, stopped_rates = await rate_levels(sweep, sweep.spec.request_rates, stopped=stopped)
+    replayed = None if stopped else await trace_level(sweep)
+    if replayed is not None:
+        measured.append(replayed)
+    searched = None
+    if max_rate is not None and not stopped:
+        searched, probed = await search_rate(sweep, max_rate, results, measured, stop_search)
+        measured.extend(probed)
+    return measured, skipped, stopped_rates, searched
 
 
 async def rate_levels(

@@ -27,7 +27,7 @@ from tuner.load.dataset_file import open_draw
 from tuner.load.load_spec import LoadSpec
 from tuner.load.loop_lag import LoopLagMonitor
 from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_repeats
-from tuner.load.open_levels import rate_levels, search_rate, trace_level
+from tuner.load.open_levels import open_loop_levels
 from tuner.load.rate_search import RateSearchSpec
 from tuner.load.records import RequestRecord
 from tuner.load.request import AUX_TIMEOUT_S, LevelContext
@@ -118,16 +118,8 @@ async def run_sweep(
         )
         results, skipped, stopped = await _concurrency_levels(
             sweep, order, after_level, inside_level)
-        rate_results, skipped_rates, stopped_rates = await rate_levels(
-            sweep, load_spec.request_rates, stopped=bool(stopped))
-        replayed = None if stopped else await trace_level(sweep)
-        if replayed is not None:
-            rate_results.append(replayed)
-        searched = None
-        if max_rate is not None and not stopped:
-            searched, probed = await search_rate(
-                sweep, max_rate, results, rate_results, stop_search)
-            rate_results.extend(probed)
+        rate_results, skipped_rates, stopped_rates, searched = await open_loop_levels(
+            sweep, results, stopped=bool(stopped), max_rate=max_rate, stop_search=stop_search)
     notes += closing_notes(draw.note() if draw is not None else None, skipped, skipped_rates, deadline_s)
     return SweepResult(
         model=model,
