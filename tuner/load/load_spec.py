@@ -418,13 +418,8 @@ class LoadSpec(BaseModel):
         ),
     )
     trace: TraceSpec | None = Field(
-        default=None,
-        description=(
-            "Replay the timed dataset (mooncake) at its own timestamps as one open-loop level "
-            "named trace, after the rate levels (load.trace: {} for the whole trace at its own "
-            "pace). Objectives and limits read it with level: trace."
-        ),
-    )
+        default=None, description="Replay the timed dataset (mooncake) at its own timestamps as the open-loop "
+        "level trace, after the rate levels ({}: all of it at its pace); objectives read it with level: trace.")
     rate_search: RateSearchSpec = Field(
         default_factory=RateSearchSpec,
         description=(
