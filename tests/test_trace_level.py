@@ -50,6 +50,9 @@ def trace_spec(path: Path, **trace: object) -> LoadSpec:
         "trace": trace})
 
 
+# quiethost: 50 ms is a bar for the client's timing, which a host whose cores are both busy elsewhere
+# (a vLLM server, other studies) can miss on its own; the client then says so (client_lag_ms).
+@pytest.mark.quiethost
 @pytest.mark.parametrize("time_scale", [1.0, 0.5])
 def test_a_trace_is_sent_at_its_timestamps(served: Served, tmp_path: Path, time_scale: float) -> None:
     path = tmp_path / "trace.jsonl"
@@ -165,6 +168,7 @@ def test_bad_trace_settings_are_one_line_at_validate(tmp_path: Path) -> None:
     assert "trace level: 12 of 30 requests (trace time 0 s to 0.62 s), replayed in 0.62 s at time_scale 1" in out.stdout
 
 
+@pytest.mark.quiethost
 def test_a_study_reads_objectives_and_limits_at_the_trace_level(tmp_path: Path, orphan_check: list[str]) -> None:
     path, marker = _study(
         tmp_path, name="trace-study", trace={"time_scale": 0.5},
@@ -183,7 +187,11 @@ def test_a_study_reads_objectives_and_limits_at_the_trace_level(tmp_path: Path, 
     assert measured["completed"] == 30 and measured["output_tok_s"] > 0
     records = [json.loads(line) for line in (trial / "requests-trace.jsonl").read_text().splitlines()]
     assert len(records) == 30
-    assert all(abs(r["dispatch_s"] - r["trace_offset_s"] * 0.5) <= TOLERANCE_S for r in records)
+    # On time, through Ray and beside the simulator, unless the client's own event loop ran late
+    # then (its lag monitor's p99, in the level's metrics): a launcher that waited for replies
+    # or drifted would be late with a punctual loop.
+    late = [r["index"] for r in records if abs(r["dispatch_s"] - r["trace_offset_s"] * 0.5) > TOLERANCE_S]
+    assert not late or measured["client_lag_ms.p99"] >= TOLERANCE_S * 1000, (late, measured["client_lag_ms.p99"])
     status = run_tuner("status", "trace-study", "--results", str(results), "--json", timeout=120)
     assert status.returncode == 0, status.stderr
     assert "output_tok_s@trace" in status.stdout

@@ -139,7 +139,6 @@ def _load(load: dict[str, Any], *, rates_measured: bool) -> list[str]:
     return lines
 
 
-
 def _trace(trace: dict[str, Any]) -> list[str]:
     """The trace level cut to TRACE_REQUESTS requests within TRACE_SECONDS of replay."""
     cap, window = trace["max_requests"], TRACE_SECONDS / trace["time_scale"]

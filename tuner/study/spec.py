@@ -336,7 +336,7 @@ def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -
             raise ValueError(f"{where}: {metric} is a trial-level metric; remove level")
         if spec.load.trace is None:
             raise ValueError(f"{where}: {metric} at level trace is not a measured level; load.trace "
-                             "replays a timed dataset as that level (load.trace: {{}} for the whole trace)")
+                             "replays a timed dataset as that level (load.trace: {} for the whole trace)")
         return
     if item.rate is not None:
         if concurrency_given:
