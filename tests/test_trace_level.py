@@ -168,7 +168,6 @@ def test_bad_trace_settings_are_one_line_at_validate(tmp_path: Path) -> None:
     assert "trace level: 12 of 30 requests (trace time 0 s to 0.62 s), replayed in 0.62 s at time_scale 1" in out.stdout
 
 
-@pytest.mark.quiethost
 def test_a_study_reads_objectives_and_limits_at_the_trace_level(tmp_path: Path, orphan_check: list[str]) -> None:
     path, marker = _study(
         tmp_path, name="trace-study", trace={"time_scale": 0.5},
@@ -187,11 +186,11 @@ def test_a_study_reads_objectives_and_limits_at_the_trace_level(tmp_path: Path, 
     assert measured["completed"] == 30 and measured["output_tok_s"] > 0
     records = [json.loads(line) for line in (trial / "requests-trace.jsonl").read_text().splitlines()]
     assert len(records) == 30
-    # On time, through Ray and beside the simulator, unless the client's own event loop ran late
-    # then (its lag monitor's p99, in the level's metrics): a launcher that waited for replies
-    # or drifted would be late with a punctual loop.
-    late = [r["index"] for r in records if abs(r["dispatch_s"] - r["trace_offset_s"] * 0.5) > TOLERANCE_S]
-    assert not late or measured["client_lag_ms.p99"] >= TOLERANCE_S * 1000, (late, measured["client_lag_ms.p99"])
+    # Due at the trace's offsets, halved. Sent within 50 ms of them is the quiet-host tests' bar
+    # (above and below); through Ray beside the simulator on two shared cores a send was seen
+    # 100 ms late once (the worker process descheduled), so this one allows a stall of that size.
+    assert [r["scheduled_s"] for r in records] == pytest.approx([t / 2000 for t in STAMPS_MS])
+    assert all(abs(r["dispatch_s"] - r["scheduled_s"]) <= 0.25 for r in records)
     status = run_tuner("status", "trace-study", "--results", str(results), "--json", timeout=120)
     assert status.returncode == 0, status.stderr
     assert "output_tok_s@trace" in status.stdout
@@ -224,6 +223,7 @@ load:
 """
 
 
+@pytest.mark.quiethost
 def test_tuner_measure_replays_the_trace_and_saves_its_records(tmp_path: Path) -> None:
     (tmp_path / "trace.jsonl").write_text(jsonl(TRACE))
     study = tmp_path / "measure-trace.yaml"
