@@ -42,10 +42,11 @@ def jsonl(entries: list[dict]) -> str:
     return "".join(json.dumps(e) + "\n" for e in entries)
 
 
-def trace_spec(path: Path, **trace: object) -> LoadSpec:
+def trace_spec(path: Path, rates: tuple[float, ...] = (), **trace: object) -> LoadSpec:
     return LoadSpec.model_validate({
         "api": "completions", "sizing": "requests", "concurrency": [1], "requests_per_stream": 2,
-        "warmup_requests": 1, "min_requests": 2, "max_in_flight": 64,
+        "warmup_requests": 1, "min_requests": 2, "max_in_flight": 64, "request_rates": rates,
+        "rate_duration_s": 0.3,
         "workload": {"dataset": {"path": str(path), "format": "mooncake", "block_tokens": 128}},
         "trace": trace})
 
@@ -100,9 +101,13 @@ def test_the_window_and_the_cap_select_exactly_their_requests(served: Served, tm
     # The same selection on the wire: the records are those requests, in trace order.
     path = tmp_path / "trace.jsonl"
     path.write_text(jsonl(TRACE))
-    result = asyncio.run(run_sweep(served.base_url, "fake", trace_spec(path, start_s=0.6, duration_s=0.8,
+    result = asyncio.run(run_sweep(served.base_url, "fake", trace_spec(path, (20.0,), start_s=0.6, duration_s=0.8,
                                                                        max_requests=5), ignore_eos=True))
-    [level] = [lv for lv in result.rate_levels if lv.trace]
+    # A rate level and a concurrency level beside it draw from the same file, before the replay.
+    rate, level = result.rate_levels
+    assert rate.request_rate == 20.0 and not rate.trace and level.trace
+    assert len(rate.records) == 6 and len(result.levels[0].records) == 2
+    assert {r.class_name for lv in (rate, *result.levels) for r in lv.records} == {"dataset"}
     assert [r.trace_offset_s for r in level.records] == pytest.approx([0.6, 0.62, 0.64, 0.9, 1.0])
     assert [r.scheduled_s for r in level.records] == pytest.approx([0.0, 0.02, 0.04, 0.3, 0.4])
     assert [len(b["prompt"].split()) for b in served.state.bodies[-5:]] == [
@@ -200,7 +205,7 @@ def test_a_study_reads_objectives_and_limits_at_the_trace_level(tmp_path: Path, 
     # The optimizer was told the limit's violation, read at the trace level.
     study = optuna.load_study(study_name="trace-study",
                               storage=f"sqlite:///{results / 'trace-study' / 'optuna.db'}")
-    [record] = read_records(study)
+    record = next(r for r in read_records(study) if r.number == 0)
     violated = record.constraints["limit:ttft_ms.p90@trace<=0.001"]
     assert violated == pytest.approx(measured["ttft_ms.p90"] - 0.001)
 
