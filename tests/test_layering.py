@@ -32,7 +32,7 @@ PURE = [
     "tuner.load.slo", "tuner.load.goodput", "tuner.load.rate_search", "tuner.load.max_rate_text",
     "tuner.load.token_counts",
     "tuner.load.uncertainty", "tuner.load.window", "tuner.load.host_steadiness", "tuner.load.dataset",
-    "tuner.load.dataset_draw", "tuner.load.trace_prompts", "tuner.load.filler",
+    "tuner.load.dataset_draw", "tuner.load.trace_prompts", "tuner.load.trace_spec", "tuner.load.filler",
     "tuner.load.workload", "tuner.load.workload_profile",
     "tuner.probe", "tuner.probe.agreement", "tuner.probe.bank", "tuner.probe.checks",
     "tuner.probe.compare", "tuner.probe.items", "tuner.probe.known_score",

@@ -69,6 +69,7 @@ def resolve_dataset(spec: StudySpec, base_dir: Path, *, source: str) -> StudySpe
     from tuner.load.dataset import DatasetError
     from tuner.load.dataset_draw import unsupported
     from tuner.load.dataset_file import FIELD, read_dataset
+    from tuner.load.trace_spec import trace_problem, trace_text
 
     workload = spec.load.workload
     if workload.dataset is None:
@@ -82,8 +83,13 @@ def resolve_dataset(spec: StudySpec, base_dir: Path, *, source: str) -> StudySpe
     open_loop = bool(spec.load.request_rates) or spec.searches_max_rate
     if problem := unsupported(dataset, spec.load.api, open_loop=open_loop):
         raise SpecError(f"{source}: {FIELD}: {problem}")
+    if spec.load.trace is not None and (
+            problem := trace_problem(dataset, spec.load.trace, max_level_seconds=spec.load.max_level_seconds)):
+        raise SpecError(f"{source}: {problem}")
     how = "detected" if dataset.detected else "as named"
     say(f"[dataset] {dataset_source.path}: {len(dataset):,} entries, format {dataset.format} ({how})")
+    if spec.load.trace is not None:
+        say(f"[dataset] {trace_text(dataset, spec.load.trace)}")
     load = spec.load.model_copy(update={"workload": workload.model_copy(update={"dataset": dataset_source})})
     return spec.model_copy(update={"load": load})
 

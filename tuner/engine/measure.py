@@ -7,8 +7,8 @@ check a study file's load section before a long run, or to compare with other to
 
 Files written into ``out_dir``:
 
-* ``requests-c{C}.jsonl`` / ``requests-r{rate}.jsonl``  raw per-request records of each
-  closed-loop / open-loop level (JSON lines);
+* ``requests-c{C}.jsonl`` / ``requests-r{rate}.jsonl`` / ``requests-trace.jsonl``  raw
+  per-request records of each closed-loop / open-loop rate level / the trace replay (JSON lines);
 * ``metrics.json``          the sweep without records (levels, windows, server-side
   deltas, token agreement, warm-up, warnings), as a trial's ``metrics.json``;
 * ``probe.json``            the probe result (with ``probe``);
@@ -32,10 +32,9 @@ import httpx
 
 from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.adapters.http_client import ReplyTooLarge, capped_request, server_client
-from tuner.load.load_spec import rate_level_name
 from tuner.load.max_rate_text import max_rate_text
 from tuner.load.record_files import write_records_jsonl
-from tuner.load.results import SweepResult
+from tuner.load.results import SweepResult, level_key
 from tuner.load.server_calls import scrape_metrics
 from tuner.load.sweep import run_sweep
 from tuner.study.spec import StudySpec
@@ -192,11 +191,11 @@ def files_in_the_way(out_dir: Path) -> list[str]:
 def _write_levels(out_dir: Path, sweep: SweepResult) -> dict[str, Any]:
     """Write each level's records file; return the levels' entries of the summary, by name."""
     levels: dict[str, Any] = {}
-    # Closed-loop levels are named by their concurrency, open-loop ones by their rate (r2.0).
-    named = [(str(lv.concurrency), lv) for lv in sweep.levels]
-    named += [(rate_level_name(lv.request_rate or 0.0), lv) for lv in sweep.rate_levels]
+    # Closed-loop levels are named by their concurrency, open-loop ones by their rate (r2.0)
+    # or as the trace.
+    named = [(level_key(lv), lv) for lv in (*sweep.levels, *sweep.rate_levels)]
     for name, lv in named:
-        prefix = "" if name.startswith("r") else "c"
+        prefix = "" if lv.open_loop else "c"
         write_records_jsonl(out_dir / f"requests-{prefix}{name}.jsonl", lv.records)
         m = lv.metrics
         levels[name] = {
@@ -331,7 +330,7 @@ def format_summary(summary: dict[str, Any]) -> str:
             lines.append("  ".join("-" * w for w in widths[:-1]) + "  " + "-" * 5)
     lines.append("times in ms; out tok/s = steady-state window (±tok/s: its 95 % interval), run"
                  " tok/s = vLLM-style whole run;"
-                 " level = concurrency, or rN = open loop at N requests/s")
+                 " level = concurrency, rN = open loop at N requests/s, trace = the dataset's timestamps")
     if slo:
         lines.append(f"SLO {slo}: good = a request within every bound (vllm bench serve "
                      "--goodput); SLO = the level's statistics meet it")

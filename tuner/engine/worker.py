@@ -30,8 +30,8 @@ from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.adapters.environment import current_environment
 from tuner.adapters.launcher import TAG_VAR, ServerProcess
 from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCancelled, TrialError, TrialTimeout
-from tuner.load.load_spec import rate_level_name
 from tuner.load.record_files import write_records_jsonl
+from tuner.load.results import level_key
 from tuner.load.sweep import run_sweep
 from tuner.probe.agreement import agreement_line
 from tuner.probe.client import load_probe_items, run_probe
@@ -434,10 +434,10 @@ class TrialWorker:
             if level.server_side is not None:
                 outcome.server_side[key] = level.server_side
             write_records_jsonl(trial_dir / f"requests-c{level.concurrency}.jsonl", level.records)
-        # Open-loop levels (load.request_rates and the max_rate@slo search's) by name (r2.0):
-        # objectives and limits read them with rate: <rate>.
+        # Open-loop levels (load.request_rates, the trace, the max_rate@slo search's) by name
+        # (r2.0, trace): objectives and limits read them with rate: <rate> or level: trace.
         for level in sweep.rate_levels:
-            name = rate_level_name(level.request_rate or 0.0)
+            name = level_key(level)
             outcome.rate_levels[name] = _json_flat(level.metrics.flat())
             write_records_jsonl(trial_dir / f"requests-{name}.jsonl", level.records)
         if sweep.max_rate is not None:

@@ -11,6 +11,8 @@ Pure modules (data and arithmetic; no sockets, processes, clocks, environment or
 * ``trace_prompts`` mooncake lines (lengths and prefix-block hashes) made into prompt text.
 * ``workload_profile`` what a workload is: length distributions, turns, the share of prompt
                   tokens repeating an earlier prefix, a trace's arrival rate (workload.json).
+* ``trace_spec``  ``load.trace:``: which requests of a timed dataset the ``trace`` level
+                  replays, and when.
 * ``sse``         incremental Server-Sent Events parser (the client's hot path), lines capped.
 * ``token_counts`` whether a server's usage counts are believed, against what arrived.
 * ``protocol``    request bodies, URL paths, what a streamed response said (StreamState),
@@ -41,6 +43,8 @@ I/O modules:
                    scrapes, through httpx;
                    every non-streamed reply read up to a cap (tuner.adapters.http_client).
 * ``warmup``       the warm-up before a level.
+* ``sweep_context`` what every level of a sweep shares; a level's plan; the server's view after it.
+* ``open_levels``  a sweep's open-loop levels: rate levels, the trace level, the max-rate search's.
 * ``sweep``        every level of a study's load section against one server (``run_sweep``).
 * ``record_files`` records as JSON lines.
 

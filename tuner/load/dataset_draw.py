@@ -59,6 +59,7 @@ class DatasetDraw:
         if dataset.timed and trace_text is None:
             raise ValueError("a trace of lengths needs its TraceText to make prompts")
         self._trace_text = trace_text
+        self._trace = dataset.trace
         self._entries: Sequence[Conversation | TraceRequest] = dataset.conversations or dataset.trace
         self._order = list(range(len(self._entries)))
         random.Random(f"tuner-dataset|{seed}").shuffle(self._order)
@@ -87,6 +88,24 @@ class DatasetDraw:
                           ignore_eos=self._ignore_eos, think_s=self._think_s)
         self.drawn += len(plans)
         return plans
+
+    @property
+    def trace(self) -> tuple[TraceRequest, ...]:
+        """The timed dataset's requests in trace order (empty for an untimed one)."""
+        return self._trace
+
+    def replay(self, selected: Sequence[TraceRequest], *, run: int) -> list[RequestPlan]:
+        """The trace level's plan: ``selected`` in trace order, outside the cursor. Its blocks
+        are words of their own (``run`` numbers the level's repeats): equal ids within the replay
+        still give identical blocks, but none is one an earlier level sent, whose prefix the
+        server's cache would serve (a production server has not seen the trace's prompts before)."""
+
+        assert self._trace_text is not None
+        text = self._trace_text.reseeded(f"{self._trace_text.seed}|trace|{run}")
+        return [RequestPlan(index=i, class_name=DATASET_CLASS, kind="dataset", prompt=text.prompt(entry),
+                            max_tokens=entry.output_length, ignore_eos=self._ignore_eos,
+                            target_prompt_tokens=entry.input_length)
+                for i, entry in enumerate(selected)]
 
     def take(self, n: int) -> list[RequestPlan]:
         """At least ``n`` requests as one level's plan (indices from 0): whole entries, so

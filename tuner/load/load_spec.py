@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tuner.load.dataset import MOONCAKE_BLOCK_TOKENS, DatasetFormat
 from tuner.load.host_steadiness import MIN_SECONDS as HOST_CHECK_MIN_S
 from tuner.load.rate_search import RateSearchSpec
+from tuner.load.trace_spec import TraceSpec
 
 HOST_CHECK_MAX_S = 600.0
 
@@ -416,6 +417,9 @@ class LoadSpec(BaseModel):
             "measured a saturated client queue, not the intended arrival rate."
         ),
     )
+    trace: TraceSpec | None = Field(
+        default=None, description="Replay the timed dataset (mooncake) at its own timestamps as the open-loop "
+        "level trace, after the rate levels ({}: all of it at its pace); objectives read it with level: trace.")
     rate_search: RateSearchSpec = Field(
         default_factory=RateSearchSpec,
         description=(
@@ -546,6 +550,13 @@ class LoadSpec(BaseModel):
                     f"load.min_window_s={self.min_window_s} is longer than "
                     f"load.max_level_seconds={self.max_level_seconds}; no window could fit"
                 )
+        return self
+
+    @model_validator(mode="after")
+    def _trace_has_a_dataset(self) -> LoadSpec:
+        if self.trace is not None and self.workload.dataset is None:
+            raise ValueError("load.trace replays a timed dataset; name one in load.workload.dataset "
+                             "(format mooncake), or remove load.trace")
         return self
 
     @model_validator(mode="after")

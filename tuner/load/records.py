@@ -92,6 +92,10 @@ class RequestRecord(BaseModel):
         default=None, ge=0,
         description="Multi-turn conversations: which user turn of its conversation (0 first); "
                     "the conversation's turns have consecutive indices. None: a single request.")
+    trace_offset_s: float | None = Field(
+        default=None, ge=0.0,
+        description="Trace level: the request's timestamp in the trace, seconds after the trace's first "
+                    "request (before load.trace.time_scale); it was due at scheduled_s, sent at dispatch_s.")
 
     @property
     def client_queue_s(self) -> float:

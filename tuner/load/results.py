@@ -12,9 +12,11 @@ from tuner.load.load_spec import LoadSpec, rate_level_name
 from tuner.load.metrics import LevelMetrics
 from tuner.load.rate_search import MaxRateResult
 from tuner.load.records import RequestRecord
+from tuner.load.trace_spec import TRACE_LEVEL
 
 __all__ = ["TOKEN_AGREEMENT_TOLERANCE", "LevelResult", "SweepResult", "TokenAgreement",
-           "WarmupSummary", "agreement_of", "closing_notes", "count_notes", "failure_text", "level_label"]
+           "WarmupSummary", "agreement_of", "closing_notes", "count_notes", "failure_text", "level_key",
+           "level_label"]
 
 # aiperf flags client/server usage discrepancies; measurement.md §4.7 asks for 1 %.
 TOKEN_AGREEMENT_TOLERANCE = 0.01
@@ -49,7 +51,10 @@ class LevelResult(BaseModel):
 
     concurrency: int = Field(description="Closed-loop C; at a rate level, the in-flight cap.")
     request_rate: float | None = Field(
-        default=None, description="Open-loop level: target requests/s (None: closed loop).")
+        default=None, description="Open-loop level: target requests/s (None: closed loop, or the trace).")
+    trace: bool = Field(
+        default=False, description="The trace level (load.trace): a timed dataset replayed at its "
+        "timestamps, open loop; its metrics' request_rate is the replay's mean arrival rate.")
     prompts_fitted: bool = Field(description="Prompts trimmed to exact length via /tokenize.")
     deadline_hit: bool = Field(description="The level stopped issuing before its plan ended.")
     warmup: WarmupSummary
@@ -59,6 +64,11 @@ class LevelResult(BaseModel):
     )
     token_agreement: TokenAgreement
     records: list[RequestRecord]
+
+    @property
+    def open_loop(self) -> bool:
+        """A rate level or the trace: requests sent at their own times, however many are in flight."""
+        return self.request_rate is not None or self.trace
 
 
 _NO_RECORDS: dict[str, Any] = {
@@ -85,7 +95,8 @@ class SweepResult(BaseModel):
     warnings: list[str] = Field(description="Degraded measurement: missing endpoints, budget.")
     rate_levels: list[LevelResult] = Field(
         default_factory=list,
-        description="Open-loop levels (LoadSpec.request_rates), measured after the others.")
+        description="Open-loop levels, measured after the others: LoadSpec.request_rates', the "
+        "trace level (load.trace), then the max_rate@slo search's.")
     skipped_rates: list[float] = Field(
         default_factory=list, description="Rate levels not run because the budget ran out.")
     stopped_rates: list[float] = Field(
@@ -106,8 +117,8 @@ class SweepResult(BaseModel):
 
     def load_failures(self) -> dict[str, str]:
         """:func:`failure_text` of every level with failed measured requests, keyed as a
-        trial's outcome keys its levels (``"4"``, ``"r2.0"``)."""
-        return {_key(lv): failure_text(lv.metrics)
+        trial's outcome keys its levels (``"4"``, ``"r2.0"``, ``"trace"``)."""
+        return {level_key(lv): failure_text(lv.metrics)
                 for lv in (*self.levels, *self.rate_levels) if lv.metrics.failed}
 
     def problems(self) -> list[str]:
@@ -119,7 +130,7 @@ class SweepResult(BaseModel):
         out = []
         for lv in (*self.levels, *self.rate_levels):
             m = lv.metrics
-            if m.failed and (lv.request_rate is None or not m.completed):
+            if m.failed and (not lv.open_loop or not m.completed):
                 out.append(f"{level_label(lv)}: {failure_text(m)}")
             if m.token_mismatch:
                 out.append(f"{level_label(lv)}: {_mismatch_text(m)}")
@@ -127,13 +138,16 @@ class SweepResult(BaseModel):
 
 
 def level_label(level: LevelResult) -> str:
-    """``c=4`` for a concurrency level, ``r2.0`` for a rate level (how messages name them)."""
-    return f"c={level.concurrency}" if level.request_rate is None else _key(level)
+    """``c=4`` for a concurrency level, ``r2.0`` for a rate level, ``trace`` for the trace
+    (how messages name them)."""
+    return f"c={level.concurrency}" if not level.open_loop else level_key(level)
 
 
-def _key(level: LevelResult) -> str:
-    return str(level.concurrency) if level.request_rate is None \
-        else rate_level_name(level.request_rate)
+def level_key(level: LevelResult) -> str:
+    """The level as a trial's outcome keys it: ``"4"``, ``"r2.0"``, ``"trace"``."""
+    if level.trace:
+        return TRACE_LEVEL
+    return str(level.concurrency) if level.request_rate is None else rate_level_name(level.request_rate)
 
 
 def failure_text(m: LevelMetrics) -> str:

@@ -2,20 +2,19 @@
 
 Per concurrency level: prompt fitting through ``/tokenize`` → warm-up with different
 prompts → ``/metrics`` scrape → measured level (× ``repeats``, fresh prompts each time) →
-scrape, so the server-side deltas cover the measured requests only. Open-loop rate levels
-(``LoadSpec.request_rates``) follow the concurrency levels, then the ``max_rate@slo``
+scrape, so the server-side deltas cover the measured requests only. Open-loop levels
+(:mod:`tuner.load.open_levels`) follow the concurrency levels: the rate levels
+(``LoadSpec.request_rates``), the trace level (``LoadSpec.trace``), then the ``max_rate@slo``
 search's rate levels (:mod:`tuner.load.max_rate`). With an SLO every level carries its
 goodput and verdict (:mod:`tuner.load.goodput`).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,47 +23,38 @@ import httpx
 from tuner.adapters.http_client import server_client
 from tuner.load.closed_loop import run_level
 from tuner.load.dataset import Dataset
-from tuner.load.dataset_draw import DatasetDraw
 from tuner.load.dataset_file import open_draw
-from tuner.load.goodput import level_slo
-from tuner.load.load_spec import LoadSpec, rate_level_name
+from tuner.load.load_spec import LoadSpec
 from tuner.load.loop_lag import LoopLagMonitor
-from tuner.load.max_rate import search_max_rate
 from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_repeats
-from tuner.load.open_loop import rate_level_metrics, run_rate_level
-from tuner.load.prometheus import MetricsSnapshot, server_side_metrics
-from tuner.load.rate_search import MaxRateResult, RateSearchSpec
+from tuner.load.open_levels import open_loop_levels
+from tuner.load.rate_search import RateSearchSpec
 from tuner.load.records import RequestRecord
 from tuner.load.request import AUX_TIMEOUT_S, LevelContext
 from tuner.load.results import (
     LevelResult,
     SweepResult,
-    TokenAgreement,
     WarmupSummary,
-    agreement_of,
     closing_notes,
     count_notes,
 )
 from tuner.load.server_calls import (
     calibrate_lengths,
     fetch_token_count,
-    fit_plan,
     scrape_metrics,
 )
 from tuner.load.slo import SloSpec
 from tuner.load.steady import SteadyRule
 from tuner.load.steady_loop import SteadyRun, run_steady_level
 from tuner.load.streams import LevelHalted
+from tuner.load.sweep_context import SweepContext, fitted_plan, server_view
 from tuner.load.warmup import warm_up
 from tuner.load.window import SteadyWindow
 from tuner.load.workload import (
     LengthModel,
     PromptStream,
     RequestPlan,
-    arrival_schedule,
-    draft_requests,
     level_stream,
-    rate_stream,
 )
 
 __all__ = ["run_sweep"]
@@ -122,19 +112,14 @@ async def run_sweep(
         draw = await open_draw(aux, base_url, model, load_spec, dataset, ignore_eos=ignore_eos, notes=notes)
         can_fit, lengths = (False, None) if draw is not None else await _prompt_lengths(
             aux, base_url, model, load_spec, notes)
-        sweep = _Sweep(
+        sweep = SweepContext(
             aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes,
             lengths, slo, draw,
         )
         results, skipped, stopped = await _concurrency_levels(
             sweep, order, after_level, inside_level)
-        rate_results, skipped_rates, stopped_rates = await _rate_levels(
-            sweep, load_spec.request_rates, stopped=bool(stopped))
-        searched = None
-        if max_rate is not None and not stopped:
-            searched, probed = await _search_max_rate(
-                sweep, max_rate, results, rate_results, stop_search)
-            rate_results.extend(probed)
+        rate_results, skipped_rates, stopped_rates, searched = await open_loop_levels(
+            sweep, results, stopped=bool(stopped), max_rate=max_rate, stop_search=stop_search)
     notes += closing_notes(draw.note() if draw is not None else None, skipped, skipped_rates, deadline_s)
     return SweepResult(
         model=model,
@@ -169,52 +154,6 @@ def _budget_clock(
     return budget
 
 
-async def _rate_levels(
-    sweep: _Sweep, rates: Sequence[float], *, stopped: bool
-) -> tuple[list[LevelResult], list[float], list[float]]:
-    """The open-loop rate levels in order: (measured, skipped for budget, stopped early)."""
-    rate_results: list[LevelResult] = []
-    skipped_rates: list[float] = []
-    stopped_rates: list[float] = []
-    for rate in rates:
-        if stopped:
-            # Early stop ended the sweep: the trial is judged already.
-            stopped_rates.append(rate)
-            continue
-        result = await _sweep_rate_level(sweep, rate)
-        if result is None:
-            skipped_rates.append(rate)
-        else:
-            rate_results.append(result)
-    return rate_results, skipped_rates, stopped_rates
-
-
-async def _search_max_rate(
-    sweep: _Sweep,
-    max_rate: RateSearchSpec,
-    results: list[LevelResult],
-    rate_results: list[LevelResult],
-    stop_search: Callable[[dict[int | str, dict[str, float]], float], bool] | None,
-) -> tuple[MaxRateResult, list[LevelResult]]:
-    """The ``max_rate@slo`` search after the configured levels: (its result, levels probed).
-
-    ``stop_search`` sees the flat metrics of every level so far, the probed ones included.
-    """
-    def stop(bound: float, probed: list[LevelResult]) -> bool:
-        if stop_search is None:
-            return False
-        flat: dict[int | str, dict[str, float]] = {
-            lv.concurrency: lv.metrics.flat() for lv in results}
-        flat.update({rate_level_name(lv.request_rate or 0.0): lv.metrics.flat()
-                     for lv in (*rate_results, *probed)})
-        return stop_search(flat, bound)
-
-    return await search_max_rate(
-        _SearchLevels(sweep).measure, max_rate,
-        hint=max((lv.metrics.request_per_s for lv in results), default=None),
-        known=rate_results, stop=stop)
-
-
 async def _prompt_lengths(aux: httpx.AsyncClient, base_url: str, model: str, spec: LoadSpec,
                           notes: list[str]) -> tuple[bool, LengthModel | None]:
     """Whether /tokenize can fit prompts, and (levels sized by time) the calibrated lengths."""
@@ -233,7 +172,7 @@ async def _prompt_lengths(aux: httpx.AsyncClient, base_url: str, model: str, spe
 
 
 async def _concurrency_levels(
-    sweep: _Sweep,
+    sweep: SweepContext,
     order: list[int],
     after_level: Callable[[dict[int, dict[str, float]], list[int]], bool] | None,
     inside_level: Callable[[int, dict[str, Any], list[int]], bool] | None,
@@ -265,33 +204,7 @@ async def _concurrency_levels(
     return results, skipped, []
 
 
-@dataclass(frozen=True, slots=True)
-class _Sweep:
-    """What every level of one sweep shares."""
-
-    aux: httpx.AsyncClient  # for /tokenize and /metrics
-    base_url: str
-    model: str
-    spec: LoadSpec
-    ignore_eos: bool
-    can_fit: bool
-    budget: Callable[[], float | None]  # seconds a level may issue now; None = spent
-    headers: dict[str, str] | None
-    notes: list[str]  # appended to
-    lengths: LengthModel | None = None  # sizing: steady, calibrated through /tokenize
-    slo: SloSpec | None = None  # judged at every level
-    dataset: DatasetDraw | None = None  # requests from the user's file instead of synthetic ones
-
-    def judged(self, level: LevelResult | None) -> LevelResult | None:
-        """``level`` with its goodput and SLO verdict (unchanged without an SLO)."""
-        if level is None or self.slo is None:
-            return level
-        metrics = level.metrics.model_copy(
-            update={"slo": level_slo(level.records, level.metrics, self.slo)})
-        return level.model_copy(update={"metrics": metrics})
-
-
-async def _plan_for(sw: _Sweep, c: int, repeat: int) -> tuple[list[RequestPlan], bool]:
+async def _plan_for(sw: SweepContext, c: int, repeat: int) -> tuple[list[RequestPlan], bool]:
     """The measured plan of one repeat of a level, fitted to exact lengths when possible.
 
     Every repeat draws fresh prompts of the same shape (its own seed stream): re-sending
@@ -299,31 +212,11 @@ async def _plan_for(sw: _Sweep, c: int, repeat: int) -> tuple[list[RequestPlan],
     (measurement.md §4, vLLM sweep notes).
     """
     purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
-    return await _fitted_plan(sw, sw.spec.requests_for(c), level_stream(purpose, c), f"c={c}")
-
-
-async def _fitted_plan(sw: _Sweep, n: int, stream: str, level: str) -> tuple[list[RequestPlan], bool]:
-    """``n`` requests of ``stream``, fitted to exact lengths through the server's /tokenize
-    when it can; (plan, fitted). A failed fit is noted under ``level``'s name. A dataset's
-    requests are its verbatim text: nothing to fit."""
-    spec, ignore_eos = sw.spec, sw.ignore_eos
-    if sw.dataset is not None:
-        return sw.dataset.take(n), False
-    drafts = draft_requests(spec.workload, n, seed=spec.seed, stream=stream)
-    plan = None
-    if sw.can_fit:
-        plan = await fit_plan(
-            sw.aux, sw.base_url, sw.model, drafts, ignore_eos=ignore_eos, api=spec.api
-        )
-        if plan is None:
-            sw.notes.append(f"{level}: /tokenize failed while fitting; prompt lengths estimated")
-    if plan is None:
-        return [d.to_plan(ignore_eos=ignore_eos) for d in drafts], False
-    return plan, True
+    return await fitted_plan(sw, sw.spec.requests_for(c), level_stream(purpose, c), f"c={c}")
 
 
 async def _sweep_level(
-    sw: _Sweep, c: int, checkpoint: Callable[[dict[str, Any]], bool] | None = None
+    sw: SweepContext, c: int, checkpoint: Callable[[dict[str, Any]], bool] | None = None
 ) -> LevelResult | None:
     """Fit → warm up → scrape → measure (× repeats) → scrape for one level; None if out
     of budget before anything was measured. ``checkpoint``: see :func:`run_level` (raises
@@ -371,7 +264,7 @@ async def _sweep_level(
         if repeat:
             run = [r.model_copy(update={"repeat": repeat}) for r in run]
         records.extend(run)
-    server, agreement = await _server_view(sw, before, records, f"c={c}")
+    server, agreement = await server_view(sw, before, records, f"c={c}")
     # Instability is reported per level (metrics.unstable, stability_ratio), not as a sweep
     # warning: short levels are often flagged, and that is information, not degradation.
     metrics = summarize_repeats(runs).model_copy(update={"noise_floor": spec.noise_floor or 0.0})
@@ -388,7 +281,7 @@ async def _sweep_level(
 
 
 async def _sweep_steady_level(
-    sw: _Sweep, c: int, checkpoint: Callable[[dict[str, Any]], bool] | None
+    sw: SweepContext, c: int, checkpoint: Callable[[dict[str, Any]], bool] | None
 ) -> LevelResult | None:
     """Scrape → steady level (× repeats, fresh prompts each) → scrape. The warm-up is the
     level's own first stretch (tuner.load.steady), so the server-side deltas include it."""
@@ -426,7 +319,7 @@ async def _sweep_steady_level(
         records.extend(recs)
         warm.extend(r for r in recs if r.phase == "warmup")
         warm_s += runs[-1].ramp_up_s or 0.0
-    server, agreement = await _server_view(sw, before, records, f"c={c}")
+    server, agreement = await server_view(sw, before, records, f"c={c}")
     failed = [r for r in warm if not r.ok]
     return LevelResult(
         concurrency=c,
@@ -457,143 +350,3 @@ def steady_metrics(run: SteadyRun, c: int, subwindows: int, max_ratio: float,
                                  client_lag_ms=client_lag_ms)
 
 
-async def _server_view(
-    sw: _Sweep, before: MetricsSnapshot | None, records: Sequence[RequestRecord], label: str
-) -> tuple[dict[str, Any] | None, TokenAgreement]:
-    """Scrape after a level: server-side deltas since ``before`` and the token agreement."""
-    aux, base_url = sw.aux, sw.base_url
-    after = await scrape_metrics(aux, base_url)
-    server = server_side_metrics(before, after) if before and after else None
-    agreement = agreement_of(records, server)
-    if agreement.agree is False and before is not None:
-        # vLLM records stats just after handing tokens out; one late scrape rules out a
-        # race before a disagreement is reported.
-        await asyncio.sleep(1.0)
-        late = await scrape_metrics(aux, base_url)
-        if late is not None:
-            server = server_side_metrics(before, late)
-            agreement = agreement_of(records, server)
-    if agreement.agree is False:
-        logger.warning(
-            "%s: client/server token counts disagree: %d vs %s",
-            label, agreement.client_output_tokens, agreement.server_generation_tokens,
-        )
-    return server, agreement
-
-
-async def _rate_plan_for(sw: _Sweep, rate: float, repeat: int) -> tuple[list[RequestPlan], bool]:
-    """The measured plan of one repeat of a rate level (own seed stream, see _plan_for)."""
-    purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
-    return await _fitted_plan(sw, sw.spec.requests_for_rate(rate), rate_stream(purpose, rate),
-                              rate_level_name(rate))
-
-
-async def _sweep_rate_level(sw: _Sweep, rate: float) -> LevelResult | None:
-    """With its goodput and SLO verdict (``_Sweep.judged``); see ``_rate_level``."""
-    return sw.judged(await _rate_level(sw, rate))
-
-
-@dataclass
-class _RateRuns:
-    """The runs of one rate level so far (its repeats, or the parts of a search level
-    extended while its verdict was within noise), with the scrape before the first."""
-
-    rate: float
-    before: MetricsSnapshot | None = None
-    runs: list[LevelMetrics] = field(default_factory=list)
-    records: list[RequestRecord] = field(default_factory=list)
-    fitted: bool = True
-    deadline_hit: bool = False
-
-
-async def _rate_level(sw: _Sweep, rate: float) -> LevelResult | None:
-    """Fit → scrape → measure open loop (× repeats) → scrape for one rate level; None if
-    out of budget before anything was measured. No warm-up of its own: rate levels run
-    after the concurrency levels, on a server those already warmed (CUDA graphs, JIT),
-    and their prompts come from their own seed streams (no prefix-cache warming)."""
-    spec = sw.spec
-    acc = _RateRuns(rate)
-    for repeat in range(spec.repeats):
-        if not await _rate_run(sw, acc, repeat):
-            if not acc.runs:
-                return None
-            sw.notes.append(f"{rate_level_name(rate)}: {len(acc.runs)} of {spec.repeats} "
-                            "repeats measured before the budget ran out")
-            break
-    return await _rate_result(sw, acc)
-
-
-async def _rate_run(sw: _Sweep, acc: _RateRuns, repeat: int) -> bool:
-    """Measure run ``repeat`` of a rate level into ``acc`` (its own seed streams: repeat 0
-    ``measure``, then ``measure-r1`` ...); False when the budget is spent."""
-    spec, rate = sw.spec, acc.rate
-    name = rate_level_name(rate)
-    plan, fitted_r = await _rate_plan_for(sw, rate, repeat)
-    level_budget = sw.budget()
-    if level_budget is None:
-        return False
-    acc.fitted = acc.fitted and fitted_r
-    if acc.before is None:
-        acc.before = await scrape_metrics(sw.aux, sw.base_url)
-    purpose = "measure" if repeat == 0 else f"measure-r{repeat}"
-    schedule = arrival_schedule(
-        len(plan), rate, arrival=spec.arrival, burstiness=spec.burstiness,
-        seed=spec.seed, stream=rate_stream(purpose, rate),
-    )
-    async with LoopLagMonitor() as lag:
-        run = await run_rate_level(
-            sw.base_url, sw.model, plan, schedule,
-            api=spec.api, deadline_s=level_budget, request_timeout_s=spec.request_timeout_s,
-            max_in_flight=spec.max_in_flight, headers=sw.headers,
-        )
-    if run.cap_waits:
-        sw.notes.append(
-            f"{name}: {run.cap_waits} requests waited for the in-flight cap "
-            f"(max_in_flight={spec.max_in_flight}); the arrival rate was not held"
-        )
-    acc.deadline_hit = acc.deadline_hit or len(run.records) < len(plan)
-    acc.runs.append(rate_level_metrics(run, rate, cap=spec.max_in_flight, planned=len(plan),
-                                       client_lag_ms=lag.samples_ms))
-    recs = run.records
-    if repeat:
-        recs = [r.model_copy(update={"repeat": repeat}) for r in recs]
-    acc.records.extend(recs)
-    return True
-
-
-async def _rate_result(sw: _Sweep, acc: _RateRuns) -> LevelResult:
-    """The level of every run in ``acc`` (scraped now, so the server-side deltas cover them)."""
-    spec = sw.spec
-    server, agreement = await _server_view(sw, acc.before, acc.records,
-                                           rate_level_name(acc.rate))
-    return LevelResult(
-        concurrency=spec.max_in_flight,
-        request_rate=acc.rate,
-        prompts_fitted=acc.fitted,
-        deadline_hit=acc.deadline_hit,
-        warmup=WarmupSummary(requests=0, completed=0, failed=0, failure_reasons={},
-                             duration_s=0.0),
-        metrics=summarize_repeats(acc.runs).model_copy(update={"noise_floor": spec.noise_floor or 0.0}),
-        server_side=server,
-        token_agreement=agreement,
-        records=list(acc.records),
-    )
-
-
-class _SearchLevels:
-    """The max_rate@slo search's levels: ``measure(rate, part)`` runs part ``part`` of the
-    level at ``rate`` (part 0 starts it) and returns it with every part so far, judged;
-    None when the budget is spent. A search level is one run per part (``load.repeats``
-    does not apply: parts are added while the verdict is within noise)."""
-
-    def __init__(self, sw: _Sweep) -> None:
-        self.sw = sw
-        self.levels: dict[float, _RateRuns] = {}
-
-    async def measure(self, rate: float, part: int) -> LevelResult | None:
-        acc = self.levels.setdefault(rate, _RateRuns(rate))
-        if part == 0:
-            acc = self.levels[rate] = _RateRuns(rate)
-        if not await _rate_run(self.sw, acc, part):
-            return None         # the budget is spent (the search keeps what it has)
-        return self.sw.judged(await _rate_result(self.sw, acc))

@@ -69,13 +69,17 @@ class TraceText:
     # Fewer words than this make blocks of different ids too alike to tell apart reliably.
     MIN_WORDS = 16
 
-    def __init__(self, words: Sequence[str], *, block_tokens: int, overhead: int, seed: int = 0) -> None:
+    def __init__(self, words: Sequence[str], *, block_tokens: int, overhead: int, seed: int | str = 0) -> None:
         if len(words) < self.MIN_WORDS:
             raise ValueError(f"only {len(words)} one-token words (at least {self.MIN_WORDS} are needed)")
         self.words = tuple(words)
         self.block_tokens = block_tokens
         self.overhead = overhead
         self.seed = seed
+
+    def reseeded(self, seed: int | str) -> TraceText:
+        """The same words, lengths and overhead, with blocks drawn under another seed."""
+        return TraceText(self.words, block_tokens=self.block_tokens, overhead=self.overhead, seed=seed)
 
     @functools.lru_cache(maxsize=4096)  # noqa: B019 - one TraceText per sweep; ids repeat across requests
     def block(self, hash_id: int) -> str:

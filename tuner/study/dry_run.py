@@ -39,6 +39,9 @@ TRIALS = 12
 REQUESTS_PER_STREAM, MIN_REQUESTS, WARMUP_REQUESTS = 2, 4, 2
 # An open-loop rate level plans rate x this many seconds of arrivals (at least min_requests).
 RATE_DURATION_S = 5.0
+# The trace level (load.trace) replays in wall-clock time whatever the simulator's clock: at
+# most this many requests over at most this many seconds a trial.
+TRACE_REQUESTS, TRACE_SECONDS = 32, 10.0
 # Request lengths, at most: on a small box the client and the simulator stream every token
 # on its CPUs whatever the clock, so tokens, not modelled time, are what a dry run costs (the
 # field-notes study's 256-token answers at c=64 took 12 s a level on two shared cores).
@@ -128,8 +131,21 @@ def _load(load: dict[str, Any], *, rates_measured: bool) -> list[str]:
         if rates_measured:
             lines.append(f"load.rate_duration_s {load['rate_duration_s']:g} -> {RATE_DURATION_S:g}")
         load["rate_duration_s"] = RATE_DURATION_S
+    if load["trace"] is not None:
+        lines += _trace(load["trace"])
     if load["host_check_s"]:
         lines.append(f"load.host_check_s {load['host_check_s']:g} -> 0 (the host check is the real run's)")
         load["host_check_s"] = 0.0
     return lines
 
+
+def _trace(trace: dict[str, Any]) -> list[str]:
+    """The trace level cut to TRACE_REQUESTS requests within TRACE_SECONDS of replay."""
+    cap, window = trace["max_requests"], TRACE_SECONDS / trace["time_scale"]
+    if (cap is not None and cap <= TRACE_REQUESTS) and (trace["duration_s"] is not None
+                                                         and trace["duration_s"] <= window):
+        return []
+    trace["max_requests"] = min(cap or TRACE_REQUESTS, TRACE_REQUESTS)
+    trace["duration_s"] = min(trace["duration_s"] or window, window)
+    return [f"load.trace: at most {trace['max_requests']} requests of {trace['duration_s']:g} s of trace time "
+            f"from start_s {trace['start_s']:g} (at most {TRACE_SECONDS:g} s of replay a trial)"]

@@ -41,8 +41,8 @@ Five rules, each safe on its own:
    * goodput (``goodput_req_s``, ``goodput_tok_s``) at level C: the bound of the throughput
      it is a part of (``request_per_s``, ``output_tok_s``) measured at a level below, as
      above (good requests are a subset of the completed ones); ``slo_attained``: 1;
-   * open-loop levels (``metric@r<rate>``, level named ``r2.0``): exact once measured (they
-     run after every concurrency level), unbounded before;
+   * open-loop levels (``metric@r<rate>``, level named ``r2.0``; ``metric@trace``, the trace
+     replay): exact once measured (they run after every concurrency level), unbounded before;
    * anything else, or a level below every measured one: unbounded (never stops).
 
    The trial stops when one feasible point of the current front is at least as good as

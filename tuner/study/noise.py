@@ -21,6 +21,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.load.trace_spec import is_open_level
+
 __all__ = ["NoisyPoint", "Tie", "better_beyond", "label_noise", "level_client_bound",
            "level_unstable", "unstable_text", "max_rate_noise",
            "noisy_front", "plus_minus", "resolve_level", "tie_text", "unmeasured_level",
@@ -142,8 +144,8 @@ def label_noise(levels: Mapping[str, Mapping[str, float | None]], label: str) ->
     metric, sep, level = label.rpartition("@c")
     if not sep:
         metric, sep, level = label.rpartition("@")
-        if not (sep and level.startswith("r")):
-            return None       # not at a level; an open-loop level is named r2.0
+        if not (sep and is_open_level(level)):
+            return None       # not at a level; an open-loop level is named r2.0 or trace
     value = (levels.get(resolve_level(levels, level)) or {}).get(f"{metric}.ci95")
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else float(value)
 

@@ -1,5 +1,6 @@
 """The study file's ``objectives:`` and ``limits:``: a metric read at a load level (a
-concurrency, an open-loop rate, or the trial itself), maximized, minimized or bounded."""
+concurrency, an open-loop rate, the trace replay, or the trial itself), maximized, minimized
+or bounded."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from tuner.load.load_spec import rate_level_name
+from tuner.load.trace_spec import TRACE_LEVEL
 from tuner.study.spec_base import Strict
 
-__all__ = ["ObjectiveSpec", "LimitSpec", "MAX_RATE", "TRIAL_METRICS", "level_label"]
+__all__ = ["ObjectiveSpec", "LimitSpec", "MAX_RATE", "TRIAL_METRICS", "level_label", "open_level"]
 
 
 _METRIC = re.compile(r"^[a-z_]+(\.(mean|p50|p90|p99))?$")
@@ -19,12 +21,23 @@ MAX_RATE = "max_rate@slo"
 TRIAL_METRICS = ("startup_s", "probe_s", "trial_s")
 
 
-def level_label(metric: str, concurrency: int | str, rate: float | None) -> str:
+def level_label(metric: str, concurrency: int | str, rate: float | None, level: str | None = None) -> str:
     if metric in TRIAL_METRICS or metric == MAX_RATE:
         return metric
+    if level is not None:
+        return f"{metric}@{level}"
     if rate is not None:
         return f"{metric}@{rate_level_name(rate)}"
     return f"{metric}@c{concurrency}"
+
+
+def open_level(item: object) -> str | None:
+    """The open-loop level an objective or limit reads (``r2.0``, ``trace``); None: a
+    concurrency level or the trial."""
+    if getattr(item, "level", None) == TRACE_LEVEL:
+        return TRACE_LEVEL
+    rate = getattr(item, "rate", None)
+    return None if rate is None else rate_level_name(rate)
 
 
 class ObjectiveSpec(Strict):
@@ -36,6 +49,9 @@ class ObjectiveSpec(Strict):
     rate: float | None = Field(
         None, gt=0, description="read at the open-loop level of this rate (one of "
         "load.request_rates) instead of a concurrency level: label metric@r<rate>")
+    level: Literal["trace"] | None = Field(
+        None, description="trace: read at the trace level (load.trace, a timed dataset replayed at "
+        "its timestamps) instead of a concurrency level: label metric@trace")
     direction: Literal["maximize", "minimize"]
 
     @field_validator("metric")
@@ -51,7 +67,7 @@ class ObjectiveSpec(Strict):
 
     @property
     def label(self) -> str:
-        return level_label(self.metric, self.concurrency, self.rate)
+        return level_label(self.metric, self.concurrency, self.rate, self.level)
 
 
 class LimitSpec(Strict):
@@ -60,6 +76,7 @@ class LimitSpec(Strict):
     metric: str
     concurrency: int | Literal["max", "min"] = "max"
     rate: float | None = Field(None, gt=0)
+    level: Literal["trace"] | None = None
     max: float | None = None
     min: float | None = None
 
@@ -74,5 +91,5 @@ class LimitSpec(Strict):
     @property
     def label(self) -> str:
         bound = f"<={self.max}" if self.max is not None else f">={self.min}"
-        return f"{level_label(self.metric, self.concurrency, self.rate)}{bound}"
+        return f"{level_label(self.metric, self.concurrency, self.rate, self.level)}{bound}"
 

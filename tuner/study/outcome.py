@@ -92,8 +92,8 @@ class TrialOutcome(BaseModel):
         default_factory=dict, description="concurrency (as text) -> flat metrics"
     )
     rate_levels: dict[str, dict[str, float | None]] = Field(
-        default_factory=dict, description="open-loop level name (r2.0) -> flat metrics: "
-        "load.request_rates and the max_rate@slo search's levels")
+        default_factory=dict, description="open-loop level name (r2.0, trace) -> flat metrics: "
+        "load.request_rates, the trace level (load.trace) and the max_rate@slo search's levels")
     max_rate: dict[str, Any] | None = Field(
         default=None, description="load.rate_search.MaxRateResult of the max_rate@slo search "
         "(answer, status, bracket, every probed rate); None: not searched")

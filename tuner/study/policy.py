@@ -50,10 +50,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.load.load_spec import rate_level_name
+from tuner.load.trace_spec import is_open_level
 from tuner.study import early_stop, space, sweep_guard
 from tuner.study.confirmation import RunResult
-from tuner.study.objectives import MAX_RATE
+from tuner.study.objectives import MAX_RATE, open_level
 from tuner.study.outcome import TrialOutcome
 from tuner.study.outcome_summary import Failure
 from tuner.study.pareto import Point, pareto_front
@@ -361,13 +361,13 @@ def _failed_levels(spec: StudySpec, outcome: TrialOutcome, objectives: Sequence[
     for o in objectives:
         if o.metric in TRIAL_METRICS or o.metric == MAX_RATE:
             continue
-        key = rate_level_name(o.rate) if getattr(o, "rate", None) is not None else str(level_of(spec, o))
+        key = open_level(o) or str(level_of(spec, o))
         text = outcome.load_failures.get(key)
         if text is None:
             # An outcome written before load_failures was kept: its count alone.
-            level = (outcome.rate_levels if key.startswith("r") else outcome.levels).get(key) or {}
+            level = (outcome.rate_levels if is_open_level(key) else outcome.levels).get(key) or {}
             text = f"{level['failed']:.0f} measured requests failed" if level.get("failed") else None
-        line = None if text is None else f"{key if key.startswith('r') else 'c=' + key}: {text}"
+        line = None if text is None else f"{key if is_open_level(key) else 'c=' + key}: {text}"
         if line is not None and line not in out:
             out.append(line)
     return out
@@ -378,13 +378,11 @@ def _failed_levels(spec: StudySpec, outcome: TrialOutcome, objectives: Sequence[
 
 def target_level(spec: StudySpec, item: Any) -> int | str:
     """Where early stop reads an objective or limit: a concurrency level, an open-loop
-    level's name (r2.0), or the trial (early_stop.TRIAL_LEVEL: startup_s, max_rate@slo)."""
+    level's name (r2.0, trace), or the trial (early_stop.TRIAL_LEVEL: startup_s, max_rate@slo)."""
 
     if item.metric in TRIAL_METRICS or item.metric == MAX_RATE:
         return early_stop.TRIAL_LEVEL
-    if getattr(item, "rate", None) is not None:
-        return rate_level_name(item.rate)
-    return level_of(spec, item)
+    return open_level(item) or level_of(spec, item)
 
 
 def early_stop_plan(spec: StudySpec, trials: Sequence[TrialRecord]) -> sweep_guard.SweepPlan:

@@ -11,11 +11,10 @@ from collections.abc import Sequence
 from dataclasses import fields
 from typing import Any
 
-from tuner.load.load_spec import rate_level_name
 from tuner.load.max_rate_text import max_rate_value_text
 from tuner.study.between_starts import StudyNoise
 from tuner.study.noise import level_unstable, noisy_front, resolve_level
-from tuner.study.objectives import MAX_RATE, ObjectiveSpec
+from tuner.study.objectives import MAX_RATE, ObjectiveSpec, open_level
 from tuner.study.outcome import TrialOutcome
 from tuner.study.outcome_summary import OutcomeSummary
 from tuner.study.pareto import pareto_front
@@ -72,8 +71,8 @@ def metric_value(spec: StudySpec, outcome: TrialOutcome, item: Any) -> float | N
         return None if seconds is None else float(seconds)
     if item.metric == MAX_RATE:
         return max_rate_value(outcome)
-    if getattr(item, "rate", None) is not None:
-        value = outcome.rate_levels.get(rate_level_name(item.rate), {}).get(item.metric)
+    if (name := open_level(item)) is not None:
+        value = outcome.rate_levels.get(name, {}).get(item.metric)
         return None if value is None else float(value)
     level = outcome.levels.get(str(level_of(spec, item)), {})
     value = level.get(item.metric)

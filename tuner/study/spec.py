@@ -326,9 +326,9 @@ def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -
         if spec.slo is None:
             raise ValueError(f"{where}: {MAX_RATE} needs an slo: section (the latency SLO the "
                              "rate must meet), e.g. slo: {{ttft_ms.p99: 2000}}")
-        if concurrency_given or item.rate is not None:
+        if concurrency_given or item.rate is not None or item.level is not None:
             raise ValueError(f"{where}: {MAX_RATE} is one value per trial (the search over "
-                             "rates); remove concurrency/rate")
+                             "rates); remove concurrency/rate/level")
         if isinstance(item, ObjectiveSpec) and item.direction != "maximize":
             raise ValueError(f"{where}: {MAX_RATE} can only be maximized (a higher rate within "
                              "the SLO is better)")
@@ -336,6 +336,16 @@ def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -
     if metric in GOODPUT_KEYS and spec.slo is None:
         raise ValueError(f"{where}: {metric} needs an slo: section (requests are good when "
                          "they meet it), e.g. slo: {{ttft_ms.p99: 2000}}")
+    if item.level is not None:
+        if concurrency_given or item.rate is not None:
+            raise ValueError(f"{where}: {metric}: level {item.level} is a level of its own; remove "
+                             "concurrency/rate")
+        if metric in TRIAL_METRICS:
+            raise ValueError(f"{where}: {metric} is a trial-level metric; remove level")
+        if spec.load.trace is None:
+            raise ValueError(f"{where}: {metric} at level trace is not a measured level; load.trace "
+                             "replays a timed dataset as that level (load.trace: {} for the whole trace)")
+        return
     if item.rate is not None:
         if concurrency_given:
             raise ValueError(f"{where}: {metric}: give concurrency or rate, not both")

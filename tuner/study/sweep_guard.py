@@ -23,6 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from tuner.load.trace_spec import is_open_level
 from tuner.load.uncertainty import with_noise_floor
 from tuner.study.early_stop import (
     DEFAULT_MARGIN,
@@ -48,14 +49,14 @@ __all__ = ["PlanTarget", "PlanLimit", "SweepPlan", "sweep_plan", "SweepGuard", "
 
 def _level_key(level: Any) -> int | str:
     """A plan's level back from JSON: concurrency levels are ints, open-loop ones names."""
-    return level if isinstance(level, str) and level.startswith("r") else int(level)
+    return level if isinstance(level, str) and is_open_level(level) else int(level)
 
 
 class PlanTarget(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     metric: str
-    level: int | str            # a concurrency level, an open-loop one's name (r2.0), TRIAL_LEVEL
+    level: int | str            # a concurrency level, an open-loop one's name (r2.0, trace), TRIAL_LEVEL
     direction: Literal["maximize", "minimize"]
 
 

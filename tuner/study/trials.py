@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from tuner.load.trace_spec import is_open_level
 from tuner.study.noise import (
     NoisyPoint,
     label_noise,
@@ -75,7 +76,7 @@ def label_measured(label: str, outcome: OutcomeSummary) -> bool:
     levels: Mapping[str, Any] = outcome.levels
     if not sep:
         metric, sep, level = label.rpartition("@")
-        if not (sep and level.startswith("r")):
+        if not (sep and is_open_level(level)):
             return False
         levels = outcome.rate_levels
     found = (levels.get(resolve_level(levels, level)) or {}).get(metric)
