@@ -111,3 +111,20 @@ def test_the_verdict_made_on_the_box_is_kept_beside_the_current_one(study, tmp_p
     assert again["verdict"] == "reproduced" and again["previous"]["verdict"] == "not_reproducible"
     assert again["runs"] == stored["runs"]          # the measured re-run is untouched
     assert json.loads((copy / NAME / "pareto.json").read_text())["front"][0]["confirmation"]["verdict"] == "reproduced"
+
+
+def test_the_probe_on_dummy_weights_is_reference_only_on_the_gpu() -> None:
+    """``results/examples/d8b-h100-probe`` (the next lease, another H100): the same model with the
+    probe on. It turned reference-only by itself, recorded the eager reference without known
+    answers, and both trials (the defaults and FULL) answered as the reference did at every
+    batch size, for 2 % of their trial time. Their requests-*.jsonl were not committed (size)."""
+    root = EXAMPLES / "d8b-h100-probe"
+    evidence = json.loads((root / "reference_probe.json").read_text())
+    assert "reference-only" in evidence["probe_mode"] and "--load-format dummy" in evidence["command"]
+    for trial in ("0000", "0001"):
+        probe = json.loads((root / "trials" / trial / "probe.json").read_text())
+        outcome = json.loads((root / "trials" / trial / "outcome.json").read_text())
+        assert probe["passed"] is True and probe["mode"] == "reference_only", probe["reason"]
+        assert probe["known_answers"]["skipped"] is True
+        assert outcome["probe_s"] / outcome["trial_s"] < 0.05
+        assert "88/88" in outcome["probe_agreement"] and "0 corrupt" in outcome["probe_agreement"]
