@@ -148,7 +148,7 @@ confirm: %s
     ("{candidates: -1}", "confirm.candidates", "-1"),
     ("{candidates: 2, repeats: 9}", "confirm.repeats", "9"),
     ("{tolerance: 1.5}", "confirm.tolerance", "1.5"),
-    ("{candidate: 2}", "confirm: unknown key", "allowed: candidates, repeats, tie_runs, tolerance"),
+    ("{candidate: 2}", "confirm: unknown key", "allowed: candidates, min_change, repeats, tie_runs, tolerance"),
 ])
 def test_confirm_section_is_validated(section: str, field: str, shown: str) -> None:
     with pytest.raises(SpecError) as err:
