@@ -287,6 +287,8 @@ class Sim:
             await self.wait(slow.seconds)
         if "hang_at_start" in self.faults:
             await asyncio.Event().wait()   # never ready; SIGTERM/SIGKILL still work
+        if not eff.enforce_eager:
+            await self.wait(st.warmup_s)
         extra = f" (compilation: {compile_s:.2f} s)" if compile_s else ""
         log.engine("INFO", "core.py:340", "init engine (profile, create kv cache, warmup model) "
                    f"took {self.simulated - st.api_init_s:.2f} s{extra}")

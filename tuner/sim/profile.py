@@ -146,6 +146,10 @@ class StartupSpec(_Strict):
     capture_full_s_per_size: float = Field(ge=0)
     graph_memory_gib_per_size: float = Field(ge=0)
     server_start_s: float = Field(ge=0)
+    # vLLM's JIT kernel warm-up after graph capture, before "init engine ... took" (the
+    # phase tuner/vllm/startup.py calls warmup): ~12 s on an H100 with vLLM 0.26 in every
+    # compiled mode, graphs or not; --enforce-eager skips it.
+    warmup_s: float = Field(0.0, ge=0, description="JIT kernel warm-up unless enforce_eager")
     # A torch.compile cache hit (tuner/sim/cache.py). vLLM 0.32 on CUDA compiles AOT by
     # default (VLLM_USE_AOT_COMPILE with torch >= 2.10): a hit loads the saved artifact, yet
     # real hit logs still print the Dynamo line (1.1-2.9 s where misses on similar models

@@ -1,8 +1,9 @@
 """Trial time model of the ground truth (``tuner.sim.truth``), for the early-stop savings.
 
 Startup follows the simulator's startup timeline (``Sim.startup``: API init, engine init,
-weight load, compile, profile run, KV init, graph capture per size, server start), cut at
-the failing stage for failures; a fixed prepare and stop cost (``TimeModel``) is added.
+weight load, compile, profile run, KV init, graph capture per size, warm-up unless eager,
+server start), cut at the failing stage for failures; a fixed prepare and stop cost
+(``TimeModel``) is added.
 ``PointTruth.startup_s`` is a torch.compile cache miss; ``compile_fields`` gives the compile
 key and the miss/hit timeline that let a simulated study (``tuner.sim.study``,
 ``compile_cache=True``) shorten a start whose key an earlier trial compiled
@@ -63,4 +64,6 @@ def startup_s(eff: Effective, until: str | None = None) -> float:
         per = {"FULL_AND_PIECEWISE": st.capture_piecewise_s_per_size + st.capture_full_s_per_size,
                "PIECEWISE": st.capture_piecewise_s_per_size}.get(eff.cudagraph_mode, st.capture_full_s_per_size)
         t += per * len(eff.capture_sizes)
+    if not eff.enforce_eager:
+        t += st.warmup_s
     return t + st.server_start_s
