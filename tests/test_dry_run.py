@@ -17,15 +17,17 @@ from tuner.adapters.artifacts import StudyPaths
 from tuner.commands.dry_run import MARKER, _clear_previous
 from tuner.commands.main import main
 from tuner.errors import StudyError
+from tuner.sim.profile import builtin_profiles
 from tuner.store.handle import StudyLock
-from tuner.study.dry_run import dry_run_spec
+from tuner.study.dry_run import PROFILES, dry_run_spec, pick_profile
 from tuner.study.study_file import parse_study
 
 GLM5 = ROOT / "search_spaces" / "glm5-8xpcie.yaml"
+D8B = ROOT / "search_spaces" / "d8b-h100.yaml"
 
 
 def _dry(text: str, name: str = "x-dry-run"):
-    return dry_run_spec(parse_study(text), name=name, default_profile="glm5-8xpcie", cache_dir="/tmp/dry/vllm-cache")
+    return dry_run_spec(parse_study(text), name=name, cache_dir="/tmp/dry/vllm-cache")
 
 
 def test_the_field_notes_study_on_the_simulator() -> None:
@@ -55,6 +57,9 @@ def test_the_field_notes_study_on_the_simulator() -> None:
         "server.command vllm serve -> the built-in simulator, hardware profile glm5-8xpcie; its clock runs at "
         "0.1 x modelled time (TUNER_SIM_TIME_SCALE), server starts at 0.001 x (TUNER_SIM_STARTUP_SCALE), so its "
         "tok/s and latencies are not the box's",
+        "simulator profile glm5-8xpcie (GLM-5 on eight PCIe GPUs): 8 GPUs a trial (the largest "
+        "tensor_parallel_size x pipeline_parallel_size it asks); server.env.TUNER_SIM_PROFILE picks another "
+        "(built-in: glm5-8xpcie, llama8b-h100, tiny-cpu)",
         "load: each level 2 requests per stream (at least 4) after 2 warm-up requests, once, instead of "
         "steady-state windows of at least 10 s",
         "load.workload: requests of at most 128 prompt and 16 output tokens (the file's prompt/output tokens: "
@@ -92,6 +97,48 @@ def test_a_study_keeps_its_own_simulator_settings_and_loses_a_shared_cache() -> 
     assert "load.host_check_s 30 -> 0 (the host check is the real run's)" in dry.changes
     assert "load.rate_duration_s 60 -> 5" in dry.changes
     assert not any(line.startswith("budget.n_trials") for line in dry.changes)
+
+
+def test_the_profile_fits_the_study_unless_the_study_names_one() -> None:
+    assert set(PROFILES) <= set(builtin_profiles())
+    files = sorted((ROOT / "search_spaces").glob("*.yaml"))
+    shipped = {f.stem: pick_profile(parse_study(f.read_text()))[0] for f in files}
+    assert shipped == {"d8b-h100": "llama8b-h100", "smollm2-h200": "llama8b-h100", "smollm2-cpu": "tiny-cpu",
+                       "smollm2-cpu-slo": "tiny-cpu", "glm5-8xpcie": "glm5-8xpcie", "glm5-8xpcie-large": "glm5-8xpcie",
+                       "glm5-8xpcie-slo": "glm5-8xpcie", "demo": "glm5-8xpcie"}
+    data = yaml.safe_load(D8B.read_text())
+    dry = _dry(yaml.safe_dump(data))
+    assert dry.spec.server.env["TUNER_SIM_PROFILE"] == "llama8b-h100"
+    # Its steps are milliseconds already: its clock is not sped up (tuner.study.dry_run.PROFILE_TIME_SCALES).
+    assert dry.spec.server.env["TUNER_SIM_TIME_SCALE"] == 1.0
+    assert ("simulator profile llama8b-h100 (an 8B Llama on one H100): one GPU a trial (tensor_parallel_size x "
+            "pipeline_parallel_size 1); server.env.TUNER_SIM_PROFILE picks another (built-in: glm5-8xpcie, "
+            "llama8b-h100, tiny-cpu)") in dry.changes
+
+    def pick(server: dict, parameters: list | None = None) -> tuple[str, str]:
+        study = yaml.safe_load(D8B.read_text())
+        study["server"].update(server)
+        study["parameters"] += parameters or []
+        return pick_profile(parse_study(yaml.safe_dump(study)))
+
+    # The GPUs a trial's server uses decide, the largest a parameter can ask included...
+    assert pick({"gpus_per_trial": 8}) == ("llama8b-h100", "one GPU a trial (tensor_parallel_size x "
+                                           "pipeline_parallel_size 1)")
+    assert pick({"gpus_per_trial": 4, "flags": {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}}) == (
+        "glm5-8xpcie", "4 GPUs a trial (the largest tensor_parallel_size x pipeline_parallel_size it asks)")
+    tp = {"name": "tp", "flag": "tensor_parallel_size", "kind": "categorical", "values": [1, 2], "default": 1}
+    assert pick({"gpus_per_trial": 2}, [tp])[0] == "glm5-8xpcie"
+    tp_int = {"name": "tp", "flag": "tensor_parallel_size", "kind": "int", "low": 1, "high": 2, "default": 1}
+    assert pick({"gpus_per_trial": 2}, [tp_int])[0] == "glm5-8xpcie"
+    # ...after a CPU study's hints, and never over the study's own choice.
+    assert pick({"gpus_per_trial": 0}) == ("tiny-cpu", "a CPU study (server.gpus_per_trial 0)")
+    assert pick({"env": {"VLLM_CPU_KVCACHE_SPACE": 2}}) == ("tiny-cpu", "a CPU study (VLLM_CPU_KVCACHE_SPACE in "
+                                                                        "server.env)")
+    own = pick({"env": {"TUNER_SIM_PROFILE": "glm5-8xpcie"}})
+    assert own == ("glm5-8xpcie", "the study's own server.env.TUNER_SIM_PROFILE")
+    data["server"]["env"]["TUNER_SIM_PROFILE"] = "/tmp/mine.yaml"
+    assert "simulator profile /tmp/mine.yaml: the study's own server.env.TUNER_SIM_PROFILE" in _dry(
+        yaml.safe_dump(data)).changes
 
 
 def test_a_name_too_long_for_a_study_is_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -157,3 +204,21 @@ def test_the_field_notes_study_dry_run_end_to_end(tmp_path: Path) -> None:
     assert len(list((folder / "confirm").glob("*.json"))) == min(2, len(status["front"])) > 0
     assert not wait_no_orphans(marker)
     assert took < 180, f"the dry run took {took:.1f}s (the demo takes about 80-105 s on two cores)"
+
+
+@pytest.mark.slow
+def test_the_one_gpu_study_dry_run_end_to_end(tmp_path: Path) -> None:
+    # The 8B-on-one-H100 study: on the field-notes box (the default before it fit the study)
+    # every trial ran out of GPU memory; on its own profile it runs to a front.
+    path, marker = write_study(tmp_path, base="d8b-h100.yaml", name="d8b-h100")
+    results = tmp_path / "results"
+    run = run_tuner("run", "--dry-run", str(path), "--results", str(results), timeout=600)
+    print(run.stdout[-3000:])
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "DRY RUN finished (d8b-h100-dry-run, simulator profile llama8b-h100)" in run.stdout
+    assert "[dry run] simulator profile llama8b-h100 (an 8B Llama on one H100): one GPU a trial" in run.stdout
+    status = json.loads(run_tuner("status", "d8b-h100-dry-run", "--results", str(results), "--json").stdout)
+    assert status["finished_trials"] == 9 and status["front"]
+    outcomes = [json.loads(f.read_text()) for f in (results / "d8b-h100-dry-run" / "trials").glob("*/outcome.json")]
+    assert len(outcomes) == 9 and not [o["reason"] for o in outcomes if o["status"] != "completed"]
+    assert not wait_no_orphans(marker)

@@ -31,7 +31,7 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
 
     from tuner.adapters.artifacts import StudyPaths, atomic_write_json
     from tuner.commands.run import _option_duration, _run_study, check_study_inputs, load_spec_file, preflight, say
-    from tuner.sim.profile import DEFAULT_PROFILE, ProfileError, load_profile
+    from tuner.sim.profile import ProfileError, load_profile
     from tuner.store.handle import create_or_open
     from tuner.study.dry_run import SUFFIX, dry_run_name, dry_run_spec
     from tuner.study.study_name import check_study_name
@@ -52,8 +52,7 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
                         "give it a shorter name with --study") from None
     paths = StudyPaths.of(Path(args.results), name)
     try:
-        dry = dry_run_spec(spec, name=name, default_profile=DEFAULT_PROFILE,
-                           cache_dir=str((paths.root / "vllm-cache").resolve()))
+        dry = dry_run_spec(spec, name=name, cache_dir=str((paths.root / "vllm-cache").resolve()))
     except (ValueError, ValidationError) as exc:
         raise SpecError(f"--dry-run: the study cannot be run on the simulator as {name!r}: {exc}") from None
     profile = str(dry.spec.server.env["TUNER_SIM_PROFILE"])

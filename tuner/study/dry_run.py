@@ -4,7 +4,8 @@ stops, confirmation re-runs, status, report and export - is seen in minutes befo
 spent on the box.
 
 What changes, and only that: the server command becomes the simulator (the study's own
-profile when its server.env names one, else the field-notes box), the simulator's clocks run
+profile when its server.env names one, else the built-in profile of the study's shape:
+``pick_profile``), the simulator's clocks run
 fast, the load levels are sized by a few requests instead of steady-state windows (a level of
 the real study runs for tens of seconds of wall-clock time whatever the clock of the server
 it measures), the host check is skipped, the trial count is capped, and the study gets its own
@@ -19,11 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tuner.study.parameters import CategoricalParam, IntParam
 from tuner.study.spec import StudySpec
 from tuner.vllm.knobs import PYTHON_PLACEHOLDER
 
-__all__ = ["DryRun", "dry_run_spec", "dry_run_name", "SUFFIX", "SIMULATOR_COMMAND", "TRIALS",
-           "TIME_SCALE", "STARTUP_SCALE"]
+__all__ = ["DryRun", "dry_run_spec", "dry_run_name", "pick_profile", "PROFILES", "SUFFIX", "SIMULATOR_COMMAND",
+           "TRIALS", "TIME_SCALE", "STARTUP_SCALE"]
 
 SUFFIX = "-dry-run"
 SIMULATOR_COMMAND = [PYTHON_PLACEHOLDER, "-m", "tuner.sim"]
@@ -31,7 +33,18 @@ PROFILE_ENV, TIME_SCALE_ENV, STARTUP_SCALE_ENV = "TUNER_SIM_PROFILE", "TUNER_SIM
 # The demo's clocks: tokens 10x faster than modelled, GLM-5's minutes of startup in about
 # two seconds. The reference alone took 284 s on the unscaled clock; 7 s on these.
 TIME_SCALE = 0.1
+# ...except where the profile's steps are already short: the simulator and the client stream
+# every token on this host's CPUs, and an 8B model's 6-ms decode step at 0.1 x (0.6 ms) is
+# less than that costs them on two cores, so the host, not the model, set the pace (fresh
+# starts of one configuration 14-24 % apart, c=32 at a twentieth of the model's rate). Its
+# levels take about a second on the modelled clock anyway.
+PROFILE_TIME_SCALES = {"llama8b-h100": 1.0}
 STARTUP_SCALE = 0.001
+# The built-in simulator profiles (tuner/sim/profiles) a dry run picks from by the study's
+# shape when the study names none (pick_profile), and what each one is.
+CPU_PROFILE, ONE_GPU_PROFILE, MULTI_GPU_PROFILE = "tiny-cpu", "llama8b-h100", "glm5-8xpcie"
+PROFILES = {CPU_PROFILE: "SmolLM2-135M on a 2-core CPU", ONE_GPU_PROFILE: "an 8B Llama on one H100",
+            MULTI_GPU_PROFILE: "GLM-5 on eight PCIe GPUs"}
 # Trials unless --n-trials says otherwise: the demo's twelve, enough for the baseline, the
 # starting points, the initial design and the first model-guided points.
 TRIALS = 12
@@ -60,7 +73,47 @@ def dry_run_name(name: str) -> str:
     return name + SUFFIX
 
 
-def dry_run_spec(spec: StudySpec, *, name: str, default_profile: str, cache_dir: str) -> DryRun:
+def pick_profile(spec: StudySpec) -> tuple[str, str]:
+    """The simulator profile a dry run of ``spec`` runs on, and why (a clause for the changes).
+
+    The study's own ``server.env.TUNER_SIM_PROFILE`` if it sets one; else a CPU study
+    (``gpus_per_trial`` 0, or a ``VLLM_CPU_*`` variable in ``server.env``) gets tiny-cpu; else
+    the GPUs a trial's server uses - tensor_parallel_size x pipeline_parallel_size, the largest
+    the fixed flags and the parameters can ask, 1 where unset, as vLLM - decide: one GPU gets
+    llama8b-h100, more the eight-GPU GLM-5 box. The box's shape, never the model, decides."""
+
+    server = spec.server
+    own = server.env.get(PROFILE_ENV)
+    if own is not None:
+        return str(own), f"the study's own server.env.{PROFILE_ENV}"
+    cpu_vars = sorted(k for k in server.env if k.startswith("VLLM_CPU_"))
+    if server.gpus_per_trial == 0 or cpu_vars:
+        hint = "server.gpus_per_trial 0" if server.gpus_per_trial == 0 else f"{cpu_vars[0]} in server.env"
+        return CPU_PROFILE, f"a CPU study ({hint})"
+    gpus = _largest("tensor_parallel_size", spec) * _largest("pipeline_parallel_size", spec)
+    if gpus == 1:
+        return ONE_GPU_PROFILE, "one GPU a trial (tensor_parallel_size x pipeline_parallel_size 1)"
+    return MULTI_GPU_PROFILE, (f"{gpus} GPUs a trial (the largest tensor_parallel_size x pipeline_parallel_size "
+                               "it asks)")
+
+
+def _largest(flag: str, spec: StudySpec) -> int:
+    """The largest value of an integer vLLM flag a trial of ``spec`` can ask (1 where unset)."""
+
+    def norm(name: str) -> str:
+        return name.replace("-", "_")
+
+    found: list[Any] = [v for k, v in spec.server.flags.items() if norm(k) == flag]
+    for p in spec.parameters:
+        if p.flag is not None and norm(p.flag) == flag:
+            if isinstance(p, IntParam):
+                found.append(p.high)
+            elif isinstance(p, CategoricalParam):
+                found += p.values
+    return max([1, *(int(v) for v in found if isinstance(v, int) and not isinstance(v, bool))])
+
+
+def dry_run_spec(spec: StudySpec, *, name: str, cache_dir: str) -> DryRun:
     """``spec`` made to run on the simulator under ``name`` with its compile cache in
     ``cache_dir`` (the dry run's own folder: a study that shares vLLM's real cache must not
     get the simulator's entries in it).
@@ -72,7 +125,12 @@ def dry_run_spec(spec: StudySpec, *, name: str, default_profile: str, cache_dir:
     data: dict[str, Any] = spec.model_dump(mode="json")
     changes = [f"study {spec.name} -> {name}: its own folder, storage and compile cache; nothing of "
                f"{spec.name}'s is read or written"]
-    changes += _server(data["server"], default_profile)
+    profile, why = pick_profile(spec)
+    changes += _server(data["server"], profile)
+    what = f" ({PROFILES[profile]})" if profile in PROFILES else ""
+    other = "" if PROFILE_ENV in spec.server.env else \
+        f"; server.env.{PROFILE_ENV} picks another (built-in: {', '.join(sorted(PROFILES))})"
+    changes.append(f"simulator profile {profile}{what}: {why}{other}")
     changes += _load(data["load"], rates_measured=bool(spec.load.request_rates) or spec.searches_max_rate)
     data["name"] = name
     data["execution"]["compile_cache_dir"] = cache_dir
@@ -83,11 +141,11 @@ def dry_run_spec(spec: StudySpec, *, name: str, default_profile: str, cache_dir:
     return DryRun(StudySpec.model_validate(data), tuple(changes))
 
 
-def _server(server: dict[str, Any], default_profile: str) -> list[str]:
+def _server(server: dict[str, Any], profile_name: str) -> list[str]:
     env = {k: v for k, v in server["env"].items() if k != "VLLM_CACHE_ROOT"}
     before = " ".join(server["command"])
-    profile = env.setdefault(PROFILE_ENV, default_profile)
-    scale = env.setdefault(TIME_SCALE_ENV, TIME_SCALE)
+    profile = env.setdefault(PROFILE_ENV, profile_name)
+    scale = env.setdefault(TIME_SCALE_ENV, PROFILE_TIME_SCALES.get(profile, TIME_SCALE))
     startup = env.setdefault(STARTUP_SCALE_ENV, STARTUP_SCALE)
     server["env"] = env
     server["command"] = list(SIMULATOR_COMMAND)
