@@ -86,8 +86,11 @@ def test_the_budget_runs_the_baseline_first_and_tells_each_outcome_kind() -> Non
             assert r.state == "COMPLETE" and r.constraints["probe"] == 1.0
         else:
             assert r.outcome == "feasible" and " vllm serve " in r.attrs["command"]
-    # Forbidden and repeated proposals never reached the executor; each is marked.
-    ran = [t.key for t in executor.trials]
+    # Forbidden and repeated proposals never reached the executor; each is marked. The
+    # baseline's further starts for the study's noise are the only repeats, on purpose.
+    noise_starts = [r.number for r in runs if r.attrs.get("noise_start")]
+    assert noise_starts == [1, 2] and all(records[n].params == records[0].params for n in noise_starts)
+    ran = [t.key for t in executor.trials if t.number not in noise_starts]
     assert len(ran) == len(set(ran))
     assert all(space.forbidden_reason(SPEC, t.values) is None for t in executor.trials)
     for r in records.values():
@@ -103,7 +106,9 @@ def test_a_small_space_is_exhausted_and_every_point_runs_once() -> None:
     points = {space.params_key(p) for p in grid_points(spec)}
     study, executor, _, reason = run(len(points) + 20, spec=spec)
     assert reason == "exhausted"
-    assert {t.key for t in executor.trials} == points and len(executor.trials) == len(points)
+    # Every point once, the baseline three times (load.noise_starts: the study's own noise).
+    assert {t.key for t in executor.trials} == points
+    assert len(executor.trials) == len(points) + spec.load.noise_starts - 1
     assert any(r.attrs.get("filled_in") for r in read_records(study))     # the random fill-in ran
 
 
