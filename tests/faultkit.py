@@ -38,6 +38,8 @@ FAST = {
     # Every case measured in full: a fault in the load phase must show in the trial's record,
     # not be cut short by early stopping's verdict on the first level.
     "execution.early_stop": False,
+    # Every case once, in its grid order: no further baseline starts for the study's noise.
+    "load.noise_starts": 1,
 }
 SIM_ENV = {"TUNER_SIM_STARTUP_SCALE": 0.002, "TUNER_SIM_TIME_SCALE": 0.05}
 
