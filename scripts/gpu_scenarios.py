@@ -120,7 +120,9 @@ def _base(study: dict[str, Any], name: str, *, dry_run: bool) -> dict[str, Any]:
         "server": server,
         "objectives": [{"metric": "output_tok_s", "concurrency": 1, "direction": "maximize"}],
         # One short level: the scenarios are about starting servers, not about speed.
+        # noise_starts 1: each scenario's configuration once, in the order the scenarios need.
         "load": {"api": "completions", "concurrency": [1], "requests_per_stream": 4, "min_requests": 4,
+                 "noise_starts": 1,
                  "warmup_requests": 1, "max_level_seconds": 30, "request_timeout_s": 60,
                  "workload": {"classes": [{"name": "short", "kind": "open_ended", "weight": 1,
                                            "prompt_tokens": 64, "output_tokens": 32}]}},

@@ -127,6 +127,13 @@ def test_status_from_this_folder_is_what_the_box_printed(tmp_path: Path,
     out = capsys.readouterr().out
     added = [line for line in out.splitlines() if line.lstrip().startswith("answers identical to")]
     assert len(added) == 9, added   # the front's trial 2 + all 8 trials (FULL's too)
+    # And what its intervals carry between starts: the study set load.noise_floor 0.07 (studies
+    # measure their own noise since; tuner.study.between_starts).
+    noise = ["  noise between fresh starts (what every interval carries beyond its own run):",
+             "    load.noise_floor 0.07 set by the study: every interval gets ±13.7% for what a fresh "
+             "start changes (not measured)"]
+    assert all(line in out.splitlines() for line in noise), out[:1500]
+    added += noise
     assert "\n".join(line for line in out.splitlines() if line not in added) + "\n" == box
 
 
