@@ -249,10 +249,12 @@ def _trial_files(trial_dir: Path, number: int) -> tuple[TrialOutcome, dict[str, 
 
 
 def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
-           worst: Callable[[], list[float] | None]) -> FrozenTrial | Damage | None:
+           worst: Callable[[], list[float] | None], baselines: list[int]) -> FrozenTrial | Damage | None:
     """The trial as the orchestrator recorded it (Orchestrator._record), what keeps it from
     being rebuilt (``Damage``), or None for a trial that never finished. ``worst``: the
-    worst values told before it, for early stops."""
+    worst values told before it, for early stops; ``baselines``: the finished trials of the
+    baseline's configuration so far (this one is added): the first is the baseline, the later
+    ones its fresh starts for the study's noise (policy.first_points), as the loop marked them."""
 
     files = _trial_files(trial_dir, number)
     if not isinstance(files, tuple):
@@ -269,11 +271,16 @@ def _trial(spec: StudySpec, trial_dir: Path, number: int, baseline_key: str,
         "kind": KIND_RUN,
         "values": values,
         "attempt": 1,
-        "baseline": space.params_key(values) == baseline_key,
         "outcome": outcome_summary(outcome).as_attr(),
         "command": shell_line(RenderedCommand(list(command.get("argv", [])), dict(command.get("env", {})))),
         "from_trial_files": True,
     }
+    if space.params_key(values) == baseline_key:
+        baselines.append(number)
+        attrs.update({"baseline": True} if len(baselines) == 1 else {"baseline": False,
+                                                                      "noise_start": len(baselines)})
+    else:
+        attrs["baseline"] = False
     # Told exactly as the study loop tells it (tuner.study.policy.told_for).
     told = told_for(spec, outcome, worst)
     attrs.update(told.user_attrs())
@@ -314,13 +321,14 @@ def study_from_trial_files(paths: StudyPaths, spec: StudySpec, name: str, *,
     study = optuna.create_study(study_name=name, directions=directions)
     study.set_metric_names(labels)
     baseline_key = space.params_key(space.baseline_values(spec))
+    baselines: list[int] = []
     starts: list[float] = []
     ends: list[float] = []
     for number in range(folders.numbers[-1] + 1 if folders.numbers else 0):
         trial = None
         if number in present:
             trial = _trial(spec, paths.trial_dir(number), number, baseline_key,
-                           lambda: worst_values(read_records(study), labels, directions))
+                           lambda: worst_values(read_records(study), labels, directions), baselines)
         if isinstance(trial, Damage):
             trial = _damaged_placeholder(set_aside(trial) if set_aside is not None else trial)
         elif trial is None:
