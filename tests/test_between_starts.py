@@ -15,10 +15,10 @@ from tuner.study.between_starts import (
     ASSUMED_CV,
     chi2_quantile,
     estimate_label,
+    noise_tolerances,
     pooled_log_sd,
     study_noise,
 )
-from tuner.study.confirmation import noise_tolerances
 from tuner.study.study_noise import fresh_starts, with_study_noise
 from tuner.study.trials import KIND_RUN, TrialRecord
 

@@ -108,9 +108,13 @@ def test_baseline_then_points_are_queued_once() -> None:
         for point in policy.first_points(spec, read_records(study)):
             study.enqueue_trial(point.values, user_attrs=point.attrs)
     waiting = study.get_trials(deepcopy=False)
-    assert [t.user_attrs.get("baseline", False) for t in waiting] == [True, False, False]
-    assert [t.user_attrs.get("starting_point") for t in waiting] == [None, 0, 1]
+    # The baseline, its two further starts for the study's noise (load.noise_starts), the points.
+    assert [t.user_attrs.get("baseline", False) for t in waiting] == [True, False, False, False, False]
+    assert [t.user_attrs.get("noise_start") for t in waiting] == [None, 2, 3, None, None]
+    assert [t.user_attrs.get("starting_point") for t in waiting] == [None, None, None, 0, 1]
     assert [t.system_attrs["fixed_params"] for t in waiting] == [
+        {"enforce_eager": True, "spec_method": None},
+        {"enforce_eager": True, "spec_method": None},
         {"enforce_eager": True, "spec_method": None},
         {"enforce_eager": False, "cudagraph_mode": "PIECEWISE", "spec_method": None},
         {"enforce_eager": False, "cudagraph_mode": "NONE", "spec_method": None},
@@ -155,4 +159,6 @@ def test_points_sharing_a_compile_key_run_back_to_back_the_baselines_first() -> 
     spec = parse_study(COMPILED, "study.yaml")
     queued = policy.first_points(spec, [])
     assert queued[0].attrs.get("baseline")
-    assert [p.attrs.get("starting_point") for p in queued[1:]] == [2, 1, 4, 3, 0]
+    # The baseline's further starts share its compile key: they come right after it.
+    assert [p.attrs.get("noise_start") for p in queued[1:3]] == [2, 3]
+    assert [p.attrs.get("starting_point") for p in queued[3:]] == [2, 1, 4, 3, 0]

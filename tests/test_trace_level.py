@@ -252,7 +252,7 @@ def test_a_dry_run_cuts_the_replay_to_seconds() -> None:
     for trace, want in [({"time_scale": 0.5}, (32, 20.0)), ({"max_requests": 8, "duration_s": 3.0}, (8, 3.0)),
                         ({"max_requests": 500, "duration_s": 600.0, "time_scale": 2.0}, (32, 5.0))]:
         data["load"]["trace"] = trace
-        dry = dry_run_spec(parse_study(yaml.safe_dump(data)), name="x-dry-run", default_profile="glm5-8xpcie",
+        dry = dry_run_spec(parse_study(yaml.safe_dump(data)), name="x-dry-run",
                            cache_dir="/tmp/dry/vllm-cache")
         cut = dry.spec.load.trace
         assert cut is not None and (cut.max_requests, cut.duration_s) == want

@@ -16,19 +16,11 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tuner.load.dataset import Dataset, TraceRequest
+from tuner.load.level_names import TRACE_LEVEL, is_open_level
 
 __all__ = ["TRACE_LEVEL", "TraceSpec", "is_open_level", "select_trace", "trace_problem", "trace_schedule",
            "trace_text"]
 
-# The level's name: objectives and limits read it with ``level: trace`` (label metric@trace),
-# its records go to requests-trace.jsonl.
-TRACE_LEVEL = "trace"
-
-
-def is_open_level(name: str) -> bool:
-    """Whether a level key names an open-loop level: a rate level (``r2.0``) or the trace."""
-
-    return name == TRACE_LEVEL or (name.startswith("r") and name[1:2].isdigit())
 
 
 class TraceSpec(BaseModel):

@@ -40,6 +40,7 @@ from typing import Any, Literal
 from tuner.load.uncertainty import Z95, t95
 
 __all__ = ["ASSUMED_CV", "CONFIDENCE", "NOISY_CV", "LabelNoise", "StudyNoise", "chi2_quantile", "estimate_label",
+           "noise_tolerances",
            "pooled_log_sd", "study_noise"]
 
 # Between-start CV used until the study has measured one: the figure benchmarks/level_stability.py
@@ -261,3 +262,11 @@ def study_noise(labels: Sequence[str], runs: Iterable[tuple[Mapping[str, Any], M
             measured[label] = found
     return StudyNoise(tuple(labels), measured=measured)
 
+
+def noise_tolerances(half_widths: Sequence[float], reruns: int) -> list[float]:
+    """Each objective's tolerance from the study's noise: a re-run median and the trial are
+    both fresh starts of one configuration, so their difference has the 95 % half-width
+    h * sqrt(1 + 1/k) for ``reruns`` k, h being the trial value's relative 95 % half-width
+    (its run's own interval and the noise between starts, tuner.study.between_starts)."""
+
+    return [h * math.sqrt(1 + 1 / max(1, reruns)) for h in half_widths]

@@ -25,8 +25,7 @@ from tuner.study.confirmation_text import pct as _pct
 from tuner.study.pareto import Point, knee_point, pareto_front
 from tuner.study.trials import TrialRecord
 
-__all__ = ["RunResult", "ObjectiveCheck", "Confirmation", "choose_candidates", "judge", "noise_tolerances",
-           "Verdict",
+__all__ = ["RunResult", "ObjectiveCheck", "Confirmation", "choose_candidates", "judge", "Verdict",
            "reserve_seconds",
            "blocks_export", "summary_text", "confirmation_brief"]
 
@@ -115,15 +114,6 @@ def choose_candidates(points: Sequence[Point], directions: Sequence[str], n: int
     for number in sorted(rest, key=lambda x: (abs(rest.index(x) - centre), x)):
         add(number)
     return order[:n]
-
-
-def noise_tolerances(half_widths: Sequence[float], reruns: int) -> list[float]:
-    """Each objective's tolerance from the study's noise: a re-run median and the trial are
-    both fresh starts of one configuration, so their difference has the 95 % half-width
-    h * sqrt(1 + 1/k) for ``reruns`` k, h being the trial value's relative 95 % half-width
-    (its run's own interval and the noise between starts, tuner.study.between_starts)."""
-
-    return [h * math.sqrt(1 + 1 / max(1, reruns)) for h in half_widths]
 
 
 def judge(trial: int, labels: Sequence[str], directions: Sequence[str], trial_values: Sequence[float],

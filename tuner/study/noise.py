@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tuner.load.trace_spec import is_open_level
+from tuner.load.level_names import is_open_level
 
 __all__ = ["NoisyPoint", "Tie", "better_beyond", "label_noise", "level_client_bound",
            "level_unstable", "unstable_text", "max_rate_noise",

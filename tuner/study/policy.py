@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.load.trace_spec import is_open_level
+from tuner.load.level_names import is_open_level
 from tuner.study import early_stop, space, sweep_guard
 from tuner.study.confirmation import RunResult
 from tuner.study.objectives import MAX_RATE, open_level

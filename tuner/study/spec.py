@@ -119,7 +119,7 @@ class ConfirmSpec(Strict):
         None, gt=0, lt=1, description="relative change of an objective (median of the re-runs "
         "against the trial) in either direction beyond which the point is not reproducible. "
         "Unset: from the study's noise between starts, per objective (the 95 % interval of a "
-        "re-run's difference from the trial, tuner.study.confirmation.noise_tolerances)")
+        "re-run's difference from the trial, tuner.study.study_noise.confirmation_tolerances)")
     min_change: float = Field(
         0.01, ge=0, lt=1, description="with the tolerance from the study's noise: a change smaller "
         "than this is never called not reproducible, however quiet the box (a difference must be "

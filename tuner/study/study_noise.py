@@ -10,8 +10,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from tuner.study.between_starts import StudyNoise, study_noise
-from tuner.study.confirmation import noise_tolerances
+from tuner.study.between_starts import StudyNoise, noise_tolerances, study_noise
 from tuner.study.trials import KIND_RUN, TrialRecord
 
 __all__ = ["confirmation_tolerances", "fresh_starts", "noise_of_study", "with_study_noise"]

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.load.trace_spec import is_open_level
+from tuner.load.level_names import is_open_level
 from tuner.load.uncertainty import with_noise_floor
 from tuner.study.early_stop import (
     DEFAULT_MARGIN,

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
-from tuner.load.trace_spec import is_open_level
+from tuner.load.level_names import is_open_level
 from tuner.study.noise import (
     NoisyPoint,
     label_noise,
