@@ -34,7 +34,8 @@ TRIALS = 3
 @pytest.fixture(scope="module")
 def study(tmp_path_factory: pytest.TempPathFactory):
     tmp = tmp_path_factory.mktemp("folder39")
-    path, marker = write_study(tmp)
+    # Three different trials, no further baseline starts for the study's noise.
+    path, marker = write_study(tmp, updates={"load.noise_starts": 1})
     results = tmp / "results"
     run = run_tuner("run", str(path), "--results", str(results), "--n-trials", str(TRIALS), timeout=900)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -98,7 +98,11 @@ def test_every_shipped_space_and_example_names_only_known_knobs(capsys: pytest.C
     files += sorted((ROOT / "results" / "examples").glob("*/spec.yaml"))
     for path in files:
         code, out, err = validate(path, capsys)
-        assert code == 0 and "[warning]" not in out, (path, out, err)
+        # The one warning a shipped study may carry on purpose: d8b-h100 measures n-gram on random
+        # weights, and validate says what that measurement is worth.
+        warnings = [line for line in out.splitlines() if "[warning]" in line
+                    and "load_format 'dummy' with speculative decoding" not in line]
+        assert code == 0 and not warnings, (path, out, err)
 
 
 # -- which names: the recordings, the server's own vLLM ------------------------------------------

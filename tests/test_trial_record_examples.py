@@ -41,7 +41,10 @@ def test_an_example_study_reads_back_typed(name: str) -> None:
         written = json.loads((EXAMPLES / name / "trials" / f"{record.number:04d}" / "outcome.json").read_text())
         summary = record.summary
         stored_by_run = (EXAMPLES / name / "optuna.db").exists()
-        assert summary.version == (1 if stored_by_run else SUMMARY_VERSION)
+        # Studies run before the summary named its version read as version 1 (the d8b studies
+        # were run after and stored it).
+        versioned = "version" in (record.attrs.get("outcome") or {})
+        assert summary.version == (1 if stored_by_run and not versioned else SUMMARY_VERSION)
         for key in ("status", "trial_s", "startup_s", "probe_s", "applied", "probe_passed", "probe_reason",
                     "early_stop", "max_rate", "started_unix", "finished_unix"):
             assert getattr(summary, key) == written.get(key), (name, record.number, key)
