@@ -319,6 +319,7 @@ def write_workload_profile(handle: Any) -> None:
     here: the study file's reading only checked it, and the bytes were just pinned."""
 
     from tuner.adapters.artifacts import atomic_write_json
+    from tuner.errors import ArtifactWriteError
     from tuner.load.dataset_file import read_dataset
     from tuner.load.workload_profile import profile_workload
     from tuner.views.workload_view import workload_lines
@@ -326,7 +327,13 @@ def write_workload_profile(handle: Any) -> None:
     workload = handle.spec.load.workload
     dataset = None if workload.dataset is None else read_dataset(workload.dataset)
     profile = profile_workload(workload, dataset).to_dict()
-    atomic_write_json(handle.paths.workload_json, profile)
+    try:
+        atomic_write_json(handle.paths.workload_json, profile)
+    except ArtifactWriteError as err:
+        # A description for status and the report: a full disk must not stop the run over it
+        # (the run itself says what it could not keep, trial by trial).
+        say(f"[warning] workload.json not written ({err.reason}): {err}; status and the report "
+            "will not describe the workload")
     for line in workload_lines(profile):
         say(f"[workload] {line.strip()}")
 
