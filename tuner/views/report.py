@@ -302,8 +302,9 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
 
     study = handle.load()
     labels = list(study.metric_names or [])
-    between = study_noise_at(handle.paths, read_records(study), labels)
-    records = with_study_noise(read_records(study), between)
+    stored = read_records(study)
+    between = study_noise_at(handle.paths, stored, labels)
+    records = with_study_noise(stored, between)
     directions = [d.name.lower() for d in study.directions]
     make_private_dir(out_dir)
     workload = handle.paths.workload_profile()
