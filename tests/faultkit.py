@@ -41,6 +41,10 @@ FAST = {
     # Every case once, in its grid order: no further baseline starts for the study's noise.
     "load.noise_starts": 1,
 }
+# The same short studies for tests that measure rather than inject faults: FAST's deadlines
+# are sized for an idle box, and a suite busy beside these studies (the real-vLLM lane) must
+# not turn a slow probe into a failed trial.
+MEASURING = {**FAST, "budget.trial_timeout": "120s", "server.startup_timeout": "60s"}
 SIM_ENV = {"TUNER_SIM_STARTUP_SCALE": 0.002, "TUNER_SIM_TIME_SCALE": 0.05}
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, tuner_argv, write_study
-from tests.faultkit import FAST
+from tests.faultkit import MEASURING
 
 
 def _run_into_closed_pipe(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
@@ -27,7 +27,7 @@ def _run_into_closed_pipe(*args: str, timeout: float) -> subprocess.CompletedPro
 @pytest.mark.slow
 def test_a_study_outlives_its_closed_stdout_and_export_exits_141(tmp_path: Path,
                                                                  orphan_check: list[str]) -> None:
-    path, marker = write_study(tmp_path, updates={**FAST, "budget.n_trials": 2})
+    path, marker = write_study(tmp_path, updates={**MEASURING, "budget.n_trials": 2})
     orphan_check.append(marker)
     results = tmp_path / "results"
     run = _run_into_closed_pipe("run", str(path), "--results", str(results), timeout=300)

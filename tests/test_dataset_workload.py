@@ -12,7 +12,7 @@ import pytest
 
 from tests.conftest import run_tuner, write_study
 from tests.fake_server import Served
-from tests.faultkit import FAST
+from tests.faultkit import MEASURING
 from tuner.load.dataset import parse_dataset
 from tuner.load.dataset_draw import DATASET_CLASS, DatasetDraw, unsupported
 from tuner.load.load_spec import LoadSpec
@@ -124,7 +124,7 @@ def test_a_sweep_sends_dataset_requests_verbatim_and_none_twice(
         assert {r.class_name for r in level.records} == {DATASET_CLASS}
 
 
-STUDY_UPDATES = {**FAST, "budget.n_trials": 1, "load.api": "completions"}
+STUDY_UPDATES = {**MEASURING, "budget.n_trials": 1, "load.api": "completions"}
 
 
 def test_validate_says_the_detected_format_and_each_bad_input_in_one_line(tmp_path: Path) -> None:

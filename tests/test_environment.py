@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_tuner, write_study
-from tests.faultkit import FAST
+from tests.faultkit import MEASURING
 from tuner.adapters.environment import current_environment, model_digest, server_packages
 from tuner.commands.run import load_spec_file
 from tuner.study.environment import differences, environment_for, summary
@@ -115,7 +115,7 @@ def test_a_server_command_that_is_not_python_gives_unknown_packages() -> None:
 @pytest.mark.slow
 def test_resume_refuses_another_environment_and_continues_when_allowed(tmp_path: Path,
                                                                         orphan_check: list[str]) -> None:
-    path, marker = write_study(tmp_path, name="envcheck", updates={**FAST, "budget.n_trials": 1})
+    path, marker = write_study(tmp_path, name="envcheck", updates={**MEASURING, "budget.n_trials": 1})
     orphan_check.append(marker)
     results = tmp_path / "results"
     out = run_tuner("run", str(path), "--results", str(results), timeout=300)

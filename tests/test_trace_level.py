@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from tests.conftest import run_tuner, write_study
 from tests.fake_server import Served
-from tests.faultkit import FAST
+from tests.faultkit import MEASURING
 from tests.sim_process import serving_sim
 from tuner.load.dataset import parse_dataset
 from tuner.load.load_spec import LoadSpec
@@ -128,7 +128,7 @@ def test_objectives_and_limits_name_the_trace_level() -> None:
             TraceSpec.model_validate(bad)
 
 
-STUDY = {k: v for k, v in FAST.items() if k != "load.workload.classes"}
+STUDY = {k: v for k, v in MEASURING.items() if k != "load.workload.classes"}
 
 
 def _study(tmp_path: Path, *, trace: object = None, objectives: list | None = None, limits: list | None = None,

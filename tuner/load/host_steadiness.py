@@ -99,6 +99,11 @@ class HostSteadiness:
             out.append(f"the hypervisor took {100 * self.steal_fraction:.1f} % of the CPU time (steal): "
                        "another guest runs on these CPUs")
         if worst is None:
+            # Runs so slow (a CPU busy with other work) that no CPU finished two 5-s stretches.
+            slowest = max(c.slowest_5s_ms for c in self.cpus) if self.cpus else 0.0
+            out.append(f"too short to judge: no CPU finished two full 5-s stretches (a stretch's runs "
+                       f"averaged up to {slowest:.0f} ms, so the CPU was busy with other work); probe "
+                       f"longer with --seconds on an otherwise idle box")
             return out
         if len(self.cpus) == 1:
             shape = " (one CPU probed)"
