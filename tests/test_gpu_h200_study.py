@@ -20,6 +20,7 @@ import pytest
 
 from tests.conftest import needs_chromium, render_in_chromium
 from tests.gpu_records import rejudged, reparsed_startup, server_log
+from tuner.study.study_file import parse_study
 from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.effective_config import parse_effective_config
 from tuner.vllm.startup import median_phases
@@ -104,6 +105,19 @@ def test_the_correct_full_graph_modes_pass_with_near_ties_only(number: int) -> N
     ref = _json(RUN[number] / "probe.json")["reference"]
     assert ref["passed"] and ref["corrupt"] == []
     assert all(level["far"] == 0 and level["corrupt"] == 0 for level in ref["levels"])
+
+
+def test_the_saved_spec_leaves_the_exact_answer_rule_unset() -> None:
+    # A run judges trials with the spec loaded back from spec.yaml, where every field is
+    # written out; an earlier H200 run read the exact-answer rule there as "set by the study"
+    # and failed both correct full-graph modes at 66 %. The box's own spec.yaml must load with
+    # the rule unset, and its probes recorded the bank's bar of 0.
+    spec = parse_study((STUDY / "spec.yaml").read_text(), "spec.yaml")
+    assert spec.probe.reference.min_exact_fraction is None
+    for number in (1, 2):
+        ref = _json(RUN[number] / "probe.json")["reference"]
+        assert ref["thresholds"]["min_exact_fraction"] == 0.0
+        assert min(level["exact_fraction"] for level in ref["levels"]) < 0.66   # the old bar fails it
 
 
 # ------------------------------------------------------------ the front, ties, confirmation

@@ -3,6 +3,7 @@ build), the KV-cache and graph-capture figures they state, and how status shows 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 from tuner.adapters.artifacts import StudyPaths
 from tuner.study.trials import TrialRecord
 from tuner.views.status import _startup_summary, _trial_row, format_status
+from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.startup import PHASES, StartupRecord, figures_text, median_phases, parse_startup, summary_text
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
@@ -156,10 +158,15 @@ def test_h200_cache_hit_start_recorded_by_the_tuner() -> None:
     # A FULL_AND_PIECEWISE server started by `tuner run` on the H200 after the same key had
     # been compiled into the study's cache dir: "Directly load the compiled graph(s) ... from
     # the cache", torch.compile 5.83 s (14.32 s on the miss above) and a 1 s warm-up where
-    # the miss spent 12 s. first_line_s and ready_s are the launcher's own figures of that run
-    # (results/examples/smollm2-h200-smoke/trials/0000/startup.json).
-    rec = parse_startup(_log(TUNER_H200 / "cudagraph-full_and_piecewise-cache-hit.log"),
-                        first_line_s=20.389, ready_s=63.567)
+    # the miss spent 12 s. The tuner's records of that start lie beside the log (README):
+    # the launcher's two clock figures go in, and the parse must give the record back.
+    hit = TUNER_H200 / "cudagraph-full_and_piecewise-cache-hit"
+    recorded = json.loads(hit.with_suffix(".startup.json").read_text())
+    assert (round(recorded["first_line_s"], 3), round(recorded["total_s"], 3)) == (20.389, 63.567)
+    text = _log(hit.with_suffix(".log"))
+    rec = parse_startup(text, first_line_s=recorded["first_line_s"], ready_s=recorded["total_s"])
+    assert rec.to_json() == recorded
+    assert parse_compile_log(text).to_json() == json.loads(hit.with_suffix(".compile_cache.json").read_text())
     assert (rec.compile_cache, rec.compile_s) == ("hit", 5.83)
     assert rec.phases["compile"] == 6.0 and rec.phases["warmup"] == 1.0
     assert rec.complete and sum(rec.phases.values()) == pytest.approx(63.567)

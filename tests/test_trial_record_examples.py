@@ -1,6 +1,7 @@
-"""Every committed example study under results/ read back as typed trial records.
+"""Every committed example study under results/ read back as typed trial records, and one
+real GPU study folder kept as a fixture (tests/fixtures/study_folders/README.md).
 
-Most examples are kept without their Optuna storage: they are rebuilt from their trial files
+Some are kept without their Optuna storage: they are rebuilt from their trial files
 (tuner/store/folder.py) as the orchestrator stores a trial (the ``outcome`` and ``failure``
 user attributes, this version). Those with their optuna.db hold the attributes as the run
 stored them, before the summary named its version (version 1). Either is read through
@@ -25,22 +26,36 @@ from tuner.vllm.compile_cache import CompileRecord
 from tuner.vllm.startup import StartupRecord
 
 EXAMPLES = ROOT / "results" / "examples"
-STUDIES = sorted(p.name for p in EXAMPLES.iterdir() if (p / "spec.yaml").is_file())
+# The first H200 run (2026-12-02): rebuilt from its trial files, with an interrupted trial.
+GPU_FOLDERS = ROOT / "tests" / "fixtures" / "study_folders"
+STUDIES = [(root, p.name) for root in (EXAMPLES, GPU_FOLDERS)
+           for p in sorted(root.iterdir()) if (p / "spec.yaml").is_file()]
 
 
-def test_every_example_study_is_covered() -> None:
-    assert len(STUDIES) >= 7, STUDIES
+def test_the_studies_cover_every_kind_of_record() -> None:
+    # An example removed must not take a kind of record out of the test below unnoticed.
+    seen = set()
+    for root, name in STUDIES:
+        kept_db = (root / name / "optuna.db").exists()
+        for path in (root / name / "trials").glob("*/outcome.json"):
+            written = json.loads(path.read_text())
+            seen.add((kept_db, written["status"], (written.get("compile") or {}).get("cache")))
+            seen.add((kept_db, "probe_passed", written.get("probe_passed")))
+    for kept_db in (True, False):
+        assert {(kept_db, "completed", "miss"), (kept_db, "completed", "none"),
+                (kept_db, "probe_passed", False)} <= seen, (kept_db, seen)
+    assert (True, "completed", "hit") in seen and (False, "failed", None) in seen, seen
 
 
-@pytest.mark.parametrize("name", STUDIES)
-def test_an_example_study_reads_back_typed(name: str) -> None:
-    handle = open_for_reading(EXAMPLES, name)
+@pytest.mark.parametrize(("root", "name"), STUDIES, ids=[name for _, name in STUDIES])
+def test_an_example_study_reads_back_typed(root: Path, name: str) -> None:
+    handle = open_for_reading(root, name)
     records = [r for r in read_records(handle.load()) if r.kind == KIND_RUN]
     assert records, name
     for record in records:
-        written = json.loads((EXAMPLES / name / "trials" / f"{record.number:04d}" / "outcome.json").read_text())
+        written = json.loads((root / name / "trials" / f"{record.number:04d}" / "outcome.json").read_text())
         summary = record.summary
-        stored_by_run = (EXAMPLES / name / "optuna.db").exists()
+        stored_by_run = (root / name / "optuna.db").exists()
         # Studies run before the summary named its version read as version 1 (the d8b studies
         # were run after and stored it).
         versioned = "version" in (record.attrs.get("outcome") or {})
