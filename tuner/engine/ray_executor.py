@@ -73,6 +73,11 @@ def init_ray(*, address: str | None, gpus_needed: int, cpus_needed: float) -> No
     if shutil.which("nvidia-smi") is None and gpus_needed:
         kwargs["num_gpus"] = gpus_needed
     kwargs["num_cpus"] = max(2, int(cpus_needed + 0.999) + 1)
+    # Ray starts its workers at nice 15 so that drivers keep priority, and every server a
+    # trial worker starts would inherit it: on a busy host the server would then yield the
+    # CPU to the load generator (nice 0) and the study would measure the scheduler. A
+    # deployment's server runs at the default priority, so the trial workers do too.
+    kwargs["_system_config"] = {"worker_niceness": 0}
     # "local", not None: with None, Ray joins whatever cluster the machine last started
     # (/tmp/ray/ray_current_cluster, or RAY_ADDRESS), e.g. someone else's `ray start`.
     # Joining a cluster is what --ray-address is for.
@@ -254,6 +259,12 @@ class RayExecutor:
                          f"every trial worker was refused: {refusal}")
             return
         self.progress(f"[worker] group {group.index} ready: pid {info.get('pid')} on {info.get('host')}{node}")
+        niceness = info.get("niceness")
+        if isinstance(niceness, int) and niceness > 0:
+            self.progress(f"[worker] warning: group {group.index}'s servers run at nice {niceness} (the Ray "
+                          f"cluster's worker niceness), below the load generator's priority: on a busy host "
+                          f"they measure the scheduler; start the cluster with RAY_worker_niceness=0 "
+                          f"(docs/ray-cluster.md)")
 
     def _retire(self, group: _Group, line: str, none_left: str) -> None:
         """Take ``group`` out of the study for good; NoWorkersLeft when it was the last."""

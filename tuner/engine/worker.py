@@ -61,6 +61,18 @@ def _json_flat(flat: dict[str, float]) -> dict[str, float | None]:
     return {k: (None if v != v else v) for k, v in flat.items()}
 
 
+def _default_priority() -> int:
+    """This process's niceness, brought back to 0 where allowed: the servers it starts
+    inherit it. A Ray cluster started without ``RAY_worker_niceness=0`` runs its workers at
+    nice 15, and raising priority back needs privilege (root, or RLIMIT_NICE); the niceness
+    that stays is reported by ``describe`` and warned about by the driver."""
+
+    with contextlib.suppress(OSError):
+        if os.getpriority(os.PRIO_PROCESS, 0) > 0:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
 class TrialWorker:
     """Owns one GPU group; runs one trial at a time."""
 
@@ -73,6 +85,7 @@ class TrialWorker:
         # (run_trial's result is the outcome alone).
         self._jobs: dict[int, dict[str, Any]] = {}
         self._redactor = Redactor()
+        self.niceness = _default_priority()
 
     def describe(self, server: dict[str, Any] | None = None) -> dict[str, Any]:
         """Who this worker is (group, host, pid, Ray node, GPUs); with the study's ``server``
@@ -91,6 +104,7 @@ class TrialWorker:
             "pid": os.getpid(),
             "node_id": node,
             "gpus": os.environ.get("CUDA_VISIBLE_DEVICES", ""),
+            "niceness": self.niceness,
         }
         if server is not None:
             try:
