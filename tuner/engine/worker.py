@@ -137,8 +137,11 @@ class TrialWorker:
                 outcome.startup_s = await self._start(request, trial_dir, guard)
                 phase = "verify"
                 self._verify(request, trial_dir, outcome)
+                # Judged whether or not the probe runs: a knob not applied stops the trial
+                # before any load too (stop_after("probe") has no verdict on it to give).
+                applied_stop = guard.stop_after("verify", applied=outcome.applied)
                 phase = "probe"
-                if request.probe.enabled and not guard.stop_after("verify", applied=outcome.applied):
+                if request.probe.enabled and not applied_stop:
                     await self._watch(self._probe(request, trial_dir, outcome))
                 phase = "load"
                 if not guard.stop_after("probe", probe_passed=outcome.probe_passed):
