@@ -54,9 +54,9 @@ def wait_ready(proc: subprocess.Popen[bytes], url: str, log_path: Path, timeout:
 
 
 @contextmanager
-def serving_sim(folder: Path, **env: str) -> Iterator[str]:
-    """The simulator serving 'smol' (fast clocks, tiny-cpu profile, ``env`` on top) on a free
-    port until the block ends; yields its URL, then kills its process group."""
+def serving_sim(folder: Path, *flags: str, **env: str) -> Iterator[str]:
+    """The simulator serving 'smol' (fast clocks, tiny-cpu profile, ``flags`` and ``env`` on
+    top) on a free port until the block ends; yields its URL, then kills its process group."""
 
     port = free_port()
     log = folder / f"sim-{port}.log"
@@ -65,7 +65,7 @@ def serving_sim(folder: Path, **env: str) -> Iterator[str]:
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "tuner.sim", "serve", "--model", "/models/smol",
-             "--served-model-name", "smol", "--port", str(port)],
+             "--served-model-name", "smol", "--port", str(port), *flags],
             stdout=out, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT, start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:

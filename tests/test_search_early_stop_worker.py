@@ -20,11 +20,11 @@ from tuner.study.trials import TrialRecord
 
 
 def _request(tmp_path: Path, values: dict[str, Any], plan_front: list[list[float]] | None,
-             startup_scale: float = 0.02) -> tuple[Any, dict[str, Any]]:
+             startup_scale: float = 0.02, env: dict[str, Any] | None = None) -> tuple[Any, dict[str, Any]]:
     from tuner.commands.run import load_spec_file
     from tuner.study.space import trial_command
 
-    study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": startup_scale},
+    study, _ = write_study(tmp_path, env={"TUNER_SIM_STARTUP_SCALE": startup_scale, **(env or {})},
                            updates={"server.startup_timeout": "120s", "budget.trial_timeout": "5m"})
     spec = load_spec_file(str(study))
     command = trial_command(spec, values, port=spec.server.port)
@@ -65,6 +65,31 @@ def test_a_downgraded_knob_stops_the_start_before_ready(tmp_path: Path) -> None:
     values_told, violated, _ = stopped_told(spec, out, worst=[1.0, 99.0])
     assert TrialRecord(0, "COMPLETE", "run", {}, constraints=violated).outcome == "not_applied"
     assert violated["early_stopped"] == 1.0
+
+
+# PIECEWISE silently run as FULL_AND_PIECEWISE: no notice while starting, so only the full
+# log's verification (graph capture, printed last) shows the knob was not applied.
+SILENT_DOWNGRADE = json.dumps([{"fault": "silent_downgrade",
+                                "when": {"compilation_config.cudagraph_mode": "PIECEWISE"},
+                                "target": "compilation_config.cudagraph_mode", "value": "FULL_AND_PIECEWISE"}])
+
+
+@pytest.mark.parametrize("probe", [True, False], ids=["probe on", "probe off"])
+def test_a_knob_not_applied_stops_after_verify_with_or_without_the_probe(tmp_path: Path, probe: bool) -> None:
+    values = {"enforce_eager": False, "cudagraph_mode": "PIECEWISE", "nccl_proto": None, "spec_method": None}
+    spec, request = _request(tmp_path, values, plan_front=None, env={"TUNER_SIM_FAULTS": SILENT_DOWNGRADE})
+    request["probe"]["enabled"] = probe
+    out = _run(request)
+    assert out.status == "completed" and out.applied is False
+    assert out.mismatches and out.mismatches[0]["target"] == "compilation_config.cudagraph_mode"
+    # Stopped after verification, not while starting: neither the probe nor any level ran.
+    assert out.early_stop and out.early_stop["reason"] == "not_applied" and out.early_stop["after"] == "verify"
+    assert out.early_stop["skipped_levels"] == [1, 16]
+    assert out.probe_passed is None and out.levels == {} and out.load_s is None
+    trial_dir = Path(request["trial_dir"])
+    assert not (trial_dir / "probe.json").exists() and not list(trial_dir.glob("requests-*.jsonl"))
+    values_told, violated, _ = stopped_told(spec, out, worst=[1.0, 99.0])
+    assert TrialRecord(0, "COMPLETE", "run", {}, constraints=violated).outcome == "not_applied"
 
 
 def test_a_dominated_trial_measures_its_objective_levels_and_skips_the_rest(tmp_path: Path) -> None:

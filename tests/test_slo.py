@@ -93,6 +93,25 @@ def test_validate_refuses_bad_slo_metric_names(tmp_path: Path, capsys: pytest.Ca
         assert w in text, (what, w, text)
 
 
+NO_SLO = [
+    ("objectives:\n  - {metric: max_rate@slo, direction: maximize}\n",
+     "objectives: max_rate@slo needs an slo: section (the latency SLO the rate must meet), "
+     "e.g. slo: {ttft_ms.p99: 2000}"),
+    ("objectives:\n  - {metric: goodput_req_s, concurrency: 16, direction: maximize}\n",
+     "objectives: goodput_req_s needs an slo: section (requests are good when they meet it), "
+     "e.g. slo: {ttft_ms.p99: 2000}"),
+]
+
+
+@pytest.mark.parametrize("objectives,message", NO_SLO, ids=["max_rate", "goodput"])
+def test_validate_says_an_slo_is_missing_in_one_exact_line(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           objectives: str, message: str) -> None:
+    # The example is YAML the user can paste: single braces (the text once printed '{{...}}').
+    code, text = validate(tmp_path, study("", objectives), capsys)
+    assert code == 2
+    assert text == f"error: {tmp_path / 's.yaml'}: {message}\n"
+
+
 def test_validate_shows_slo_and_search(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     objectives = ("objectives:\n  - {metric: max_rate@slo, direction: maximize}\n"
                   "  - {metric: ttft_ms.p90, rate: 2.0, direction: minimize}\n"

@@ -75,6 +75,12 @@ class PortInUse(ServerStartError):
     reason = "port_in_use"
 
 
+class ServerRefusedKey(ServerStartError):
+    """The server answers 401/403: it requires an API key the tuner did not send or sent wrong."""
+
+    reason = "unauthorized"
+
+
 class ServerDied(TrialError):
     reason = "server_died"
 

@@ -35,7 +35,7 @@ from tuner.vllm.knobs import env_text
 
 __all__ = ["is_secret_name", "flag_reference", "as_reference", "reference_name", "SecretSlot",
            "secret_slots", "public_server", "public_spec", "resolve_server", "known_values", "Redactor",
-           "MIN_SECRET_CHARS", "MARK", "split_marked"]
+           "MIN_SECRET_CHARS", "MARK", "split_marked", "API_KEY_ENV", "api_key_ref", "api_key", "bearer"]
 
 # Words of a name that make it a secret: a whole word (API_KEY, TOKEN, ...) - 'tokens' or
 # 'tokenizer' are not - or anywhere for PASSWORD/PASSWD/SECRET.
@@ -251,3 +251,32 @@ def split_marked(word: str) -> list[tuple[bool, str]]:
     if len(parts) % 2 == 0:
         raise ValueError("unbalanced reference mark")
     return [(i % 2 == 1, part) for i, part in enumerate(parts) if part or i % 2 == 1]
+
+
+API_KEY_ENV = "VLLM_API_KEY"
+"""The variable vLLM reads its API key from when ``--api-key`` is not given."""
+
+
+def api_key_ref(server: Any) -> str | None:
+    """The reference of the API key a server section starts its server with: the
+    ``api_key`` flag's, else ``VLLM_API_KEY``'s in ``env``/``secret_env`` (vLLM: the flag
+    wins); None when the section names neither."""
+
+    slots = {s.where: s.ref for s in secret_slots(server)}
+    return slots.get("api_key") or slots.get(f"env:{API_KEY_ENV}")
+
+
+def api_key(ref: str | None, values: Mapping[str, str], environ: Mapping[str, str]) -> str | None:
+    """The key a server started that way requires: the study's (``ref``: its value in
+    ``values``, the study's own secrets, else in ``environ``), or with none named
+    ``VLLM_API_KEY`` from ``environ``, the environment the server inherits, as vLLM reads it."""
+
+    if ref is not None:
+        return values.get(ref) or environ.get(ref) or None
+    return environ.get(API_KEY_ENV) or None
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    """The headers that carry ``key`` as vLLM's ``--api-key`` checks it; none without one."""
+
+    return {"Authorization": f"Bearer {key}"} if key else {}

@@ -33,7 +33,7 @@ from tuner.adapters import proctree
 from tuner.adapters.artifacts import open_private
 from tuner.adapters.http_client import ReplyTooLarge, capped_request, server_client
 from tuner.adapters.server_log import ServerLog
-from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerStartTimeout
+from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerRefusedKey, ServerStartTimeout
 from tuner.secrets import Redactor
 from tuner.vllm.failure_signatures import FatalSignature, trial_reason, vllm_message
 
@@ -116,8 +116,12 @@ class ServerProcess:
         tag: str | None = None,
         stop_grace_s: float = 30.0,
         redactor: Redactor | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> None:
         self.argv = list(argv)
+        # Sent with the readiness requests: the API key (Authorization) a server started
+        # with --api-key requires on /v1/models.
+        self.headers = dict(headers or {})
         self.env = dict(env)
         self.tag = tag
         self.stop_grace_s = stop_grace_s
@@ -248,7 +252,7 @@ class ServerProcess:
         assert self.started_at is not None, "start() first"
         deadline = self.started_at + timeout_s
         self._pending_since = None
-        async with server_client(timeout=2.0) as client:
+        async with server_client(timeout=2.0, headers=self.headers) as client:
             while True:
                 self._raise_if_dead()
                 probe = asyncio.ensure_future(self._ready(client))
@@ -307,12 +311,23 @@ class ServerProcess:
                 return False
             models = await capped_request(client, "GET", f"{self.base_url}/v1/models",
                                           limit=READY_REPLY_BYTES)
+            if models.status_code in (401, 403):
+                # Waiting cannot help: a key refused now is refused until the deadline.
+                raise self._refused(models.status_code)
             if models.status_code != 200:
                 return False
             names = {m.get("id") for m in models.json().get("data", []) if isinstance(m, dict)}
             return self.served_model_name in names
         except (httpx.HTTPError, ValueError, AttributeError, ReplyTooLarge):
             return False
+
+    def _refused(self, status: int) -> ServerRefusedKey:
+        sent = any(k.lower() == "authorization" for k in self.headers)
+        how = "refused the study's API key" if sent else "requires an API key and the study gives none"
+        return ServerRefusedKey(
+            f"the server {how} (HTTP {status} on GET /v1/models): give the key it is started "
+            "with as server.flags.api_key or server.env VLLM_API_KEY, as a reference such as "
+            "'${VLLM_API_KEY}' set in the tuner's environment", log_excerpt=self._scanner.excerpt())
 
     async def stop(self, grace_s: float) -> StopReport:
         """SIGTERM the group, wait ``grace_s`` (at most :data:`FATAL_STOP_GRACE_S` once the

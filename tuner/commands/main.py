@@ -283,7 +283,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_measure(args: argparse.Namespace) -> int:
     """Run a study file's load profile (and with --probe its probe) against a running server."""
 
-    from tuner.engine.measure import MeasureError, files_in_the_way, format_summary, measure
+    from tuner.engine.measure import MeasureError, files_in_the_way, format_summary, measure, study_headers
 
     spec = load_spec_file(args.file)
     if args.output:
@@ -299,7 +299,7 @@ def cmd_measure(args: argparse.Namespace) -> int:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         out_dir = Path(args.results) / spec.name / "measure" / stamp
     try:
-        summary = measure(args.url, spec, probe=args.probe, out_dir=out_dir)
+        summary = measure(args.url, spec, probe=args.probe, out_dir=out_dir, headers=study_headers(spec, os.environ))
     except MeasureError as exc:
         _error(str(exc))
         return 3

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,11 @@ from tuner.load.record_files import write_records_jsonl
 from tuner.load.results import SweepResult, level_key
 from tuner.load.server_calls import scrape_metrics
 from tuner.load.sweep import run_sweep
+from tuner.secrets import api_key, api_key_ref, bearer, known_values
 from tuner.study.spec import StudySpec
 
-__all__ = ["MeasureError", "ameasure", "discover_model", "files_in_the_way", "format_summary", "measure"]
+__all__ = ["MeasureError", "ameasure", "discover_model", "files_in_the_way", "format_summary", "measure",
+           "study_headers"]
 
 _TIMEOUT_S = 30.0
 # Flat metrics shown per level in the summary (all of flat() is in metrics.json).
@@ -71,6 +74,10 @@ async def discover_model(
         resp = await capped_request(client, "GET", _root(base_url) + "/v1/models", timeout=_TIMEOUT_S)
     except (httpx.HTTPError, ReplyTooLarge) as exc:
         raise MeasureError(f"{base_url}: cannot reach /v1/models ({type(exc).__name__}: {exc})") from exc
+    if resp.status_code in (401, 403):
+        how = "refused the API key sent" if client.headers.get("Authorization") else "wants an API key, none was sent"
+        raise MeasureError(f"{base_url}/v1/models answered HTTP {resp.status_code}: the server {how}; give its "
+                           "key as the study's server.flags.api_key, e.g. '${VLLM_API_KEY}' set in this environment")
     if resp.status_code != 200:
         raise MeasureError(f"{base_url}/v1/models answered HTTP {resp.status_code}: {resp.text[:200]}")
     try:
@@ -87,6 +94,14 @@ async def discover_model(
         f"{base_url} serves {listed or 'no models'}; none is the study's "
         f"{' / '.join(repr(w) for w in wanted)}. Set server.served_model_name in the study file."
     )
+
+
+def study_headers(spec: StudySpec, environ: Mapping[str, str]) -> dict[str, str]:
+    """The Authorization header for the study's API key (server.flags.api_key or
+    VLLM_API_KEY, a reference read from ``environ``), else for VLLM_API_KEY in ``environ``,
+    as a server started with ``--api-key`` wants it; empty without a key."""
+
+    return bearer(api_key(api_key_ref(spec.server), known_values(spec.server), environ))
 
 
 async def _speculative(client: httpx.AsyncClient, base_url: str) -> bool | None:

@@ -40,7 +40,7 @@ from tuner.engine.samplers import make_sampler, suggest
 from tuner.engine.tie_runs import separate_ties
 from tuner.errors import StorageUnavailable, StudyError, Terminated
 from tuner.probe.record import Reference
-from tuner.secrets import Redactor, known_values
+from tuner.secrets import Redactor, api_key_ref, known_values
 from tuner.store.handle import StudyHandle, check_storage_covers_folder, make_storage
 from tuner.store.records import RecordReader, to_record
 from tuner.study import policy, space, stopping
@@ -279,7 +279,7 @@ class StudyLoop:
             # writes with secrets as references: so asked holds them as references too.
             study=self.name, run=self.run_id, number=number, values=values, asked=Redactor(secrets).data(command.asked),
             argv=pinned(command.argv), env=command.launch_env, secret_env=list(spec.server.secret_env),
-            secrets=secrets, host=spec.server.host,
+            secrets=secrets, api_key_ref=api_key_ref(spec.server), host=spec.server.host,
             port=port, served_model_name=spec.server.served_model_name or spec.server.model,
             trial_dir=str(trial_dir.resolve()), startup_timeout_s=spec.server.startup_timeout,
             stop_timeout_s=spec.server.stop_timeout, gpu_free_timeout_s=spec.execution.gpu_free_timeout,

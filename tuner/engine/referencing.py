@@ -24,7 +24,7 @@ from tuner.probe.record import Reference
 from tuner.probe.recording import load_reference_sources
 from tuner.probe.spec import ProbeSpec, fit_to_study, mode_text, resolve_mode
 from tuner.probe.verdict import with_reference_accuracy
-from tuner.secrets import Redactor, known_values
+from tuner.secrets import Redactor, api_key_ref, known_values
 from tuner.study.command import ReferenceConfiguration, reference_configuration
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.weights import dummy_weights
@@ -173,7 +173,8 @@ def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference 
         request = TrialRequest(
             study=host.name, run=host.run, number=REFERENCE_JOB, kind="reference", values=config.values,
             asked=Redactor(secrets).data(config.asked), argv=config.argv, env=config.env,
-            secret_env=list(spec.server.secret_env), secrets=secrets, host=spec.server.host, port=port,
+            secret_env=list(spec.server.secret_env), secrets=secrets, api_key_ref=api_key_ref(spec.server),
+            host=spec.server.host, port=port,
             served_model_name=served, trial_dir=str(host.paths.reference_dir.resolve()),
             startup_timeout_s=spec.server.startup_timeout, stop_timeout_s=stop_grace,
             gpu_free_timeout_s=spec.execution.gpu_free_timeout,

@@ -40,7 +40,7 @@ from tuner.probe.recording import ReferenceRecordError, check_reference, load_re
 from tuner.probe.spec import ProbeSpec, mode_text
 from tuner.probe.trial import reference_known_answers, run_trial_probe
 from tuner.probe.verdict import validate_reference
-from tuner.secrets import Redactor
+from tuner.secrets import API_KEY_ENV, Redactor, api_key, bearer
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.server_spec import ServerSpec
 from tuner.study.sweep_guard import SweepGuard
@@ -85,6 +85,7 @@ class TrialWorker:
         # (run_trial's result is the outcome alone).
         self._jobs: dict[int, dict[str, Any]] = {}
         self._redactor = Redactor()
+        self._headers: dict[str, str] = {}
         self.niceness = _default_priority()
 
     def describe(self, server: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -130,8 +131,13 @@ class TrialWorker:
         request = TrialRequest.model_validate(request_data)
         # Everything this job writes or returns goes through the redactor: the study's own
         # secrets and those passed through from this node's environment become ${REF}.
+        # The API key every request to the server carries (readiness, probe, load), as the
+        # server reads it: the study's, else VLLM_API_KEY from the environment it inherits.
+        key = api_key(request.api_key_ref, request.secrets, {**os.environ, **request.env})
+        self._headers = bearer(key)
         self._redactor = Redactor({**request.secrets,
-                                   **{name: os.environ.get(name) for name in request.secret_env}})
+                                   **{name: os.environ.get(name) for name in request.secret_env},
+                                   request.api_key_ref or API_KEY_ENV: key})
         outcome = TrialOutcome(
             number=request.number, status="failed", host=socket.gethostname(),
             started_unix=time.time(),
@@ -151,8 +157,11 @@ class TrialWorker:
                 outcome.startup_s = await self._start(request, trial_dir, guard)
                 phase = "verify"
                 self._verify(request, trial_dir, outcome)
+                # Judged whether or not the probe runs: a knob not applied stops the trial
+                # before any load too (stop_after("probe") has no verdict on it to give).
+                applied_stop = guard.stop_after("verify", applied=outcome.applied)
                 phase = "probe"
-                if request.probe.enabled and not guard.stop_after("verify", applied=outcome.applied):
+                if request.probe.enabled and not applied_stop:
                     await self._watch(self._probe(request, trial_dir, outcome))
                 phase = "load"
                 if not guard.stop_after("probe", probe_passed=outcome.probe_passed):
@@ -285,6 +294,7 @@ class TrialWorker:
             tag=self.server_tag(request),
             stop_grace_s=request.stop_timeout_s,
             redactor=self._redactor,
+            headers=self._headers,
         )
         self._server.start()
         if guard is None or not guard.enabled:
@@ -334,7 +344,7 @@ class TrialWorker:
                                        reference=reference, sample_seed=request.number,
                                        capture_sizes=getattr(self, "_capture_sizes", []),
                                        boundaries=getattr(self, "_boundaries", []),
-                                       deadline_s=self._remaining(request))
+                                       deadline_s=self._remaining(request), headers=self._headers)
         outcome.probe_s = time.monotonic() - began
         outcome.probe_passed = result.passed
         outcome.probe_reason = result.reason
@@ -364,14 +374,14 @@ class TrialWorker:
                 request, spec, items, sources, problems)
         else:
             known = ProbeResult.not_judged() if spec.reference_only else await run_probe(
-                url, served, spec, deadline_s=self._remaining(request), items=items)
+                url, served, spec, deadline_s=self._remaining(request), items=items, headers=self._headers)
             try:
                 reference = await record_reference(url, served, spec, sources=sources, known_answers=known,
-                                                   deadline_s=self._remaining(request))
+                                                   deadline_s=self._remaining(request), headers=self._headers)
                 # The same requests again against the same server: a reference that does not
                 # agree with itself would fail correct trials.
                 self_check = await check_reference(url, served, spec, reference,
-                                                   deadline_s=self._remaining(request))
+                                                   deadline_s=self._remaining(request), headers=self._headers)
             except ReferenceRecordError as exc:
                 problems.append(str(exc))
         verdict = validate_reference(known, reference=reference, self_check=self_check,
@@ -406,7 +416,7 @@ class TrialWorker:
         url, served = self._server.base_url, request.served_model_name
         try:
             reference = await record_reference(url, served, spec, sources=sources,
-                                               deadline_s=self._remaining(request))
+                                               deadline_s=self._remaining(request), headers=self._headers)
         except ReferenceRecordError as exc:
             problems.append(str(exc))
             return ProbeResult.disabled(), None, None
@@ -417,7 +427,7 @@ class TrialWorker:
             reference = reference.model_copy(update={"known_answers_accuracy": known.accuracy})
         check = await run_trial_probe(url, served, spec, reference=reference, items=items,
                                       sample_seed=0, capture_sizes=getattr(self, "_capture_sizes", []),
-                                      deadline_s=self._remaining(request))
+                                      deadline_s=self._remaining(request), headers=self._headers)
         return known, reference, check
 
     async def _load(self, request: TrialRequest, trial_dir: Path, outcome: TrialOutcome,
@@ -432,7 +442,7 @@ class TrialWorker:
         slo = request.slo
         sweep = await run_sweep(
             self._server.base_url, request.served_model_name, spec,
-            ignore_eos=request.ignore_eos, deadline_s=self._remaining(request),
+            ignore_eos=request.ignore_eos, deadline_s=self._remaining(request), headers=self._headers,
             levels=guard.levels(spec.concurrency), after_level=guard.after_level,
             inside_level=guard.inside_level if guard.enabled else None,
             slo=slo, max_rate=spec.rate_search if request.search_max_rate else None,

@@ -37,7 +37,7 @@ from tuner.sim.logs import (
     traceback_lines,
 )
 from tuner.sim.profile import Profile, ProfileError, load_profile
-from tuner.sim.server import QuietServer, SimServer
+from tuner.sim.server import QuietServer, SimServer, api_tokens
 
 
 def effective_config(argv: Sequence[str], env: Mapping[str, str], profile: Profile) -> Effective:
@@ -48,8 +48,10 @@ def effective_config(argv: Sequence[str], env: Mapping[str, str], profile: Profi
 class Sim:
     def __init__(self, eff: Effective, faults: ActiveFaults, scale: float, log: LogWriter,
                  sock: socket.socket, startup_scale: float | None = None, *,
-                 cache: CompileCache | None = None, env: Mapping[str, str] | None = None) -> None:
+                 cache: CompileCache | None = None, env: Mapping[str, str] | None = None,
+                 api_keys: list[str] | None = None) -> None:
         self.eff = eff
+        self.api_keys = list(api_keys or [])
         # No cache given (dry logs): look like a miss, write nothing.
         self.cache = cache or CompileCache(default_root({}), enabled=False)
         self.env = dict(env or {})
@@ -322,7 +324,7 @@ class Sim:
         if self.stop.is_set():
             return self.shutdown(None)
         engine = Engine(self.eff, self.faults, self.scale, self.log)
-        app = SimServer(self.eff, engine, self.faults, self.on_crash).app
+        app = SimServer(self.eff, engine, self.faults, self.on_crash, self.api_keys).app
         server = QuietServer(uvicorn.Config(app, log_config=None, log_level="warning",
                                             access_log=False, lifespan="off"))
         serve = asyncio.create_task(server.serve(sockets=[self.sock]))
@@ -430,7 +432,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.raw("Traceback (most recent call last):", "APIServer")
         log.raw(f"OSError: [Errno {exc.errno}] {exc.strerror}", "APIServer")
         return 1
-    sim = Sim(eff, active, scale, log, sock, startup_scale, cache=CompileCache.from_env(env), env=env)
+    sim = Sim(eff, active, scale, log, sock, startup_scale, cache=CompileCache.from_env(env), env=env,
+              api_keys=api_tokens(args.unknown, env))
     try:
         return asyncio.run(sim.run())
     finally:

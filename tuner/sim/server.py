@@ -10,18 +10,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import json
+import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
 import uvicorn
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.applications import Starlette
+from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from tuner.sim.effective import Effective
 from tuner.sim.engine import Chunk, Engine, GenRequest
@@ -89,9 +93,48 @@ def _place(f: Fault, idx: tuple[int, int | None]) -> int | None:
     return idx[0] if f.counting == "all" else idx[1]
 
 
+API_KEY_ENV = "VLLM_API_KEY"
+# vLLM's AuthenticationMiddleware guards these prefixes only: /health, /metrics and
+# /tokenize answer without a key.
+GUARDED_PREFIX = ("/v1", "/v2", "/inference", "/cohere")
+
+
+def api_tokens(unknown: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
+    """The keys a request may carry, as vLLM reads them: ``--api-key`` (one or more), else
+    ``VLLM_API_KEY``; none (no authentication) when both are empty."""
+
+    given = unknown.get("api_key")
+    keys = given if isinstance(given, list) else [env.get(API_KEY_ENV, "")] if given is None else [given]
+    return [str(k) for k in keys if k not in ("", True)]
+
+
+class Authentication:
+    """vLLM's AuthenticationMiddleware: a guarded path without ``Authorization: Bearer
+    <one of the keys>`` is answered 401 ``{"error": "Unauthorized"}`` (OPTIONS passes)."""
+
+    def __init__(self, app: ASGIApp, tokens: list[str]) -> None:
+        self.app = app
+        self.hashes = [hashlib.sha256(t.encode()).digest() for t in tokens]
+
+    def _verified(self, headers: Headers) -> bool:
+        scheme, _, param = headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer":
+            return False
+        got = hashlib.sha256(param.encode()).digest()
+        return any([secrets.compare_digest(got, h) for h in self.hashes])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] in ("http", "websocket") and scope.get("method") != "OPTIONS":
+            path = scope["path"].removeprefix(scope.get("root_path", ""))
+            if path.startswith(GUARDED_PREFIX) and not self._verified(Headers(scope=scope)):
+                await JSONResponse({"error": "Unauthorized"}, status_code=401)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 class SimServer:
     def __init__(self, eff: Effective, engine: Engine, faults: ActiveFaults,
-                 on_crash: Callable[[], None]) -> None:
+                 on_crash: Callable[[], None], api_keys: list[str] | None = None) -> None:
         self.eff = eff
         self.engine = engine
         self.faults = faults
@@ -108,6 +151,8 @@ class SimServer:
             Route("/v1/completions", self.completions, methods=["POST"]),
             Route("/v1/chat/completions", self.chat, methods=["POST"]),
         ])
+        if api_keys:
+            self.app = Authentication(self.app, api_keys)
 
     # -- simple endpoints ------------------------------------------------------------------
     async def health(self, request: Request) -> Response:

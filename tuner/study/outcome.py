@@ -38,6 +38,10 @@ class TrialRequest(BaseModel):
     secrets: dict[str, str] = Field(
         default_factory=dict, description="reference -> value of the study's own secrets (the "
         "worker keeps them, and secret_env values from its environment, out of every file it writes)")
+    api_key_ref: str | None = Field(
+        default=None, description="reference of the API key the server is started with (its "
+        "value is in secrets or the worker's environment): every request carries it; None: "
+        "VLLM_API_KEY from the worker's environment if set, as vLLM reads it")
     host: str
     port: int
     served_model_name: str

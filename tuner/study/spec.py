@@ -325,7 +325,7 @@ def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -
     if metric == MAX_RATE:
         if spec.slo is None:
             raise ValueError(f"{where}: {MAX_RATE} needs an slo: section (the latency SLO the "
-                             "rate must meet), e.g. slo: {{ttft_ms.p99: 2000}}")
+                             "rate must meet), e.g. slo: {ttft_ms.p99: 2000}")
         if concurrency_given or item.rate is not None or item.level is not None:
             raise ValueError(f"{where}: {MAX_RATE} is one value per trial (the search over "
                              "rates); remove concurrency/rate/level")
@@ -335,7 +335,7 @@ def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -
         return
     if metric in GOODPUT_KEYS and spec.slo is None:
         raise ValueError(f"{where}: {metric} needs an slo: section (requests are good when "
-                         "they meet it), e.g. slo: {{ttft_ms.p99: 2000}}")
+                         "they meet it), e.g. slo: {ttft_ms.p99: 2000}")
     if item.level is not None:
         if concurrency_given or item.rate is not None:
             raise ValueError(f"{where}: {metric}: level {item.level} is a level of its own; remove "
