@@ -62,10 +62,8 @@ def _json_flat(flat: dict[str, float]) -> dict[str, float | None]:
 
 
 def _default_priority() -> int:
-    """This process's niceness, brought back to 0 where allowed: the servers it starts
-    inherit it. A Ray cluster started without ``RAY_worker_niceness=0`` runs its workers at
-    nice 15, and raising priority back needs privilege (root, or RLIMIT_NICE); the niceness
-    that stays is reported by ``describe`` and warned about by the driver."""
+    """This process's niceness (its servers inherit it), back to 0 where allowed: Ray runs
+    workers at nice 15 unless RAY_worker_niceness=0, and only root may undo that."""
 
     with contextlib.suppress(OSError):
         if os.getpriority(os.PRIO_PROCESS, 0) > 0:
