@@ -44,6 +44,7 @@ from tuner.load.stats import percentile
 from tuner.sim.args import ArgvError, parse_argv
 from tuner.sim.dry_log import startup_log
 from tuner.sim.effective import ConfigError, Effective, resolve
+from tuner.sim.events import Failure
 from tuner.sim.perf_model import NGRAM_METHODS, LevelEstimate, PerfConfig, Workload, simulate_closed_loop
 from tuner.sim.profile import Profile
 from tuner.sim.truth_time import TimeModel, compile_fields, startup_s
@@ -53,6 +54,7 @@ from tuner.study import space
 from tuner.study.sampling import grid_points
 from tuner.study.spec import StudySpec
 from tuner.vllm.effective_config import EffectiveConfig, parse_effective_config
+from tuner.vllm.failure_signatures import match_fatal_line, trial_reason
 from tuner.vllm.knobs import RenderedCommand
 from tuner.vllm.verify import startup_mismatches
 
@@ -63,7 +65,8 @@ __all__ = [
 # Bump when a change here or in the modules it uses (truth_verify, truth_workload, truth_time)
 # alters what evaluate() returns for a point: benchmarks/truth.py keys its cache on it
 # (front, reference and hypervolume are recomputed on every load).
-EVAL_VERSION = 2     # 2: compile-cache fields (compile_key, compile_s, compile_hit_s, compile_at_s)
+# 3: a failed start's reason is the real loop's classification of its error line.
+EVAL_VERSION = 3     # 2: compile-cache fields (compile_key, compile_s, compile_hit_s, compile_at_s)
 # Probe requests are short known-answer questions (tuner.probe.items): a few dozen
 # prompt tokens, answers well under the probe's max_tokens.
 PROBE_PROMPT_TOKENS = 48
@@ -218,8 +221,7 @@ class Evaluator:
             return PointTruth(values, "failed", "invalid_config", exc.failure.message.splitlines()[0],
                               startup_s=tm.prepare_s + self.profile.startup.api_init_s / 2, stop_s=tm.stop_s)
         if eff.failure is not None:
-            reason = {"kv": "gpu_memory_insufficient", "load": "gpu_memory_insufficient",
-                      "comm": "nccl_error"}.get(eff.failure.stage, "server_exited")
+            reason = failure_reason(eff.failure)
             # A start failing after torch.compile (KV-cache sizing) has written its entry.
             cc = compile_fields(eff, env, tm) if eff.failure.stage == "kv" else {}
             return PointTruth(values, "failed", reason, eff.failure.message.splitlines()[0],
@@ -302,6 +304,13 @@ class Evaluator:
                           requests_per_stream=per_stream)
             total += self.simulate(perf, wl, c).duration_s
         return total
+
+
+def failure_reason(failure: Failure) -> str:
+    """The reason the launcher gives a start failing with ``failure`` (its error line, classified)."""
+    lines = f"{failure.exc_type}: {failure.message}".split("\n")
+    found = next((sig for line in lines if (sig := match_fatal_line(line)) is not None), None)
+    return "server_exited" if found is None else trial_reason(found)
 
 
 def ngram_of(eff: Effective) -> tuple[int, int, int] | None:
