@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tuner.study.confirmation import Confirmation, RunResult, judge
-from tuner.vllm.startup import parse_startup
+from tuner.vllm.log_digest import read_log
 
 __all__ = ["server_log", "reparsed_startup", "rejudged"]
 
@@ -26,7 +26,7 @@ def reparsed_startup(folder: Path) -> dict[str, Any]:
 
     recorded = json.loads((folder / "startup.json").read_text())
     ready = recorded["total_s"] if recorded["complete"] else None
-    return parse_startup(server_log(folder), first_line_s=recorded["first_line_s"], ready_s=ready).to_json()
+    return read_log(server_log(folder)).startup(first_line_s=recorded["first_line_s"], ready_s=ready).to_json()
 
 
 def rejudged(recorded: dict[str, Any], number: int, **overrides: Any) -> Confirmation:

@@ -24,9 +24,9 @@ from tuner.vllm.compile_cache import (
     compile_key,
     compile_settings,
     expand_cache_dir,
-    parse_compile_log,
 )
 from tuner.vllm.knobs import knob
+from tuner.vllm.log_digest import read_log
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm_logs"
 
@@ -63,7 +63,7 @@ def hit_log(proc: str = "EngineCore pid=7") -> str:
 
 
 def test_recorded_cuda_miss() -> None:
-    rec = parse_compile_log((FIXTURES / "h200-0.26.0" / "cudagraph-full.log").read_text())
+    rec = read_log((FIXTURES / "h200-0.26.0" / "cudagraph-full.log").read_text()).compile_record()
     assert rec.cache == "miss"
     assert rec.compile_s == 13.49 and rec.dynamo_s == 4.88 and rec.inductor_s == 6.55
     assert rec.load_s is None
@@ -76,7 +76,7 @@ def test_recorded_cuda_miss() -> None:
 
 def test_recorded_cpu_032_miss_names_the_module() -> None:
     # 0.32 on CPU prints only "[backbone] saved AOT compiled function to ..." and no totals.
-    rec = parse_compile_log((FIXTURES / "cpu-0.32.0" / "compiled.log").read_text())
+    rec = read_log((FIXTURES / "cpu-0.32.0" / "compiled.log").read_text()).compile_record()
     assert rec.cache == "miss" and rec.aot == "saved"
     assert rec.aot_path.startswith("/root/.cache/vllm/torch_compile_cache/torch_aot_compile/bc0873e4")
     assert rec.compile_s is None and rec.init_engine_s == 140.16
@@ -84,20 +84,20 @@ def test_recorded_cpu_032_miss_names_the_module() -> None:
 
 @pytest.mark.parametrize("path", ["h200-0.26.0/eager.log", "cpu-0.32.0/eager.log"])
 def test_recorded_eager_compiles_nothing(path: str) -> None:
-    rec = parse_compile_log((FIXTURES / path).read_text())
+    rec = read_log((FIXTURES / path).read_text()).compile_record()
     assert rec.cache == "none" and rec.cache_dir is None and rec.compile_s is None
     assert rec.init_engine_s is not None
 
 
 def test_built_hit_without_init_line_takes_the_total() -> None:
     text = "\n".join(hit_log().splitlines()[:5])
-    rec = parse_compile_log(text)
+    rec = read_log(text).compile_record()
     assert rec.cache == "hit" and rec.compile_s == 2.89 and rec.init_engine_s is None
 
 
 def test_032_module_prefix_on_the_aot_lines() -> None:
     text = line("[backbone] " + AOT_LOADED % AOT, "decorators.py:311")
-    rec = parse_compile_log(text)
+    rec = read_log(text).compile_record()
     assert rec.cache == "hit" and rec.aot_path == AOT
 
 
@@ -106,10 +106,10 @@ def test_partial_when_something_loads_and_something_compiles() -> None:
     text = "\n".join([line(USING_CACHE % f"{ROOT}/5a9d9c976f/rank_0_0/backbone"),
                       line(COMPILED % ("(1, 8192)", 7.77), "backends.py:391"),
                       line(AOT_LOADED % AOT, "decorators.py:305"), line(TOTAL % 9.69, "monitor.py:53")])
-    assert parse_compile_log(text).cache == "partial"
+    assert read_log(text).compile_record().cache == "partial"
     stale = "\n".join([line(RELOAD % (AOT, "Compile cache file corrupted."), "decorators.py:1"),
                        line(AOT_LOADED % AOT, "decorators.py:311")])
-    rec = parse_compile_log(stale)
+    rec = read_log(stale).compile_record()
     assert rec.cache == "partial" and rec.reload_reason == "Compile cache file corrupted."
 
 
@@ -117,20 +117,20 @@ def test_unknown_until_the_engine_is_up() -> None:
     text = (FIXTURES / "h200-0.26.0" / "cudagraph-full.log").read_text()
     head = "\n".join(l for l in text.splitlines()[:25])
     assert "Using cache directory" not in head
-    assert parse_compile_log(head).cache is None
-    assert parse_compile_log("").cache is None
+    assert read_log(head).compile_record().cache is None
+    assert read_log("").compile_record().cache is None
 
 
 def test_tensor_parallel_times_come_from_one_process() -> None:
     tp0 = hit_log("Worker_TP0 pid=57").splitlines()
     tp1 = [l.replace("Worker_TP0 pid=57", "Worker_TP1 pid=58").replace("took 2.89", "took 3.50")
            for l in tp0]
-    rec = parse_compile_log("\n".join(x for pair in zip(tp0, tp1) for x in pair))
+    rec = read_log("\n".join(x for pair in zip(tp0, tp1) for x in pair)).compile_record()
     assert rec.cache == "hit" and rec.load_s == 0.717 and rec.compile_s == 2.89
 
 
 def test_record_round_trips_and_missing_is_unknown() -> None:
-    rec = parse_compile_log(hit_log())
+    rec = read_log(hit_log()).compile_record()
     again = CompileRecord.from_json({**rec.to_json(), "later_field": 1})
     assert again == rec
     assert CompileRecord.from_json(None) is None
@@ -236,11 +236,11 @@ def test_compiled_engine_without_cache_lines_is_unknown_not_none() -> None:
 
     from pathlib import Path
 
-    from tuner.vllm.compile_cache import parse_compile_log
+    from tuner.vllm.log_digest import read_log
 
     fixtures = Path(__file__).parent / "fixtures" / "vllm_logs" / "cpu-0.32.0"
     recorded = (fixtures / "compiled.log").read_text()
-    assert parse_compile_log(recorded).cache == "miss"          # recorded: it saved an AOT artifact
+    assert read_log(recorded).compile_record().cache == "miss"          # recorded: it saved an AOT artifact
     silent = "\n".join(l for l in recorded.splitlines() if "saved AOT compiled function" not in l)
-    assert parse_compile_log(silent).cache is None
-    assert parse_compile_log((fixtures / "eager.log").read_text()).cache == "none"
+    assert read_log(silent).compile_record().cache is None
+    assert read_log((fixtures / "eager.log").read_text()).compile_record().cache == "none"

@@ -14,7 +14,7 @@ import pytest
 
 from tests.conftest import write_study
 from tests.sim_process import Sim
-from tuner.vllm.compile_cache import parse_compile_log
+from tuner.vllm.log_digest import read_log
 
 
 def _env(tmp_path: Path) -> dict[str, str]:
@@ -34,7 +34,7 @@ def _start(tmp_path: Path, *argv: str, **env: str) -> str:
 def test_second_start_loads_what_the_first_compiled(tmp_path: Path) -> None:
     root = tmp_path / "vllm-cache"
     first = _start(tmp_path)
-    one = parse_compile_log(first)
+    one = read_log(first).compile_record()
     assert one.cache == "miss", first[-2000:]
     assert "Compiling a graph for compile range (1, " in first
     assert f"saved AOT compiled function to {root}/torch_compile_cache/torch_aot_compile/" in first
@@ -44,7 +44,7 @@ def test_second_start_loads_what_the_first_compiled(tmp_path: Path) -> None:
     assert len(entries) == 1 and not list(entries[0].parent.glob("*.tmp"))
 
     second = _start(tmp_path, "--seed", "7")          # seed is outside vLLM's key
-    two = parse_compile_log(second)
+    two = read_log(second).compile_record()
     assert two.cache == "hit", second[-2000:]
     assert "Directly load the compiled graph(s) for compile range (1, " in second
     assert f"Directly load AOT compilation from path {entries[0]}" in second
@@ -55,7 +55,7 @@ def test_second_start_loads_what_the_first_compiled(tmp_path: Path) -> None:
     assert two.init_engine_s < one.init_engine_s - 0.5 * one.compile_s
 
     third = _start(tmp_path, "--max-num-batched-tokens", "2048")   # the compile range changes
-    assert parse_compile_log(third).cache == "miss"
+    assert read_log(third).compile_record().cache == "miss"
     assert len(list((root / "torch_compile_cache" / "torch_aot_compile").iterdir())) == 2
     assert not (tmp_path / "xdg").exists()
 
@@ -63,9 +63,9 @@ def test_second_start_loads_what_the_first_compiled(tmp_path: Path) -> None:
 def test_cache_off_and_eager_write_nothing(tmp_path: Path) -> None:
     root = tmp_path / "vllm-cache"
     log = _start(tmp_path, TUNER_SIM_COMPILE_CACHE="0")
-    assert parse_compile_log(log).cache == "miss" and not root.exists()
+    assert read_log(log).compile_record().cache == "miss" and not root.exists()
     log = _start(tmp_path, "--enforce-eager")
-    assert parse_compile_log(log).cache == "none" and not root.exists()
+    assert read_log(log).compile_record().cache == "none" and not root.exists()
 
 
 def test_default_root_is_the_simulators_own(tmp_path: Path) -> None:
@@ -85,7 +85,7 @@ def test_dry_log_never_writes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "x"))
     monkeypatch.setenv("HOME", str(tmp_path / "h"))
     log = startup_log(["--model", "/m", "-tp", "8"], {}, load_profile("glm5-8xpcie"))
-    assert parse_compile_log(log).cache == "miss"
+    assert read_log(log).compile_record().cache == "miss"
     assert not any(tmp_path.iterdir())
 
 

@@ -19,7 +19,8 @@ import pytest
 from tests.log_replay import digest_written_in_chunks
 from tuner.load.prometheus import parse_prometheus_text, server_side_metrics
 from tuner.vllm.effective_config import EffectiveConfig, parse_effective_config, text_lines
-from tuner.vllm.failure_signatures import FatalLineScanner, match_fatal_line, scan_log
+from tuner.vllm.failure_signatures import FatalLineScanner, match_fatal_line
+from tuner.vllm.log_digest import read_log
 from tuner.vllm.verify import verify
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -223,7 +224,7 @@ def test_no_line_of_a_successful_cpu_log_is_fatal(name: str) -> None:
     assert [line for line in text_lines(text) if scanner.feed_line(line)] == []
     assert scanner.finish() is None
     assert (scanner.ready_seen, scanner.shutdown_seen) == (True, True)
-    assert scan_log(text) is None
+    assert read_log(text).fatal.signature is None
 
 
 # ---------------------------------------------------------------------------------------

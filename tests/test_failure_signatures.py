@@ -18,8 +18,8 @@ from tuner.vllm.failure_signatures import (
     FatalLineScanner,
     FatalSignature,
     match_fatal_line,
-    scan_log,
 )
+from tuner.vllm.log_digest import read_log
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
 SUCCESSFUL = [
@@ -105,7 +105,7 @@ def test_teardown_noise_after_shutdown_is_ignored() -> None:
 
 @pytest.mark.parametrize(("name", "reason", "line"), FAILED)
 def test_failed_logs_report_the_root_cause(name: str, reason: str, line: str) -> None:
-    found = scan_log(read(name))
+    found = read_log(read(name)).fatal.signature
     assert found is not None
     assert (found.reason, line in found.line) == (reason, True)
 
@@ -117,7 +117,7 @@ def test_a_log_read_as_it_is_written_gives_the_same_answer(tmp_path: Path, name:
     """The launcher's reader over the log written a few bytes at a time (lines and UTF-8
     characters split anywhere) gives the whole log's answer."""
     found = digest_written_in_chunks(tmp_path / "server.log", (LOGS / name).read_bytes(), chunk).fatal.signature
-    assert found == scan_log(read(name))
+    assert found == read_log(read(name)).fatal.signature
     assert found is not None
     assert found.reason == reason
     assert line in found.line

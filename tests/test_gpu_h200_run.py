@@ -20,9 +20,9 @@ import pytest
 
 from tests.gpu_records import reparsed_startup, server_log
 from tuner.adapters.gpu import busy_on, parse_compute_apps, parse_gpu_memory, select_uuids
-from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.effective_config import parse_effective_config
-from tuner.vllm.failure_signatures import scan_log, trial_reason, vllm_message
+from tuner.vllm.failure_signatures import trial_reason, vllm_message
+from tuner.vllm.log_digest import read_log
 from tuner.vllm.startup import figures_text, median_phases, summary_text
 from tuner.vllm.verify import verify
 
@@ -167,7 +167,7 @@ def test_the_studys_median_startup_is_the_one_status_printed() -> None:
 def test_every_compiled_mode_missed_a_cold_cache_with_its_own_key() -> None:
     hashes = {}
     for trial in (FULL_AND_PIECEWISE, FULL_DECODE_ONLY, PIECEWISE, FULL, NONE):
-        rec = parse_compile_log(server_log(STUDY / trial))
+        rec = read_log(server_log(STUDY / trial)).compile_record()
         assert rec.to_json() == _json(STUDY / trial, "compile_cache.json"), trial
         assert rec.cache == "miss" and rec.aot == "saved" and rec.load_s is None, trial
         assert rec.inductor_s is not None and rec.compile_s > rec.inductor_s, trial
@@ -176,17 +176,17 @@ def test_every_compiled_mode_missed_a_cold_cache_with_its_own_key() -> None:
     # cudagraph_mode is part of vLLM's compile key: five modes, five cache entries.
     assert hashes[FULL_AND_PIECEWISE] == "7b8bb4bb00" and len(set(hashes.values())) == 5
     for trial in (EAGER, NGRAM):
-        rec = parse_compile_log(server_log(STUDY / trial))
+        rec = read_log(server_log(STUDY / trial)).compile_record()
         assert rec.cache == "none" and rec.cache_dir is None and rec.to_json() == _json(STUDY / trial,
                                                                                         "compile_cache.json")
 
 
 def test_compile_cache_hits_and_what_they_save() -> None:
-    miss = parse_compile_log(server_log(STUDY / FULL_AND_PIECEWISE))
+    miss = read_log(server_log(STUDY / FULL_AND_PIECEWISE)).compile_record()
     for name, compile_s, load_s, phase in (("d1-compile-cache", 6.08, 1.943, 6.0),
                                            ("d2-compile-cache", 4.66, 1.662, 5.0)):
         folder = SCENARIOS / name
-        rec = parse_compile_log(server_log(folder))
+        rec = read_log(server_log(folder)).compile_record()
         assert rec.to_json() == _json(folder, "compile_cache.json")
         assert (rec.cache, rec.aot, rec.inductor_s) == ("hit", "loaded", None)
         assert (rec.compile_s, rec.load_s) == (compile_s, load_s)
@@ -244,7 +244,7 @@ def _stamp_unix(line: str, year: int) -> float:
 
 def test_b_kv_cache_too_small_fails_fast_with_vllms_message() -> None:
     folder = SCENARIOS / "b-kv-cache-too-small"
-    sig = scan_log(server_log(folder))
+    sig = read_log(server_log(folder)).fatal.signature
     assert sig is not None and sig.reason == "max_model_len_too_large" and trial_reason(sig) == sig.reason
     assert sig.line.startswith("(EngineCore pid=5691) ERROR 12-02 05:46:31 [core.py:1330] ValueError: To serve")
     # vLLM 0.26.0 says "model's"; the main-branch source this was first written from says "models's".
@@ -270,7 +270,7 @@ def test_b_kv_cache_too_small_fails_fast_with_vllms_message() -> None:
 def test_c_rejected_configuration_is_invalid_config_with_vllms_message() -> None:
     folder = SCENARIOS / "c-spec-mtp"
     text = server_log(folder)
-    sig = scan_log(text)
+    sig = read_log(text).fatal.signature
     assert sig is not None and sig.reason == "unsupported_speculative_method"
     assert trial_reason(sig) == "invalid_config"
     assert sig.line == "(APIServer pid=5619) NotImplementedError: Unsupported speculative method: 'mtp'"

@@ -21,8 +21,8 @@ import pytest
 from tests.conftest import needs_chromium, render_in_chromium
 from tests.gpu_records import rejudged, reparsed_startup, server_log
 from tuner.study.study_file import parse_study
-from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.effective_config import parse_effective_config
+from tuner.vllm.log_digest import read_log
 from tuner.vllm.startup import median_phases
 from tuner.vllm.verify import verify
 
@@ -187,11 +187,11 @@ def test_startup_median_and_the_compile_cache_hit_on_the_rerun() -> None:
     assert statistics.median(s["total_s"] for s in starts) == pytest.approx(80.0, abs=0.05)
     assert median_phases(starts)["total"] == pytest.approx(80.0, abs=0.05)
     # Each compiled mode has a compile key of its own: five misses, five different hashes.
-    records = {n: parse_compile_log(server_log(RUN[n])) for n in COMPILED_MODES}
+    records = {n: read_log(server_log(RUN[n])).compile_record() for n in COMPILED_MODES}
     assert {r.cache for r in records.values()} == {"miss"}
     assert len({r.cache_hash for r in records.values()}) == 5
     # The confirmation re-run of trial 2 loaded trial 2's graph from the study's cache.
-    hit = parse_compile_log(server_log(RERUN))
+    hit = read_log(server_log(RERUN)).compile_record()
     assert hit.cache == "hit" and hit.cache_hash == records[2].cache_hash
     first, again = _json(RUN[2] / "startup.json"), _json(RERUN / "startup.json")
     assert (round(first["total_s"], 1), round(again["total_s"], 1)) == (94.5, 63.2)

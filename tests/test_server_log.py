@@ -21,11 +21,8 @@ import pytest
 from tests.log_replay import digest_written_in_chunks
 from tuner.adapters.server_log import LogFollower, ServerLog
 from tuner.probe.shapes import log_boundaries
-from tuner.vllm.compile_cache import parse_compile_log
 from tuner.vllm.effective_config import parse_effective_config, text_lines
-from tuner.vllm.failure_signatures import scan_log
-from tuner.vllm.log_digest import BACKLOG_CHARS, LogDigest
-from tuner.vllm.startup import parse_startup
+from tuner.vllm.log_digest import BACKLOG_CHARS, LogDigest, read_log
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
 
@@ -223,10 +220,10 @@ def test_the_digest_of_a_log_read_as_written_is_the_whole_texts(tmp_path: Path, 
     data = (LOGS / name).read_bytes()
     digest = digest_written_in_chunks(tmp_path / "server.log", data, 4096)
     text = data.decode("utf-8", errors="replace")
-    assert digest.fatal.signature == scan_log(text)
+    assert digest.fatal.signature == read_log(text).fatal.signature
     assert digest.effective() == parse_effective_config(text)
-    assert digest.compile_record() == parse_compile_log(text)
-    assert digest.startup(first_line_s=15.0, ready_s=90.0) == parse_startup(text, first_line_s=15.0, ready_s=90.0)
+    assert digest.compile_record() == read_log(text).compile_record()
+    assert digest.startup(first_line_s=15.0, ready_s=90.0) == read_log(text).startup(first_line_s=15.0, ready_s=90.0)
     assert digest.boundaries() == log_boundaries(text)
 
 
@@ -258,4 +255,4 @@ def test_the_digest_reads_a_long_log_in_bounded_batches(tmp_path: Path) -> None:
         digest.feed(line)
         assert digest._backlog_chars <= BACKLOG_CHARS
     assert digest.effective() == parse_effective_config(text)
-    assert digest.startup(first_line_s=1.0, ready_s=60.0) == parse_startup(text, first_line_s=1.0, ready_s=60.0)
+    assert digest.startup(first_line_s=1.0, ready_s=60.0) == read_log(text).startup(first_line_s=1.0, ready_s=60.0)

@@ -12,8 +12,8 @@ import pytest
 from tuner.adapters.artifacts import StudyPaths
 from tuner.study.trials import TrialRecord
 from tuner.views.status import _startup_summary, _trial_row, format_status
-from tuner.vllm.compile_cache import parse_compile_log
-from tuner.vllm.startup import PHASES, StartupRecord, figures_text, median_phases, parse_startup, summary_text
+from tuner.vllm.log_digest import read_log
+from tuner.vllm.startup import PHASES, StartupRecord, figures_text, median_phases, summary_text
 
 LOGS = Path(__file__).parent / "fixtures" / "vllm_logs"
 H200 = LOGS / "h200-0.26.0"
@@ -28,7 +28,7 @@ def test_h200_compiled_start_by_phase() -> None:
     # cudagraph-full_and_piecewise.log: banner 09:59:24, engine 09:59:39, "Model loading took"
     # 09:59:42, "torch.compile took 14.32 s" 09:59:56, KV cache size 09:59:58, "Graph capturing
     # finished" 10:00:01, init engine 10:00:13, "Starting vLLM server" 10:00:14.
-    rec = parse_startup(_log(H200 / "cudagraph-full_and_piecewise.log"), first_line_s=19.6, ready_s=70.3)
+    rec = read_log(_log(H200 / "cudagraph-full_and_piecewise.log")).startup(first_line_s=19.6, ready_s=70.3)
     assert rec.phases == {"imports": 19.6, "api_config": 0.0, "engine_spawn": 15.0, "weights": 3.0,
                           "compile": 14.0, "kv_cache": 2.0, "graph_capture": 3.0, "warmup": 12.0,
                           "api_start": 1.0, "serve": pytest.approx(0.7)}
@@ -43,7 +43,7 @@ def test_h200_compiled_start_by_phase() -> None:
 
 
 def test_h200_eager_start_has_no_compile_and_no_graphs() -> None:
-    rec = parse_startup(_log(H200 / "eager.log"), first_line_s=20.0, ready_s=76.5)
+    rec = read_log(_log(H200 / "eager.log")).startup(first_line_s=20.0, ready_s=76.5)
     assert "compile" not in rec.phases and "graph_capture" not in rec.phases
     # The API server took 19 s between its arguments and "Resolved architecture" here (the
     # first start after the box came up), then the engine process 16 s to log.
@@ -54,7 +54,7 @@ def test_h200_eager_start_has_no_compile_and_no_graphs() -> None:
 
 
 def test_h200_speculative_start_reads_the_v1_runner_lines() -> None:
-    rec = parse_startup(_log(H200 / "spec-ngram-k4.log"))
+    rec = read_log(_log(H200 / "spec-ngram-k4.log")).startup()
     assert (rec.weights_gib, rec.weights_s) == (0.25, 0.341225)   # "... GiB memory and ... seconds"
     assert rec.kv_cache_tokens == 3_152_720 and rec.graph_capture_gib == 0.33
     # The V1 runner (n-gram) warms up in about a second where the V2 runner takes 12-14 s.
@@ -65,14 +65,14 @@ def test_h200_speculative_start_reads_the_v1_runner_lines() -> None:
 @pytest.mark.parametrize("name", ["cudagraph-full.log", "cudagraph-full_decode_only.log",
                                   "cudagraph-piecewise.log"])
 def test_every_real_compiled_h200_start_is_complete(name: str) -> None:
-    rec = parse_startup(_log(H200 / name), first_line_s=20.0, ready_s=90.0)
+    rec = read_log(_log(H200 / name)).startup(first_line_s=20.0, ready_s=90.0)
     assert rec.complete and rec.compile_cache == "miss"
     assert all(rec.phases.get(p) is not None for p in PHASES)
     assert rec.graph_capture_s in (2.0, 3.0) and rec.kv_cache_tokens == 3_226_544
 
 
 def test_cpu_build_compiled_start() -> None:
-    rec = parse_startup(_log(CPU / "compiled.log"), first_line_s=30.0, ready_s=200.0)
+    rec = read_log(_log(CPU / "compiled.log")).startup(first_line_s=30.0, ready_s=200.0)
     # The CPU build compiles while "Warming up model for the compilation..." (no torch.compile
     # total line), sizes its KV cache from VLLM_CPU_KVCACHE_SPACE and captures no graphs.
     assert rec.phases["compile"] == 140.0 and "graph_capture" not in rec.phases
@@ -83,40 +83,40 @@ def test_cpu_build_compiled_start() -> None:
 
 
 def test_failed_starts_say_how_far_they_got() -> None:
-    memory = parse_startup(_log(H200 / "fail-gpu-memory-utilization.log"), first_line_s=19.0)
+    memory = read_log(_log(H200 / "fail-gpu-memory-utilization.log")).startup(first_line_s=19.0)
     assert not memory.complete and memory.reached == "engine_spawn" and memory.tail_s == 1.0
     assert memory.kv_cache_tokens is None
     text = summary_text(memory.to_json())
     assert text.startswith("startup (never ready): imports 19 + config 0 + engine process 15")
     assert text.endswith("log ends 1s after engine process")
     # Rejected while parsing arguments: no logger line at all, only the launcher's clock.
-    bogus = parse_startup(_log(H200 / "fail-bad-cudagraph-mode.log"), first_line_s=None)
+    bogus = read_log(_log(H200 / "fail-bad-cudagraph-mode.log")).startup(first_line_s=None)
     assert bogus.phases == {} and bogus.reached is None and not bogus.complete
 
 
 def test_a_log_cut_short_while_compiling() -> None:
     text = _log(H200 / "cudagraph-piecewise.log")
     cut = text[: text.rindex("\n", 0, text.index("Compiling a graph for compile range")) + 1]
-    rec = parse_startup(cut, first_line_s=20.0, ready_s=None)
+    rec = read_log(cut).startup(first_line_s=20.0, ready_s=None)
     assert rec.reached == "weights" and not rec.complete
     assert rec.tail_s == 12.0   # 10:01:12 "Model loading took" -> 10:01:24 last line
 
 
 def test_summary_and_figures_text() -> None:
-    rec = parse_startup(_log(H200 / "cudagraph-full_and_piecewise.log"), first_line_s=19.6, ready_s=70.3).to_json()
+    rec = read_log(_log(H200 / "cudagraph-full_and_piecewise.log")).startup(first_line_s=19.6, ready_s=70.3).to_json()
     assert summary_text(rec) == ("startup 70.3s = imports 19.6 + config 0 + engine process 15 + weights 3 + "
                                  "compile 14 + KV cache 2 + graphs 3 + warm-up 12 + API 1 + ready 0.7 "
                                  "(torch.compile cache miss)")
     assert figures_text(rec) == ("KV cache 3,226,544 tokens (69.23 GiB, 787.73x at 4,096 tokens), "
                                  "graph capture 3 s (0.39 GiB)")
     assert StartupRecord.from_json(rec) == StartupRecord(**rec)
-    assert figures_text(parse_startup(_log(H200 / "fail-spec-mtp-unsupported.log")).to_json()) is None
+    assert figures_text(read_log(_log(H200 / "fail-spec-mtp-unsupported.log")).startup().to_json()) is None
 
 
 def test_median_phases_count_a_missing_phase_as_zero() -> None:
-    compiled = parse_startup(_log(H200 / "cudagraph-full_and_piecewise.log"), first_line_s=20.0, ready_s=71.0)
-    eager = parse_startup(_log(H200 / "eager.log"), first_line_s=20.0, ready_s=77.0)
-    failed = parse_startup(_log(H200 / "fail-gpu-memory-utilization.log"), first_line_s=20.0)
+    compiled = read_log(_log(H200 / "cudagraph-full_and_piecewise.log")).startup(first_line_s=20.0, ready_s=71.0)
+    eager = read_log(_log(H200 / "eager.log")).startup(first_line_s=20.0, ready_s=77.0)
+    failed = read_log(_log(H200 / "fail-gpu-memory-utilization.log")).startup(first_line_s=20.0)
     med = median_phases([compiled.to_json(), eager.to_json(), failed.to_json()])
     assert med["total"] == 74.0 and med["compile"] == 7.0 and med["imports"] == 20.0
     assert median_phases([failed.to_json()]) == {}
@@ -131,8 +131,8 @@ def _row(number: int, rec: StartupRecord, paths: StudyPaths, **outcome: Any) -> 
 
 def test_status_shows_each_trials_startup_and_the_median(tmp_path: Path) -> None:
     paths = StudyPaths(tmp_path / "s")
-    miss = parse_startup(_log(H200 / "cudagraph-full_and_piecewise.log"), first_line_s=19.6, ready_s=70.3)
-    eager = parse_startup(_log(H200 / "eager.log"), first_line_s=20.0, ready_s=77.0)
+    miss = read_log(_log(H200 / "cudagraph-full_and_piecewise.log")).startup(first_line_s=19.6, ready_s=70.3)
+    eager = read_log(_log(H200 / "eager.log")).startup(first_line_s=20.0, ready_s=77.0)
     rows = [_row(0, miss, paths, trial_s=100.0), _row(1, eager, paths, trial_s=120.0, gpu_wait_s=4.2)]
     records = [TrialRecord(number=i, state="COMPLETE", kind="run", params={}, attrs={"outcome": {
         "startup": r.to_json(), "startup_s": r.total_s, "trial_s": t}})
@@ -164,9 +164,9 @@ def test_h200_cache_hit_start_recorded_by_the_tuner() -> None:
     recorded = json.loads(hit.with_suffix(".startup.json").read_text())
     assert (round(recorded["first_line_s"], 3), round(recorded["total_s"], 3)) == (20.389, 63.567)
     text = _log(hit.with_suffix(".log"))
-    rec = parse_startup(text, first_line_s=recorded["first_line_s"], ready_s=recorded["total_s"])
+    rec = read_log(text).startup(first_line_s=recorded["first_line_s"], ready_s=recorded["total_s"])
     assert rec.to_json() == recorded
-    assert parse_compile_log(text).to_json() == json.loads(hit.with_suffix(".compile_cache.json").read_text())
+    assert read_log(text).compile_record().to_json() == json.loads(hit.with_suffix(".compile_cache.json").read_text())
     assert (rec.compile_cache, rec.compile_s) == ("hit", 5.83)
     assert rec.phases["compile"] == 6.0 and rec.phases["warmup"] == 1.0
     assert rec.complete and sum(rec.phases.values()) == pytest.approx(63.567)
@@ -176,6 +176,6 @@ def test_h200_cache_hit_start_recorded_by_the_tuner() -> None:
 
 def test_h200_eager_starts_recorded_by_the_tuner() -> None:
     for name in ("reference-eager.log", "eager-hf-overrides-rope.log"):
-        rec = parse_startup(_log(TUNER_H200 / name))
+        rec = read_log(_log(TUNER_H200 / name)).startup()
         assert rec.compile_cache == "none" and rec.graph_capture_s is None, name
         assert "compile" not in rec.phases and rec.kv_cache_tokens is not None, name

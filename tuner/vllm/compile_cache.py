@@ -10,7 +10,7 @@ compiled forward. A server whose key was compiled before loads instead of compil
 graphs are *not* cached: every process captures them again (the capture is tied to the
 process's CUDA context and memory pool; vLLM has no on-disk format for them).
 
-**The log** (:func:`parse_compile_log`). Format strings, vLLM source:
+**The log** (:class:`CompileLogScan`). Format strings, vLLM source:
 
 * miss: ``backends.py`` "Using cache directory: %s for vLLM's torch.compile", "Dynamo
   bytecode transform time: %.2f s", "Cache the graph of compile range %s for later use",
@@ -55,7 +55,7 @@ from typing import Any, Literal
 from tuner.vllm.knob_values import ANY
 from tuner.vllm.knobs import knob
 
-__all__ = ["CompileLogScan", "CompileRecord", "parse_compile_log", "compile_key", "compile_settings",
+__all__ = ["CompileLogScan", "CompileRecord", "compile_key", "compile_settings",
            "check_cache_dir", "expand_cache_dir", "STUDY_CACHE_DIR", "VLLM_DEFAULT", "study_cache_root"]
 
 # execution.compile_cache_dir unset: the study's own cache, this folder of the study folder.
@@ -132,7 +132,7 @@ def _split(line: str) -> tuple[str, str]:
 
 @dataclass
 class _Scan:
-    """What ``parse_compile_log`` gathers line by line before it decides the cache status."""
+    """What ``CompileLogScan`` gathers line by line before it decides the cache status."""
 
     source: str | None = None      # the process whose times are read
     compiled: bool = False
@@ -157,8 +157,11 @@ class _Scan:
 
 
 class CompileLogScan:
-    """:func:`parse_compile_log` a line at a time: ``feed`` each line as the log grows,
-    ``record()`` whenever the record of the lines so far is wanted."""
+    """The compile record of a log read a line at a time (see CompileRecord.cache): ``feed``
+    each line as the log grows, ``record()`` whenever the record of the lines so far is wanted.
+
+    Tensor-parallel workers each print the compile lines: times are taken from the process
+    that printed the first one (rank 0 prints first), directories from the first line."""
 
     def __init__(self) -> None:
         self._rec = CompileRecord()
@@ -181,17 +184,6 @@ class CompileLogScan:
         rec.aot = "loaded" if scan.aot_loaded else ("saved" if scan.aot_saved else None)
         rec.cache = _cache_status(scan, rec)
         return rec
-
-
-def parse_compile_log(text: str) -> CompileRecord:
-    """The compile record of one server log (any prefix of it; see CompileRecord.cache).
-
-    Tensor-parallel workers each print the compile lines: times are taken from the process
-    that printed the first one (rank 0 prints first), directories from the first line."""
-
-    scan = CompileLogScan()
-    scan.feed(text)
-    return scan.record()
 
 
 def _read_line(rec: CompileRecord, scan: _Scan, prefix: str, line: str) -> None:

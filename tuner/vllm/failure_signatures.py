@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict
 
-from tuner.vllm.effective_config import LogLine, excerpt, split_log_line, strip_ansi, text_lines
+from tuner.vllm.effective_config import LogLine, excerpt, split_log_line, strip_ansi
 
 __all__ = [
     "CONFIG_REASONS",
@@ -42,7 +42,6 @@ __all__ = [
     "FatalLineScanner",
     "FatalSignature",
     "match_fatal_line",
-    "scan_log",
     "trial_reason",
     "vllm_message",
 ]
@@ -238,11 +237,3 @@ class FatalLineScanner:
             if self._lines_since_pending >= self._grace_lines:
                 self._decide(self._pending)
 
-
-def scan_log(log_text: str, *, grace_lines: int = 200) -> FatalSignature | None:
-    """Classify a finished log: the scanner's verdict over the whole text."""
-    scanner = FatalLineScanner(grace_lines=grace_lines)
-    for line in text_lines(log_text):
-        if scanner.feed_line(line) is not None:
-            break
-    return scanner.finish()

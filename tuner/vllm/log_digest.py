@@ -4,10 +4,8 @@ The launcher's reader (tuner.adapters.server_log) hands every line of a starting
 log to one :class:`LogDigest` as it arrives; the launcher asks it for a fatal line, the
 start's early stop and the verifier for the configuration applied so far, the probe for
 the shapes the server reports, and the trial's records for the compile and startup
-breakdowns - one pass over the log for all of them, however long it grows. Each part is
-the incremental form of a whole-text parser (parse_effective_config, parse_compile_log,
-parse_startup, scan_log, log_boundaries) and answers as that parser would on the lines fed
-so far.
+breakdowns - one pass over the log for all of them, however long it grows.
+:func:`read_log` reads a whole text (a finished log, or any prefix) the same way.
 
 The fatal-line scanner reads each line as it is fed: the launcher checks its verdict after
 every read of the log, and the other parsers (ten times its cost per line) must not delay
@@ -21,11 +19,11 @@ from __future__ import annotations
 
 from tuner.probe.shapes import log_boundaries
 from tuner.vllm.compile_cache import CompileLogScan, CompileRecord
-from tuner.vllm.effective_config import EffectiveConfig, EffectiveConfigScan
+from tuner.vllm.effective_config import EffectiveConfig, EffectiveConfigScan, text_lines
 from tuner.vllm.failure_signatures import FatalLineScanner
 from tuner.vllm.startup import StartupRecord, StartupScan, has_log_stamp
 
-__all__ = ["BACKLOG_CHARS", "LogDigest"]
+__all__ = ["BACKLOG_CHARS", "LogDigest", "read_log"]
 
 BACKLOG_CHARS = 1 << 20
 
@@ -92,3 +90,12 @@ class LogDigest:
         """The prompt-length boundaries the lines so far report (probe.shapes.log_boundaries)."""
         self._catch_up()
         return sorted(self._boundaries)
+
+
+def read_log(text: str) -> LogDigest:
+    """The digest of a whole log text, fed as the launcher's reader delivers its lines."""
+    digest = LogDigest()
+    for line in text_lines(text):
+        digest.feed(line)
+    digest.finish()
+    return digest

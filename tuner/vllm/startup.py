@@ -48,9 +48,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tuner.vllm.compile_cache import CompileRecord, parse_compile_log
+from tuner.vllm.compile_cache import CompileRecord
 
-__all__ = ["PHASES", "PHASE_LABELS", "StartupRecord", "StartupScan", "parse_startup", "summary_text", "figures_text",
+__all__ = ["PHASES", "PHASE_LABELS", "StartupRecord", "StartupScan", "summary_text", "figures_text",
            "median_phases", "has_log_stamp"]
 
 PHASES: tuple[str, ...] = ("imports", "api_config", "engine_spawn", "weights", "compile", "kv_cache",
@@ -161,7 +161,7 @@ class _Hit:
 
 
 class StartupScan:
-    """:func:`parse_startup` a line at a time: ``feed`` each line as the log grows,
+    """The breakdown of a log read a line at a time: ``feed`` each line as the log grows,
     ``record()`` whenever the breakdown of the lines so far is wanted. Memory stays small
     on any log: per line only the first and last timestamps, the first line of each end
     pattern and of each figure are kept."""
@@ -228,8 +228,10 @@ class StartupScan:
 
     def record(self, *, compiled: CompileRecord, first_line_s: float | None = None,
                ready_s: float | None = None) -> StartupRecord:
-        """The startup record so far (arguments as :func:`parse_startup`'s; ``compiled``: the
-        same log's compile record, whose cache status and seconds the record carries)."""
+        """The startup record so far. ``first_line_s``: seconds from spawning the server to the
+        arrival of its first logger line (the launcher's clock); ``ready_s``: seconds from
+        spawning to the first ``/health`` 200, None when it never came; ``compiled``: the same
+        log's compile record, whose cache status and seconds the record carries."""
 
         rec = StartupRecord(total_s=ready_s, first_line_s=first_line_s)
         self._fill_figures(rec)
@@ -251,19 +253,6 @@ class StartupScan:
         else:
             rec.tail_s = round(max(0.0, self._last - previous), 3)
         return rec
-
-
-def parse_startup(text: str, *, first_line_s: float | None = None,
-                  ready_s: float | None = None) -> StartupRecord:
-    """The startup record of one server log (any prefix of it).
-
-    ``first_line_s``: seconds from spawning the server to the arrival of its first logger
-    line (the launcher's clock); ``ready_s``: seconds from spawning to the first ``/health`` 200, None
-    when it never came."""
-
-    scan = StartupScan()
-    scan.feed(text)
-    return scan.record(compiled=parse_compile_log(text), first_line_s=first_line_s, ready_s=ready_s)
 
 
 def _secs(value: float) -> str:
