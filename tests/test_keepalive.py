@@ -108,7 +108,7 @@ def _plan(i: int) -> RequestPlan:
 
 async def _load_requests(n: int, counts: Counts, gap: float = GAP) -> list[str | None]:
     async with keepalive_server(counts) as url:
-        lv = LevelContext.create(url, "m", "completions", concurrency=1, t0=None,
+        lv = LevelContext.create(url, "m", "completions", concurrency=1,
                                  request_timeout_s=5, headers=None, continuous_usage=True)
         stream = Stream()
         errors = []
@@ -136,7 +136,7 @@ def test_load_generator_reuses_a_connection_inside_the_limit(monkeypatch) -> Non
 
     async def go() -> list[str | None]:
         async with keepalive_server(counts) as url:
-            lv = LevelContext.create(url, "m", "completions", concurrency=1, t0=None,
+            lv = LevelContext.create(url, "m", "completions", concurrency=1,
                                      request_timeout_s=5, headers=None, continuous_usage=True)
             stream = Stream()
             out = []

@@ -33,7 +33,6 @@ async def run_level(
     request_timeout_s: float,
     headers: dict[str, str] | None = None,
     continuous_usage: bool = True,
-    t0: float | None = None,
     processes: int = 1,
     checkpoint: Callable[[dict[str, Any]], bool] | None = None,
     lag: LoopLagMonitor | None = None,
@@ -53,7 +52,6 @@ async def run_level(
         request_timeout_s: total time allowed per request, stream included.
         headers: extra HTTP headers (e.g. an API key).
         continuous_usage: ask for per-chunk usage (exact tokens per chunk on vLLM).
-        t0: ``time.monotonic()`` value the record times are relative to (default: now).
         processes: client processes to shard the streams over (:mod:`tuner.load.shards`);
             1 runs every stream in this event loop.
         checkpoint: early stop inside the level (one client process only; ignored when
@@ -73,13 +71,12 @@ async def run_level(
     if processes < 1:
         raise ValueError(f"processes must be >= 1, got {processes}")
     lv = LevelContext.create(
-        base_url, model, api, concurrency=concurrency, t0=t0,
+        base_url, model, api, concurrency=concurrency,
         request_timeout_s=request_timeout_s, headers=headers, continuous_usage=continuous_usage,
     )
     if processes > 1 and concurrency > 1:
         records = await run_sharded(lv, plan, deadline_s=deadline_s,
-                                    processes=min(processes, concurrency), t0_given=t0 is not None,
-                                    lag=lag)
+                                    processes=min(processes, concurrency), lag=lag)
     else:
         counter = itertools.count()
         # Watched only when the caller reads the samples: an unread monitor is a wake-up

@@ -43,7 +43,6 @@ async def run_rate_level(
     max_in_flight: int,
     headers: dict[str, str] | None = None,
     continuous_usage: bool = True,
-    t0: float | None = None,
 ) -> RateRun:
     """Run ``plan`` open loop: request i is sent at ``t0 + schedule[i]``.
 
@@ -75,7 +74,7 @@ async def run_rate_level(
     if request_timeout_s <= 0:
         raise ValueError(f"request_timeout_s must be > 0, got {request_timeout_s}")
     lv = LevelContext.create(
-        base_url, model, api, concurrency=max_in_flight, t0=t0,
+        base_url, model, api, concurrency=max_in_flight,
         request_timeout_s=request_timeout_s, headers=headers, continuous_usage=continuous_usage,
     )
     sender = _Sender(lv, plan, max_in_flight)

@@ -63,13 +63,13 @@ class LevelContext:
 
     @classmethod
     def create(
-        cls, base_url: str, model: str, api: Api, *, concurrency: int, t0: float | None,
+        cls, base_url: str, model: str, api: Api, *, concurrency: int,
         request_timeout_s: float, headers: dict[str, str] | None, continuous_usage: bool,
     ) -> LevelContext:
-        """The context for ``api`` on the server at ``base_url``; ``t0`` None = now."""
+        """The context for ``api`` on the server at ``base_url``, its time base now."""
         endpoint = Endpoint.from_url(server_root(base_url) + API_PATHS[api])
         return cls(endpoint, headers, model, api, concurrency,
-                   time.monotonic() if t0 is None else t0, request_timeout_s, continuous_usage)
+                   time.monotonic(), request_timeout_s, continuous_usage)
 
 
 class Stream:

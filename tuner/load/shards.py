@@ -106,14 +106,12 @@ async def run_sharded(
     *,
     deadline_s: float | None,
     processes: int,
-    t0_given: bool,
     lag: LoopLagMonitor | None = None,
 ) -> list[RequestRecord]:
     """:func:`tuner.load.closed_loop.run_level` over ``processes`` client processes.
 
-    ``t0_given``: ``lv.t0`` is the caller's time base; otherwise it is taken again once
-    every shard is ready, so the shards' start-up is not part of the level. ``lag``
-    receives each shard's event-loop lateness samples.
+    The time base is taken again once every shard is ready, so the shards' start-up is not
+    part of the level. ``lag`` receives each shard's event-loop lateness samples.
     """
     concurrency = lv.concurrency
     per_shard = split_concurrency(concurrency, processes)
@@ -140,7 +138,7 @@ async def run_sharded(
                 msg = await _read_frame(proc.stdout)
                 if msg != "ready":
                     raise RuntimeError(f"client shard failed to start: {msg}")
-        origin = lv.t0 if t0_given else time.monotonic()
+        origin = time.monotonic()
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write(_frame(origin))

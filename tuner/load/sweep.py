@@ -306,7 +306,7 @@ async def _sweep_steady_level(
             lengths=sw.lengths) for purpose in ("warmup", "measure")]
         rule = SteadyRule(spec.min_window_s, spec.min_requests, spec.stability_subwindows,
                           spec.stability_max_ratio, max_level_s=level_budget)
-        lv = LevelContext.create(sw.base_url, sw.model, spec.api, concurrency=c, t0=None,
+        lv = LevelContext.create(sw.base_url, sw.model, spec.api, concurrency=c,
                                  request_timeout_s=spec.request_timeout_s, headers=sw.headers,
                                  continuous_usage=True)
         async with LoopLagMonitor() as lag:
