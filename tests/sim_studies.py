@@ -1,6 +1,23 @@
 """Small study files for tests that need a whole ground truth (tuner.sim.truth) fast:
 GLM-5 on the simulator's field-notes profile, but short requests and low concurrency."""
 
+from __future__ import annotations
+
+from typing import Any
+
+from tuner.sim.ground_truth import GroundTruth
+from tuner.sim.profile import Profile
+from tuner.sim.truth import Evaluator, enumerate_points
+from tuner.study.spec import StudySpec
+
+
+def build_ground_truth(spec: StudySpec, profile: Profile, *,
+                       points: list[dict[str, Any]] | None = None) -> GroundTruth:
+    """Every point of ``spec`` (or ``points``) evaluated on ``profile``."""
+    ev = Evaluator(spec, profile)
+    return GroundTruth.build(spec, [ev.evaluate(v) for v in (enumerate_points(spec) if points is None else points)])
+
+
 SMALL_STUDY = """
 name: es-small
 server:

@@ -158,8 +158,7 @@ def test_records_read_the_compile_record_or_say_unknown() -> None:
 
 @pytest.fixture(scope="module")
 def small():
-    from tests.sim_studies import SMALL_STUDY
-    from tuner.sim.ground_truth import build_ground_truth
+    from tests.sim_studies import SMALL_STUDY, build_ground_truth
     from tuner.sim.profile import load_profile
     from tuner.study.study_file import parse_study
 

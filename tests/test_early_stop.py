@@ -165,8 +165,7 @@ def test_infeasible_reasons() -> None:
 
 @pytest.fixture(scope="module")
 def small_truth():
-    from tests.sim_studies import SMALL_STUDY
-    from tuner.sim.ground_truth import build_ground_truth
+    from tests.sim_studies import SMALL_STUDY, build_ground_truth
     from tuner.sim.profile import load_profile
     from tuner.study.study_file import parse_study
 

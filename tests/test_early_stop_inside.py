@@ -180,8 +180,7 @@ def truth3():
     """The small study with three requests per stream: the top level then has a steady
     window (one round) between its first wave and its drain."""
 
-    from tests.sim_studies import SMALL_STUDY
-    from tuner.sim.ground_truth import build_ground_truth
+    from tests.sim_studies import SMALL_STUDY, build_ground_truth
     from tuner.sim.profile import load_profile
     from tuner.study.study_file import parse_study
 

@@ -9,9 +9,8 @@ import numpy as np
 import optuna
 import pytest
 
-from tests.sim_studies import SMALL_STUDY
+from tests.sim_studies import SMALL_STUDY, build_ground_truth
 from tuner.engine import samplers
-from tuner.sim.ground_truth import build_ground_truth
 from tuner.sim.profile import load_profile
 from tuner.sim.study import EarlyStopPolicy, run_study
 from tuner.study import planner, space, surrogate

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.sim_studies import build_ground_truth
 from tuner.sim import ground_truth, truth_verify
 from tuner.sim import truth as st
 from tuner.sim.dry_log import startup_log
@@ -111,7 +112,7 @@ def test_hypervolume_and_reference() -> None:
 
 def test_ground_truth_round_trips_through_json(small) -> None:
     points = st.enumerate_points(small)[::5]
-    truth = ground_truth.build_ground_truth(small, GLM, points=points)
+    truth = build_ground_truth(small, GLM, points=points)
     again = ground_truth.GroundTruth.from_json(truth.to_json())
     assert again.front == truth.front and again.hypervolume == pytest.approx(truth.hypervolume)
     assert again.get(points[3]) == truth.get(points[3])

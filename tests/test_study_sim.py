@@ -7,8 +7,7 @@ from __future__ import annotations
 import optuna
 import pytest
 
-from tests.sim_studies import SMALL_STUDY
-from tuner.sim.ground_truth import build_ground_truth
+from tests.sim_studies import SMALL_STUDY, build_ground_truth
 from tuner.sim.profile import load_profile
 from tuner.sim.study import EarlyStopPolicy, run_study
 from tuner.study import space

@@ -21,12 +21,11 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tuner.sim.profile import Profile
-from tuner.sim.truth import Evaluator, PointTruth, enumerate_points
+from tuner.sim.truth import PointTruth
 from tuner.study import space
 from tuner.study.outcome import TrialOutcome
 from tuner.study.pareto import Point, pareto_front
@@ -35,7 +34,7 @@ from tuner.study.scoring import metric_value
 from tuner.study.spec import StudySpec
 
 __all__ = [
-    "GroundTruth", "Measured", "build_ground_truth", "hypervolume", "reference_point", "measure",
+    "GroundTruth", "Measured", "hypervolume", "reference_point", "measure",
     "REF_MARGIN", "STRICT_REF_MARGIN",
 ]
 
@@ -196,20 +195,6 @@ class GroundTruth:
                    [PointTruth.from_json(p) for p in data["points"]], list(data["front"]),
                    tuple(data["reference"]), float(data["hypervolume"]),
                    tuple(data.get("strict_reference", ())), float(data.get("strict_hypervolume", 0.0)))
-
-
-def build_ground_truth(spec: StudySpec, profile: Profile, *,
-                       points: list[dict[str, Any]] | None = None,
-                       progress: Callable[[int, int], None] | None = None,
-                       evaluator: Evaluator | None = None) -> GroundTruth:
-    ev = evaluator or Evaluator(spec, profile)
-    pts = enumerate_points(spec) if points is None else points
-    out = []
-    for i, values in enumerate(pts):
-        out.append(ev.evaluate(values))
-        if progress is not None:
-            progress(i + 1, len(pts))
-    return GroundTruth.build(spec, out)
 
 
 def dumps(truth: GroundTruth) -> str:
