@@ -112,7 +112,44 @@ def suggest(trial: Trial, param: Any) -> Any:
     return trial.suggest_float(param.name, param.low, param.high, step=param.step, log=param.log)
 
 
-class ParetoLocalSampler(BaseSampler):
+class _PlanFirst(BaseSampler):
+    """A sampler that hands some trials a whole planned point (``_plans``, by trial number)
+    and leaves every other suggestion to ``_inner``, shown the study ``_study_for`` gives."""
+
+    _inner: BaseSampler
+    _plans: dict[int, dict[str, Any]]
+
+    def _study_for(self, study: Study, trial: FrozenTrial) -> Study:
+        return study
+
+    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
+        if trial.number in self._plans:
+            return {}
+        return self._inner.infer_relative_search_space(self._study_for(study, trial), trial)
+
+    def sample_relative(self, study: Study, trial: FrozenTrial,
+                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
+        if trial.number in self._plans:
+            return {}
+        return self._inner.sample_relative(self._study_for(study, trial), trial, search_space)
+
+    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
+                           param_distribution: BaseDistribution) -> Any:
+        plan = self._plans.get(trial.number)
+        if plan is not None and param_name in plan:
+            return plan[param_name]
+        return self._inner.sample_independent(self._study_for(study, trial), trial, param_name, param_distribution)
+
+    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
+                    values: Sequence[float] | None) -> None:
+        self._plans.pop(trial.number, None)
+        self._inner.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._inner.reseed_rng()
+
+
+class ParetoLocalSampler(_PlanFirst):
     """Wraps a sampler; once ``min_trials`` trials are done, a share ``local`` of the trials
     measures an unmeasured neighbour (one parameter changed) of a point on the current
     feasible front, the others are left to the wrapped sampler.
@@ -126,7 +163,7 @@ class ParetoLocalSampler(BaseSampler):
 
     def __init__(self, base: BaseSampler, spec: StudySpec, *, local: float = 0.5, min_trials: int = 10,
                  seed: int | None = None, history: int | None = None) -> None:
-        self._base = base
+        self._inner = base
         self._spec = spec
         self._local = local
         self._min_trials = min_trials
@@ -176,7 +213,7 @@ class ParetoLocalSampler(BaseSampler):
         # In trial order: the shuffle below must see the same list for the same study.
         return [done[i][2] for i in self._front_of(study, done)], seen
 
-    def _for_base(self, study: Study, trial: FrozenTrial) -> Study:
+    def _study_for(self, study: Study, trial: FrozenTrial) -> Study:
         """The study as the wrapped sampler sees it while it suggests ``trial``'s parameters.
 
         The trial list read once for the proposal instead of once per parameter (constant_liar
@@ -205,7 +242,7 @@ class ParetoLocalSampler(BaseSampler):
         return view    # type: ignore[return-value]
 
     def before_trial(self, study: Study, trial: FrozenTrial) -> None:
-        self._base.before_trial(study, trial)
+        self._inner.before_trial(study, trial)
         if not self._started:
             # Finished trials never un-finish: once enough, stop counting (1,000 trials cost
             # milliseconds per ask otherwise). Same decisions, same random draws.
@@ -222,38 +259,19 @@ class ParetoLocalSampler(BaseSampler):
                 self._plans[trial.number] = self._rng.choice(fresh)
                 return
 
-    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        if trial.number in self._plans:
-            return {}
-        return self._base.infer_relative_search_space(self._for_base(study, trial), trial)
-
-    def sample_relative(self, study: Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        if trial.number in self._plans:
-            return {}
-        return self._base.sample_relative(self._for_base(study, trial), trial, search_space)
-
-    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
-        plan = self._plans.get(trial.number)
-        if plan is not None and param_name in plan:
-            return plan[param_name]
-        return self._base.sample_independent(self._for_base(study, trial), trial, param_name, param_distribution)
-
     def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
                     values: Sequence[float] | None) -> None:
-        self._plans.pop(trial.number, None)
         if self._view is not None and self._view[1] == trial.number:
             self._view = None
-        self._base.after_trial(study, trial, state, values)
+        super().after_trial(study, trial, state, values)
 
     def reseed_rng(self) -> None:
-        self._base.reseed_rng()
+        super().reseed_rng()
         self._rng = random.Random()
 
 
 class _StudyView:
-    """A study whose trial list is fixed (``ParetoLocalSampler._for_base``); everything
+    """A study whose trial list is fixed (``ParetoLocalSampler._study_for``); everything
     else - directions, storage, metric names - is the study's own."""
 
     def __init__(self, study: Study, trials: list[FrozenTrial]) -> None:
@@ -302,7 +320,7 @@ def observations(trials: Sequence[FrozenTrial]) -> list[planner.Observation]:
     return [o for o in map(observation_of, trials) if o is not None]
 
 
-class PlannedSampler(BaseSampler):
+class PlannedSampler(_PlanFirst):
     """Proposes whole points chosen by ``tuner.study.planner`` (initial design, then the
     unmeasured point with the largest expected improvement); enqueued trials (baseline,
     starting points, grid) keep their values. Once every allowed point is known it hands
@@ -316,7 +334,7 @@ class PlannedSampler(BaseSampler):
         self._budget = budget
         self._seed = seed or 0
         self._planner: planner.Planner | None = None
-        self._fallback = fallback or optuna.samplers.RandomSampler(seed=seed)
+        self._inner = fallback or optuna.samplers.RandomSampler(seed=seed)
         self._plans: dict[int, dict[str, Any]] = {}
         self._finished: dict[int, planner.Observation | None] = {}
 
@@ -342,30 +360,4 @@ class PlannedSampler(BaseSampler):
             if plan is not None:
                 self._plans[trial.number] = plan
                 return
-        self._fallback.before_trial(study, trial)
-
-    def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        if trial.number in self._plans:
-            return {}
-        return self._fallback.infer_relative_search_space(study, trial)
-
-    def sample_relative(self, study: Study, trial: FrozenTrial,
-                        search_space: dict[str, BaseDistribution]) -> dict[str, Any]:
-        if trial.number in self._plans:
-            return {}
-        return self._fallback.sample_relative(study, trial, search_space)
-
-    def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
-                           param_distribution: BaseDistribution) -> Any:
-        plan = self._plans.get(trial.number)
-        if plan is not None and param_name in plan:
-            return plan[param_name]
-        return self._fallback.sample_independent(study, trial, param_name, param_distribution)
-
-    def after_trial(self, study: Study, trial: FrozenTrial, state: TrialState,
-                    values: Sequence[float] | None) -> None:
-        self._plans.pop(trial.number, None)
-        self._fallback.after_trial(study, trial, state, values)
-
-    def reseed_rng(self) -> None:
-        self._fallback.reseed_rng()
+        self._inner.before_trial(study, trial)
