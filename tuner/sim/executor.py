@@ -81,7 +81,6 @@ class TrialLog:
     """One trial that ran a (simulated) server, in the order the loop heard back from it."""
 
     number: int
-    run_index: int                  # 1-based count of finished runs (the budget counter)
     values: dict[str, Any]
     key: str
     failed: bool
@@ -356,7 +355,7 @@ class SimExecutor:
         true_m = measure(self.spec, truth)
         full = not truth.failed and play.stopped in (None, "dominated_exact")
         self.trials.append(TrialLog(
-            number=int(job.request["number"]), run_index=len(self.trials) + 1, values=dict(job.request["values"]),
+            number=int(job.request["number"]), values=dict(job.request["values"]),
             key=truth.key, failed=truth.failed, feasible=full and play.measured.feasible,
             truly_feasible=true_m.feasible, measured=play.measured.objectives if full else None,
             true_values=true_m.objectives, started_s=job.started_s, finished_s=play.finished_s,
