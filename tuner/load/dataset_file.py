@@ -49,7 +49,7 @@ def read_dataset(source: DatasetSource) -> Dataset:
     return parse_dataset(text, source.format, source=source.path, block_tokens=source.block_tokens)
 
 
-async def open_draw(aux: httpx.AsyncClient, base_url: str, model: str, spec: LoadSpec, dataset: Dataset | None,
+async def open_draw(aux: httpx.AsyncClient, base_url: str, model: str, spec: LoadSpec,
                     *, ignore_eos: bool, notes: list[str]) -> DatasetDraw | None:
     """The cursor a sweep draws its requests from, or None for the synthetic classes. A trace of
     lengths first learns which words this server counts as one token (a note when lengths
@@ -58,8 +58,7 @@ async def open_draw(aux: httpx.AsyncClient, base_url: str, model: str, spec: Loa
     source = spec.workload.dataset
     if source is None:
         return None
-    if dataset is None:
-        dataset = read_dataset(source)
+    dataset = read_dataset(source)
     trace_text = None
     if dataset.timed:
         trace_text, note = await calibrate_trace_text(aux, base_url, model, api=spec.api,

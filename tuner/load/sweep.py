@@ -22,7 +22,6 @@ import httpx
 
 from tuner.adapters.http_client import server_client
 from tuner.load.closed_loop import run_level
-from tuner.load.dataset import Dataset
 from tuner.load.dataset_file import open_draw
 from tuner.load.load_spec import LoadSpec
 from tuner.load.loop_lag import LoopLagMonitor
@@ -76,7 +75,6 @@ async def run_sweep(
     slo: SloSpec | None = None,
     max_rate: RateSearchSpec | None = None,
     stop_search: Callable[[dict[int | str, dict[str, float]], float], bool] | None = None,
-    dataset: Dataset | None = None,
 ) -> SweepResult:
     """Warm up and measure every concurrency level of ``load_spec``.
 
@@ -98,7 +96,6 @@ async def run_sweep(
             and the levels after it; True ends the level there and stops the sweep
             (tuner.study.sweep_guard.SweepGuard.inside_level). The halted level is not
             measured: it is listed first in ``stopped_levels``.
-        dataset: the parsed ``load_spec.workload.dataset`` (None: read from its path).
     """
     t_start = time.monotonic()
     started_at = datetime.now(UTC).isoformat()
@@ -109,7 +106,7 @@ async def run_sweep(
     budget = _budget_clock(load_spec, deadline_s, t_start)
 
     async with server_client(timeout=AUX_TIMEOUT_S, headers=headers) as aux:
-        draw = await open_draw(aux, base_url, model, load_spec, dataset, ignore_eos=ignore_eos, notes=notes)
+        draw = await open_draw(aux, base_url, model, load_spec, ignore_eos=ignore_eos, notes=notes)
         can_fit, lengths = (False, None) if draw is not None else await _prompt_lengths(
             aux, base_url, model, load_spec, notes)
         sweep = SweepContext(
