@@ -134,9 +134,10 @@ VERIFY_CASES: list[tuple[str, str, Any, str, Any, str | None, str | None]] = [
     (BF16, "dtype", "bfloat16", "applied", "bfloat16", "dtype=torch.bfloat16", None),
     (BF16, "dtype", "float32", "not_applied", "bfloat16", None, None),
     # NCCL does not exist on the CPU build: never a false "applied".
-    (EAGER, "env:NCCL_PROTO", "LL", "unverifiable", None, None, "NCCL not used"),
+    (EAGER, "env:NCCL_PROTO", "LL", "not_applicable", None, "backend=gloo", "NCCL is not used on the CPU build"),
     # Asking for custom all-reduce on CPU: the engine line shows it forced off.
-    (EAGER, "disable_custom_all_reduce", False, "not_applied", True, None, None),
+    (EAGER, "disable_custom_all_reduce", False, "not_applicable", True, "disable_custom_all_reduce=True",
+     "has no custom all-reduce"),
     (EAGER, "env:VLLM_CPU_KVCACHE_SPACE", "2", "unverifiable", None, None, "does not log"),
 ]
 
