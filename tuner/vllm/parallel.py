@@ -26,7 +26,7 @@ import re
 from typing import Any
 
 __all__ = ["RANK_MARKER", "SHM_OFF_MARKER", "rank_line", "shm_off_group", "derive_allreduce",
-           "allreduce_text", "ranks_text"]
+           "allreduce_text", "ranks_text", "parallel_lines"]
 
 RANK_MARKER = " in world size "
 SHM_OFF_MARKER = "CPU SHM communicator disabled"
@@ -95,3 +95,20 @@ def ranks_text(ranks: list[dict[str, Any]] | None, world_size: int | None) -> st
     shown = ", ".join(f"TP rank {r['tp_rank']}" + (f" ({r['process']} pid {r['pid']})" if r.get("process") else "")
                       for r in ranks)
     return f"world size {world_size or ranks[0]['world_size']}: {shown}"
+
+
+def parallel_lines(parallel: dict[str, Any] | None, checks: list[dict[str, Any]]) -> list[str]:
+    """A trial's ranks, its all-reduce and its not-applicable knobs, as ``tuner status``
+    lists them under the trial (no line for a single-rank trial without such knobs)."""
+
+    lines = []
+    if parallel and (parallel.get("world_size") or 0) > 1:
+        lines.append(f"ranks: {ranks_text(parallel.get('ranks'), parallel.get('world_size'))}; "
+                     f"all-reduce: {allreduce_text(parallel.get('allreduce'))}")
+    for check in checks:
+        if check.get("status") == "not_applicable":
+            lines.append(f"not applicable here: {check.get('target')}={check.get('asked')!r} "
+                         f"({check.get('note')})")
+            if check.get("evidence"):
+                lines.append(f"  evidence: {str(check['evidence'])[:200]}")
+    return lines
