@@ -70,11 +70,14 @@ def test_real_multirank_study_killed_and_resumed(tmp_path: Path, orphan_check: l
     results = tmp_path / "results"
     trials = results / name / "trials"
     began = time.monotonic()
-    tuner = subprocess.Popen(tuner_argv("run", str(study), "--results", str(results)), cwd=ROOT,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    output = tmp_path / "tuner-run.txt"   # a file, never a pipe nobody reads while the study runs
+    with open(output, "wb") as out:
+        tuner = subprocess.Popen(tuner_argv("run", str(study), "--results", str(results)), cwd=ROOT,
+                                 stdout=out, stderr=subprocess.STDOUT)
 
     def exited() -> str | None:
-        return None if tuner.poll() is None else f"tuner exited {tuner.returncode}:\n{tuner.stdout.read()[-3000:]}"
+        return None if tuner.poll() is None else \
+            f"tuner exited {tuner.returncode}:\n{output.read_text(errors='replace')[-3000:]}"
 
     # -- the first trial: its three workers seen while it runs, none alive after its stop ------
     first = trials / "0000"
@@ -94,7 +97,6 @@ def test_real_multirank_study_killed_and_resumed(tmp_path: Path, orphan_check: l
     killed_ranks = rank_workers(marker)
     tuner.send_signal(signal.SIGKILL)
     tuner.wait(timeout=30)
-    tuner.stdout.close()
     killed_s = time.monotonic() - began
     print(f"killed the tuner {killed_s:.0f}s in, in trial {second.name}; its ranks {killed_ranks}")
     assert len(killed_ranks) == 3, killed_ranks
