@@ -132,3 +132,30 @@ def test_the_gpu_knobs_still_verify_on_the_rank_prefixed_gpu_logs() -> None:
                       "env:NCCL_ALGO": "applied", "disable_custom_all_reduce": "not_applied"}
     assert result.parallel is not None and result.parallel["not_applicable"] == []
     assert parallel_lines(result.parallel, [])[0] == "ranks: world size 4: no rank lines; all-reduce: PYNCCL"
+
+
+def test_status_lists_the_ranks_the_all_reduce_and_the_knobs_that_cannot_act(tmp_path: Path) -> None:
+    from tests.test_status_format import _status
+    from tuner.adapters.artifacts import StudyPaths
+    from tuner.study.trials import TrialRecord
+    from tuner.views.status import _trial_row, format_status
+
+    paths = StudyPaths(tmp_path / "s")
+    paths.trial_dir(1).mkdir(parents=True)
+    result = verify(ASKED, parse_effective_config(tp3_text()))
+    (paths.trial_dir(1) / "verification.json").write_text(result.model_dump_json())
+    record = TrialRecord(number=1, state="COMPLETE", kind="run", params={"nccl_proto": "LL"},
+                         values={"output_tok_s@cmax": 40.0}, attrs={"outcome": {"applied": True}})
+    row = _trial_row(record, paths)
+    assert row["parallel"]["allreduce"] == ["CPU_SHM"]
+    json.dumps(row)     # --json prints the same row
+    text = format_status(_status([row])).splitlines()
+    asked_vs_got = next(line for line in text if "asked vs got:" in line)
+    assert "tensor_parallel_size=3" in asked_vs_got and "NCCL" not in asked_vs_got, asked_vs_got
+    assert any(line.startswith("        ranks: world size 3: TP rank 0 (Worker_TP0 pid ")
+               and line.endswith("all-reduce: CPU_SHM") for line in text), text
+    shown = [line.strip() for line in text if "not applicable here: " in line and "evidence" not in line]
+    assert [line.split("=")[0] for line in shown] == [
+        "not applicable here: disable_custom_all_reduce", "not applicable here: env:NCCL_PROTO",
+        "not applicable here: env:NCCL_ALGO"], text
+    assert "not applicable here: env:NCCL_PROTO='LL'" in shown[1]
