@@ -107,8 +107,8 @@ def parallel_lines(parallel: dict[str, Any] | None, checks: list[dict[str, Any]]
                      f"all-reduce: {allreduce_text(parallel.get('allreduce'))}")
     for check in checks:
         if check.get("status") == "not_applicable":
-            lines.append(f"not applicable here: {check.get('target')}={check.get('asked')!r} "
-                         f"({check.get('note')})")
+            why = str(check.get("note") or "").removeprefix("not applicable here: ")
+            lines.append(f"not applicable here: {check.get('target')}={check.get('asked')!r}: {why}")
             if check.get("evidence"):
                 lines.append(f"  evidence: {str(check['evidence'])[:200]}")
     return lines
