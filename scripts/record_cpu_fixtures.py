@@ -120,7 +120,7 @@ def record(name: str, python: str, startup_timeout: float) -> None:
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL,
             "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
             *flags, *extra]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2", **SCENARIO_ENV.get(name, {}))
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", **SCENARIO_ENV.get(name, {})}
     raw_log = LOG_DIR / f".{name}.raw"
     base = f"http://127.0.0.1:{port}"
     print(f"== {name}: {' '.join(argv[1:])}", flush=True)

@@ -34,6 +34,7 @@ BF16 = "dtype-bfloat16.log"
 BAD_MODE = "fail-bad-cudagraph-mode.log"
 SUFFIX = "fail-spec-suffix.log"
 SUCCESSFUL = [EAGER, COMPILED, PIECEWISE, NGRAM, BF16]
+TP3 = "tp3-eager.log"   # three ranks: tests/test_multirank.py
 
 ENGINE_NONE = "'cudagraph_mode': <CUDAGraphMode.NONE: 0>"
 
@@ -49,7 +50,7 @@ def eff(name: str) -> EffectiveConfig:
 
 def test_every_recorded_log_is_listed_here() -> None:
     # A fixture added to the folder without a row below would go untested.
-    assert sorted(p.name for p in LOGS.glob("*.log")) == sorted([*SUCCESSFUL, BAD_MODE, SUFFIX])
+    assert sorted(p.name for p in LOGS.glob("*.log")) == sorted([*SUCCESSFUL, BAD_MODE, SUFFIX, TP3])
     for path in LOGS.glob("*.log"):
         assert path.stat().st_size < 100_000, path.name
         # The recorder drops uvicorn access lines; one left in means a stale recording.

@@ -256,7 +256,9 @@ class _Scan:
         self.nccl_env: dict[str, str] = {}
         self.startup: dict[str, float] = {}
         self.ar_reason_from_warning = False
-        self.ranks: dict[int, dict[str, Any]] = {}
+        self.ranks: dict[int, dict[str, Any]] = {}     # vllm.parallel: by rank, by pid
+        self.assigned: dict[int, int] = {}
+        self.tp_tags: dict[int, tuple[int, str]] = {}
 
     def put(self, field: str, value: Any, line: str, m: re.Match[str] | None = None) -> None:
         self.f[field] = value
@@ -377,12 +379,18 @@ class _Scan:
         if m := _WORLD_RE.search(line):
             self.put("world_size", int(m.group(1)), line, m)
             self.put("distributed_backend", m.group(2), line, m)
+            if (found := parallel.world_rank(line)) is not None:
+                self.ranks.setdefault(found["rank"], found)
+                self.ev.setdefault("ranks", excerpt(line, m.start(), m.end()))
 
     def rank(self, line: str) -> None:
-        if (found := parallel.rank_line(line)) is not None:
-            self.ranks.setdefault(found["rank"], found)
-            self.ev.setdefault("ranks", excerpt(line))
-            self.ev["ranks_last"] = excerpt(line)
+        if (found := parallel.assignment(line)) is not None:
+            self.assigned.setdefault(*found)
+            self.ev.setdefault("tp_assignment", excerpt(line))
+
+    def tp_tag(self, line: str) -> None:
+        if (found := parallel.tp_tag(line)) is not None:
+            self.tp_tags.setdefault(found[0], found[1:])
 
     def shm_off(self, line: str) -> None:
         if (group := parallel.shm_off_group(line)) and group.startswith("tp"):
@@ -447,6 +455,7 @@ _HANDLERS: tuple[tuple[str, Callable[[_Scan, str], None]], ...] = (
     ("KV cache size:", _Scan.kv_cache),
     ("world_size=", _Scan.world),
     (parallel.RANK_MARKER, _Scan.rank),
+    (parallel.TP_TAG_MARKER, _Scan.tp_tag),
     (parallel.SHM_OFF_MARKER, _Scan.shm_off),
     (" took ", _Scan.startup_time),
     ("using nccl==", _Scan.vllm_nccl),
@@ -503,9 +512,9 @@ def _finish(scan: _Scan) -> EffectiveConfig:
     if scan.startup:
         f["startup_seconds"] = scan.startup
     if scan.ranks:
-        f["ranks"] = [scan.ranks[r] for r in sorted(scan.ranks)]
+        f["ranks"] = parallel.merge_ranks(scan.ranks, scan.assigned, scan.tp_tags)
     parallel.derive_allreduce(f, ev)
-    ev.pop("ranks_last", None)
+    ev.pop("tp_assignment", None)
     _derive_speculation(f, ev)
     _derive_custom_ar(f, ev, scan)
     if f.get("platform") is None and "kv_cache_device" in f:

@@ -364,9 +364,9 @@ def _allreduce_backend(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
 
 
 def _parallel_size(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
-    """tensor_parallel_size: the engine line's value, then the ranks: the world size every
-    rank logged must be TP x PP, and the TP ranks that logged their assignment must be
-    ranks of that size (all of them, on a log that reached the ranks' assignment)."""
+    """tensor_parallel_size: the engine line's value, then the ranks (vllm.parallel): the
+    world size every rank logged must be TP x PP and their TP ranks ranks of that size; a
+    TP rank that logged nothing is named in the note."""
 
     base = _from_field(k, asked, eff)
     tp = k.values.canonical(asked)
@@ -387,9 +387,8 @@ def _parallel_size(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
                                        "note": f"TP ranks {tp_ranks} logged for a TP size of {tp}"})
     missing = sorted(set(range(tp)) - set(tp_ranks))
     note = ranks_text(eff.ranks, eff.world_size) + (
-        f"; TP ranks {missing} logged no assignment line" if tp_ranks and missing else "")
-    return base.model_copy(update={"note": note,
-                                   "evidence": base.evidence if not eff.ranks else eff.evidence.get("ranks")})
+        f"; TP ranks {missing} logged no rank line" if tp_ranks and missing else "")
+    return base.model_copy(update={"note": note})
 
 
 def _unlogged_env(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
