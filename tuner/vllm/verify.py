@@ -380,7 +380,8 @@ def _parallel_size(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
             "evidence": eff.evidence.get("ranks") or eff.evidence.get("world_size"),
             "note": f"the ranks logged world size {sorted(seen)}, not {world} (TP {tp} x PP "
                     f"{eff.pipeline_parallel_size or 1})"})
-    tp_ranks = sorted({r["tp_rank"] for r in eff.ranks or []})
+    # A rank's TP rank is unknown (None) until its retagged lines come, in a partial log.
+    tp_ranks = sorted({r["tp_rank"] for r in eff.ranks or [] if r["tp_rank"] is not None})
     if any(r >= tp for r in tp_ranks):
         return base.model_copy(update={"status": "not_applied", "got": tp_ranks,
                                        "evidence": eff.evidence.get("ranks"),
