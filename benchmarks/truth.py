@@ -49,7 +49,7 @@ SOURCES = ["tuner.sim.perf_model", "tuner.sim.perf_config", "tuner.sim.scheduler
            "tuner.sim.profile", "tuner.vllm.compile_cache", "tuner.study.space",
            # "applied" is the worker's verification of the simulated startup log
            "tuner.sim.truth_verify", "tuner.sim.dry_log", "tuner.sim.__main__", "tuner.sim.logs",
-           "tuner.vllm.effective_config", "tuner.vllm.verify"]
+           "tuner.vllm.effective_config", "tuner.vllm.verify", "tuner.vllm.log_lines", "tuner.vllm.parallel"]
 
 
 def load_spec(path: str | Path) -> StudySpec:

@@ -67,6 +67,17 @@ SCENARIOS: dict[str, tuple[list[str], bool, str]] = {
         ["--enforce-eager", "--speculative-config",
          cc({"method": "suffix", "num_speculative_tokens": 4})], False,
         "suffix decoding without arctic-inference: ImportError"),
+    "tp3-eager": (
+        ["--enforce-eager", "--distributed-executor-backend", "mp", "--tensor-parallel-size", "3",
+         "--disable-custom-all-reduce"], True,
+        "three tensor-parallel ranks (mp executor) with the mission's NCCL knobs set"),
+}
+# Extra environment per scenario, as search_spaces/smollm2-cpu-tp.yaml and the tuner's
+# measurement environment (NCCL_DEBUG, so a NCCL that ran would say so) set it.
+SCENARIO_ENV: dict[str, dict[str, str]] = {
+    "tp3-eager": {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+                  "OMP_NUM_THREADS": "1", "NCCL_PROTO": "LL", "NCCL_ALGO": "Ring",
+                  "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,ENV"},
 }
 
 # Text that n-gram lookup can draft from: the answer copies the prompt.
@@ -78,6 +89,20 @@ QUESTIONS = ["What is the capital of France?", "What is 2 + 3?", COPY_PROMPT]
 # the speculative scenarios record non-trivial acceptance counters.
 PATTERNS = ["red green blue yellow " * 6,
             "".join(f"key {k} = value {k}\n" for k in range(1, 9))]
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live pids of the process group (the server's tree: API server, engine, rank workers)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 2 and fields[2] == str(pgid) and fields[0] not in ("Z", "X"):
+            found.append(int(entry.name))
+    return sorted(found)
 
 
 def scrape(base: str) -> str:
@@ -95,7 +120,7 @@ def record(name: str, python: str, startup_timeout: float) -> None:
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", MODEL,
             "--served-model-name", "smollm2", "--host", "127.0.0.1", "--port", str(port),
             *flags, *extra]
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="2")
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "2", **SCENARIO_ENV.get(name, {})}
     raw_log = LOG_DIR / f".{name}.raw"
     base = f"http://127.0.0.1:{port}"
     print(f"== {name}: {' '.join(argv[1:])}", flush=True)
@@ -148,6 +173,8 @@ def record(name: str, python: str, startup_timeout: float) -> None:
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 pass
+        left = group_members(proc.pid)
+        print(f"   after SIGTERM: {len(left)} process(es) of the group left {left}", flush=True)
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # whatever of the group is left
         except ProcessLookupError:

@@ -35,6 +35,7 @@ BF16 = "dtype-bfloat16.log"
 BAD_MODE = "fail-bad-cudagraph-mode.log"
 SUFFIX = "fail-spec-suffix.log"
 SUCCESSFUL = [EAGER, COMPILED, PIECEWISE, NGRAM, BF16]
+TP3 = "tp3-eager.log"   # three ranks: tests/test_multirank.py
 
 ENGINE_NONE = "'cudagraph_mode': <CUDAGraphMode.NONE: 0>"
 
@@ -50,7 +51,7 @@ def eff(name: str) -> EffectiveConfig:
 
 def test_every_recorded_log_is_listed_here() -> None:
     # A fixture added to the folder without a row below would go untested.
-    assert sorted(p.name for p in LOGS.glob("*.log")) == sorted([*SUCCESSFUL, BAD_MODE, SUFFIX])
+    assert sorted(p.name for p in LOGS.glob("*.log")) == sorted([*SUCCESSFUL, BAD_MODE, SUFFIX, TP3])
     for path in LOGS.glob("*.log"):
         assert path.stat().st_size < 100_000, path.name
         # The recorder drops uvicorn access lines; one left in means a stale recording.
@@ -135,9 +136,10 @@ VERIFY_CASES: list[tuple[str, str, Any, str, Any, str | None, str | None]] = [
     (BF16, "dtype", "bfloat16", "applied", "bfloat16", "dtype=torch.bfloat16", None),
     (BF16, "dtype", "float32", "not_applied", "bfloat16", None, None),
     # NCCL does not exist on the CPU build: never a false "applied".
-    (EAGER, "env:NCCL_PROTO", "LL", "unverifiable", None, None, "NCCL not used"),
+    (EAGER, "env:NCCL_PROTO", "LL", "not_applicable", None, "backend=gloo", "NCCL is not used on the CPU build"),
     # Asking for custom all-reduce on CPU: the engine line shows it forced off.
-    (EAGER, "disable_custom_all_reduce", False, "not_applied", True, None, None),
+    (EAGER, "disable_custom_all_reduce", False, "not_applicable", True, "disable_custom_all_reduce=True",
+     "has no custom all-reduce"),
     (EAGER, "env:VLLM_CPU_KVCACHE_SPACE", "2", "unverifiable", None, None, "does not log"),
 ]
 

@@ -56,7 +56,7 @@ PURE = [
     "tuner.vllm",
     "tuner.vllm.argument_names", "tuner.vllm.compile_cache", "tuner.vllm.compile_order", "tuner.vllm.effective_config",
     "tuner.vllm.failure_signatures", "tuner.vllm.knob_values", "tuner.vllm.knobs", "tuner.vllm.log_digest",
-    "tuner.vllm.multicast",
+    "tuner.vllm.log_lines", "tuner.vllm.multicast", "tuner.vllm.parallel",
     "tuner.vllm.startup",
     "tuner.vllm.unverified", "tuner.vllm.verify",
 ]

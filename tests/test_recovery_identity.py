@@ -117,3 +117,32 @@ def test_the_run_file_never_kills_by_an_empty_command_line(tmp_path: Path, forei
     finally:
         os.kill = original
     assert sent == [] and foreign.poll() is None
+
+
+def test_ranks_whose_leader_is_gone_are_found_by_the_runs_tag(tmp_path: Path) -> None:
+    """Issue 41: a multi-rank server's workers outliving its API server (the group leader)
+    after a kill -9 of the tuner are stopped by the next resume, found by the killed run's
+    tag; a process carrying another run's tag is left alone."""
+
+    gone = subprocess.Popen(["true"], start_new_session=True)
+    gone.wait(timeout=10)          # a leader that no longer exists
+    tag, other = "study:run-killed:0", "study:run-other:0"
+    ranks = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE,
+                              env={**os.environ, "TUNER_SERVER_GROUP": t}, start_new_session=True)
+             for t in (tag, tag, other)]
+    try:
+        wait_for(lambda: len(proctree.pids_with_env("TUNER_SERVER_GROUP", tag)) == 2, 10, "the ranks to start")
+        paths = _pid_file(tmp_path, {"pgid": gone.pid, "argv": ["python", "-m", "vllm"], "tag": tag,
+                                     "start_ticks": 1})
+        lines: list[str] = []
+        recovery.stop_leftover_servers(paths, 1, lines.append)
+        for rank in ranks[:2]:
+            rank.wait(timeout=10)
+        assert proctree.pids_with_env("TUNER_SERVER_GROUP", tag) == []
+        assert ranks[2].poll() is None, "a process of another run was stopped"
+        assert any("found by the run's tag" in line for line in lines), lines
+        assert not paths.pid_files()
+    finally:
+        for rank in ranks:
+            rank.kill()
+            rank.wait(timeout=10)

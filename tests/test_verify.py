@@ -104,8 +104,11 @@ CASES: list[tuple[str, str, Any, str, Any, str | None, str | None]] = [
     (TP4, "disable_custom_all_reduce", True, "applied", True, "Custom allreduce is disabled", None),
     (TP2, "disable_custom_all_reduce", False, "applied", False, "Using ['FLASHINFER', 'CUSTOM'", None),
     (TP2, "disable_custom_all_reduce", "true", "not_applied", False, "'CUSTOM'", "CUSTOM is still"),
-    (CPU, "disable_custom_all_reduce", False, "not_applied", True, "disable_custom_all_reduce=True", None),
-    (CPU, "disable_custom_all_reduce", True, "applied", True, "disable_custom_all_reduce=True", None),
+    # CPU build: no custom all-reduce exists, whichever way it is asked (issue 41)
+    (CPU, "disable_custom_all_reduce", False, "not_applicable", True, "disable_custom_all_reduce=True",
+     "not applicable here: the CPU build"),
+    (CPU, "disable_custom_all_reduce", True, "not_applicable", True, "disable_custom_all_reduce=True",
+     "forces disable_custom_all_reduce=True"),
     (EAGER, "disable_custom_all_reduce", False, "applied", False, "disable_custom_all_reduce=False",
      "tensor_parallel_size=1"),
     # NCCL environment
@@ -118,7 +121,10 @@ CASES: list[tuple[str, str, Any, str, Any, str | None, str | None]] = [
     (TP4, "env:NCCL_IB_HCA", "mlx5", "unverifiable", None, None, "does not always report"),
     (TP2, "env:NCCL_PROTO", "LL", "unverifiable", None, None, "enable NCCL_DEBUG=INFO to verify"),
     (EAGER, "env:NCCL_PROTO", "LL", "unverifiable", None, None, "world size 1"),
-    (CPU, "env:NCCL_PROTO", "LL", "unverifiable", None, None, "NCCL not used on this platform"),
+    (CPU, "env:NCCL_PROTO", "LL", "not_applicable", None, "backend=gloo", "NCCL is not used on the CPU build"),
+    (CPU, "env:NCCL_ALGO", "Ring", "not_applicable", None, "backend=gloo", "not applicable here"),
+    (CPU, "env:VLLM_ALLREDUCE_USE_SYMM_MEM", "0", "not_applicable", None, "backend=gloo",
+     "SYMM_MEM is a GPU all-reduce"),
     # vLLM all-reduce switches, read off the TP group's backends line
     (TP2, "env:VLLM_ALLREDUCE_USE_FLASHINFER", "0", "not_applied",
      ["FLASHINFER", "CUSTOM", "SYMM_MEM", "PYNCCL"], "all-reduce backends", "FLASHINFER is still used"),
@@ -160,8 +166,8 @@ def test_verify_table(name: str, target: str, asked: Any, status: str, got: Any,
     assert (check.target, check.asked, check.status, check.got) == (target, asked, status, got), check
     if evidence is not None:
         assert evidence in (check.evidence or ""), check.evidence
-    if status == "not_applied":
-        assert check.evidence, "a mismatch must cite the log"
+    if status in ("not_applied", "not_applicable"):
+        assert check.evidence, "a mismatch, or a knob that cannot act, must cite the log"
     if note is not None:
         assert note in (check.note or ""), check.note
 

@@ -96,6 +96,12 @@ def stop_leftover_servers(paths: StudyPaths, stop_timeout_s: float,
             proctree.signal_group(pgid, signal.SIGKILL)
             _kill_escaped(record)
             progress(f"[resume] stopped a server left running by an earlier run (pgid {pgid})")
+        elif record.get("tag") and (left := proctree.pids_with_env(TAG_VAR, record["tag"])):
+            # The group's leader (the API server) is gone but processes of its tree live on,
+            # e.g. rank workers of a multi-rank server: the run's own tag names them.
+            _kill_escaped(record)
+            progress(f"[resume] killed {len(left)} process(es) of a server left by an earlier run "
+                     f"(its leader is gone; found by the run's tag): pids {left}")
         pid_file.unlink(missing_ok=True)
 
 

@@ -328,6 +328,7 @@ class TrialWorker:
         self._write_json(trial_dir / "verification.json", result.model_dump(mode="json"))
         outcome.applied = result.applied
         outcome.mismatches = [c.model_dump(mode="json") for c in result.mismatches()]
+        outcome.parallel = result.parallel
 
     async def _probe(self, request: TrialRequest, trial_dir: Path, outcome: TrialOutcome) -> None:
         assert self._server is not None

@@ -108,6 +108,9 @@ class TrialOutcome(BaseModel):
         "no value because of them fails the trial load_errors")
     applied: bool | None = None
     mismatches: list[dict[str, Any]] = Field(default_factory=list)
+    parallel: dict[str, Any] | None = Field(
+        default=None, description="vllm.verify.parallel_summary: world size, the ranks' lines, the "
+        "TP all-reduce that ran, the asked knobs not applicable on this server; None: not verified")
     probe_passed: bool | None = None
     probe_reason: str | None = None
     probe_coverage: str | None = Field(

@@ -24,6 +24,7 @@ from tuner.study.study_noise import with_study_noise
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points, stop_record_text
 from tuner.views.saved_spec import searched_targets, study_noise_at
 from tuner.views.workload_view import workload_lines
+from tuner.vllm.parallel import parallel_lines
 from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
 from tuner.vllm.startup import summary_text as startup_summary_text
 from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
@@ -59,13 +60,16 @@ def study_is_running(handle: StudyHandle | StudyPaths) -> bool:
 
 def read_checks(handle: StudyHandle | StudyPaths, number: int) -> list[dict[str, Any]]:
     """The trial's full asked-vs-got table from its verification.json (empty if absent)."""
+    return list(read_verification(handle, number).get("checks", []))
 
+
+def read_verification(handle: StudyHandle | StudyPaths, number: int) -> dict[str, Any]:
+    """The trial's verification.json: checks, and its ranks and all-reduce (``parallel``)."""
     paths = handle if isinstance(handle, StudyPaths) else handle.paths
-    path = paths.trial_dir(number) / "verification.json"
-    try:
-        return list(json.loads(path.read_text()).get("checks", []))
-    except (OSError, ValueError):
-        return []
+    with contextlib.suppress(OSError, ValueError):
+        found = json.loads((paths.trial_dir(number) / "verification.json").read_text())
+        return found if isinstance(found, dict) else {}
+    return {}
 
 
 # Server-side speculative-decoding counters per level (load/prometheus.py, kept in the
@@ -109,7 +113,8 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
     ``paths`` alone: read it only for the speculative method's name."""
 
     outcome = record.summary
-    checks = read_checks(handle, record.number) if handle is not None else []
+    verification = read_verification(handle, record.number) if handle is not None else {}
+    checks = list(verification.get("checks", []))
     probe_s, trial_s = outcome.probe_s, outcome.trial_s
     folder = (handle if isinstance(handle, StudyPaths) else handle.paths) if handle is not None else paths
     speculation = _speculation(outcome)
@@ -160,6 +165,7 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "max_rate": outcome.max_rate,
         "checks": checks,
         "unverified": unverified(checks, searched),
+        "parallel": verification.get("parallel"),  # ranks, the all-reduce (vllm.parallel)
     }
 
 
@@ -490,7 +496,7 @@ def _trial_lines(row: dict[str, Any], labels: list[str], directions: list[str]) 
     lines.append(f"  {row['trial']:>3} {row['outcome']:<22} {vals}{_unstable_text(row)}")
     if row["failure"] and row["state"] == "FAIL":
         lines.append(f"        reason: {row['failure'].get('message') or row['failure'].get('reason')}")
-    checked = [c for c in row["checks"] if c.get("status") != "unverifiable"]
+    checked = [c for c in row["checks"] if c.get("status") not in ("unverifiable", "not_applicable")]
     if checked:
         lines.append("        asked vs got: " + ", ".join(
             f"{c['target']}={value_text(c.get('asked'))}"
@@ -499,6 +505,7 @@ def _trial_lines(row: dict[str, Any], labels: list[str], directions: list[str]) 
     for check in row.get("unverified") or []:
         lines.append(f"        NOT VERIFIED: {check['target']}={value_text(check.get('asked'))}"
                      + (f" ({check['note']})" if check.get("note") else ""))
+    lines.extend(f"        {text}" for text in parallel_lines(row.get("parallel"), row["checks"]))
     for m in row["mismatches"]:
         # The knob table's label; imported here, so a status without mismatches
         # does not pay for loading it.
@@ -530,7 +537,6 @@ def _trial_lines(row: dict[str, Any], labels: list[str], directions: list[str]) 
 def _startup_summary_lines(summary: dict[str, Any]) -> list[str]:
     """``startup: median 87s over 6 servers (62% of trial time), compile cache 2 hit / 4 miss``
     and the median phases."""
-
     med = summary["median"]
     share = f", {summary['share']:.0%} of trial time" if summary.get("share") is not None else ""
     caches = summary.get("compile_cache") or {}
@@ -544,7 +550,6 @@ def _startup_summary_lines(summary: dict[str, Any]) -> list[str]:
 def _rerun_startup_lines(confirmation: dict[str, Any]) -> list[str]:
     """``re-run 0002-1: startup 56.8s = ... (torch.compile cache hit)`` per re-run that
     came up: next to the trial's own first start, what the shared compile cache saved."""
-
     lines = []
     for run in confirmation.get("runs") or []:
         rec = run.get("startup") if isinstance(run, dict) else None
@@ -555,7 +560,6 @@ def _rerun_startup_lines(confirmation: dict[str, Any]) -> list[str]:
 
 def _startup_lines(row: dict[str, Any]) -> list[str]:
     """The trial's startup breakdown and what the log says about KV cache and graphs."""
-
     rec = row["startup"]
     lines = ["        " + startup_summary_text(rec)]
     figures = figures_text(rec)
@@ -568,7 +572,6 @@ def _startup_lines(row: dict[str, Any]) -> list[str]:
 
 def _compile_line(row: dict[str, Any]) -> str:
     """E.g. ``startup 61.2s: torch.compile cache hit (3.1s), graph capture 17s``."""
-
     rec = row["compile"]
     parts = [f"torch.compile cache {rec['cache']}"
              + (f" ({rec['compile_s']:.1f}s)" if rec.get("compile_s") is not None else "")]

@@ -23,9 +23,21 @@ import ast
 import copy
 import re
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from tuner.vllm import parallel
+from tuner.vllm.log_lines import (
+    EVIDENCE_WIDTH,
+    RAY_DEDUP_RE,
+    LogLine,
+    excerpt,
+    excerpt_around_key,
+    split_log_line,
+    strip_ansi,
+    text_lines,
+)
 
 __all__ = [
     "EVIDENCE_WIDTH",
@@ -41,7 +53,6 @@ __all__ = [
     "text_lines",
 ]
 
-EVIDENCE_WIDTH = 300
 # NCCL_DEBUG_SUBSYS=TUNING logs one line per collective call; distinct choices are few,
 # so keep the first ones and drop the flood.
 _MAX_NCCL_TUNING = 256
@@ -73,6 +84,10 @@ class EffectiveConfig(BaseModel):
     pipeline_parallel_size: int | None = None
     world_size: int | None = None
     distributed_backend: str | None = Field(None, description="nccl on GPU, gloo on CPU")
+    ranks: list[dict[str, Any]] | None = Field(None, description="one per rank's assignment line: "
+                                               "rank, tp_rank, world_size, process, pid (vllm.parallel)")
+    allreduce: list[str] | None = Field(None, description="the TP all-reduce that ran, dispatch order: "
+                                        "CPU_SHM or GLOO (CPU), the backends line (GPU), [] at TP 1")
     enforce_eager: bool | None = None
     disable_custom_all_reduce: bool | None = None
     compilation_mode: str | None = None
@@ -112,91 +127,6 @@ class EffectiveConfig(BaseModel):
     ready: bool = False
     evidence: dict[str, str] = Field(default_factory=dict)
     warnings: list[str] = Field(default_factory=list, description="lines that failed to parse")
-
-
-# ---------------------------------------------------------------------------------------
-# Line anatomy, shared with failure_signatures
-
-class LogLine(NamedTuple):
-    """A log line split into the process tag, the log level and the message."""
-
-    process: str | None
-    level: str | None
-    message: str
-
-
-_ANSI_RE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
-# vLLM tags each child's output with `(Name pid=N) `; output from two processes can
-# interleave, giving two tags in a row (seen in spec-ngram-k4.log).
-_PREFIX_RE = re.compile(r"(?:\(([\w.\-]+) pid=\d+\) ?)+")
-_HEADER_RE = re.compile(
-    r"(DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]*\] ?"
-)
-_UVICORN_RE = re.compile(r"(DEBUG|INFO|WARNING|ERROR|CRITICAL):\s+")
-# Ray's log deduplication folds identical worker lines into one and appends this suffix
-# (`... NCCL_PROTO set by environment to LL [repeated 7x across cluster]`); left in place it
-# would become part of the parsed value.
-_RAY_DEDUP_RE = re.compile(r"\s*\[repeated \d+x across cluster\]\s*$")
-
-
-def strip_ansi(text: str) -> str:
-    """Remove terminal colour codes (vLLM colours its process tags and levels)."""
-    return _ANSI_RE.sub("", text) if "\x1b" in text else text
-
-
-def text_lines(text: str) -> list[str]:
-    """The lines of a whole log text as a line reader delivers them: split at ``\n`` only,
-    the last one kept even without its newline, no empty line after a final newline."""
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return lines
-
-
-def split_log_line(raw: str) -> LogLine:
-    """Strip ANSI codes, the `(Proc pid=N)` tags and the logger header from one line.
-
-    Leading spaces of the message are kept: in a traceback they tell a code line
-    (indented) from the final exception line (not indented).
-    """
-    line = strip_ansi(raw).rstrip("\r\n")
-    process = None
-    pos = 0
-    if m := _PREFIX_RE.match(line):
-        process, pos = m.group(1), m.end()
-    if (h := _HEADER_RE.match(line, pos)) or (h := _UVICORN_RE.match(line, pos)):
-        return LogLine(process, h.group(1), line[h.end():])
-    return LogLine(process, None, line[pos:])
-
-
-def excerpt(line: str, start: int = 0, end: int | None = None, width: int = EVIDENCE_WIDTH) -> str:
-    """The line itself if short, else a window of at most `width` chars around [start, end)."""
-    line = line.rstrip("\r\n")
-    if len(line) <= width:
-        return _shown(line)
-    end = start if end is None else end
-    room = max(width - 2 - (end - start), 0)  # two chars for the ellipses
-    lo = max(0, start - room // 2)
-    hi = min(len(line), lo + width - 2)
-    lo = max(0, hi - (width - 2))
-    return _shown(("…" if lo > 0 else "") + line[lo:hi] + ("…" if hi < len(line) else ""))
-
-
-def _shown(text: str) -> str:
-    # tqdm redraws are joined by bare carriage returns, which would make a printed
-    # excerpt overwrite itself; show them as a visible mark of the same length.
-    return text.replace("\r", "⏎")
-
-
-def excerpt_around_key(line: str, path: str) -> str | None:
-    """Excerpt of a python-repr dict line around the dotted key `path`, or None if absent."""
-    pos = 0
-    for key in path.split("."):
-        found = line.find(f"'{key}':", pos)
-        if found < 0:
-            return None
-        pos = found
-    return excerpt(line, pos, pos + len(path.rsplit(".", 1)[-1]) + 3)
 
 
 # ---------------------------------------------------------------------------------------
@@ -326,6 +256,9 @@ class _Scan:
         self.nccl_env: dict[str, str] = {}
         self.startup: dict[str, float] = {}
         self.ar_reason_from_warning = False
+        self.ranks: dict[int, dict[str, Any]] = {}     # vllm.parallel: by rank, by pid
+        self.assigned: dict[int, int] = {}
+        self.tp_tags: dict[int, tuple[int, str]] = {}
 
     def put(self, field: str, value: Any, line: str, m: re.Match[str] | None = None) -> None:
         self.f[field] = value
@@ -446,6 +379,22 @@ class _Scan:
         if m := _WORLD_RE.search(line):
             self.put("world_size", int(m.group(1)), line, m)
             self.put("distributed_backend", m.group(2), line, m)
+            if (found := parallel.world_rank(line)) is not None:
+                self.ranks.setdefault(found["rank"], found)
+                self.ev.setdefault("ranks", excerpt(line, m.start(), m.end()))
+
+    def rank(self, line: str) -> None:
+        if (found := parallel.assignment(line)) is not None:
+            self.assigned.setdefault(*found)
+            self.ev.setdefault("tp_assignment", excerpt(line))
+
+    def tp_tag(self, line: str) -> None:
+        if (found := parallel.tp_tag(line)) is not None:
+            self.tp_tags.setdefault(found[0], found[1:])
+
+    def shm_off(self, line: str) -> None:
+        if (group := parallel.shm_off_group(line)) and group.startswith("tp"):
+            self.put("allreduce", ["GLOO"], line)
 
     def startup_time(self, line: str) -> None:
         for regex, names in _STARTUP_RES:
@@ -505,6 +454,9 @@ _HANDLERS: tuple[tuple[str, Callable[[_Scan, str], None]], ...] = (
     ("odel Runner", _Scan.runner),
     ("KV cache size:", _Scan.kv_cache),
     ("world_size=", _Scan.world),
+    (parallel.RANK_MARKER, _Scan.rank),
+    (parallel.TP_TAG_MARKER, _Scan.tp_tag),
+    (parallel.SHM_OFF_MARKER, _Scan.shm_off),
     (" took ", _Scan.startup_time),
     ("using nccl==", _Scan.vllm_nccl),
     ("NCCL INFO", _Scan.nccl),
@@ -523,7 +475,7 @@ class EffectiveConfigScan:
     def feed(self, line: str) -> None:
         line = strip_ansi(line)
         if "across cluster]" in line:
-            line = _RAY_DEDUP_RE.sub("", line)
+            line = RAY_DEDUP_RE.sub("", line)
         for marker, handler in _HANDLERS:
             if marker in line:
                 handler(self._scan, line)
@@ -559,6 +511,10 @@ def _finish(scan: _Scan) -> EffectiveConfig:
         f["nccl_transport"] = sorted(scan.transports)
     if scan.startup:
         f["startup_seconds"] = scan.startup
+    if scan.ranks:
+        f["ranks"] = parallel.merge_ranks(scan.ranks, scan.assigned, scan.tp_tags)
+    parallel.derive_allreduce(f, ev)
+    ev.pop("tp_assignment", None)
     _derive_speculation(f, ev)
     _derive_custom_ar(f, ev, scan)
     if f.get("platform") is None and "kv_cache_device" in f:

@@ -227,7 +227,7 @@ _TABLE: tuple[Knob, ...] = (
     _k("max_model_len", "max model length", compile_key=True, why=f"{_MODEL} (not in its ignore list)"),
     _k("hf_overrides", "model config overrides", compile_key=True, why="changes the model's graph"),
     _k("tensor_parallel_size", "tensor parallel size", values=Int(1),
-       log="tensor_parallel_size", compile_key=True, why=_PAR),
+       log="tensor_parallel_size", rule="parallel_size", compile_key=True, why=_PAR),
     _k("pipeline_parallel_size", "pipeline parallel size", values=Int(1),
        log="pipeline_parallel_size", compile_key=True, why=_PAR),
     _k("data_parallel_size", "data parallel size", compile_key=True, why=_PAR),

@@ -5,7 +5,10 @@
 * ``applied``: the log shows the asked value in effect;
 * ``not_applied``: the log shows something else (a silent downgrade, a forced value, a
   leftover setting) — the trial measured a different configuration than it claims;
-* ``unverifiable``: the log cannot tell (the note says what would make it tell).
+* ``unverifiable``: the log cannot tell (the note says what would make it tell);
+* ``not_applicable``: the knob cannot act on this server (NCCL's variables and the custom
+  all-reduce on the CPU build, whose collectives run over shared memory or gloo): never
+  "applied", and no failure either - the evidence says why.
 
 How a target is read back is its knob's ``rule`` (``tuner.vllm.knobs``), one of
 :data:`RULES`: a knob with a ``log`` field is compared with that field of the
@@ -36,10 +39,12 @@ from pydantic import BaseModel, ConfigDict, model_validator
 from tuner.vllm.effective_config import EffectiveConfig, excerpt_around_key
 from tuner.vllm.knob_values import ANY
 from tuner.vllm.knobs import GRAPH_KINDS, Knob, knob
+from tuner.vllm.parallel import allreduce_text, ranks_text
 
-__all__ = ["KnobCheck", "Status", "VerificationResult", "verify", "startup_mismatches", "RULES"]
+__all__ = ["KnobCheck", "Status", "VerificationResult", "verify", "startup_mismatches", "RULES",
+           "parallel_summary"]
 
-Status = Literal["applied", "not_applied", "unverifiable"]
+Status = Literal["applied", "not_applied", "unverifiable", "not_applicable"]
 
 
 class KnobCheck(BaseModel):
@@ -62,6 +67,8 @@ class VerificationResult(BaseModel):
 
     checks: list[KnobCheck]
     applied: bool
+    # The ranks and the all-reduce the log shows (parallel_summary); None: not recorded.
+    parallel: dict[str, Any] | None = None
 
     @model_validator(mode="after")
     def _applied_matches_checks(self) -> VerificationResult:
@@ -77,7 +84,18 @@ def verify(asked: Mapping[str, Any], effective: EffectiveConfig) -> Verification
     """Check every asked target against the effective configuration. Never raises on
     unknown targets or odd values: those come back as ``unverifiable``."""
     checks = [check_one(knob(str(target)), value, effective) for target, value in asked.items()]
-    return VerificationResult(checks=checks, applied=all(c.status != "not_applied" for c in checks))
+    return VerificationResult(checks=checks, applied=all(c.status != "not_applied" for c in checks),
+                              parallel=parallel_summary(effective, checks))
+
+
+def parallel_summary(eff: EffectiveConfig, checks: list[KnobCheck] | None = None) -> dict[str, Any]:
+    """What a trial's record says about its ranks: world size, TP size, the ranks' lines,
+    the TP all-reduce that ran, and the asked knobs that could not act here."""
+
+    return {"world_size": eff.world_size, "tensor_parallel_size": eff.tensor_parallel_size,
+            "distributed_backend": eff.distributed_backend, "ranks": eff.ranks,
+            "allreduce": eff.allreduce, "allreduce_evidence": eff.evidence.get("allreduce"),
+            "not_applicable": [c.target for c in checks or [] if c.status == "not_applicable"]}
 
 
 def check_one(k: Knob, asked: Any, effective: EffectiveConfig) -> KnobCheck:
@@ -124,6 +142,17 @@ def _uninterpretable(k: Knob, asked: Any, got: Any = None, evidence: str | None 
 def _seen(eff: EffectiveConfig, field: str) -> bool:
     # A field is "seen" when the log established it, even as None (e.g. speculation off).
     return getattr(eff, field) is not None or field in eff.evidence
+
+
+def _cpu_build(eff: EffectiveConfig) -> tuple[str, str | None] | None:
+    """(what shows it, its evidence) when the log shows the CPU build, else None."""
+
+    # The ranks' own line first: it names the collectives' backend.
+    for field, shown in (("distributed_backend", "backend=gloo"), ("platform", "device_config=cpu"),
+                         ("kv_cache_device", "a CPU KV cache")):
+        if getattr(eff, field) in ("cpu", "gloo", "CPU"):
+            return shown, eff.evidence.get(field)
+    return None
 
 
 def _from_args(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
@@ -235,6 +264,12 @@ def _custom_all_reduce(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
     want_disabled = k.values.canonical(asked)
     if want_disabled is None:
         return _uninterpretable(k, asked)
+    if cpu := _cpu_build(eff):
+        return _check(k, asked, "not_applicable", eff.disable_custom_all_reduce,
+                      eff.evidence.get("disable_custom_all_reduce") or cpu[1],
+                      note=f"not applicable here: the CPU build ({cpu[0]}) has no custom all-reduce "
+                           f"and forces disable_custom_all_reduce=True; its all-reduce: "
+                           f"{allreduce_text(eff.allreduce)}")
     active = eff.custom_all_reduce_active
     active_ev = eff.evidence.get("custom_all_reduce_active")
     config, config_ev = eff.disable_custom_all_reduce, eff.evidence.get("disable_custom_all_reduce")
@@ -283,8 +318,10 @@ def _speculative_method(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
 
 def _nccl_env(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
     name = k.target.removeprefix("env:")
-    if eff.platform == "cpu" or eff.distributed_backend == "gloo" or eff.kv_cache_device == "CPU":
-        return _check(k, asked, "unverifiable", note="NCCL not used on this platform")
+    if cpu := _cpu_build(eff):
+        return _check(k, asked, "not_applicable", None, cpu[1],
+                      note=f"not applicable here: NCCL is not used on the CPU build ({cpu[0]}); "
+                           f"the all-reduce: {allreduce_text(eff.allreduce)}")
     env = eff.nccl_env or {}
     if name in env:
         same = str(env[name]).replace(" ", "").upper() == str(asked).replace(" ", "").upper()
@@ -311,6 +348,10 @@ def _allreduce_backend(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
     backends = eff.allreduce_backends
     if want is None:
         return _uninterpretable(k, asked)
+    if backends is None and (cpu := _cpu_build(eff)):
+        return _check(k, asked, "not_applicable", None, cpu[1],
+                      note=f"not applicable here: {k.arg} is a GPU all-reduce and this is the CPU build "
+                           f"({cpu[0]}); its all-reduce: {allreduce_text(eff.allreduce)}")
     if backends is None:
         return _check(k, asked, "unverifiable", note="no all-reduce backends line "
                       "(tensor_parallel_size=1, CPU, or older vLLM)")
@@ -320,6 +361,35 @@ def _allreduce_backend(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
     note = (f"{k.arg} is still used" if not want
             else f"{k.arg} is not used for the TP group (unsupported on this hardware?)")
     return _check(k, asked, "not_applied", backends, evidence, note)
+
+
+def _parallel_size(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    """tensor_parallel_size: the engine line's value, then the ranks (vllm.parallel): the
+    world size every rank logged must be TP x PP and their TP ranks ranks of that size; a
+    TP rank that logged nothing is named in the note."""
+
+    base = _from_field(k, asked, eff)
+    tp = k.values.canonical(asked)
+    if base.status != "applied" or not isinstance(tp, int):
+        return base
+    world = tp * (eff.pipeline_parallel_size or 1)
+    seen = {r["world_size"] for r in eff.ranks or []} | ({eff.world_size} if eff.world_size else set())
+    if seen and seen != {world}:
+        return base.model_copy(update={
+            "status": "not_applied", "got": sorted(seen),
+            "evidence": eff.evidence.get("ranks") or eff.evidence.get("world_size"),
+            "note": f"the ranks logged world size {sorted(seen)}, not {world} (TP {tp} x PP "
+                    f"{eff.pipeline_parallel_size or 1})"})
+    # A rank's TP rank is unknown (None) until its retagged lines come, in a partial log.
+    tp_ranks = sorted({r["tp_rank"] for r in eff.ranks or [] if r["tp_rank"] is not None})
+    if any(r >= tp for r in tp_ranks):
+        return base.model_copy(update={"status": "not_applied", "got": tp_ranks,
+                                       "evidence": eff.evidence.get("ranks"),
+                                       "note": f"TP ranks {tp_ranks} logged for a TP size of {tp}"})
+    missing = sorted(set(range(tp)) - set(tp_ranks))
+    note = ranks_text(eff.ranks, eff.world_size) + (
+        f"; TP ranks {missing} logged no rank line" if tp_ranks and missing else "")
+    return base.model_copy(update={"note": note})
 
 
 def _unlogged_env(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
@@ -337,5 +407,6 @@ RULES: Mapping[str, Rule] = {
     "speculative_method": _speculative_method,
     "nccl_env": _nccl_env,
     "allreduce_backend": _allreduce_backend,
+    "parallel_size": _parallel_size,
     "unlogged_env": _unlogged_env,
 }
