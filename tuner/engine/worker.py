@@ -64,7 +64,6 @@ def _json_flat(flat: dict[str, float]) -> dict[str, float | None]:
 def _default_priority() -> int:
     """This process's niceness (its servers inherit it), back to 0 where allowed: Ray runs
     workers at nice 15 unless RAY_worker_niceness=0, and only root may undo that."""
-
     with contextlib.suppress(OSError):
         if os.getpriority(os.PRIO_PROCESS, 0) > 0:
             os.setpriority(os.PRIO_PROCESS, 0, 0)
