@@ -11,30 +11,20 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT, free_port_block, processes_with_env, run_tuner
-from tests.test_realvllm_study import MODEL_DIR, MODELS, VENV_DIR, VENV_PYTHON, needs_vllm
+from tests.conftest import processes_with_env, run_tuner
+from tests.test_realvllm_study import needs_vllm, shipped_study
 from tuner.probe.spec import DUMMY_TEXT
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 
 
 def dummy_study(tmp_path: Path) -> tuple[Path, str, str]:
-    data = yaml.safe_load((ROOT / "search_spaces" / "smollm2-cpu.yaml").read_text())
-    marker = uuid.uuid4().hex[:12]
-    name = f"rvd{marker}"
-    data["name"] = name
-    data["server"]["port"] = free_port_block(2)
-    data["server"]["env"]["TUNER_TEST_ID"] = marker
-    if VENV_DIR != ROOT / ".venv-vllm":
-        data["server"]["command"][0] = str(VENV_PYTHON)
-    if MODELS != ROOT / ".models":
-        data["server"]["model"] = str(MODEL_DIR)
+    data, name, marker = shipped_study("smollm2-cpu.yaml", "rvd")
     data["server"]["flags"].update({"load_format": "dummy", "dtype": "float32"})
     data["parameters"] = [{"name": "enforce_eager", "flag": "enforce_eager", "kind": "categorical",
                            "values": [True], "default": True}]

@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from pathlib import Path
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT, free_port_block, processes_with_env, run_tuner
-from tests.test_realvllm_study import MODEL_DIR, MODELS, VENV_DIR, VENV_PYTHON, needs_vllm
+from tests.conftest import processes_with_env, run_tuner
+from tests.test_realvllm_study import needs_vllm, shipped_study
 
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 
@@ -32,16 +31,7 @@ STATUSES = {"found", "lower_bound", "slo_unmet", "levels"}
 
 
 def study_copy(tmp_path: Path) -> tuple[Path, str, str]:
-    data = yaml.safe_load((ROOT / "search_spaces" / "smollm2-cpu-slo.yaml").read_text())
-    marker = uuid.uuid4().hex[:12]
-    name = f"slo{marker}"
-    data["name"] = name
-    data["server"]["port"] = free_port_block(2)
-    data["server"]["env"]["TUNER_TEST_ID"] = marker
-    if VENV_DIR != ROOT / ".venv-vllm":
-        data["server"]["command"][0] = str(VENV_PYTHON)
-    if MODELS != ROOT / ".models":
-        data["server"]["model"] = str(MODEL_DIR)
+    data, name, marker = shipped_study("smollm2-cpu-slo.yaml", "slo")
     # A smaller probe bank than the shipped study's (which records ~90 reference prompts,
     # 5 min on two busy cores): this test is about the SLO search, the probe has its own.
     data["probe"]["bank"] = {"per_stratum": 1, "max_prompt_tokens": 256,

@@ -62,22 +62,30 @@ needs_vllm = pytest.mark.skipif(
 )
 
 
-def study_variant(tmp_path: Path) -> tuple[Path, str, str]:
-    """The shipped smollm2-cpu study, narrowed to a four-point grid (see the module doc).
-    Returns the file, the study name and the marker its servers carry in their environment."""
+def shipped_study(file: str, prefix: str) -> tuple[dict[str, Any], str, str]:
+    """A shipped real-vLLM study file made this test's own: a unique name (``prefix`` +
+    marker), its own ports, the marker in its servers' environment, and the vLLM venv and
+    model folder this run was given. Returns the study's data, name and marker."""
 
-    data = yaml.safe_load((ROOT / "search_spaces" / "smollm2-cpu.yaml").read_text())
+    data = yaml.safe_load((ROOT / "search_spaces" / file).read_text())
     marker = uuid.uuid4().hex[:12]
-    name = f"rv{marker}"
-    data["name"] = name
+    data["name"] = name = f"{prefix}{marker}"
     data["server"]["port"] = free_port_block(2)
-    # Servers (and the exported one, whose env comes from the study) carry the marker, so
+    # Servers (and an exported one, whose env comes from the study) carry the marker, so
     # the orphan check finds any that outlives the test.
     data["server"]["env"]["TUNER_TEST_ID"] = marker
     if VENV_DIR != ROOT / ".venv-vllm":
         data["server"]["command"][0] = str(VENV_PYTHON)  # VLLM_VENV override
     if MODELS != ROOT / ".models":
         data["server"]["model"] = str(MODEL_DIR)  # TUNER_MODELS_DIR override
+    return data, name, marker
+
+
+def study_variant(tmp_path: Path) -> tuple[Path, str, str]:
+    """The shipped smollm2-cpu study, narrowed to a four-point grid (see the module doc).
+    Returns the file, the study name and the marker its servers carry in their environment."""
+
+    data, name, marker = shipped_study("smollm2-cpu.yaml", "rv")
     data["parameters"] = [
         {"name": "enforce_eager", "flag": "enforce_eager", "kind": "bool", "default": False},
         {"name": "cudagraph_mode", "flag": "compilation_config.cudagraph_mode",

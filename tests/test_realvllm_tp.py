@@ -28,15 +28,14 @@ import re
 import signal
 import subprocess
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.conftest import ROOT, free_port_block, processes_with_env, run_tuner, tuner_argv
-from tests.test_realvllm_study import MODEL_DIR, MODELS, VENV_DIR, VENV_PYTHON, needs_vllm
+from tests.conftest import ROOT, processes_with_env, run_tuner, tuner_argv
+from tests.test_realvllm_study import needs_vllm, shipped_study
 from tests.waiting import wait_for
 from tuner.adapters import proctree
 
@@ -46,15 +45,7 @@ pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 def study_variant(tmp_path: Path) -> tuple[Path, str, str]:
     """The shipped multi-rank study with its own name, ports and process marker."""
 
-    data = yaml.safe_load((ROOT / "search_spaces" / "smollm2-cpu-tp.yaml").read_text())
-    marker = uuid.uuid4().hex[:12]
-    data["name"] = name = f"rvtp{marker}"
-    data["server"]["port"] = free_port_block(2)
-    data["server"]["env"]["TUNER_TEST_ID"] = marker
-    if VENV_DIR != ROOT / ".venv-vllm":
-        data["server"]["command"][0] = str(VENV_PYTHON)
-    if MODELS != ROOT / ".models":
-        data["server"]["model"] = str(MODEL_DIR)
+    data, name, marker = shipped_study("smollm2-cpu-tp.yaml", "rvtp")
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path, name, marker
