@@ -78,3 +78,32 @@ def test_on_chat_traffic_every_configuration_without_prefix_caching_loses_by_far
     assert statistics.median(r.values[tok] for r in on) > 3 * statistics.median(r.values[tok] for r in off)
     pareto = json.loads((EXAMPLES / CHAT / "pareto.json").read_text())
     assert pareto["front"] and all(e["params"]["prefix_caching"] for e in pareto["front"])
+
+
+def test_on_the_real_server_each_turn_followed_the_previous_reply_and_carried_it() -> None:
+    """Multi-turn ordering against the real vLLM server, from the chat study's request records:
+    a conversation's turns are consecutive plans (index - turn is its first), so turn k's
+    record follows turn k-1's. Each was dispatched after the previous reply's last byte, and
+    the server counted its prompt as longer than the previous prompt plus that reply: the
+    reply went back in (docs/measurement.md, "Your own traffic")."""
+
+    folders = sorted((EXAMPLES / CHAT / "trials").iterdir()) + sorted((EXAMPLES / CHAT / "confirm").glob("*-*"))
+    pairs = 0
+    for folder in folders:
+        for path in folder.glob("requests-c*.jsonl"):
+            levels: dict[tuple[str, int], dict[int, dict]] = {}
+            for line in path.read_text().splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    levels.setdefault((r["phase"], r["repeat"]), {})[r["index"]] = r
+            for records in levels.values():
+                for index, r in records.items():
+                    if not r["turn"]:
+                        continue
+                    before = records[index - 1]
+                    assert before["turn"] == r["turn"] - 1 and before["ok"], (path, index)
+                    assert r["dispatch_s"] >= before["done_s"], (path, index)
+                    assert r["prompt_tokens"] > before["prompt_tokens"] + before["output_tokens"], (path, index)
+                    pairs += 1
+    # 2 conversations at c=1 and 4 at c=4, two later turns each, in 6 trials and the re-run
+    assert pairs == 7 * 2 * (2 + 4)
