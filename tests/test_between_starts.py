@@ -19,7 +19,7 @@ from tuner.study.between_starts import (
     pooled_log_sd,
     study_noise,
 )
-from tuner.study.study_noise import fresh_starts, with_study_noise
+from tuner.study.study_noise import fresh_starts, noise_of_study, with_study_noise
 from tuner.study.trials import KIND_RUN, TrialRecord
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,6 +104,49 @@ def test_intervals_carry_the_measured_noise_in_place_of_what_was_baked() -> None
     assert study_noise([label], []).half_width(label) == pytest.approx(Z95 * ASSUMED_CV)
     assert "assumed" in study_noise([label], []).lines()[0]
     assert study_noise([label], [], override=0.12).half_width(label) == pytest.approx(Z95 * 0.12)
+
+
+def test_own_intervals_wider_than_the_starts_moved_are_scaled_to_what_the_starts_show() -> None:
+    """As on the CPU chat study: three starts of the defaults within a few per cent, each run's
+    own interval (three bursty sub-windows) ±200 %; a slower configuration's own interval is
+    scaled by the same ratio, so a 4x gap is no longer a tie."""
+    label = "output_tok_s@c32"
+    base, off = {"prefix": True}, {"prefix": False}
+    floor = ASSUMED_CV                       # what the worker baked in while it measured
+
+    def rec(number: int, params: dict, value: float, own: float) -> TrialRecord:
+        return _record(number, params, {label: value}, ci=math.hypot(own * value, Z95 * floor * value), floor=floor)
+
+    records = [rec(0, base, 25.5, 2.0), rec(1, base, 23.6, 2.2), rec(2, base, 25.3, 2.1), rec(4, base, 26.3, 2.1),
+               rec(5, base, 24.8, 2.3), rec(3, off, 6.6, 3.0)]
+    assert records[-1].own_noise([label])[label] == pytest.approx(3.0)
+    noise = noise_of_study(records, {}, [label], override=None)
+    half = noise.half_width(label)
+    # Scaled by what even the upper end (99 %) of the starts' spread allows, not its estimate.
+    scale = Z95 * noise.measured[label].high / 2.1
+    assert noise.run_widths[label] == pytest.approx(2.1)
+    assert noise.run_scale(label) == pytest.approx(scale) and 0 < scale < 0.8
+    widened = {r.number: r.noise([label], noise)[label] for r in records}
+    # Three starts would not have been enough here: their 99 % bound is too wide to prove it.
+    assert noise_of_study(records[:3] + records[-1:], {}, [label], override=None).run_scale(label) > scale
+    assert widened[0] == pytest.approx(math.hypot(2.0 * 25.5 * scale, half * 25.5))
+    assert widened[3] == pytest.approx(math.hypot(3.0 * 6.6 * scale, half * 6.6))
+    assert 25.5 - 6.6 > math.hypot(widened[0], widened[3])          # beyond noise now
+    assert any("scaled by" in line for line in noise.lines())
+    assert noise.as_dict()["labels"][label]["run_scale"] == pytest.approx(scale)
+    # Identical starts (a deterministic server) bound nothing: no scaling.
+    same = [rec(0, base, 25.0, 2.0), rec(1, base, 25.0, 2.0), rec(3, off, 6.6, 3.0)]
+    assert noise_of_study(same, {}, [label], override=None).run_scale(label) == 1.0
+
+    # Own intervals narrower than the starts' spread are used as they are ...
+    calm = noise_of_study([rec(0, base, 100.0, 0.001), rec(1, base, 104.0, 0.001), rec(2, off, 50.0, 0.002)], {},
+                          [label], override=None)
+    assert calm.run_scale(label) == 1.0 and not any("scaled by" in line for line in calm.lines())
+    # ... and so is everything under a fixed override, or before any configuration repeats.
+    assert noise_of_study(records, {}, [label], override=0.05).run_scale(label) == 1.0
+    assert noise_of_study(records[4:], {}, [label], override=None).run_scale(label) == 1.0
+    # A record measured before the worker stored its floor has no known own part.
+    assert _record(9, base, {label: 10.0}, ci=5.0, floor=None).own_noise([label]) == {}
 
 
 def test_confirmation_tolerance_follows_the_noise() -> None:

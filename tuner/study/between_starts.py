@@ -27,12 +27,24 @@ tends to 1.96 s. It is added in quadrature to the run's own interval. Before any
 finished (df = 0) a prior of ``ASSUMED_CV`` stands in, said as assumed. A study that sets
 ``load.noise_floor`` uses that number instead (an override), as before.
 
+**When a run's own interval claims more than the starts show.** A run's interval treats its
+sub-windows as independent draws. On a replayed dataset whose level is a few bursty requests
+long (long prefills stall the decodes between them) they are not: on the CPU chat study three
+sub-windows of 0.6, 36 and 40 tok/s gave ±211 %, while four fresh starts of that configuration
+moved 4.5 %. Each fresh start's value already holds its own run's sampling noise, so the
+starts' spread bounds it: where the repeated configurations' own intervals (their median,
+relative) are wider than 1.96 times the upper end of the spread's 99 % interval, every run's
+own interval is scaled down by that ratio before it is combined, and the status says so.
+Starts that agree exactly (a deterministic simulator) prove nothing about a run's own
+sampling, and scale nothing.
+
 Pure: plain numbers and records in, plain data out.
 """
 
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -41,7 +53,7 @@ from tuner.load.uncertainty import Z95, t95
 
 __all__ = ["ASSUMED_CV", "CONFIDENCE", "NOISY_CV", "LabelNoise", "StudyNoise", "chi2_quantile", "estimate_label",
            "noise_tolerances",
-           "pooled_log_sd", "study_noise"]
+           "own_part", "pooled_log_sd", "study_noise"]
 
 # Between-start CV used until the study has measured one: the figure benchmarks/level_stability.py
 # targets on a GPU-bound box (3 % at c=32). Said as "assumed" wherever it is shown.
@@ -170,6 +182,9 @@ class StudyNoise:
     labels: tuple[str, ...]
     override: float | None = None                   # load.noise_floor, when the study set one
     measured: Mapping[str, LabelNoise] = field(default_factory=dict)
+    # Per measured label: the median relative 95 % half-width the repeated configurations'
+    # runs gave themselves (their own intervals, without any between-start part).
+    run_widths: Mapping[str, float] = field(default_factory=dict)
 
     def source(self, label: str) -> Source:
         if self.override is not None:
@@ -200,10 +215,18 @@ class StudyNoise:
         noise) carries its study's fixed floor already and is left as it is."""
         if baked_floor is None or self.override is not None or not math.isfinite(value):
             return ci95
-        run = 0.0 if ci95 is None or not math.isfinite(ci95) else ci95
-        baked = Z95 * baked_floor * abs(value)
-        own = math.sqrt(max(0.0, run * run - baked * baked))
-        return math.hypot(own, self.half_width(label) * abs(value))
+        return math.hypot(own_part(ci95, value, baked_floor) * self.run_scale(label),
+                          self.half_width(label) * abs(value))
+
+    def run_scale(self, label: str) -> float:
+        """What a run's own interval at ``label`` is multiplied by: below 1 where the repeated
+        configurations' own intervals were wider than even the upper end of the starts' spread
+        (its 99 % bound, so two starts that agree by chance prove little; module doc)."""
+        ref, found = self.run_widths.get(label), self.measured.get(label)
+        if ref is None or found is None or self.override is not None:
+            return 1.0
+        bound = Z95 * found.high
+        return bound / ref if ref > bound > 0 else 1.0
 
     def too_noisy(self) -> list[str]:
         """The labels whose measured spread is above ``NOISY_CV``."""
@@ -212,6 +235,7 @@ class StudyNoise:
     def as_dict(self) -> dict[str, Any]:
         return {"override": self.override, "assumed_cv": ASSUMED_CV,
                 "labels": {label: {"source": self.source(label), "half_width": self.half_width(label),
+                                   "run_width": self.run_widths.get(label), "run_scale": self.run_scale(label),
                                    **({} if label not in self.measured else self.measured[label].as_dict())}
                            for label in self.labels},
                 "too_noisy": self.too_noisy()}
@@ -231,6 +255,10 @@ class StudyNoise:
             out.append(f"{label}: {found.cv:.2%} between starts ({CONFIDENCE:.0%} interval {found.low:.2%}-"
                        f"{found.high:.2%}; {found.starts} starts of {found.groups} configuration(s), "
                        f"df {found.df}) -> values ±{found.half_width:.1%}")
+            if self.run_scale(label) < 1:
+                out.append(f"{label}: one run's own interval (median ±{self.run_widths[label]:.0%} on the repeated "
+                           f"configuration) is wider than its fresh starts moved: own intervals scaled by "
+                           f"{self.run_scale(label):.2f}")
         noisy = self.too_noisy()
         if noisy:
             out.append(f"too noisy to tell configurations apart at {', '.join(noisy)}: differences under "
@@ -244,10 +272,20 @@ def _group_key(params: Mapping[str, Any]) -> str:
     return repr(sorted((str(k), repr(v)) for k, v in params.items()))
 
 
+def own_part(ci95: float | None, value: float, baked_floor: float | None) -> float:
+    """A run's own 95 % half-width: its stored one without the between-start part the worker
+    added when it measured (``baked_floor``, a CV)."""
+    run = 0.0 if ci95 is None or not math.isfinite(ci95) else ci95
+    baked = Z95 * (baked_floor or 0.0) * abs(value)
+    return math.sqrt(max(0.0, run * run - baked * baked))
+
+
 def study_noise(labels: Sequence[str], runs: Iterable[tuple[Mapping[str, Any], Mapping[str, float]]],
-                *, override: float | None = None) -> StudyNoise:
+                *, override: float | None = None,
+                own: Iterable[tuple[Mapping[str, Any], Mapping[str, float]]] = ()) -> StudyNoise:
     """The study's noise from its fresh-start measurements: ``runs`` are (configuration,
-    measured objective values by label) pairs, one per fresh start (trials and re-runs)."""
+    measured objective values by label) pairs, one per fresh start (trials and re-runs);
+    ``own`` the same for the trials' own relative interval half-widths."""
     if override is not None:
         return StudyNoise(tuple(labels), override=override)
     grouped: dict[str, dict[str, list[float]]] = {}
@@ -260,7 +298,14 @@ def study_noise(labels: Sequence[str], runs: Iterable[tuple[Mapping[str, Any], M
         found = estimate_label(label, [g.get(label, []) for g in grouped.values()])
         if found is not None:
             measured[label] = found
-    return StudyNoise(tuple(labels), measured=measured)
+    widths: dict[str, list[float]] = {}
+    for params, own_widths in own:
+        repeated = grouped.get(_group_key(params), {})
+        for label, width in own_widths.items():
+            if label in measured and len(repeated.get(label, [])) >= 2 and math.isfinite(width):
+                widths.setdefault(label, []).append(width)
+    return StudyNoise(tuple(labels), measured=measured,
+                      run_widths={label: statistics.median(w) for label, w in widths.items()})
 
 
 def noise_tolerances(half_widths: Sequence[float], reruns: int) -> list[float]:

@@ -24,9 +24,7 @@ def fresh_starts(records: Sequence[TrialRecord], confirmations: Mapping[int, Map
     that was feasible, under its trial's configuration."""
     out: list[tuple[dict[str, Any], dict[str, float]]] = []
     by_number = {}
-    for r in records:
-        if r.kind != KIND_RUN or r.state != "COMPLETE" or r.summary.early_stop or r.placeholder_values:
-            continue
+    for r in _whole_runs(records):
         by_number[r.number] = r
         values = {label: v for label, v in r.measured_values().items() if label in labels}
         if values:
@@ -47,10 +45,18 @@ def fresh_starts(records: Sequence[TrialRecord], confirmations: Mapping[int, Map
     return out
 
 
+def _whole_runs(records: Sequence[TrialRecord]) -> list[TrialRecord]:
+    """The completed run trials that measured their whole sweep."""
+    return [r for r in records if r.kind == KIND_RUN and r.state == "COMPLETE" and not r.summary.early_stop
+            and not r.placeholder_values]
+
+
 def noise_of_study(records: Sequence[TrialRecord], confirmations: Mapping[int, Mapping[str, Any]],
                    labels: Sequence[str], *, override: float | None) -> StudyNoise:
-    """``study_noise`` over the study's trials and confirmation re-runs."""
-    return study_noise(labels, fresh_starts(records, confirmations, labels), override=override)
+    """``study_noise`` over the study's trials and confirmation re-runs (the trials' own
+    intervals too, to see whether they claim more than the fresh starts moved)."""
+    own = [(dict(r.params), r.own_noise(labels)) for r in _whole_runs(records)]
+    return study_noise(labels, fresh_starts(records, confirmations, labels), override=override, own=own)
 
 
 def with_study_noise(records: Sequence[TrialRecord], between: StudyNoise) -> list[TrialRecord]:

@@ -17,6 +17,7 @@ from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from tuner.load.level_names import is_open_level
+from tuner.study.between_starts import own_part
 from tuner.study.noise import (
     NoisyPoint,
     label_noise,
@@ -218,6 +219,21 @@ class TrialRecord:
                 if study is not None and value is not None and "@" in label:   # read at a level
                     ci = study.widen(label, value, ci, self.summary.noise_floor)
                 out[label] = ci
+        return out
+
+    def own_noise(self, labels: Sequence[str]) -> dict[str, float]:
+        """Each objective read at a level: its run's own 95 % half-width relative to its value,
+        without the between-start part the worker added (records that predate the stored
+        noise_floor are left out: their part is unknown)."""
+
+        levels = {**self.summary.levels, **self.summary.rate_levels}
+        floor = self.summary.noise_floor
+        out: dict[str, float] = {}
+        for label in labels:
+            value = self.values.get(label)
+            ci = label_noise(levels, label) if "@" in label and label != "max_rate@slo" else None
+            if ci is not None and value and floor is not None and math.isfinite(value):
+                out[label] = own_part(ci, value, floor) / abs(value)
         return out
 
     def bound_labels(self, labels: Sequence[str]) -> dict[str, int]:
