@@ -1,7 +1,8 @@
 """A real multi-rank study on the vLLM CPU build (issue 41): search_spaces/smollm2-cpu-tp.yaml,
 three tensor-parallel ranks (mp executor, one worker process per rank), two trials; the tuner
 is killed with SIGKILL in the middle of the second trial, once its three ranks are up, and the
-study resumed.
+study resumed. A second test presses Ctrl-C, then sends SIGTERM, each with a trial's three ranks
+up, and counts the server tree's processes after each.
 
 Checked: the world size and every TP rank read from the log and verified, the all-reduce that
 ran (GLOO: on this box vLLM's CPU shared-memory all-reduce falls back to gloo, and logs it) in the
@@ -17,6 +18,12 @@ wall (the single-rank reference 272 s, the first trial 200 s, the kill 482 s in;
 three ranks and two helpers) were alive: the resume found them by the killed run's tag and
 killed them. The probe's answers on three ranks were identical to the one-rank reference's
 (28/28 at batch sizes 1, 2 and 4).
+
+The Ctrl-C / SIGTERM test, measured 2026-12-06 on the idle box: 153 s. Both signals came while
+the trial's server was still starting; vLLM's API server did not exit on SIGTERM then (its
+engine core reported "WorkerProc initialization failed"), so each stop waited out the study's
+30 s stop_timeout and SIGKILLed the tree: exit 130 and 143 about 32 s after the signal, and no
+process left.
 
 Needs `scripts/setup_vllm_cpu.sh`; skipped, saying so, without it.
 """
@@ -34,7 +41,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import ROOT, processes_with_env, run_tuner, tuner_argv
+from tests.conftest import ROOT, processes_with_env, run_tuner, tuner_argv, wait_no_orphans
+from tests.faultkit import Tuner
 from tests.test_realvllm_study import needs_vllm, shipped_study
 from tests.waiting import wait_for
 from tuner.adapters import proctree
@@ -42,10 +50,12 @@ from tuner.adapters import proctree
 pytestmark = [pytest.mark.realvllm, pytest.mark.slow]
 
 
-def study_variant(tmp_path: Path) -> tuple[Path, str, str]:
-    """The shipped multi-rank study with its own name, ports and process marker."""
+def study_variant(tmp_path: Path, **changes: Any) -> tuple[Path, str, str]:
+    """The shipped multi-rank study with its own name, ports and process marker (and the
+    top-level sections ``changes`` replaces)."""
 
     data, name, marker = shipped_study("smollm2-cpu-tp.yaml", "rvtp")
+    data.update(changes)
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path, name, marker
@@ -150,3 +160,50 @@ def check_trials(results: Path, name: str) -> None:
     assert text.count("; all-reduce: GLOO") == 2, text
     assert "not applicable here: env:NCCL_PROTO='LL'" in text and "not applicable here: env:NCCL_ALGO='Ring'" in text
     assert text.count("not applicable here: disable_custom_all_reduce=") == 2, text
+
+
+@needs_vllm
+@pytest.mark.timeout(1200)
+def test_ctrl_c_and_sigterm_stop_every_rank(tmp_path: Path, orphan_check: list[str]) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group), then on the resume SIGTERM to the tuner
+    alone (as `kill` or a service manager sends it), each once the trial's three ranks are up:
+    the tuner stops the whole server tree, exits resumable, and no process of it survives.
+    The probe is off and no trial is measured: the stops are the point, not the figures."""
+
+    study, name, marker = study_variant(tmp_path, probe={"enabled": False})
+    orphan_check.append(marker)
+    results = tmp_path / "results"
+    trials = results / name / "trials"
+
+    def interrupt(tuner: Tuner, send: Any, code: int) -> None:
+        def three_up() -> Path | None:
+            return next((d for d in sorted(trials.glob("*")) if ranks_up(d / "server.log") == 3
+                         and not (d / "outcome.json").exists()), None)
+
+        def exited() -> str | None:
+            code = tuner.proc.poll()
+            return None if code is None else f"tuner exited {code}:\n{tuner.output[-3000:]}"
+
+        trial = wait_for(three_up, 600, "a trial's three ranks", unless=exited)
+        ranks = rank_workers(marker)
+        assert len(ranks) == 3, ranks
+        sent = time.monotonic()
+        send()
+        assert tuner.wait(timeout=120) == code, tuner.own_output[-3000:]
+        print(f"exit {code} {time.monotonic() - sent:.1f}s after the signal; ranks {ranks}")
+        assert not wait_no_orphans(marker), "a process of the server tree outlived the tuner"
+        assert not [pid for pid in ranks if proctree.process_alive(pid)]
+        outcome = json.loads((trial / "outcome.json").read_text())
+        assert outcome["reason"] == "interrupted" and outcome["stop"]["leftover_pids"] == [], outcome
+        assert f"tuner resume {name}" in tuner.output
+
+    run = Tuner(tmp_path, "run", str(study), "--results", str(results))
+    try:
+        interrupt(run, run.ctrl_c, 130)
+    finally:
+        run.stop()
+    resumed = Tuner(tmp_path, "resume", name, "--results", str(results), tag="resume")
+    try:
+        interrupt(resumed, lambda: resumed.proc.send_signal(signal.SIGTERM), 143)
+    finally:
+        resumed.stop()
