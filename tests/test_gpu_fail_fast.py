@@ -1,7 +1,8 @@
 """GPU start failures from recorded vLLM 0.26.0 H200 logs, replayed by a stand-in server that
 prints the real lines and then hangs (as a vLLM API server can when its engine died): the
-launcher fails the start with the typed reason within 2 s of the fatal line, the trial's
-outcome carries vLLM's own message, and `tuner status` shows it."""
+launcher fails the start with the typed reason soon after the fatal line (not after the startup
+timeout), the trial's outcome carries vLLM's own message, and `tuner status` shows it. How soon
+on an idle box is a benchmark's figure (benchmarks/fail_fast.py), not a test's."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, free_port_block, wait_no_orphans
+from tests.conftest import LOADED_BOX_SLACK_S, ROOT, free_port_block, wait_no_orphans
 from tuner.adapters.artifacts import StudyPaths
 from tuner.adapters.launcher import FATAL_STOP_GRACE_S, ServerProcess
 from tuner.engine.worker import TrialWorker
@@ -26,6 +27,11 @@ from tuner.study.trials import TrialRecord
 from tuner.views.status import _trial_row, format_status
 
 LOGS = ROOT / "tests" / "fixtures" / "vllm_logs"
+# What the tests rule out takes 60 s: the startup timeout (the log never read) or a readiness
+# request that holds the wait (raised to 60 s where a server holds its port). Detection itself
+# takes POLL_S, plus PENDING_GRACE_S for a generic line; the slack is for a loaded CI box (a
+# 1.1 s detection once took 2.96 s there).
+DETECTED_WITHIN_S = 2.0 + LOADED_BOX_SLACK_S
 
 # Prints the log file's lines (as the server would, unbuffered), notes the wall-clock time
 # when the last one is out, then hangs until killed. "hold_port N" first listens on port N
@@ -77,8 +83,8 @@ def _replayer(tmp_path: Path, log: Path, marker: str, *extra: str) -> tuple[list
 
 
 @pytest.mark.parametrize(("log", "reason", "detail", "words"), CASES)
-def test_fatal_line_then_hang_fails_within_two_seconds(tmp_path: Path, marker: str, log: str,
-                                                       reason: str, detail: str, words: str) -> None:
+def test_fatal_line_then_hang_fails_at_once(tmp_path: Path, marker: str, log: str,
+                                            reason: str, detail: str, words: str) -> None:
     argv, env = _replayer(tmp_path, LOGS / log, marker)
     port = free_port_block(1)
     server = ServerProcess(argv, env, tmp_path / "server.log", host="127.0.0.1", port=port,
@@ -100,7 +106,7 @@ def test_fatal_line_then_hang_fails_within_two_seconds(tmp_path: Path, marker: s
     assert words in str(err), str(err)
     # The process never exits by itself: only the log can have ended the wait, and a hang
     # would have taken the 60 s startup timeout.
-    assert detected - printed < 2.0, f"detected {detected - printed:.2f}s after the fatal line"
+    assert detected - printed < DETECTED_WITHIN_S, f"detected {detected - printed:.2f}s after the fatal line"
     assert not wait_no_orphans(marker)
 
 
@@ -125,7 +131,7 @@ def test_a_server_that_printed_a_fatal_line_and_ignores_sigterm_is_killed_soon(
 
     report = asyncio.run(scenario())
     assert report.signal_used == "SIGKILL"
-    assert FATAL_STOP_GRACE_S <= report.seconds < FATAL_STOP_GRACE_S + 3.0, report
+    assert FATAL_STOP_GRACE_S <= report.seconds < FATAL_STOP_GRACE_S + 3.0 + LOADED_BOX_SLACK_S, report
     assert FATAL_STOP_GRACE_S < 30.0
     assert not wait_no_orphans(marker)
 
@@ -133,8 +139,8 @@ def test_a_server_that_printed_a_fatal_line_and_ignores_sigterm_is_killed_soon(
 @pytest.mark.parametrize("hold_port", [False, True], ids=["port-closed", "port-held-silent"])
 def test_a_generic_failure_with_no_root_cause_is_not_left_waiting(tmp_path: Path, marker: str,
                                                                   hold_port: bool) -> None:
-    """With the port held open and silent, each readiness request hangs for its whole 2 s
-    timeout: the fatal line must still end the wait within 2 s, not after the requests."""
+    """With the port held open and silent, each readiness request hangs for its whole timeout
+    (60 s here): the fatal line must still end the wait at once, not after the request."""
 
     log = tmp_path / "generic.log"
     real = (LOGS / "h200-0.26.0" / "fail-gpu-memory-utilization.log").read_text(encoding="utf-8")
@@ -143,7 +149,7 @@ def test_a_generic_failure_with_no_root_cause_is_not_left_waiting(tmp_path: Path
     port = free_port_block(1)
     argv, env = _replayer(tmp_path, log, marker, *(["hold_port", str(port)] if hold_port else []))
     server = ServerProcess(argv, env, tmp_path / "server.log", host="127.0.0.1", port=port,
-                           served_model_name="smol", stop_grace_s=2.0)
+                           served_model_name="smol", stop_grace_s=2.0, ready_request_timeout_s=60.0)
 
     async def scenario() -> tuple[ServerFatalLog, float]:
         server.start()
@@ -156,7 +162,7 @@ def test_a_generic_failure_with_no_root_cause_is_not_left_waiting(tmp_path: Path
 
     err, detected = asyncio.run(scenario())
     assert err.reason == "engine_core_failed"
-    assert detected - float((tmp_path / "printed").read_text()) < 2.0
+    assert detected - float((tmp_path / "printed").read_text()) < DETECTED_WITHIN_S
     assert not wait_no_orphans(marker)
 
 

@@ -51,6 +51,10 @@ PENDING_GRACE_S = 1.0
 # server can then ignore SIGTERM: on the H200 (KV cache too small) it held the GPU for the
 # whole 30 s stop timeout after the fatal line, against under 1 s to detect it.
 FATAL_STOP_GRACE_S = 5.0
+# One readiness request's timeout. A server that holds its port open and never answers costs
+# this much per request; the log and exit checks run beside the request, so it never delays
+# a fatal line (see wait_ready).
+READY_REQUEST_TIMEOUT_S = 2.0
 # /health and /v1/models are a few hundred bytes; a model list of thousands of adapters stays
 # well under this.
 READY_REPLY_BYTES = 1 << 20
@@ -117,8 +121,10 @@ class ServerProcess:
         stop_grace_s: float = 30.0,
         redactor: Redactor | None = None,
         headers: Mapping[str, str] | None = None,
+        ready_request_timeout_s: float = READY_REQUEST_TIMEOUT_S,
     ) -> None:
         self.argv = list(argv)
+        self.ready_request_timeout_s = ready_request_timeout_s
         # Sent with the readiness requests: the API key (Authorization) a server started
         # with --api-key requires on /v1/models.
         self.headers = dict(headers or {})
@@ -252,7 +258,7 @@ class ServerProcess:
         assert self.started_at is not None, "start() first"
         deadline = self.started_at + timeout_s
         self._pending_since = None
-        async with server_client(timeout=2.0, headers=self.headers) as client:
+        async with server_client(timeout=self.ready_request_timeout_s, headers=self.headers) as client:
             while True:
                 self._raise_if_dead()
                 probe = asyncio.ensure_future(self._ready(client))
