@@ -36,6 +36,9 @@ BAD_MODE = "fail-bad-cudagraph-mode.log"
 SUFFIX = "fail-spec-suffix.log"
 SUCCESSFUL = [EAGER, COMPILED, PIECEWISE, NGRAM, BF16]
 TP3 = "tp3-eager.log"   # three ranks: tests/test_multirank.py
+# Three ranks SIGTERMed mid-start by the tuner's Ctrl-C (tests/test_realvllm_tp.py): below, and
+# tests/test_gpu_fail_fast.py replays it against the launcher's stop.
+TP3_STOPPED = "tp3-sigterm-mid-start.log"
 
 ENGINE_NONE = "'cudagraph_mode': <CUDAGraphMode.NONE: 0>"
 
@@ -51,11 +54,26 @@ def eff(name: str) -> EffectiveConfig:
 
 def test_every_recorded_log_is_listed_here() -> None:
     # A fixture added to the folder without a row below would go untested.
-    assert sorted(p.name for p in LOGS.glob("*.log")) == sorted([*SUCCESSFUL, BAD_MODE, SUFFIX, TP3])
+    assert sorted(p.name for p in LOGS.glob("*.log")) == sorted([*SUCCESSFUL, BAD_MODE, SUFFIX, TP3, TP3_STOPPED])
     for path in LOGS.glob("*.log"):
         assert path.stat().st_size < 100_000, path.name
         # The recorder drops uvicorn access lines; one left in means a stale recording.
         assert '"GET /health HTTP/1.1"' not in path.read_text(encoding="utf-8"), path.name
+
+
+def test_a_failure_the_stop_caused_is_not_the_configurations_verdict() -> None:
+    """After vLLM's own "[shutdown] EngineCore: trigger received signal=SIGTERM" its engine
+    logs "EngineCore failed to start.": the stop's doing, so no fatal signature (the trial is
+    `interrupted`, not `engine_core_failed`), but noted as a failure while stopping."""
+
+    scanner = FatalLineScanner()
+    for line in read(TP3_STOPPED).splitlines():
+        scanner.feed_line(line)
+    scanner.finish()
+    assert scanner.signature is None and scanner.shutdown_seen
+    assert scanner.failed_while_stopping is not None
+    assert scanner.failed_while_stopping.reason == "engine_core_failed"
+    assert "EngineCore failed to start." in scanner.failed_while_stopping.line
 
 
 # ---------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import LOADED_BOX_SLACK_S, ROOT, free_port_block, wait_no_orphans
+from tests.waiting import wait_for
 from tuner.adapters.artifacts import StudyPaths
 from tuner.adapters.launcher import FATAL_STOP_GRACE_S, ServerProcess
 from tuner.engine.worker import TrialWorker
@@ -39,20 +40,37 @@ DETECTED_WITHIN_S = 2.0 + LOADED_BOX_SLACK_S
 REPLAY = """
 import signal, socket, sys, time
 extra = sys.argv[3:]
+lines = open(sys.argv[1], encoding="utf-8", errors="replace").read().splitlines(True)
+later = []
 if "ignore_sigterm" in extra:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if "rest_at_sigterm" in extra:
+    # The lines from vLLM's own "received signal=SIGTERM" on are printed when SIGTERM comes,
+    # 3 s apart as on the real server; every later SIGTERM is ignored.
+    cut = next(i for i, line in enumerate(lines) if "received signal=SIGTERM" in line)
+    lines, later = lines[:cut], lines[cut:]
+    def _stopping(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        sys.stdout.write(later[0])
+        sys.stdout.flush()
+        time.sleep(3)
+        sys.stdout.writelines(later[1:])
+        sys.stdout.flush()
+        with open(sys.argv[2] + ".after", "w") as mark:
+            mark.write(repr(time.time()))
+    signal.signal(signal.SIGTERM, _stopping)
 if "hold_port" in extra:
     held = socket.socket()
     held.bind(("127.0.0.1", int(extra[extra.index("hold_port") + 1])))
     held.listen(16)
-lines = open(sys.argv[1], encoding="utf-8", errors="replace").read().splitlines(True)
 time.sleep(0.3)
 for line in lines:
     sys.stdout.write(line)
     sys.stdout.flush()
 with open(sys.argv[2], "w") as mark:
     mark.write(repr(time.time()))
-time.sleep(120)
+for _ in range(1200):
+    time.sleep(0.1)
 """
 
 CASES = [
@@ -134,6 +152,30 @@ def test_a_server_that_printed_a_fatal_line_and_ignores_sigterm_is_killed_soon(
     assert FATAL_STOP_GRACE_S <= report.seconds < FATAL_STOP_GRACE_S + 3.0 + LOADED_BOX_SLACK_S, report
     assert FATAL_STOP_GRACE_S < 30.0
     assert not wait_no_orphans(marker)
+
+
+def test_a_server_that_fails_its_start_while_stopping_is_killed_soon_after(tmp_path: Path, marker: str) -> None:
+    """Three vLLM CPU ranks stopped mid-start (tests/test_realvllm_tp.py's Ctrl-C): the engine
+    prints "EngineCore failed to start." 3 s after SIGTERM and the API server then ignores it.
+    The recorded log, replayed with that timing: SIGKILL follows the failure line after the
+    short fatal-line grace, not after the 30 s stop timeout."""
+
+    log = LOGS / "cpu-0.32.0" / "tp3-sigterm-mid-start.log"
+    argv, env = _replayer(tmp_path, log, marker, "rest_at_sigterm")
+    server = ServerProcess(argv, env, tmp_path / "server.log", host="127.0.0.1", port=free_port_block(1),
+                           served_model_name="smol", stop_grace_s=30.0)
+
+    async def scenario():
+        server.start()
+        wait_for(lambda: (tmp_path / "printed").exists(), 30, "the replay to reach SIGTERM's line")
+        return await server.stop(30.0)
+
+    report = asyncio.run(scenario())
+    assert report.signal_used == "SIGKILL" and report.leftover_pids == [], report
+    failed = float((tmp_path / "printed.after").read_text())
+    assert 3.0 + FATAL_STOP_GRACE_S <= report.seconds < 3.0 + FATAL_STOP_GRACE_S + LOADED_BOX_SLACK_S, report
+    assert "EngineCore failed to start." in (tmp_path / "server.log").read_text()
+    assert failed > 0 and not wait_no_orphans(marker)
 
 
 @pytest.mark.parametrize("hold_port", [False, True], ids=["port-closed", "port-held-silent"])

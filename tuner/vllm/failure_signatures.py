@@ -178,6 +178,10 @@ class FatalLineScanner:
         self._lines_since_pending = 0
         self.ready_seen = False
         self.shutdown_seen = False
+        # A fatal line after vLLM's own "[shutdown]" line: never the configuration's verdict
+        # (the stop caused it), but a server that failed while stopping need not get the
+        # whole stop grace (launcher.ServerProcess.stop).
+        self.failed_while_stopping: FatalSignature | None = None
 
     @property
     def signature(self) -> FatalSignature | None:
@@ -216,6 +220,8 @@ class FatalLineScanner:
         parsed = split_log_line(line)
         self._tail.append(strip_ansi(line).rstrip("\r"))
         if self.shutdown_seen:
+            if self.failed_while_stopping is None and parsed.level not in _QUIET_LEVELS:
+                self.failed_while_stopping = _classify(parsed, line)
             return
         if parsed.level in _QUIET_LEVELS:
             # Fast path for the bulk of a log; quiet records are never fatal.
