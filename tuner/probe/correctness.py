@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from tuner.probe.client import answer_of, ask_item, load_probe_items, run_probe
+from tuner.probe.client import answer_in, ask_item, load_probe_items, run_probe
 from tuner.probe.http import make_client, post_json, request_timeout
 from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
@@ -30,12 +30,10 @@ from tuner.probe.selection import (
 from tuner.probe.spec import ProbeSpec
 from tuner.probe.verdict import CorrectnessResult, combine
 from tuner.probe.wire import (
-    apply_stop,
     forced_request,
     generation_request,
     parse_forced,
     parse_generation,
-    parse_response,
 )
 
 __all__ = ["ask_reference", "ask_shared", "matching_pairs", "run_correctness", "run_levels"]
@@ -183,16 +181,7 @@ async def ask_shared(
         latency = perf_counter() - began
     # Each layer reads the body with its own parser, so a server that breaks only the
     # logprobs (or only the text) is reported by the layer it breaks, as with two requests.
-    try:
-        text, finish, prompt_tokens, completion_tokens = parse_response(
-            item.model_copy(update={"api": "completions"}), payload
-        )
-        text, finish = apply_stop(item, text, finish)
-        known = answer_of(item, level, (text, finish, prompt_tokens, completion_tokens), latency)
-    except ValueError as exc:
-        known = ProbeAnswer(
-            item_id=item.id, concurrency=level, latency_s=latency, error=f"bad response body: {exc}"
-        )
+    known = answer_in(item, level, payload, latency, as_ids=True)
     try:
         generation = truncate_generation(parse_generation(payload), reference.max_tokens)
         agreement = ReferenceAnswer(

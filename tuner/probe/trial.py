@@ -19,19 +19,19 @@ from typing import Any
 
 import httpx
 
-from tuner.probe.client import answer_of, ask_item, load_probe_items
+from tuner.probe.client import answer_in, ask_item, load_probe_items
 from tuner.probe.correctness import ask_reference, matching_pairs, run_correctness
 from tuner.probe.http import make_client, post_json, request_timeout
 from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
 from tuner.probe.plan_score import score_plan
-from tuner.probe.record import Generation, Reference, ReferencePrompt
+from tuner.probe.record import Reference, ReferencePrompt
 from tuner.probe.reference_score import ReferenceAnswer
 from tuner.probe.sample import TrialPlan, plan_trial
 from tuner.probe.selection import bank_tokens, prompt_strata, reference_correct, shared_prompts
 from tuner.probe.spec import ProbeSpec
 from tuner.probe.verdict import CorrectnessResult, combine
-from tuner.probe.wire import apply_stop, generation_request, parse_generation, parse_response
+from tuner.probe.wire import generation_request, parse_generation
 
 __all__ = ["plan_for", "reference_known_answers", "run_plan", "run_trial_probe", "score_known"]
 
@@ -104,44 +104,12 @@ async def _ask_wave(
         agreement.append(answer)
         if item is None or repeat:
             continue
-        known.append(_known_answer(item, prompt, level, one, why, generation, latency))
+        if why is not None:
+            known.append(ProbeAnswer(item_id=item.id, concurrency=level, latency_s=latency, error=why))
+        else:
+            counts = (len(prompt.prompt_ids), None if generation is None else len(generation.tokens))
+            known.append(answer_in(item, level, one, latency, as_ids=True, counts=counts))
     return known, agreement
-
-
-def _known_answer(
-    item: ProbeItem,
-    prompt: ReferencePrompt,
-    level: int,
-    one: dict[str, Any] | None,
-    why: str | None,
-    generation: Generation | None,
-    latency: float,
-) -> ProbeAnswer:
-    """The known answer in one choice of a wave (``one``, a body holding just that choice),
-    or the error that stands for it (``why``: the request or choice failed)."""
-    if why is not None or one is None:
-        return ProbeAnswer(item_id=item.id, concurrency=level, latency_s=latency, error=why)
-    try:
-        text, finish, _, _ = parse_response(item.model_copy(update={"api": "completions"}), one)
-        text, finish = apply_stop(item, text, finish)
-        return answer_of(
-            item,
-            level,
-            (
-                text,
-                finish,
-                len(prompt.prompt_ids),
-                None if generation is None else len(generation.tokens),
-            ),
-            latency,
-        )
-    except ValueError as exc:
-        return ProbeAnswer(
-            item_id=item.id,
-            concurrency=level,
-            latency_s=latency,
-            error=f"bad response body: {exc}",
-        )
 
 
 async def _level(
