@@ -17,11 +17,13 @@ from tuner.probe.selection import forced_prompt_ids
 from tuner.probe.spec import TEMPLATE_EXACT_FRACTION, ReferenceSpec
 
 __all__ = [
+    "ForcedTotals",
     "PromptScore",
     "ReferenceAnswer",
     "ReferenceLevel",
     "ReferenceResult",
     "gap_stats",
+    "level_figures",
     "score_forced_row",
     "score_generation_row",
     "score_reference",
@@ -255,7 +257,7 @@ def _index_answers(
 
 
 @dataclass
-class _Forced:
+class ForcedTotals:
     """Teacher-forced totals of one level."""
 
     positions: int = 0
@@ -273,12 +275,12 @@ def _level_rows(
     forced_ids: set[str],
     k: int,
     near_tie: float,
-) -> tuple[list[PromptScore], list[float], _Forced]:
+) -> tuple[list[PromptScore], list[float], ForcedTotals]:
     """The scored rows of one level, its decode gaps and (when ``forced_ids``) its
     teacher-forced totals."""
     rows: list[PromptScore] = []
     decode_gaps: list[float] = []
-    forced = _Forced()
+    forced = ForcedTotals()
     for prompt in reference.prompts:
         if sent is not None and prompt.id not in sent:
             continue
@@ -307,7 +309,7 @@ def template_exact_bar(spec: ReferenceSpec) -> float:
 def _level_failures(
     level: ReferenceLevel,
     rows: Sequence[PromptScore],
-    forced: _Forced,
+    forced: ForcedTotals,
     spec: ReferenceSpec,
     exact_level: bool,
 ) -> list[str]:
@@ -348,11 +350,11 @@ def _level_failures(
     return out
 
 
-def _level_result(
+def level_figures(
     concurrency: int,
     rows: Sequence[PromptScore],
     decode_gaps: Sequence[float],
-    forced: _Forced,
+    forced: ForcedTotals,
     forced_here: bool,
     subset: bool,
 ) -> ReferenceLevel:
@@ -426,7 +428,7 @@ def score_reference(
             k,
             spec.near_tie_nats,
         )
-        result = _level_result(
+        result = level_figures(
             level, rows, decode_gaps, forced, forced_here, level not in full_levels
         )
         level_failures = _level_failures(result, rows, forced, spec, level == exact_level)
