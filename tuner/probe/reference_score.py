@@ -7,11 +7,12 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.probe.compare import Verdict, compare_forced, compare_generation
+from tuner.probe.known_score import index_answers
 from tuner.probe.record import ForcedStep, Generation, Reference, ReferencePrompt
 from tuner.probe.selection import forced_prompt_ids
 from tuner.probe.spec import TEMPLATE_EXACT_FRACTION, ReferenceSpec
@@ -230,32 +231,6 @@ def score_forced_row(
     return positions, fc.top1_matches, fc.close_matches, fc.gaps, None
 
 
-def _index_answers(
-    reference: Reference,
-    answers: Iterable[ReferenceAnswer],
-    levels: Sequence[int],
-    subsets: Mapping[int, set[str]],
-) -> dict[tuple[str, int, str], ReferenceAnswer]:
-    """The answers by (prompt id, level, kind); raises ValueError on a caller bug."""
-    by_id = {p.id for p in reference.prompts}
-    for level, ids in subsets.items():
-        if level not in levels or not ids or not ids <= by_id:
-            raise ValueError(f"bad prompt subset at concurrency {level}: {sorted(ids)[:5]}")
-    got: dict[tuple[str, int, str], ReferenceAnswer] = {}
-    for ans in answers:
-        if ans.prompt_id not in by_id:
-            raise ValueError(f"answer for unknown reference prompt {ans.prompt_id!r}")
-        if ans.concurrency not in levels:
-            raise ValueError(f"answer at unexpected concurrency {ans.concurrency}")
-        if ans.concurrency in subsets and ans.prompt_id not in subsets[ans.concurrency]:
-            raise ValueError(f"answer for {ans.prompt_id!r}, not asked at {ans.concurrency}")
-        key = (ans.prompt_id, ans.concurrency, ans.kind)
-        if key in got:
-            raise ValueError(f"two {ans.kind} answers for {ans.prompt_id!r} at {ans.concurrency}")
-        got[key] = ans
-    return got
-
-
 @dataclass
 class ForcedTotals:
     """Teacher-forced totals of one level."""
@@ -269,7 +244,7 @@ class ForcedTotals:
 
 def _level_rows(
     reference: Reference,
-    got: Mapping[tuple[str, int, str], ReferenceAnswer],
+    got: Mapping[tuple[str, int, Any], ReferenceAnswer],
     level: int,
     sent: set[str] | None,
     forced_ids: set[str],
@@ -408,7 +383,8 @@ def score_reference(
     all_ids = {p.id for p in reference.prompts}
     levels = spec.concurrency
     subsets = {level: set(ids) for level, ids in (asked or {}).items()}
-    got = _index_answers(reference, answers, levels, subsets)
+    got = index_answers(answers, all_ids, levels, subsets,
+                        lambda a: (a.prompt_id, a.concurrency, a.kind), "prompt")
     forced_ids = forced_prompt_ids(reference, spec)
     full_levels = [lvl for lvl in levels if lvl not in subsets or subsets[lvl] >= all_ids]
     exact_level = full_levels[0] if full_levels else levels[0]
