@@ -32,7 +32,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.adapters.artifacts import StudyPaths, open_private
+from tuner.adapters.artifacts import StudyPaths, open_private, read_json
 from tuner.errors import StudyError
 from tuner.probe.agreement import agreement_line
 from tuner.store.handle import (
@@ -72,9 +72,8 @@ class FolderStudyHandle(StudyHandle):
 def _has_storage(paths: StudyPaths) -> bool:
     if not paths.study_json.exists():
         return False
-    try:
-        meta = json.loads(paths.study_json.read_text())
-    except (OSError, ValueError):
+    meta = read_json(paths.study_json, dict)
+    if meta is None:
         return True  # let open_existing report the broken file
     # A non-default storage (a database URL) is not in the folder; only the default
     # SQLite file can be known to be missing.
