@@ -20,7 +20,7 @@ from tuner.probe.http import make_client, post_json, request_timeout
 from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
 from tuner.probe.record import Reference, ReferencePrompt, truncate_generation
-from tuner.probe.reference_score import ReferenceAnswer, score_reference
+from tuner.probe.reference_score import ReferenceAnswer, ReferenceResult, score_reference
 from tuner.probe.selection import (
     SingleStreamPlan,
     forced_prompt_ids,
@@ -36,7 +36,7 @@ from tuner.probe.wire import (
     parse_generation,
 )
 
-__all__ = ["ask_reference", "ask_shared", "matching_pairs", "run_correctness", "run_levels"]
+__all__ = ["ask_reference", "ask_shared", "matching_pairs", "run_correctness", "run_levels", "timed_verdict"]
 
 
 async def ask_reference(
@@ -436,12 +436,13 @@ async def run_correctness(
         spec.reference,
         asked=None if plan is None else plan.asked_prompts(),
     )
-    total = perf_counter() - start
-    return combine(
-        known,
-        result,
-        probe_seconds=total,
-        known_answers_seconds=known_s,
-        reference_seconds=total - known_s,
-        reference_only=spec.reference_only,
-    )
+    return timed_verdict(known, result, spec, perf_counter() - start, known_s)
+
+
+def timed_verdict(
+    known: ProbeResult, result: ReferenceResult, spec: ProbeSpec, total: float, known_s: float
+) -> CorrectnessResult:
+    """Both layers' verdict with what the probe cost: ``total`` seconds, of which ``known_s``
+    until the known answers were back and the rest the reference's."""
+    return combine(known, result, probe_seconds=total, known_answers_seconds=known_s,
+                   reference_seconds=total - known_s, reference_only=spec.reference_only)

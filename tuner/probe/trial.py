@@ -20,7 +20,7 @@ from typing import Any
 import httpx
 
 from tuner.probe.client import answer_in, ask_item, load_probe_items
-from tuner.probe.correctness import ask_reference, matching_pairs, run_correctness
+from tuner.probe.correctness import ask_reference, matching_pairs, run_correctness, timed_verdict
 from tuner.probe.http import make_client, post_json, request_timeout
 from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
@@ -30,7 +30,7 @@ from tuner.probe.reference_score import ReferenceAnswer
 from tuner.probe.sample import TrialPlan, plan_trial
 from tuner.probe.selection import bank_tokens, prompt_strata, reference_correct, shared_prompts
 from tuner.probe.spec import ProbeSpec
-from tuner.probe.verdict import CorrectnessResult, combine
+from tuner.probe.verdict import CorrectnessResult
 from tuner.probe.wire import generation_request, parse_generation
 
 __all__ = ["plan_for", "reference_known_answers", "run_plan", "run_trial_probe", "score_known"]
@@ -315,14 +315,7 @@ async def run_trial_probe(
             "strata": len({strata[p] for p in sent if p in strata}),
         }
     )
-    combined = combine(
-        known,
-        result,
-        probe_seconds=total,
-        known_answers_seconds=known_s,
-        reference_seconds=total - known_s,
-        reference_only=spec.reference_only,
-    )
+    combined = timed_verdict(known, result, spec, total, known_s)
     return combined.model_copy(update={"coverage": coverage, "sample_seed": sample_seed})
 
 
