@@ -33,23 +33,7 @@ from tuner.probe.spec import ProbeSpec
 from tuner.probe.verdict import CorrectnessResult
 from tuner.probe.wire import generation_request, parse_generation
 
-__all__ = ["plan_for", "reference_known_answers", "run_plan", "run_trial_probe", "score_known"]
-
-
-def plan_for(
-    spec: ProbeSpec,
-    items: Sequence[ProbeItem],
-    reference: Reference,
-    seed: int,
-    *,
-    capture_sizes: Sequence[int] = (),
-    boundaries: Sequence[int] = (),
-) -> TrialPlan:
-    """The trial's plan (pure; here for the callers that hold items and the reference)."""
-    strata = prompt_strata(spec, items)
-    return plan_trial(
-        reference, spec, strata, seed, capture_sizes=capture_sizes, boundaries=boundaries
-    )
+__all__ = ["reference_known_answers", "run_plan", "run_trial_probe", "score_known"]
 
 
 async def _ask_wave(
@@ -263,7 +247,7 @@ async def run_trial_probe(
     headers: Mapping[str, str] | None = None,
 ) -> CorrectnessResult:
     """A trial's whole correctness probe. With the bank (``probe.bank.enabled``) and a
-    recorded reference: the seeded plan of :func:`plan_for` for this trial
+    recorded reference: the seeded plan (:func:`tuner.probe.sample.plan_trial`) for this trial
     (``sample_seed``, e.g. the trial number), covering the shapes the server reports
     (``capture_sizes``, ``boundaries`` from its log); otherwise the template probe of
     :func:`tuner.probe.correctness.run_correctness`.
@@ -284,14 +268,12 @@ async def run_trial_probe(
         )
     if items is None:
         items = load_probe_items(spec)
-    plan = plan_for(
-        spec, items, reference, sample_seed, capture_sizes=capture_sizes, boundaries=boundaries
-    )
+    strata = prompt_strata(spec, items)
+    plan = plan_trial(reference, spec, strata, sample_seed, capture_sizes=capture_sizes, boundaries=boundaries)
     start = perf_counter()
     deadline = None if deadline_s is None else start + deadline_s
     async with make_client(base_url, headers, spec, plan.top) as client:
         sent = {pid for ids in plan.prompts.values() for pid in ids}
-        strata = prompt_strata(spec, items)
         wanted = [
             i
             for i in items
