@@ -211,10 +211,6 @@ def _read_file(trial_dir: Path, name: str) -> tuple[dict[str, Any] | None, str |
     return data, None, None
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    return _read_file(path.parent, path.name)[0]
-
-
 def _trial_files(trial_dir: Path, number: int) -> tuple[TrialOutcome, dict[str, Any]] | Damage | None:
     """The trial's outcome and command, a ``Damage`` naming the file that keeps it from
     being rebuilt, or None for a trial that never finished (no outcome.json)."""
@@ -242,7 +238,7 @@ def _trial_files(trial_dir: Path, number: int) -> tuple[TrialOutcome, dict[str, 
         return Damage(f"{where}/command.json", why, command_kept and f"{where}/{command_kept}")
     if "probe_agreement" not in outcome_data and outcome.probe_passed is not None:
         # Recorded before the worker stored this line: derived from the trial's probe.json.
-        probe = _read_json(trial_dir / "probe.json")
+        probe = read_json(trial_dir / "probe.json", dict)
         outcome.probe_agreement = agreement_line(probe.get("reference")) if probe else None
     return outcome, command
 
