@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from statistics import median
+from typing import Any
 
+from tuner.probe.known_score import index_answers
 from tuner.probe.record import Reference
 from tuner.probe.reference_score import (
     ForcedTotals,
@@ -43,20 +45,6 @@ __all__ = ["score_plan"]
 _EPS = 1e-9
 
 
-def _index(
-    answers: Iterable[ReferenceAnswer], plan: TrialPlan
-) -> dict[tuple[str, int, str, int], ReferenceAnswer]:
-    got: dict[tuple[str, int, str, int], ReferenceAnswer] = {}
-    for ans in answers:
-        if ans.concurrency not in plan.prompts:
-            raise ValueError(f"answer at unplanned batch size {ans.concurrency}")
-        key = (ans.prompt_id, ans.concurrency, ans.kind, ans.repeat)
-        if key in got:
-            raise ValueError(f"two answers for {key}")
-        got[key] = ans
-    return got
-
-
 def _evidence(row: PromptScore) -> str:
     where = (
         f"{row.id} at batch {row.concurrency}: {row.detail}"
@@ -71,7 +59,7 @@ def _evidence(row: PromptScore) -> str:
 
 def _level(
     reference: Reference,
-    got: Mapping[tuple[str, int, str, int], ReferenceAnswer],
+    got: Mapping[tuple[str, int, Any, int], ReferenceAnswer],
     level: int,
     ids: Sequence[str],
     forced: Sequence[str],
@@ -179,7 +167,8 @@ def score_plan(
     """Judge the answers of the levels that ran (``ran``, default all of ``plan.levels``,
     in plan order) against ``reference``. Levels skipped after a clear failure are not
     scored (``early_exit``)."""
-    got = _index(answers, plan)
+    got = index_answers(answers, {p.id for p in reference.prompts}, list(plan.prompts), {},
+                        lambda a: (a.prompt_id, a.concurrency, a.kind, a.repeat), "prompt")
     k = min(spec.top_k, reference.top_k)
     # The template probe's 66 % exact rule applies only when the study sets it: how many
     # near ties flip depends on dtype, batch size and kernels, not on correctness.
