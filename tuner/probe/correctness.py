@@ -24,6 +24,7 @@ from tuner.probe.reference_score import ReferenceAnswer, ReferenceResult, score_
 from tuner.probe.selection import (
     SingleStreamPlan,
     forced_prompt_ids,
+    item_source,
     shared_prompts,
     single_stream_plan,
 )
@@ -34,6 +35,7 @@ from tuner.probe.wire import (
     generation_request,
     parse_forced,
     parse_generation,
+    tokenize_request,
 )
 
 __all__ = ["ask_reference", "ask_shared", "matching_pairs", "run_correctness", "run_levels", "timed_verdict"]
@@ -88,14 +90,7 @@ async def _tokenize_matches(
     differs must be asked through its own endpoint, as before, so the known-answer layer
     keeps testing the path a user's request takes. Costs no generation.
     """
-    if item.api == "chat":
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": item.messages(),
-            "add_generation_prompt": True,
-        }
-    else:
-        body = {"model": model, "prompt": item.prompt, "add_special_tokens": True}
+    body = tokenize_request(item_source(item, item.id), model)
     async with gate:
         timeout = request_timeout(spec, deadline)
         if timeout is None:
