@@ -250,8 +250,8 @@ def index_answers(
         if level in subsets and name not in subsets[level]:
             raise ValueError(f"answer for {name!r}, not asked at {level}")
         if k in got:
-            extra = "".join(f" ({part})" for part in k[2:])
-            raise ValueError(f"two answers for {name!r} at concurrency {level}{extra}")
+            kind = "".join(f"{part} " for part in k[2:3])   # the reference layer's generate/forced
+            raise ValueError(f"two {kind}answers for {name!r} at concurrency {level}")
         got[k] = ans
     return got
 
