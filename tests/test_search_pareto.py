@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import random
 
-from tuner.study.pareto import Point, _dominates, _signed, pareto_front
+from tuner.study.pareto import Point, _dominates, pareto_front
+from tuner.study.pareto import signed_values as _signed
 
 
 def _by_definition(points: list[Point], directions: list[str]) -> list[Point]:

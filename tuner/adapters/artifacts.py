@@ -23,7 +23,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tuner.errors import ArtifactWriteError, SpecError
 from tuner.probe.agreement import agreement_line
@@ -39,6 +39,7 @@ __all__ = [
     "redact_url",
     "make_private_dir",
     "open_private",
+    "read_json",
     "saved_budget",
     "read_text_bounded",
 ]
@@ -47,6 +48,7 @@ __all__ = [
 # their owner only (0700 folders, 0600 files), whatever the umask.
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+_T = TypeVar("_T")
 
 
 def make_private_dir(path: Path) -> None:
@@ -132,6 +134,17 @@ def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
 
 
+def read_json(path: Path, kind: type[_T]) -> _T | None:
+    """The JSON in ``path``, or None when it cannot be read or parsed or is not a ``kind``
+    (a file missing, half-written or foreign is shown as absent, never raised)."""
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, kind) else None
+
+
 class StudyPaths:
     """Names of every file of one study folder (no I/O in the constructor)."""
 
@@ -183,11 +196,7 @@ class StudyPaths:
     def workload_profile(self) -> dict[str, Any] | None:
         """workload.json as plain JSON, or None (a study run before it existed has none)."""
 
-        with contextlib.suppress(OSError, ValueError):
-            data = json.loads(self.workload_json.read_text(encoding="utf-8"))
-            if isinstance(data, dict):
-                return data
-        return None
+        return read_json(self.workload_json, dict)
 
     def trial_dir(self, number: int) -> Path:
         return self.root / "trials" / f"{number:04d}"
@@ -220,19 +229,14 @@ class StudyPaths:
         """What the study's probe judges, when not everything (reference_probe.json's
         ``probe_mode``: "reference-only (dummy weights: known answers not judged)"), or None."""
 
-        with contextlib.suppress(OSError, ValueError):
-            said = json.loads(self.reference_probe_json.read_text(encoding="utf-8")).get("probe_mode")
-            return said if isinstance(said, str) else None
-        return None
+        said = (read_json(self.reference_probe_json, dict) or {}).get("probe_mode")
+        return said if isinstance(said, str) else None
 
     def last_host_check(self) -> dict[str, Any] | None:
         """The newest entry of host-check.json (load.host_check_s), or None."""
 
-        with contextlib.suppress(OSError, ValueError):
-            entries = json.loads(self.host_check_json.read_text(encoding="utf-8"))
-            if isinstance(entries, list) and entries and isinstance(entries[-1], dict):
-                return entries[-1]
-        return None
+        entries = read_json(self.host_check_json, list)
+        return entries[-1] if entries and isinstance(entries[-1], dict) else None
 
     def probe_agreement(self, number: int, outcome: OutcomeSummary) -> str | None:
         """How far trial ``number``'s answers moved from the reference's, one line
@@ -253,13 +257,10 @@ class StudyPaths:
         """The environment the study pinned on its first run and the changes allowed since
         (study.json; tuner.study.environment), read as plain JSON for status and report."""
 
-        with contextlib.suppress(OSError, ValueError):
-            meta = json.loads(self.study_json.read_text(encoding="utf-8"))
-            if isinstance(meta, dict):
-                pinned = meta.get("environment")
-                changes = [c for c in meta.get("environment_changes") or [] if isinstance(c, dict)]
-                return (pinned if isinstance(pinned, dict) else None), changes
-        return None, []
+        meta = read_json(self.study_json, dict) or {}
+        pinned = meta.get("environment")
+        changes = [c for c in meta.get("environment_changes") or [] if isinstance(c, dict)]
+        return (pinned if isinstance(pinned, dict) else None), changes
 
     def confirmations(self) -> dict[int, dict[str, Any]]:
         """Every readable confirmation verdict, by trial number (plain JSON: status reads
@@ -277,11 +278,7 @@ class StudyPaths:
     def rerun_startup(self, folder: str) -> dict[str, Any] | None:
         """The startup record of confirmation re-run ``folder`` (``confirm/0002-1``), if any."""
 
-        try:
-            data = json.loads((self.confirm_root / folder / "startup.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        return read_json(self.confirm_root / folder / "startup.json", dict)
 
     @property
     def reference_dir(self) -> Path:

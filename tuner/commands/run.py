@@ -157,11 +157,10 @@ def check_host_steadiness(paths: Any, seconds: float, noise_floor: float | None)
     study may run on another day's host). A floor below it is a warning, not an error: the
     study still ranks within its intervals, they are only narrower than the host's noise."""
 
-    import json
     import time
 
     from tuner.adapters import host_probe
-    from tuner.adapters.artifacts import atomic_write_json
+    from tuner.adapters.artifacts import atomic_write_json, read_json
     from tuner.load.host_steadiness import summarize
 
     cpus = host_probe.default_cpus()
@@ -175,10 +174,7 @@ def check_host_steadiness(paths: Any, seconds: float, noise_floor: float | None)
         say(f"[warning] {line}" if below and line.startswith("load.noise_floor") else f"[host] {line}")
     entry = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "seconds": seconds, **host.to_dict(),
              "noise_floor": noise_floor, "floor_below_host": below}
-    history: list[Any] = []
-    with contextlib.suppress(OSError, ValueError):
-        previous = json.loads(paths.host_check_json.read_text(encoding="utf-8"))
-        history = previous if isinstance(previous, list) else []
+    history = read_json(paths.host_check_json, list) or []
     atomic_write_json(paths.host_check_json, [*history, entry])
     return entry
 

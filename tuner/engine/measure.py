@@ -34,6 +34,7 @@ import httpx
 from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.adapters.http_client import ReplyTooLarge, capped_request, server_client
 from tuner.load.max_rate_text import max_rate_text
+from tuner.load.protocol import server_root
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.results import SweepResult, level_key
 from tuner.load.server_calls import scrape_metrics
@@ -55,11 +56,6 @@ class MeasureError(Exception):
     """The server cannot be measured (unreachable, or no usable model); the message says why."""
 
 
-def _root(url: str) -> str:
-    u = url.rstrip("/")
-    return u[:-3] if u.endswith("/v1") else u
-
-
 async def discover_model(
     client: httpx.AsyncClient, base_url: str, wanted: list[str]
 ) -> tuple[str, list[str]]:
@@ -71,7 +67,7 @@ async def discover_model(
         MeasureError: /v1/models unreachable or unusable, or several models and none wanted.
     """
     try:
-        resp = await capped_request(client, "GET", _root(base_url) + "/v1/models", timeout=_TIMEOUT_S)
+        resp = await capped_request(client, "GET", server_root(base_url) + "/v1/models", timeout=_TIMEOUT_S)
     except (httpx.HTTPError, ReplyTooLarge) as exc:
         raise MeasureError(f"{base_url}: cannot reach /v1/models ({type(exc).__name__}: {exc})") from exc
     if resp.status_code in (401, 403):
@@ -145,7 +141,7 @@ async def ameasure(
     if probe:
         from tuner.probe.client import run_probe
 
-        result = await run_probe(_root(url), model, spec.probe, deadline_s=deadline_s,
+        result = await run_probe(server_root(url), model, spec.probe, deadline_s=deadline_s,
                                  headers=headers)
         atomic_write_json(out_dir / "probe.json", result.model_dump(mode="json"))
         probe_summary = {
@@ -159,7 +155,7 @@ async def ameasure(
     remaining = None
     if deadline_s is not None:
         remaining = max(1.0, deadline_s - (time.monotonic() - began))
-    sweep = await run_sweep(_root(url), model, spec.load, ignore_eos=ignore_eos,
+    sweep = await run_sweep(server_root(url), model, spec.load, ignore_eos=ignore_eos,
                             deadline_s=remaining, headers=headers, slo=spec.slo,
                             max_rate=spec.load.rate_search if spec.searches_max_rate else None)
     levels = _write_levels(out_dir, sweep)
@@ -231,17 +227,9 @@ def _write_levels(out_dir: Path, sweep: SweepResult) -> dict[str, Any]:
     return levels
 
 
-def measure(
-    url: str,
-    spec: StudySpec,
-    *,
-    probe: bool,
-    out_dir: Path,
-    deadline_s: float | None = None,
-    headers: dict[str, str] | None = None,
-    speculative: bool | None = None,
-) -> dict[str, Any]:
-    """Run ``spec``'s load profile (and with ``probe`` its probe) against ``url``.
+def measure(url: str, spec: StudySpec, **options: Any) -> dict[str, Any]:
+    """Run ``spec``'s load profile (and with ``probe`` its probe) against ``url``;
+    ``options`` are :func:`ameasure`'s keywords, below.
 
     Args:
         url: the running OpenAI-compatible server, ``http://host:port`` (``/v1`` accepted).
@@ -261,8 +249,7 @@ def measure(
     Raises:
         MeasureError: the server is unreachable or serves no usable model.
     """
-    return asyncio.run(ameasure(url, spec, probe=probe, out_dir=out_dir, deadline_s=deadline_s,
-                                headers=headers, speculative=speculative))
+    return asyncio.run(ameasure(url, spec, **options))
 
 
 def _fmt(v: Any, digits: int = 1) -> str:

@@ -10,7 +10,6 @@ only on the host that wrote the file (other hosts: the launcher's watchdog there
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -22,7 +21,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from tuner.adapters import proctree
-from tuner.adapters.artifacts import StudyPaths, atomic_write_json
+from tuner.adapters.artifacts import StudyPaths, atomic_write_json, read_json
 from tuner.adapters.launcher import TAG_VAR
 from tuner.errors import ArtifactWriteError
 from tuner.study.outcome import TrialOutcome
@@ -61,14 +60,6 @@ def _ours(record: dict[str, Any]) -> int | None:
     return pgid if leader == argv or through_interpreter else None
 
 
-def _read(pid_file: Path) -> dict[str, Any] | None:
-    try:
-        record = json.loads(pid_file.read_text())
-    except (OSError, ValueError):
-        return None
-    return record if isinstance(record, dict) else None
-
-
 def _kill_escaped(record: dict[str, Any]) -> None:
     if record.get("tag"):
         for pid in proctree.pids_with_env(TAG_VAR, record["tag"]):
@@ -81,7 +72,7 @@ def stop_leftover_servers(paths: StudyPaths, stop_timeout_s: float,
     """Stop servers an earlier, killed run left behind (SIGTERM, grace, SIGKILL)."""
 
     for pid_file in paths.pid_files():
-        record = _read(pid_file)
+        record = read_json(pid_file, dict)
         if record is None:
             continue
         if record.get("host") != socket.gethostname():
@@ -110,7 +101,7 @@ def kill_servers_now(pid_files: list[Path]) -> list[int]:
 
     killed = []
     for pid_file in pid_files:
-        record = _read(pid_file)
+        record = read_json(pid_file, dict)
         if record is None:
             continue
         pgid = _ours(record)

@@ -9,7 +9,6 @@ stops its workers but a few agent processes outlive it, and they are stopped on 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -18,7 +17,7 @@ import time
 from pathlib import Path
 
 from tuner.adapters import proctree
-from tuner.adapters.artifacts import atomic_write_json
+from tuner.adapters.artifacts import atomic_write_json, read_json
 from tuner.errors import ArtifactWriteError
 
 __all__ = ["record_run", "clean_up_previous_run", "clear_run"]
@@ -58,9 +57,8 @@ def clean_up_previous_run(study_root: Path) -> list[int]:
     """Stop processes a dead earlier run left behind on this host; return their pids."""
 
     path = _path(study_root)
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
+    record = read_json(path, dict)
+    if record is None:
         return []
     if record.get("host") != socket.gethostname():
         return []

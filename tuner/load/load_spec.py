@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tuner.load.dataset import MOONCAKE_BLOCK_TOKENS, DatasetFormat
 from tuner.load.host_steadiness import MIN_SECONDS as HOST_CHECK_MIN_S
 from tuner.load.rate_search import RateSearchSpec
-from tuner.load.trace_spec import TraceSpec
+from tuner.load.trace_spec import TraceSpec, field_rule
 
 HOST_CHECK_MAX_S = 600.0
 
@@ -469,43 +469,14 @@ class LoadSpec(BaseModel):
             prev = float(r)
         return rates
 
-    @field_validator("burstiness")
-    @classmethod
-    def _valid_burstiness(cls, value: float) -> float:
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(
-                f"burstiness={value!r} is not allowed; allowed: a finite number > 0 (gamma "
-                "shape; 1.0 = Poisson)"
-            )
-        return value
-
-    @field_validator("rate_duration_s")
-    @classmethod
-    def _valid_rate_duration(cls, value: float) -> float:
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(
-                f"rate_duration_s={value!r} is not allowed; allowed: a finite number of "
-                "seconds > 0"
-            )
-        return value
-
-    @field_validator("host_check_s")
-    @classmethod
-    def _valid_host_check(cls, value: float) -> float:
-        # Two 5-s means at least (the spread is theirs), and no study waits longer than 10 min.
-        if value != 0 and not (HOST_CHECK_MIN_S <= value <= HOST_CHECK_MAX_S):
-            raise ValueError(
-                f"host_check_s={value!r} is not allowed; allowed: 0 (no check) or "
-                f"{HOST_CHECK_MIN_S:g} to {HOST_CHECK_MAX_S:g} seconds"
-            )
-        return value
-
-    @field_validator("max_in_flight")
-    @classmethod
-    def _valid_cap(cls, value: int) -> int:
-        if value < 1:
-            raise ValueError(f"max_in_flight={value!r} is not allowed; allowed: an integer >= 1")
-        return value
+    _valid_burstiness = field_rule("burstiness", lambda v: math.isfinite(v) and v > 0,
+                                   "a finite number > 0 (gamma shape; 1.0 = Poisson)")
+    _valid_rate_duration = field_rule("rate_duration_s", lambda v: math.isfinite(v) and v > 0,
+                                      "a finite number of seconds > 0")
+    # Two 5-s means at least (the spread is theirs), and no study waits longer than 10 min.
+    _valid_host_check = field_rule("host_check_s", lambda v: v == 0 or HOST_CHECK_MIN_S <= v <= HOST_CHECK_MAX_S,
+                                   f"0 (no check) or {HOST_CHECK_MIN_S:g} to {HOST_CHECK_MAX_S:g} seconds")
+    _valid_cap = field_rule("max_in_flight", lambda v: v >= 1, "an integer >= 1")
 
     @model_validator(mode="after")
     def _poisson_is_shape_one(self) -> LoadSpec:

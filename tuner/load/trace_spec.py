@@ -11,16 +11,30 @@ request. The runner is :mod:`tuner.load.open_levels`.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from tuner.load.dataset import Dataset, TraceRequest
 from tuner.load.level_names import TRACE_LEVEL, is_open_level
 
-__all__ = ["TRACE_LEVEL", "TraceSpec", "is_open_level", "select_trace", "trace_problem", "trace_schedule",
-           "trace_text"]
+__all__ = ["TRACE_LEVEL", "TraceSpec", "field_rule", "is_open_level", "select_trace", "trace_problem",
+           "trace_schedule", "trace_text"]
 
+
+def field_rule(name: str, ok: Callable[[Any], bool], allowed: str, *, shown: str = "!r") -> Any:
+    """A field validator of a study-file model: ``name``'s value (None passes) must satisfy
+    ``ok``, else one line names the field, the value (``shown``: repr, or ``g`` format)
+    and what is ``allowed``."""
+
+    def check(value: Any) -> Any:
+        if value is not None and not ok(value):
+            text = repr(value) if shown == "!r" else format(value, shown)
+            raise ValueError(f"{name}={text} is not allowed; allowed: {allowed}")
+        return value
+
+    return field_validator(name)(check)
 
 
 class TraceSpec(BaseModel):
@@ -43,37 +57,14 @@ class TraceSpec(BaseModel):
         default=None,
         description="At most this many requests: the window's first ones (None: all of them).")
 
-    @field_validator("time_scale")
-    @classmethod
-    def _valid_scale(cls, value: float) -> float:
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(f"time_scale={value:g} is not allowed; allowed: a finite number > 0 "
-                             "(1.0: the trace's own pace, 0.5: twice as fast)")
-        return value
-
-    @field_validator("start_s")
-    @classmethod
-    def _valid_start(cls, value: float) -> float:
-        if not math.isfinite(value) or value < 0:
-            raise ValueError(f"start_s={value:g} is not allowed; allowed: a finite number of seconds >= 0 "
-                             "(trace time after its first request)")
-        return value
-
-    @field_validator("duration_s")
-    @classmethod
-    def _valid_duration(cls, value: float | None) -> float | None:
-        if value is not None and (not math.isfinite(value) or value <= 0):
-            raise ValueError(f"duration_s={value:g} is not allowed; allowed: a finite number of seconds > 0, "
-                             "or null for the rest of the trace")
-        return value
-
-    @field_validator("max_requests")
-    @classmethod
-    def _valid_cap(cls, value: int | None) -> int | None:
-        if value is not None and value < 1:
-            raise ValueError(f"max_requests={value!r} is not allowed; allowed: an integer >= 1, or null for "
-                             "every request of the window")
-        return value
+    _valid_scale = field_rule("time_scale", lambda v: math.isfinite(v) and v > 0,
+                              "a finite number > 0 (1.0: the trace's own pace, 0.5: twice as fast)", shown="g")
+    _valid_start = field_rule("start_s", lambda v: math.isfinite(v) and v >= 0,
+                              "a finite number of seconds >= 0 (trace time after its first request)", shown="g")
+    _valid_duration = field_rule("duration_s", lambda v: math.isfinite(v) and v > 0,
+                                 "a finite number of seconds > 0, or null for the rest of the trace", shown="g")
+    _valid_cap = field_rule("max_requests", lambda v: v >= 1,
+                            "an integer >= 1, or null for every request of the window")
 
 
 def select_trace(trace: Sequence[TraceRequest], spec: TraceSpec) -> list[TraceRequest]:

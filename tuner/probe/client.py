@@ -12,19 +12,20 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from time import perf_counter
+from typing import Any
 
 import httpx
 
 from tuner.probe.bank import build_pool
-from tuner.probe.http import describe, make_client, post
+from tuner.probe.http import make_client, post_json, request_timeout
 from tuner.probe.items import ProbeItem, build_items
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
 from tuner.probe.prompts_file import PromptsFileError, parse_prompts_jsonl
 from tuner.probe.sample import known_sample
 from tuner.probe.spec import ProbeSpec
-from tuner.probe.wire import parse_response, request_for
+from tuner.probe.wire import apply_stop, parse_response, request_for
 
-__all__ = ["answer_of", "ask_item", "load_probe_items", "run_probe"]
+__all__ = ["answer_in", "ask_item", "load_probe_items", "run_probe"]
 
 
 def load_probe_items(spec: ProbeSpec, *, base_dir: Path | None = None) -> list[ProbeItem]:
@@ -66,46 +67,45 @@ async def ask_item(
     deadline: float | None,
 ) -> ProbeAnswer:
     async with gate:
-        timeout = spec.request_timeout_s
-        if deadline is not None:
-            remaining = deadline - perf_counter()
-            if remaining <= 0:
-                return ProbeAnswer(
-                    item_id=item.id, concurrency=level, error="not sent: probe deadline reached"
-                )
-            timeout = min(timeout, remaining)
+        timeout = request_timeout(spec, deadline)
+        if timeout is None:
+            return ProbeAnswer(item_id=item.id, concurrency=level, error="not sent: probe deadline reached")
         path, body = request_for(item, model, spec.max_tokens)
         start = perf_counter()
-        error: str | None = None
-        parsed: tuple[str, str | None, int | None, int | None] | None = None
         try:
-            response = await post(client, path, body, timeout)
-            if response.status_code != 200:
-                error = f"HTTP {response.status_code}: {response.text[:200]}"
-            else:
-                parsed = parse_response(item, response.json())
-        except httpx.TimeoutException:
-            error = f"timeout after {timeout:.1f} s"
-        except httpx.HTTPError as exc:
-            error = describe(exc)
-        except ValueError as exc:  # JSON decoding or a malformed body
-            error = f"bad response body: {exc}"
-        latency = perf_counter() - start
-    if parsed is None:
-        return ProbeAnswer(item_id=item.id, concurrency=level, latency_s=latency, error=error)
-    return answer_of(item, level, parsed, latency)
+            payload = await post_json(client, path, body, timeout)
+        except ValueError as exc:
+            return ProbeAnswer(item_id=item.id, concurrency=level, latency_s=perf_counter() - start, error=str(exc))
+        return answer_in(item, level, payload, perf_counter() - start)
 
 
-def answer_of(
+def answer_in(
     item: ProbeItem,
     level: int,
-    parsed: tuple[str, str | None, int | None, int | None],
+    payload: Any,
     latency: float,
+    *,
+    as_ids: bool = False,
+    counts: tuple[int | None, int | None] | None = None,
 ) -> ProbeAnswer:
-    """The answer record of one item from its parsed reply (text, finish reason, prompt
-    and completion tokens); the reference layer builds its shared requests' answers here too."""
-
-    text, finish, prompt_tokens, completion_tokens = parsed
+    """The answer record of one item read from its reply ``payload``; a body it cannot read
+    is the answer's error. ``as_ids``: the item was sent as its reference prompt's token ids
+    (the reply is a completion; the item's stop strings are applied here); ``counts``:
+    (prompt, completion) tokens known better than the reply's usage."""
+    try:
+        if as_ids:
+            text, finish, prompt_tokens, completion_tokens = parse_response(
+                item.model_copy(update={"api": "completions"}), payload
+            )
+            text, finish = apply_stop(item, text, finish)
+        else:
+            text, finish, prompt_tokens, completion_tokens = parse_response(item, payload)
+    except ValueError as exc:
+        return ProbeAnswer(
+            item_id=item.id, concurrency=level, latency_s=latency, error=f"bad response body: {exc}"
+        )
+    if counts is not None:
+        prompt_tokens, completion_tokens = counts
     return ProbeAnswer(
         item_id=item.id,
         concurrency=level,

@@ -15,30 +15,30 @@ from typing import Any
 
 import httpx
 
-from tuner.probe.client import answer_of, ask_item, load_probe_items, run_probe
+from tuner.probe.client import answer_in, ask_item, load_probe_items, run_probe
 from tuner.probe.http import make_client, post_json, request_timeout
 from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
 from tuner.probe.record import Reference, ReferencePrompt, truncate_generation
-from tuner.probe.reference_score import ReferenceAnswer, score_reference
+from tuner.probe.reference_score import ReferenceAnswer, ReferenceResult, score_reference
 from tuner.probe.selection import (
     SingleStreamPlan,
     forced_prompt_ids,
+    item_source,
     shared_prompts,
     single_stream_plan,
 )
 from tuner.probe.spec import ProbeSpec
 from tuner.probe.verdict import CorrectnessResult, combine
 from tuner.probe.wire import (
-    apply_stop,
     forced_request,
     generation_request,
     parse_forced,
     parse_generation,
-    parse_response,
+    tokenize_request,
 )
 
-__all__ = ["ask_reference", "ask_shared", "matching_pairs", "run_correctness", "run_levels"]
+__all__ = ["ask_reference", "ask_shared", "matching_pairs", "run_correctness", "run_levels", "timed_verdict"]
 
 
 async def ask_reference(
@@ -50,60 +50,29 @@ async def ask_reference(
     spec: ProbeSpec,
     gate: asyncio.Semaphore,
     deadline: float | None,
-    *,
-    repeat: int = 0,
-    max_tokens: int | None = None,
 ) -> ReferenceAnswer:
     """One reference prompt at one level: its greedy continuation with top-k logprobs
-    (``kind`` "generate", ``max_tokens`` tokens, default the spec's) or its teacher-forced
-    continuation ("forced"). Failures are recorded in the answer, never raised."""
+    (``kind`` "generate") or its teacher-forced continuation ("forced"). Failures are
+    recorded in the answer, never raised."""
     ref = spec.reference
+    fields: dict[str, Any] = {"prompt_id": prompt.id, "concurrency": level, "kind": kind}
     async with gate:
         timeout = request_timeout(spec, deadline)
         if timeout is None:
-            return ReferenceAnswer(
-                prompt_id=prompt.id,
-                concurrency=level,
-                kind=kind,  # type: ignore[arg-type]
-                error="not sent: probe deadline reached",
-                repeat=repeat,
-            )
+            return ReferenceAnswer(**fields, error="not sent: probe deadline reached")
         began = perf_counter()
         try:
             if kind == "generate":
                 body = generation_request(model, prompt.prompt_ids, ref)
-                if max_tokens is not None:
-                    body["max_tokens"] = max_tokens
                 payload = await post_json(client, "/v1/completions", body, timeout)
-                return ReferenceAnswer(
-                    prompt_id=prompt.id,
-                    concurrency=level,
-                    kind="generate",
-                    generation=parse_generation(payload),
-                    latency_s=perf_counter() - began,
-                    repeat=repeat,
-                )
+                generation = parse_generation(payload)
+                return ReferenceAnswer(**fields, generation=generation, latency_s=perf_counter() - began)
             body = forced_request(model, prompt.prompt_ids, prompt.generation.tokens, ref)
             payload = await post_json(client, "/v1/completions", body, timeout)
-            steps = parse_forced(
-                payload, len(prompt.prompt_ids), prompt.generation.tokens, ref.top_k
-            )
-            return ReferenceAnswer(
-                prompt_id=prompt.id,
-                concurrency=level,
-                kind="forced",
-                forced=steps,
-                latency_s=perf_counter() - began,
-            )
+            steps = parse_forced(payload, len(prompt.prompt_ids), prompt.generation.tokens, ref.top_k)
+            return ReferenceAnswer(**fields, forced=steps, latency_s=perf_counter() - began)
         except ValueError as exc:
-            return ReferenceAnswer(
-                prompt_id=prompt.id,
-                concurrency=level,
-                kind=kind,  # type: ignore[arg-type]
-                error=str(exc),
-                latency_s=perf_counter() - began,
-                repeat=repeat,
-            )
+            return ReferenceAnswer(**fields, error=str(exc), latency_s=perf_counter() - began)
 
 
 async def _tokenize_matches(
@@ -121,14 +90,7 @@ async def _tokenize_matches(
     differs must be asked through its own endpoint, as before, so the known-answer layer
     keeps testing the path a user's request takes. Costs no generation.
     """
-    if item.api == "chat":
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": item.messages(),
-            "add_generation_prompt": True,
-        }
-    else:
-        body = {"model": model, "prompt": item.prompt, "add_special_tokens": True}
+    body = tokenize_request(item_source(item, item.id), model)
     async with gate:
         timeout = request_timeout(spec, deadline)
         if timeout is None:
@@ -155,61 +117,32 @@ async def ask_shared(
     greedy, with top-k logprobs, and as many tokens as the known-answer layer asks for
     (the reference comparison looks at the first ``reference.max_tokens`` of them)."""
     ref = spec.reference
+
+    def failed(why: str, latency: float | None = None) -> tuple[ProbeAnswer, ReferenceAnswer]:
+        return (ProbeAnswer(item_id=item.id, concurrency=level, latency_s=latency, error=why),
+                ReferenceAnswer(prompt_id=prompt.id, concurrency=level, kind="generate", error=why, latency_s=latency))
+
     async with gate:
         timeout = request_timeout(spec, deadline)
         if timeout is None:
-            why = "not sent: probe deadline reached"
-            return (
-                ProbeAnswer(item_id=item.id, concurrency=level, error=why),
-                ReferenceAnswer(prompt_id=prompt.id, concurrency=level, kind="generate", error=why),
-            )
+            return failed("not sent: probe deadline reached")
         body = generation_request(model, prompt.prompt_ids, ref)
         body["max_tokens"] = max(spec.max_tokens, reference.max_tokens)
         began = perf_counter()
         try:
             payload = await post_json(client, "/v1/completions", body, timeout)
         except ValueError as exc:
-            latency = perf_counter() - began
-            return (
-                ProbeAnswer(item_id=item.id, concurrency=level, latency_s=latency, error=str(exc)),
-                ReferenceAnswer(
-                    prompt_id=prompt.id,
-                    concurrency=level,
-                    kind="generate",
-                    error=str(exc),
-                    latency_s=latency,
-                ),
-            )
+            return failed(str(exc), perf_counter() - began)
         latency = perf_counter() - began
     # Each layer reads the body with its own parser, so a server that breaks only the
     # logprobs (or only the text) is reported by the layer it breaks, as with two requests.
-    try:
-        text, finish, prompt_tokens, completion_tokens = parse_response(
-            item.model_copy(update={"api": "completions"}), payload
-        )
-        text, finish = apply_stop(item, text, finish)
-        known = answer_of(item, level, (text, finish, prompt_tokens, completion_tokens), latency)
-    except ValueError as exc:
-        known = ProbeAnswer(
-            item_id=item.id, concurrency=level, latency_s=latency, error=f"bad response body: {exc}"
-        )
+    known = answer_in(item, level, payload, latency, as_ids=True)
+    agreement = ReferenceAnswer(prompt_id=prompt.id, concurrency=level, kind="generate", latency_s=latency)
     try:
         generation = truncate_generation(parse_generation(payload), reference.max_tokens)
-        agreement = ReferenceAnswer(
-            prompt_id=prompt.id,
-            concurrency=level,
-            kind="generate",
-            generation=generation,
-            latency_s=latency,
-        )
+        agreement = agreement.model_copy(update={"generation": generation})
     except ValueError as exc:
-        agreement = ReferenceAnswer(
-            prompt_id=prompt.id,
-            concurrency=level,
-            kind="generate",
-            error=str(exc),
-            latency_s=latency,
-        )
+        agreement = agreement.model_copy(update={"error": str(exc)})
     return known, agreement
 
 
@@ -498,12 +431,13 @@ async def run_correctness(
         spec.reference,
         asked=None if plan is None else plan.asked_prompts(),
     )
-    total = perf_counter() - start
-    return combine(
-        known,
-        result,
-        probe_seconds=total,
-        known_answers_seconds=known_s,
-        reference_seconds=total - known_s,
-        reference_only=spec.reference_only,
-    )
+    return timed_verdict(known, result, spec, perf_counter() - start, known_s)
+
+
+def timed_verdict(
+    known: ProbeResult, result: ReferenceResult, spec: ProbeSpec, total: float, known_s: float
+) -> CorrectnessResult:
+    """Both layers' verdict with what the probe cost: ``total`` seconds, of which ``known_s``
+    until the known answers were back and the rest the reference's."""
+    return combine(known, result, probe_seconds=total, known_answers_seconds=known_s,
+                   reference_seconds=total - known_s, reference_only=spec.reference_only)

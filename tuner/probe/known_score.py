@@ -5,8 +5,9 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from statistics import NormalDist
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, computed_field
 
@@ -22,6 +23,7 @@ __all__ = [
     "ProbeResult",
     "Tally",
     "accuracy_tolerance",
+    "index_answers",
     "score",
 ]
 
@@ -219,29 +221,38 @@ def _judge(item: ProbeItem, level: int, answer: ProbeAnswer | None) -> ItemRecor
     )
 
 
-def _index_answers(
-    items: Sequence[ProbeItem],
-    answers: Iterable[ProbeAnswer],
+_A = TypeVar("_A")
+_K = TypeVar("_K", bound=tuple[Any, ...])
+
+
+def index_answers(
+    answers: Iterable[_A],
+    ids: set[str],
     levels: Sequence[int],
     subsets: Mapping[int, set[str]],
-) -> dict[tuple[str, int], ProbeAnswer]:
-    """The answers by (item id, level); raises ValueError on a caller bug (unknown or
-    duplicate answers, a subset naming unknown items)."""
-    by_id = {item.id for item in items}
-    for level, ids in subsets.items():
-        if level not in levels or not ids or not ids <= by_id:
-            raise ValueError(f"bad item subset at concurrency {level}: {sorted(ids)[:5]}")
-    got: dict[tuple[str, int], ProbeAnswer] = {}
+    key: Callable[[_A], _K],
+    what: str,
+) -> dict[_K, _A]:
+    """The answers by ``key`` (the id of one of ``ids``, the level, then anything that tells
+    two answers there apart); raises ValueError on a caller bug (unknown or duplicate
+    answers, a subset naming unknown ``what``s)."""
+    for level, sub in subsets.items():
+        if level not in levels or not sub or not sub <= ids:
+            raise ValueError(f"bad {what} subset at concurrency {level}: {sorted(sub)[:5]}")
+    got: dict[_K, _A] = {}
     for ans in answers:
-        if ans.item_id not in by_id:
-            raise ValueError(f"answer for unknown item {ans.item_id!r}")
-        if ans.concurrency not in levels:
-            raise ValueError(f"answer at unexpected concurrency {ans.concurrency}")
-        if ans.concurrency in subsets and ans.item_id not in subsets[ans.concurrency]:
-            raise ValueError(f"answer for {ans.item_id!r}, not asked at {ans.concurrency}")
-        if (ans.item_id, ans.concurrency) in got:
-            raise ValueError(f"two answers for {ans.item_id!r} at concurrency {ans.concurrency}")
-        got[(ans.item_id, ans.concurrency)] = ans
+        k = key(ans)
+        name, level = k[0], k[1]
+        if name not in ids:
+            raise ValueError(f"answer for unknown {what} {name!r}")
+        if level not in levels:
+            raise ValueError(f"answer at unexpected concurrency {level}")
+        if level in subsets and name not in subsets[level]:
+            raise ValueError(f"answer for {name!r}, not asked at {level}")
+        if k in got:
+            kind = "".join(f"{part} " for part in k[2:3])   # the reference layer's generate/forced
+            raise ValueError(f"two {kind}answers for {name!r} at concurrency {level}")
+        got[k] = ans
     return got
 
 
@@ -391,7 +402,8 @@ def score(
     if len({item.id for item in items}) != len(items):
         raise ValueError("probe item ids must be unique")
     subsets = {level: set(ids) for level, ids in (asked or {}).items()}
-    got = _index_answers(items, answers, spec.concurrency, subsets)
+    got = index_answers(answers, {i.id for i in items}, spec.concurrency, subsets,
+                        lambda a: (a.item_id, a.concurrency), "item")
     records = [
         _judge(item, level, got.get((item.id, level)))
         for level in spec.concurrency

@@ -23,14 +23,17 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from statistics import median
+from typing import Any
 
+from tuner.probe.known_score import index_answers
 from tuner.probe.record import Reference
 from tuner.probe.reference_score import (
+    ForcedTotals,
     PromptScore,
     ReferenceAnswer,
     ReferenceLevel,
     ReferenceResult,
-    gap_stats,
+    level_figures,
     score_forced_row,
     score_generation_row,
 )
@@ -40,20 +43,6 @@ from tuner.probe.spec import ReferenceSpec
 __all__ = ["score_plan"]
 
 _EPS = 1e-9
-
-
-def _index(
-    answers: Iterable[ReferenceAnswer], plan: TrialPlan
-) -> dict[tuple[str, int, str, int], ReferenceAnswer]:
-    got: dict[tuple[str, int, str, int], ReferenceAnswer] = {}
-    for ans in answers:
-        if ans.concurrency not in plan.prompts:
-            raise ValueError(f"answer at unplanned batch size {ans.concurrency}")
-        key = (ans.prompt_id, ans.concurrency, ans.kind, ans.repeat)
-        if key in got:
-            raise ValueError(f"two answers for {key}")
-        got[key] = ans
-    return got
 
 
 def _evidence(row: PromptScore) -> str:
@@ -70,7 +59,7 @@ def _evidence(row: PromptScore) -> str:
 
 def _level(
     reference: Reference,
-    got: Mapping[tuple[str, int, str, int], ReferenceAnswer],
+    got: Mapping[tuple[str, int, Any, int], ReferenceAnswer],
     level: int,
     ids: Sequence[str],
     forced: Sequence[str],
@@ -89,8 +78,7 @@ def _level(
         )
         decode_gaps.extend(gaps)
         rows.append(row)
-    forced_gaps: list[float] = []
-    forced_pos = forced_hits = 0
+    totals = ForcedTotals()
     for pid in forced:
         row = PromptScore(
             id=pid,
@@ -106,43 +94,22 @@ def _level(
         )
         if err is not None:
             row.verdict, row.error, row.detail = "error", err, err
-        forced_pos += pos
-        forced_hits += hits
-        forced_gaps.extend(fgaps)
+        totals.positions += pos
+        totals.hits += hits
+        totals.gaps.extend(fgaps)
         rows.append(row)
+    # A forced row is counted with the prompts only when it failed (as a request error).
     decode_rows = [r for r in rows if r.detail != "teacher-forced" or r.verdict == "error"]
-    n = len(decode_rows)
-    exact = sum(r.verdict == "exact" for r in decode_rows)
-    close = sum(r.verdict == "close" for r in decode_rows)
     overlaps = [r.overlap for r in rows if r.overlap is not None]
     kls = [r.kl_median for r in rows if r.kl_median is not None]
-    corrupt = sum(r.verdict == "far" for r in rows) + sum(len(r.forced_corrupt) for r in rows)
-    dmed, dmax = gap_stats(decode_gaps)
-    fmed, fmax = gap_stats(forced_gaps)
-    result = ReferenceLevel(
-        concurrency=level,
-        prompts=n,
-        exact=exact,
-        close=close,
-        far=sum(r.verdict == "far" for r in decode_rows),
-        errors=sum(r.verdict == "error" for r in rows),
-        exact_fraction=exact / n if n else 1.0,
-        close_fraction=(exact + close) / n if n else 1.0,
-        decode_gap_median=dmed,
-        decode_gap_max=dmax,
-        forced_positions=forced_pos or None,
-        forced_top1=forced_hits / forced_pos if forced_pos else None,
-        forced_gap_median=fmed,
-        forced_gap_max=fmax,
-        corrupt=corrupt,
-        near_ties=close,
-        top_k_overlap=sum(overlaps) / len(overlaps) if overlaps else None,
-        kl_median=float(median(kls)) if kls else None,
-        compared_positions=sum(r.matched + (r.diverged_at is not None) for r in decode_rows)
-        + forced_pos,
-        passed=True,
-        subset=True,
-    )
+    result = level_figures(level, decode_rows, decode_gaps, totals, True, True).model_copy(update={
+        "forced_close": None,   # the plan's rule gates corrupt positions, not near-tie agreement
+        "corrupt": sum(r.verdict == "far" for r in rows) + sum(len(r.forced_corrupt) for r in rows),
+        "near_ties": sum(r.verdict == "close" for r in decode_rows),
+        "top_k_overlap": sum(overlaps) / len(overlaps) if overlaps else None,
+        "kl_median": float(median(kls)) if kls else None,
+        "compared_positions": sum(r.matched + (r.diverged_at is not None) for r in decode_rows) + totals.positions,
+    })
     return result, rows, decode_gaps
 
 
@@ -200,7 +167,8 @@ def score_plan(
     """Judge the answers of the levels that ran (``ran``, default all of ``plan.levels``,
     in plan order) against ``reference``. Levels skipped after a clear failure are not
     scored (``early_exit``)."""
-    got = _index(answers, plan)
+    got = index_answers(answers, {p.id for p in reference.prompts}, list(plan.prompts), {},
+                        lambda a: (a.prompt_id, a.concurrency, a.kind, a.repeat), "prompt")
     k = min(spec.top_k, reference.top_k)
     # The template probe's 66 % exact rule applies only when the study sets it: how many
     # near ties flip depends on dtype, batch size and kernels, not on correctness.

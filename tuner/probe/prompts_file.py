@@ -26,19 +26,24 @@ __all__ = [
 ]
 
 
-class PromptsFileError(SpecError):
-    """A prompts file has bad lines; ``problems`` lists (line number, field, message).
+class _BadLines(SpecError):
+    """A file of the study's prompts has bad lines: ``problems`` lists them, each a line
+    number and what is wrong there.
 
     A ``SpecError`` because the file is part of the study's input: it must stop the study
     before any server starts, not fail trials one by one.
     """
 
-    def __init__(self, source: str, problems: list[tuple[int, str, str]]) -> None:
+    def __init__(self, source: str, problems: Sequence[tuple[Any, ...]]) -> None:
         self.source = source
-        self.problems = problems
-        shown = "\n".join(f"  line {line}: {field}: {msg}" for line, field, msg in problems[:50])
+        self.problems = list(problems)
+        shown = "\n".join(f"  line {p[0]}: " + ": ".join(map(str, p[1:])) for p in problems[:50])
         more = f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""
         super().__init__(f"{source}: {len(problems)} invalid line(s)\n{shown}{more}")
+
+
+class PromptsFileError(_BadLines):
+    """A prompts file has bad lines; ``problems`` lists (line number, field, message)."""
 
 
 class _PromptLine(BaseModel):
@@ -142,15 +147,8 @@ def parse_prompts_jsonl(
     return items
 
 
-class ReferencePromptsError(SpecError):
+class ReferencePromptsError(_BadLines):
     """A reference prompts file has bad lines; ``problems`` lists (line, message)."""
-
-    def __init__(self, source: str, problems: list[tuple[int, str]]) -> None:
-        self.source = source
-        self.problems = problems
-        shown = "\n".join(f"  line {line}: {msg}" for line, msg in problems[:50])
-        more = f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""
-        super().__init__(f"{source}: {len(problems)} invalid line(s)\n{shown}{more}")
 
 
 class _RefLine(BaseModel):

@@ -42,14 +42,10 @@ class ReferenceRecordError(StudyError):
     """The reference server could not be tokenized against or recorded; stops the study."""
 
 
-def load_reference_sources(
-    spec: ProbeSpec,
-    *,
-    items: Sequence[ProbeItem] | None = None,
-    base_dir: Path | None = None,
-) -> list[ReferenceSource]:
+def load_reference_sources(spec: ProbeSpec, *, items: Sequence[ProbeItem] | None = None) -> list[ReferenceSource]:
     """The reference prompt set of ``spec`` (known-answer questions, open prompts, and the
-    optional ``reference.prompts_file`` resolved against ``base_dir``).
+    optional ``reference.prompts_file``, made absolute at study load by
+    ``tuner.engine.referencing.resolve_probe_files``).
 
     Call it when the study is loaded, like ``load_probe_items``, so a bad file stops the
     study before any server starts.
@@ -59,17 +55,14 @@ def load_reference_sources(
         PromptsFileError: ``items`` is None and the known-answer prompts file is bad.
     """
     if items is None:
-        items = load_probe_items(spec, base_dir=base_dir)
+        items = load_probe_items(spec)
     custom: list[ReferenceSource] = []
-    if spec.reference.prompts_file is not None:
-        path = Path(spec.reference.prompts_file)
-        if base_dir is not None and not path.is_absolute():
-            path = base_dir / path
+    if (path := spec.reference.prompts_file) is not None:
         try:
-            text = path.read_text(encoding="utf-8")
+            text = Path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
-            raise ReferencePromptsError(str(path), [(0, f"cannot read: {exc}")]) from exc
-        custom = parse_reference_prompts_jsonl(text, source=str(path))
+            raise ReferencePromptsError(path, [(0, f"cannot read: {exc}")]) from exc
+        custom = parse_reference_prompts_jsonl(text, source=path)
     return reference_sources(spec, items, custom)
 
 

@@ -7,21 +7,24 @@ from __future__ import annotations
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.probe.compare import Verdict, compare_forced, compare_generation
+from tuner.probe.known_score import index_answers
 from tuner.probe.record import ForcedStep, Generation, Reference, ReferencePrompt
 from tuner.probe.selection import forced_prompt_ids
 from tuner.probe.spec import TEMPLATE_EXACT_FRACTION, ReferenceSpec
 
 __all__ = [
+    "ForcedTotals",
     "PromptScore",
     "ReferenceAnswer",
     "ReferenceLevel",
     "ReferenceResult",
     "gap_stats",
+    "level_figures",
     "score_forced_row",
     "score_generation_row",
     "score_reference",
@@ -228,34 +231,8 @@ def score_forced_row(
     return positions, fc.top1_matches, fc.close_matches, fc.gaps, None
 
 
-def _index_answers(
-    reference: Reference,
-    answers: Iterable[ReferenceAnswer],
-    levels: Sequence[int],
-    subsets: Mapping[int, set[str]],
-) -> dict[tuple[str, int, str], ReferenceAnswer]:
-    """The answers by (prompt id, level, kind); raises ValueError on a caller bug."""
-    by_id = {p.id for p in reference.prompts}
-    for level, ids in subsets.items():
-        if level not in levels or not ids or not ids <= by_id:
-            raise ValueError(f"bad prompt subset at concurrency {level}: {sorted(ids)[:5]}")
-    got: dict[tuple[str, int, str], ReferenceAnswer] = {}
-    for ans in answers:
-        if ans.prompt_id not in by_id:
-            raise ValueError(f"answer for unknown reference prompt {ans.prompt_id!r}")
-        if ans.concurrency not in levels:
-            raise ValueError(f"answer at unexpected concurrency {ans.concurrency}")
-        if ans.concurrency in subsets and ans.prompt_id not in subsets[ans.concurrency]:
-            raise ValueError(f"answer for {ans.prompt_id!r}, not asked at {ans.concurrency}")
-        key = (ans.prompt_id, ans.concurrency, ans.kind)
-        if key in got:
-            raise ValueError(f"two {ans.kind} answers for {ans.prompt_id!r} at {ans.concurrency}")
-        got[key] = ans
-    return got
-
-
 @dataclass
-class _Forced:
+class ForcedTotals:
     """Teacher-forced totals of one level."""
 
     positions: int = 0
@@ -267,18 +244,18 @@ class _Forced:
 
 def _level_rows(
     reference: Reference,
-    got: Mapping[tuple[str, int, str], ReferenceAnswer],
+    got: Mapping[tuple[str, int, Any], ReferenceAnswer],
     level: int,
     sent: set[str] | None,
     forced_ids: set[str],
     k: int,
     near_tie: float,
-) -> tuple[list[PromptScore], list[float], _Forced]:
+) -> tuple[list[PromptScore], list[float], ForcedTotals]:
     """The scored rows of one level, its decode gaps and (when ``forced_ids``) its
     teacher-forced totals."""
     rows: list[PromptScore] = []
     decode_gaps: list[float] = []
-    forced = _Forced()
+    forced = ForcedTotals()
     for prompt in reference.prompts:
         if sent is not None and prompt.id not in sent:
             continue
@@ -307,7 +284,7 @@ def template_exact_bar(spec: ReferenceSpec) -> float:
 def _level_failures(
     level: ReferenceLevel,
     rows: Sequence[PromptScore],
-    forced: _Forced,
+    forced: ForcedTotals,
     spec: ReferenceSpec,
     exact_level: bool,
 ) -> list[str]:
@@ -348,11 +325,11 @@ def _level_failures(
     return out
 
 
-def _level_result(
+def level_figures(
     concurrency: int,
     rows: Sequence[PromptScore],
     decode_gaps: Sequence[float],
-    forced: _Forced,
+    forced: ForcedTotals,
     forced_here: bool,
     subset: bool,
 ) -> ReferenceLevel:
@@ -406,7 +383,8 @@ def score_reference(
     all_ids = {p.id for p in reference.prompts}
     levels = spec.concurrency
     subsets = {level: set(ids) for level, ids in (asked or {}).items()}
-    got = _index_answers(reference, answers, levels, subsets)
+    got = index_answers(answers, all_ids, levels, subsets,
+                        lambda a: (a.prompt_id, a.concurrency, a.kind), "prompt")
     forced_ids = forced_prompt_ids(reference, spec)
     full_levels = [lvl for lvl in levels if lvl not in subsets or subsets[lvl] >= all_ids]
     exact_level = full_levels[0] if full_levels else levels[0]
@@ -426,7 +404,7 @@ def score_reference(
             k,
             spec.near_tie_nats,
         )
-        result = _level_result(
+        result = level_figures(
             level, rows, decode_gaps, forced, forced_here, level not in full_levels
         )
         level_failures = _level_failures(result, rows, forced, spec, level == exact_level)

@@ -21,6 +21,7 @@ __all__ = [
     "prompt_strata",
     "reference_correct",
     "forced_prompt_ids",
+    "item_source",
     "reference_sources",
     "shared_prompts",
     "single_stream_plan",
@@ -44,18 +45,15 @@ def _known_answer_sources(
     questions = list(chosen.items())
     if spec.reference.known_answer_prompts is not None:
         questions = questions[: spec.reference.known_answer_prompts]
-    out: list[tuple[ReferenceSource, ProbeItem]] = []
-    for key, item in questions:
-        if item.api == "chat":
-            source = ReferenceSource(
-                id=f"ka-{key}",
-                source="known_answer",
-                messages=tuple(ChatMessage.model_validate(m) for m in item.messages()),
-            )
-        else:
-            source = ReferenceSource(id=f"ka-{key}", source="known_answer", prompt=item.prompt)
-        out.append((source, item))
-    return out
+    return [(item_source(item, f"ka-{key}"), item) for key, item in questions]
+
+
+def item_source(item: ProbeItem, source_id: str) -> ReferenceSource:
+    """A known-answer item as a reference prompt: its chat messages, or its text."""
+    if item.api == "chat":
+        messages = tuple(ChatMessage.model_validate(m) for m in item.messages())
+        return ReferenceSource(id=source_id, source="known_answer", messages=messages)
+    return ReferenceSource(id=source_id, source="known_answer", prompt=item.prompt)
 
 
 def shared_prompts(

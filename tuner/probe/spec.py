@@ -13,9 +13,9 @@ calls once before any server starts.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "ALL_FAMILIES",
@@ -73,6 +73,19 @@ OPEN_PROMPTS: tuple[tuple[OpenForm, str], ...] = (
 BANK_FAMILIES: tuple[str, ...] = (
     "fact", "arithmetic", "copy", "translation", "code", "multi_turn", "retrieval",
 )  # fmt: skip
+
+
+def _levels(value: tuple[int, ...]) -> tuple[int, ...]:
+    if any(level < 1 for level in value):
+        raise ValueError(f"concurrency levels must be >= 1: {list(value)}")
+    if len(set(value)) != len(value):
+        raise ValueError(f"concurrency levels must not repeat: {list(value)}")
+    # Sorted so the lowest level (the consistency baseline) always runs first.
+    return tuple(sorted(value))
+
+
+# Concurrency levels of the probe and of its reference layer: >= 1, distinct, ascending.
+Levels = Annotated[tuple[int, ...], AfterValidator(_levels)]
 
 
 class BankSpec(BaseModel):
@@ -228,7 +241,7 @@ class ReferenceSpec(BaseModel):
     top_k: int = Field(
         default=5, ge=1, le=20, description="Logprobs per position (vLLM's --max-logprobs is 20)."
     )
-    concurrency: tuple[int, ...] = Field(
+    concurrency: Levels = Field(
         default=(1, 8),
         min_length=1,
         description=(
@@ -334,15 +347,6 @@ class ReferenceSpec(BaseModel):
         default=None, gt=0.0, description="Gate on the largest reference-token |delta logprob|."
     )
 
-    @field_validator("concurrency")
-    @classmethod
-    def _valid_concurrency(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if any(level < 1 for level in value):
-            raise ValueError(f"concurrency levels must be >= 1: {list(value)}")
-        if len(set(value)) != len(value):
-            raise ValueError(f"concurrency levels must not repeat: {list(value)}")
-        return tuple(sorted(value))
-
     @model_validator(mode="after")
     def _has_prompts(self) -> ReferenceSpec:
         if self.prompts_file is not None and not self.prompts_file.strip():
@@ -412,7 +416,7 @@ class ProbeSpec(BaseModel):
     )
     families: tuple[Family, ...] = Field(default=ALL_FAMILIES, min_length=1)
     api: Literal["both", "chat", "completions"] = "both"
-    concurrency: tuple[int, ...] = Field(
+    concurrency: Levels = Field(
         default=(1, 8),
         min_length=1,
         description="The item set is run once at each level; batch-dependent bugs exist.",
@@ -484,16 +488,6 @@ class ProbeSpec(BaseModel):
         if len(set(value)) != len(value):
             raise ValueError(f"families must not repeat: {list(value)}")
         return value
-
-    @field_validator("concurrency")
-    @classmethod
-    def _valid_concurrency(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if any(level < 1 for level in value):
-            raise ValueError(f"concurrency levels must be >= 1: {list(value)}")
-        if len(set(value)) != len(value):
-            raise ValueError(f"concurrency levels must not repeat: {list(value)}")
-        # Sorted so the lowest level (the consistency baseline) always runs first.
-        return tuple(sorted(value))
 
     @field_validator("lookup_prompt_tokens")
     @classmethod

@@ -19,37 +19,21 @@ from typing import Any
 
 import httpx
 
-from tuner.probe.client import answer_of, ask_item, load_probe_items
-from tuner.probe.correctness import ask_reference, matching_pairs, run_correctness
+from tuner.probe.client import answer_in, ask_item, load_probe_items
+from tuner.probe.correctness import ask_reference, matching_pairs, run_correctness, timed_verdict
 from tuner.probe.http import make_client, post_json, request_timeout
 from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
 from tuner.probe.plan_score import score_plan
-from tuner.probe.record import Generation, Reference, ReferencePrompt
+from tuner.probe.record import Reference, ReferencePrompt
 from tuner.probe.reference_score import ReferenceAnswer
 from tuner.probe.sample import TrialPlan, plan_trial
 from tuner.probe.selection import bank_tokens, prompt_strata, reference_correct, shared_prompts
 from tuner.probe.spec import ProbeSpec
-from tuner.probe.verdict import CorrectnessResult, combine
-from tuner.probe.wire import apply_stop, generation_request, parse_generation, parse_response
+from tuner.probe.verdict import CorrectnessResult
+from tuner.probe.wire import generation_request, parse_generation
 
-__all__ = ["plan_for", "reference_known_answers", "run_plan", "run_trial_probe", "score_known"]
-
-
-def plan_for(
-    spec: ProbeSpec,
-    items: Sequence[ProbeItem],
-    reference: Reference,
-    seed: int,
-    *,
-    capture_sizes: Sequence[int] = (),
-    boundaries: Sequence[int] = (),
-) -> TrialPlan:
-    """The trial's plan (pure; here for the callers that hold items and the reference)."""
-    strata = prompt_strata(spec, items)
-    return plan_trial(
-        reference, spec, strata, seed, capture_sizes=capture_sizes, boundaries=boundaries
-    )
+__all__ = ["reference_known_answers", "run_plan", "run_trial_probe", "score_known"]
 
 
 async def _ask_wave(
@@ -104,44 +88,12 @@ async def _ask_wave(
         agreement.append(answer)
         if item is None or repeat:
             continue
-        known.append(_known_answer(item, prompt, level, one, why, generation, latency))
+        if why is not None:
+            known.append(ProbeAnswer(item_id=item.id, concurrency=level, latency_s=latency, error=why))
+        else:
+            counts = (len(prompt.prompt_ids), None if generation is None else len(generation.tokens))
+            known.append(answer_in(item, level, one, latency, as_ids=True, counts=counts))
     return known, agreement
-
-
-def _known_answer(
-    item: ProbeItem,
-    prompt: ReferencePrompt,
-    level: int,
-    one: dict[str, Any] | None,
-    why: str | None,
-    generation: Generation | None,
-    latency: float,
-) -> ProbeAnswer:
-    """The known answer in one choice of a wave (``one``, a body holding just that choice),
-    or the error that stands for it (``why``: the request or choice failed)."""
-    if why is not None or one is None:
-        return ProbeAnswer(item_id=item.id, concurrency=level, latency_s=latency, error=why)
-    try:
-        text, finish, _, _ = parse_response(item.model_copy(update={"api": "completions"}), one)
-        text, finish = apply_stop(item, text, finish)
-        return answer_of(
-            item,
-            level,
-            (
-                text,
-                finish,
-                len(prompt.prompt_ids),
-                None if generation is None else len(generation.tokens),
-            ),
-            latency,
-        )
-    except ValueError as exc:
-        return ProbeAnswer(
-            item_id=item.id,
-            concurrency=level,
-            latency_s=latency,
-            error=f"bad response body: {exc}",
-        )
 
 
 async def _level(
@@ -295,7 +247,7 @@ async def run_trial_probe(
     headers: Mapping[str, str] | None = None,
 ) -> CorrectnessResult:
     """A trial's whole correctness probe. With the bank (``probe.bank.enabled``) and a
-    recorded reference: the seeded plan of :func:`plan_for` for this trial
+    recorded reference: the seeded plan (:func:`tuner.probe.sample.plan_trial`) for this trial
     (``sample_seed``, e.g. the trial number), covering the shapes the server reports
     (``capture_sizes``, ``boundaries`` from its log); otherwise the template probe of
     :func:`tuner.probe.correctness.run_correctness`.
@@ -316,14 +268,12 @@ async def run_trial_probe(
         )
     if items is None:
         items = load_probe_items(spec)
-    plan = plan_for(
-        spec, items, reference, sample_seed, capture_sizes=capture_sizes, boundaries=boundaries
-    )
+    strata = prompt_strata(spec, items)
+    plan = plan_trial(reference, spec, strata, sample_seed, capture_sizes=capture_sizes, boundaries=boundaries)
     start = perf_counter()
     deadline = None if deadline_s is None else start + deadline_s
     async with make_client(base_url, headers, spec, plan.top) as client:
         sent = {pid for ids in plan.prompts.values() for pid in ids}
-        strata = prompt_strata(spec, items)
         wanted = [
             i
             for i in items
@@ -347,14 +297,7 @@ async def run_trial_probe(
             "strata": len({strata[p] for p in sent if p in strata}),
         }
     )
-    combined = combine(
-        known,
-        result,
-        probe_seconds=total,
-        known_answers_seconds=known_s,
-        reference_seconds=total - known_s,
-        reference_only=spec.reference_only,
-    )
+    combined = timed_verdict(known, result, spec, total, known_s)
     return combined.model_copy(update={"coverage": coverage, "sample_seed": sample_seed})
 
 

@@ -336,29 +336,26 @@ class Engine:
         lab = f'engine="0",model_name="{model_name}"'
         out: list[str] = []
 
-        def metric(name: str, kind: str, help_: str, samples: list[tuple[str, float]]) -> None:
+        def metric(name: str, kind: str, help_: str, samples: float | list[tuple[str, float]]) -> None:
+            """One series; ``samples`` a number: its one sample, with the engine's labels only."""
             out.append(f"# HELP vllm:{name} {help_}")
             out.append(f"# TYPE vllm:{name} {kind}")
-            for suffix_labels, value in samples:
+            for suffix_labels, value in samples if isinstance(samples, list) else [(f"{name}{{{lab}}}", samples)]:
                 out.append(f"vllm:{suffix_labels} {float(value)}")
 
         metric("num_requests_running", "gauge", "Number of requests in model execution batches.",
-               [(f"num_requests_running{{{lab}}}", len(self.sched.running))])
+               len(self.sched.running))
         metric("num_requests_waiting", "gauge", "Number of requests waiting to be processed.",
-               [(f"num_requests_waiting{{{lab}}}", len(self.sched.waiting))])
-        metric("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.",
-               [(f"kv_cache_usage_perc{{{lab}}}", self.sched.kv_usage)])
-        metric("prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of "
-               "number of queried tokens.", [(f"prefix_cache_queries_total{{{lab}}}",
-                                              self.sched.prefix_queries)])
-        metric("prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of "
-               "cached tokens.", [(f"prefix_cache_hits_total{{{lab}}}", self.sched.prefix_hits)])
-        metric("num_preemptions_total", "counter", "Cumulative number of preemption from the "
-               "engine.", [(f"num_preemptions_total{{{lab}}}", self.sched.num_preemptions)])
-        metric("prompt_tokens_total", "counter", "Number of prefill tokens processed.",
-               [(f"prompt_tokens_total{{{lab}}}", c.prompt_tokens)])
-        metric("generation_tokens_total", "counter", "Number of generation tokens processed.",
-               [(f"generation_tokens_total{{{lab}}}", c.generation_tokens)])
+               len(self.sched.waiting))
+        metric("kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.", self.sched.kv_usage)
+        metric("prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.",
+               self.sched.prefix_queries)
+        metric("prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.",
+               self.sched.prefix_hits)
+        metric("num_preemptions_total", "counter", "Cumulative number of preemption from the engine.",
+               self.sched.num_preemptions)
+        metric("prompt_tokens_total", "counter", "Number of prefill tokens processed.", c.prompt_tokens)
+        metric("generation_tokens_total", "counter", "Number of generation tokens processed.", c.generation_tokens)
         metric("request_success_total", "counter", "Count of successfully processed requests.",
                [(f'request_success_total{{{lab},finished_reason="{r}"}}', n)
                 for r, n in c.finished.items()])
@@ -376,13 +373,9 @@ class Engine:
             samples.append((f"{name}_sum{{{lab}}}", hist.total))
             metric(name, "histogram", help_, samples)
         if self.eff.spec:
-            metric("spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.",
-                   [(f"spec_decode_num_drafts_total{{{lab}}}", c.drafts)])
-            metric("spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.",
-                   [(f"spec_decode_num_draft_tokens_total{{{lab}}}", c.draft_tokens)])
-            metric("spec_decode_num_accepted_tokens_total", "counter",
-                   "Number of accepted tokens.",
-                   [(f"spec_decode_num_accepted_tokens_total{{{lab}}}", c.accepted)])
+            metric("spec_decode_num_drafts_total", "counter", "Number of spec decoding drafts.", c.drafts)
+            metric("spec_decode_num_draft_tokens_total", "counter", "Number of draft tokens.", c.draft_tokens)
+            metric("spec_decode_num_accepted_tokens_total", "counter", "Number of accepted tokens.", c.accepted)
             metric("spec_decode_num_accepted_tokens_per_pos_total", "counter",
                    "Accepted tokens per draft position.",
                    [(f'spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}}', n)

@@ -28,7 +28,7 @@ from typing import Any
 from tuner.sim.truth import PointTruth
 from tuner.study import space
 from tuner.study.outcome import TrialOutcome
-from tuner.study.pareto import Point, pareto_front
+from tuner.study.pareto import Point, pareto_front, signed_values
 from tuner.study.scoring import constraints as scoring_constraints
 from tuner.study.scoring import metric_value
 from tuner.study.spec import StudySpec
@@ -96,17 +96,13 @@ def measure(spec: StudySpec, truth: PointTruth, *, noise: float = 0.0,
 # ------------------------------------------------------------------------------- hypervolume
 
 
-def _signed(values: Sequence[float], directions: Sequence[str]) -> tuple[float, ...]:
-    return tuple(-v if d == "maximize" else v for v, d in zip(values, directions, strict=True))
-
-
 def reference_point(front: Sequence[Sequence[float]], directions: Sequence[str],
                     margin: float = REF_MARGIN) -> tuple[float, ...]:
     """Nadir of ``front`` pushed out by ``margin`` of its range (in objective units)."""
 
     if not front:
         raise ValueError("an empty front has no reference point")
-    signed = [_signed(v, directions) for v in front]
+    signed = [signed_values(v, directions) for v in front]
     ref = []
     for col in zip(*signed):
         lo, hi = min(col), max(col)
@@ -122,8 +118,8 @@ def hypervolume(points: Iterable[Sequence[float]], directions: Sequence[str],
 
     if len(directions) != 2:
         raise ValueError("hypervolume is implemented for 2 objectives")
-    ref = _signed(reference, directions)
-    pts = sorted({_signed(p, directions) for p in points if all(s < r for s, r in zip(_signed(p, directions), ref))})
+    ref = signed_values(reference, directions)
+    pts = sorted({s for s in (signed_values(p, directions) for p in points) if all(a < r for a, r in zip(s, ref))})
     area = 0.0
     best_y = ref[1]
     for x, y in pts:            # ascending first objective; keep only improving second

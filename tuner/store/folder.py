@@ -32,7 +32,7 @@ import optuna
 from optuna.distributions import BaseDistribution, CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.trial import FrozenTrial, TrialState
 
-from tuner.adapters.artifacts import StudyPaths, open_private
+from tuner.adapters.artifacts import StudyPaths, open_private, read_json
 from tuner.errors import StudyError
 from tuner.probe.agreement import agreement_line
 from tuner.store.handle import (
@@ -72,9 +72,8 @@ class FolderStudyHandle(StudyHandle):
 def _has_storage(paths: StudyPaths) -> bool:
     if not paths.study_json.exists():
         return False
-    try:
-        meta = json.loads(paths.study_json.read_text())
-    except (OSError, ValueError):
+    meta = read_json(paths.study_json, dict)
+    if meta is None:
         return True  # let open_existing report the broken file
     # A non-default storage (a database URL) is not in the folder; only the default
     # SQLite file can be known to be missing.
@@ -212,10 +211,6 @@ def _read_file(trial_dir: Path, name: str) -> tuple[dict[str, Any] | None, str |
     return data, None, None
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    return _read_file(path.parent, path.name)[0]
-
-
 def _trial_files(trial_dir: Path, number: int) -> tuple[TrialOutcome, dict[str, Any]] | Damage | None:
     """The trial's outcome and command, a ``Damage`` naming the file that keeps it from
     being rebuilt, or None for a trial that never finished (no outcome.json)."""
@@ -243,7 +238,7 @@ def _trial_files(trial_dir: Path, number: int) -> tuple[TrialOutcome, dict[str, 
         return Damage(f"{where}/command.json", why, command_kept and f"{where}/{command_kept}")
     if "probe_agreement" not in outcome_data and outcome.probe_passed is not None:
         # Recorded before the worker stored this line: derived from the trial's probe.json.
-        probe = _read_json(trial_dir / "probe.json")
+        probe = read_json(trial_dir / "probe.json", dict)
         outcome.probe_agreement = agreement_line(probe.get("reference")) if probe else None
     return outcome, command
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Point", "pareto_front", "knee_point", "Filter", "parse_filter", "pick_point", "check_pick"]
+__all__ = ["Point", "pareto_front", "knee_point", "Filter", "parse_filter", "pick_point", "check_pick", "signed_values"]
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class Point:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-def _signed(values: Sequence[float], directions: Sequence[str]) -> tuple[float, ...]:
+def signed_values(values: Sequence[float], directions: Sequence[str]) -> tuple[float, ...]:
     """Values turned into 'smaller is better' for every objective."""
 
     return tuple(-v if d == "maximize" else v for v, d in zip(values, directions, strict=True))
@@ -40,7 +40,7 @@ def pareto_front(points: Sequence[Point], directions: Sequence[str]) -> list[Poi
     Points with identical values are all kept (equal points do not dominate each other).
     """
 
-    candidates = [(_signed(p.values, directions), p) for p in points
+    candidates = [(signed_values(p.values, directions), p) for p in points
                   if p.feasible and all(math.isfinite(v) for v in p.values)]
     # Sorted lexicographically, a point's dominators all come before it, and a dominated
     # dominator has a dominator on the front: so each point is compared with the front found
@@ -58,7 +58,7 @@ def knee_point(front: Sequence[Point], directions: Sequence[str]) -> Point | Non
 
     if not front:
         return None
-    signed = [_signed(p.values, directions) for p in front]
+    signed = [signed_values(p.values, directions) for p in front]
     lows = [min(col) for col in zip(*signed)]
     highs = [max(col) for col in zip(*signed)]
 

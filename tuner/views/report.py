@@ -18,7 +18,7 @@ from typing import Any
 
 import optuna
 
-from tuner.adapters.artifacts import atomic_write_text, make_private_dir, open_private
+from tuner.adapters.artifacts import atomic_write_text, make_private_dir, open_private, read_json
 from tuner.load.host_steadiness import check_text
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.store.handle import StudyHandle
@@ -140,9 +140,8 @@ def noise_ties(records: list[TrialRecord], labels: list[str], directions: list[s
 def _separation_html(path: Path) -> str:
     """What ``confirm.tie_runs`` spent separating ties, and what stayed a tie (tuner.engine.tie_runs)."""
 
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    data = read_json(path, dict)
+    if data is None:
         return ""
     items = [f"<li>separated: {html.escape(t['text'].replace('are within noise', 'were within noise'))}</li>"
              for t in data.get("separated") or []]

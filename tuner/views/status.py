@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import collections
-import contextlib
 import fcntl
 import json
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tuner.adapters.artifacts import StudyPaths, saved_budget
+from tuner.adapters.artifacts import StudyPaths, read_json, saved_budget
 from tuner.load.host_steadiness import check_text
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.store.records import StoredStudy, read_records_direct, read_sqlite_study
@@ -66,10 +65,7 @@ def read_checks(handle: StudyHandle | StudyPaths, number: int) -> list[dict[str,
 def read_verification(handle: StudyHandle | StudyPaths, number: int) -> dict[str, Any]:
     """The trial's verification.json: checks, and its ranks and all-reduce (``parallel``)."""
     paths = handle if isinstance(handle, StudyPaths) else handle.paths
-    with contextlib.suppress(OSError, ValueError):
-        found = json.loads((paths.trial_dir(number) / "verification.json").read_text())
-        return found if isinstance(found, dict) else {}
-    return {}
+    return read_json(paths.trial_dir(number) / "verification.json", dict) or {}
 
 
 # Server-side speculative-decoding counters per level (load/prometheus.py, kept in the
@@ -174,9 +170,7 @@ def build_status(handle: StudyHandle, study: optuna.Study) -> dict[str, Any]:
     # every trial into a FrozenTrial first (about 1 s at 1,000 trials).
     stored = StoredStudy(handle.name, study.metric_names, [d.name.lower() for d in study.directions],
                          study.user_attrs, read_records_direct(study))
-    meta: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        meta = json.loads(handle.paths.study_json.read_text())
+    meta = read_json(handle.paths.study_json, dict) or {}
     n_trials, timeout = _target(meta, handle.spec.budget.n_trials, handle.spec.budget.timeout)
     return _status(handle.paths, stored, n_trials, timeout, name=handle.name,
                    spec_changes=list(getattr(handle, "spec_changes", [])))
