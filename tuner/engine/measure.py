@@ -227,9 +227,17 @@ def _write_levels(out_dir: Path, sweep: SweepResult) -> dict[str, Any]:
     return levels
 
 
-def measure(url: str, spec: StudySpec, **options: Any) -> dict[str, Any]:
-    """Run ``spec``'s load profile (and with ``probe`` its probe) against ``url``;
-    ``options`` are :func:`ameasure`'s keywords, below.
+def measure(
+    url: str,
+    spec: StudySpec,
+    *,
+    probe: bool,
+    out_dir: Path,
+    deadline_s: float | None = None,
+    headers: dict[str, str] | None = None,
+    speculative: bool | None = None,
+) -> dict[str, Any]:
+    """Run ``spec``'s load profile (and with ``probe`` its probe) against ``url``.
 
     Args:
         url: the running OpenAI-compatible server, ``http://host:port`` (``/v1`` accepted).
@@ -249,7 +257,8 @@ def measure(url: str, spec: StudySpec, **options: Any) -> dict[str, Any]:
     Raises:
         MeasureError: the server is unreachable or serves no usable model.
     """
-    return asyncio.run(ameasure(url, spec, **options))
+    return asyncio.run(ameasure(url, spec, probe=probe, out_dir=out_dir, deadline_s=deadline_s,
+                                headers=headers, speculative=speculative))
 
 
 def _fmt(v: Any, digits: int = 1) -> str:
