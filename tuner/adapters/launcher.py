@@ -342,8 +342,6 @@ class ServerProcess:
 
         if self._popen_pid is None:
             return StopReport("none", 0.0, None)
-        if self._scanner.signature is not None:
-            grace_s = min(grace_s, FATAL_STOP_GRACE_S)
         began = time.monotonic()
         pgid = self._popen_pid
         used = "none"
@@ -354,9 +352,10 @@ class ServerProcess:
                 self._proc.poll()
                 if not self._group_alive(pgid):
                     break
-                # vLLM stopped while it starts fails its start ("EngineCore failed to start."
-                # 3 s after SIGTERM on three CPU ranks) and its API server then ignores SIGTERM:
-                # from that line on, the short grace of a server that already failed.
+                # A server with a fatal line, printed before the stop or during it, gets the short
+                # grace from that line on: vLLM stopped while it starts fails its start
+                # ("EngineCore failed to start." 3 s after SIGTERM on three CPU ranks) and its API
+                # server then ignores SIGTERM.
                 if grace_s > FATAL_STOP_GRACE_S and self._fatal_line_now():
                     grace_s = min(grace_s, time.monotonic() - began + FATAL_STOP_GRACE_S)
                 await asyncio.sleep(0.05)
