@@ -119,7 +119,7 @@ def test_the_worker_records_the_compile_cache_per_trial(tmp_path: Path) -> None:
         worker = TrialWorker()
         outcome = TrialOutcome(number=request.number, status="failed")
         try:
-            await worker._start(request, trial_dir)
+            await worker._start(request, trial_dir, None, outcome)
         finally:
             await worker._stop(request, outcome)
 

@@ -1,7 +1,9 @@
 """A real study on the vLLM CPU build serving dummy weights (``--load-format dummy``, issue 34):
 the probe turns reference-only on its own, the eager reference is trusted without known
 answers (random weights answer none), and a clean eager trial passes it, its answers
-compared with the reference at every decode batch size.
+compared with the reference at every decode batch size. With execution.startup.prestart
+(issue 35) the trial's server is the spare interpreter started during the reference's start:
+released into a real vLLM server, verified and probed like a cold one.
 
 One trial (the eager float32 baseline) after the reference: 7.5 minutes on a shared 2-core
 machine (2026-12-06; the reference's recording 254 s of it: dummy answers never end early).
@@ -39,6 +41,7 @@ def dummy_study(tmp_path: Path) -> tuple[Path, str, str]:
     data["budget"] = {"n_trials": 1, "trial_timeout": "16m"}
     data["confirm"] = {"candidates": 0}
     data["sampler"] = {"name": "grid", "seed": 0}
+    data["execution"] = {"startup": {"prestart": True}}
     path = tmp_path / f"{name}.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path, name, marker
@@ -77,5 +80,15 @@ def test_dummy_weights_probe_is_reference_only_and_passes_eager(tmp_path: Path, 
     print("answers identical:", sum(lvl["exact"] for lvl in levels), "of", sum(lvl["prompts"] for lvl in levels))
     checks = {c["target"]: c for c in json.loads((trial / "verification.json").read_text())["checks"]}
     assert checks["load_format"]["status"] == "applied", checks["load_format"]  # vLLM's non-default args
+    # The trial's server was the spare: its imports done during the reference's start.
+    outcome = json.loads((trial / "outcome.json").read_text())
+    assert outcome["prestart"]["used"] is True, outcome["prestart"]
+    ahead = outcome["prestart"]["import_s"]
+    assert ahead > 1.0 and outcome["start_wait_s"] == pytest.approx(outcome["startup_s"] - ahead)
+    startup = json.loads((trial / "startup.json").read_text())
+    assert startup["overlapped_s"] == ahead and startup["phases"]["imports"] >= ahead
+    assert sum(startup["phases"].values()) == pytest.approx(outcome["startup_s"], abs=0.01)
+    print(f"spare: imports {ahead:.1f}s ahead, the trial waited {outcome['start_wait_s']:.1f}s "
+          f"of a {outcome['startup_s']:.1f}s start")
     text = run_tuner("status", name, "--results", str(results)).stdout
     assert f"  probe: {DUMMY_TEXT}" in text, text

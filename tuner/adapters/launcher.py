@@ -33,6 +33,7 @@ from tuner.adapters import proctree
 from tuner.adapters.artifacts import open_private
 from tuner.adapters.http_client import ReplyTooLarge, capped_request, server_client
 from tuner.adapters.server_log import ServerLog
+from tuner.adapters.spare import Spare, spare_target
 from tuner.errors import PortInUse, ServerExited, ServerFatalLog, ServerRefusedKey, ServerStartTimeout
 from tuner.secrets import Redactor
 from tuner.vllm.failure_signatures import FatalSignature, trial_reason, vllm_message
@@ -161,10 +162,24 @@ class ServerProcess:
     def pid(self) -> int | None:
         return self._popen_pid
 
-    def start(self) -> None:
-        check_port_free(self.host, self.port)
+    def start(self, spare: Spare | None = None) -> None:
+        """Spawn the server, or release ``spare`` into it (tuner.adapters.spare: the caller
+        checked that it may); either way its output lands in the log."""
+
+        try:
+            check_port_free(self.host, self.port)
+        except BaseException:
+            if spare is not None:
+                spare.discard()
+            raise
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = open_private(self.log_path, "ab")  # handed to the child, or to the relay
+        if spare is not None:
+            log.close()
+            target = spare_target(self.argv)
+            assert target is not None and self.redactor is None, "a spare runs [PYTHON, -m, MODULE] with no relay"
+            self._adopt(spare.release(target[2], self.env, self.log_path))
+            return
         try:
             proc = subprocess.Popen(  # argument vector only, never a shell
                 self.argv,
@@ -184,6 +199,11 @@ class ServerProcess:
             self._relay.start()
         else:
             log.close()
+        self._adopt(proc)
+
+    def _adopt(self, proc: subprocess.Popen[bytes]) -> None:
+        """From here on ``proc`` (the leader of its own process group) is this server."""
+
         self._proc = proc
         self._popen_pid = proc.pid
         self.started_at = self.log.started_at = time.monotonic()

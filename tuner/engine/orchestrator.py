@@ -272,7 +272,8 @@ class StudyLoop:
         port = spec.server.port + group
         # The study's shared torch.compile cache (execution.compile_cache_dir, expanded by
         # the CLI) is measurement environment: the server gets it, an export does not.
-        command = trial_command(spec, values, port=port, compile_cache_dir=spec.execution.compile_cache_dir)
+        command = trial_command(spec, values, port=port, compile_cache_dir=spec.execution.compile_cache_dir,
+                                running=True)
         secrets = known_values(spec.server)
         return TrialRequest(
             # asked is what verification compares with the server's log, which the worker
@@ -286,9 +287,8 @@ class StudyLoop:
             deadline_s=spec.budget.trial_timeout,
             load=load, probe=self.probe,
             ignore_eos=trial_ignore_eos(spec, command.asked), reference=self.reference, early_stop=early_stop,
-            slo=spec.slo,
-            search_max_rate=spec.searches_max_rate,
-        )
+            slo=spec.slo, search_max_rate=spec.searches_max_rate, prestart=spec.execution.startup.prestart,
+            searched_env=[p.target[4:] for p in spec.parameters if p.target.startswith("env:")])
 
     # -- telling -------------------------------------------------------------------------
 

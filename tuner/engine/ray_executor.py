@@ -48,6 +48,7 @@ __all__ = ["RayExecutor", "init_ray"]
 
 logger = logging.getLogger(__name__)
 
+SPARE_DISCARD_WAIT_S = 10.0  # at shutdown, for the workers to end their spare interpreters
 NOTE_WAIT_S = 2.0  # how long the cancel reason may take to reach the actors
 MAX_CREATION_FAILURES = 3  # actor deaths in a row before a group is given up
 
@@ -384,6 +385,11 @@ class RayExecutor:
         return self.abandon_all(reason, message)
 
     def shutdown(self) -> None:
+        # Spares end with their worker anyway (end of their input); asked first, they are
+        # gone before the run returns.
+        with contextlib.suppress(RayError, ValueError):
+            ray.wait([g.actor.discard_spare.remote() for g in self._groups], num_returns=len(self._groups),
+                     timeout=SPARE_DISCARD_WAIT_S)
         for group in self._groups:
             try:
                 ray.kill(group.actor, no_restart=True)

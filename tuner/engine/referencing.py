@@ -179,6 +179,8 @@ def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference 
             startup_timeout_s=spec.server.startup_timeout, stop_timeout_s=stop_grace,
             gpu_free_timeout_s=spec.execution.gpu_free_timeout,
             deadline_s=spec.budget.trial_timeout, load=spec.load, probe=probe, ignore_eos=True,
+            prestart=spec.execution.startup.prestart,
+            searched_env=[p.target[4:] for p in spec.parameters if p.target.startswith("env:")],
         )
         host.progress(f"[reference] recording the study's reference on group {group}: {config.label}")
         executor.submit(group, request.model_dump(mode="json"), method="run_reference",

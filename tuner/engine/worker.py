@@ -18,17 +18,18 @@ import contextlib
 import errno
 import logging
 import os
-import signal
 import socket
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from tuner.adapters import gpu, proctree
+from tuner.adapters import gpu
 from tuner.adapters.artifacts import atomic_write_json, make_private_dir
 from tuner.adapters.environment import current_environment
-from tuner.adapters.launcher import TAG_VAR, ServerProcess
+from tuner.adapters.launcher import ServerProcess
+from tuner.engine.leftovers import clear_leftovers
+from tuner.engine.prestart import SpareSlot, imports_ahead, note_settled, startup_seconds
 from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCancelled, TrialError, TrialTimeout
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.results import level_key
@@ -56,8 +57,7 @@ logger = logging.getLogger(__name__)
 
 
 def _json_flat(flat: dict[str, float]) -> dict[str, float | None]:
-    """Flat level metrics for the outcome: NaN marks "no sample" in metrics; JSON and the
-    Optuna storage want null."""
+    """NaN ("no sample" in metrics) as null, which JSON and the Optuna storage want."""
     return {k: (None if v != v else v) for k, v in flat.items()}
 
 
@@ -83,6 +83,7 @@ class TrialWorker:
         self._jobs: dict[int, dict[str, Any]] = {}
         self._redactor = Redactor()
         self._headers: dict[str, str] = {}
+        self._spares = SpareSlot()
         self.niceness = _default_priority()
 
     def describe(self, server: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -111,6 +112,10 @@ class TrialWorker:
                 info["environment"] = None
                 info["environment_error"] = f"{type(exc).__name__}: {exc}"
         return info
+
+    def discard_spare(self) -> None:
+        """End the spare interpreter (execution.startup.prestart) before the worker goes."""
+        self._spares.discard()
 
     def note_cancel(self, number: int, reason: str) -> None:
         """Why the driver is about to cancel trial ``number`` (ray.cancel carries no reason)."""
@@ -151,7 +156,8 @@ class TrialWorker:
                 # skips what is left; the orchestrator tells it as stopped, never on the front.
                 guard = SweepGuard(request.early_stop)
                 phase = "start"
-                outcome.startup_s = await self._start(request, trial_dir, guard)
+                waited = await self._start(request, trial_dir, guard, outcome)
+                outcome.startup_s, outcome.start_wait_s = startup_seconds(waited, outcome.prestart)
                 phase = "verify"
                 self._verify(request, trial_dir, outcome)
                 # Judged whether or not the probe runs: a knob not applied stops the trial
@@ -161,6 +167,7 @@ class TrialWorker:
                 if request.probe.enabled and not applied_stop:
                     await self._watch(self._probe(request, trial_dir, outcome))
                 phase = "load"
+                note_settled(outcome.prestart, await self._spares.settle())
                 if not guard.stop_after("probe", probe_passed=outcome.probe_passed):
                     await self._watch(self._load(request, trial_dir, outcome, guard))
                 outcome.early_stop = guard.record
@@ -257,27 +264,13 @@ class TrialWorker:
         Those processes are ours by their tag, so after a grace they are killed.
         """
 
-        tag = self.server_tag(request)
-        left = await asyncio.to_thread(proctree.pids_with_env, TAG_VAR, tag)
-        deadline = time.monotonic() + request.stop_timeout_s + 5
-        while left and time.monotonic() < deadline:
-            await asyncio.sleep(0.2)
-            left = await asyncio.to_thread(proctree.pids_with_env, TAG_VAR, tag)
-        if not left:
-            return
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        for _ in range(20):
-            await asyncio.sleep(0.1)
-            still = await asyncio.to_thread(proctree.pids_with_env, TAG_VAR, tag)
-            if not still:
-                outcome.warnings.append(f"killed processes left by an earlier server of this group: {left}")
-                return
-        raise GpusNotFree(f"processes of an earlier server of GPU group {self.group_index} are still "
-                          f"alive after SIGKILL: pids {still}")
+        killed = await clear_leftovers(self.server_tag(request), grace_s=request.stop_timeout_s + 5,
+                                       group=self.group_index)
+        if killed:
+            outcome.warnings.append(f"killed processes left by an earlier server of this group: {killed}")
 
-    async def _start(self, request: TrialRequest, trial_dir: Path, guard: SweepGuard | None = None) -> float:
+    async def _start(self, request: TrialRequest, trial_dir: Path, guard: SweepGuard | None,
+                     outcome: TrialOutcome) -> float:
         env = dict(os.environ)
         env.update(request.env)
         log_path = trial_dir / "server.log"
@@ -293,7 +286,12 @@ class TrialWorker:
             redactor=self._redactor,
             headers=self._headers,
         )
-        self._server.start()
+        relayed, spare = bool(self._redactor), None
+        if request.prestart:
+            spare, outcome.prestart = self._spares.take(request.argv, self._server.env, relayed=relayed)
+        self._server.start(spare)
+        if request.prestart:   # the next server's imports overlap this one's start
+            self._spares.start_next(request.argv, self._server.env, relayed=relayed, searched=request.searched_env)
         if guard is None or not guard.enabled:
             return await self._server.wait_ready(request.startup_timeout_s)
         # Early stop while starting: a downgrade the log already shows for good (see
@@ -433,9 +431,7 @@ class TrialWorker:
         assert self._server is not None
         if request.kind == "reference":
             return  # the reference job records answers; its speed is of no interest
-        spec = request.load
-        began = time.monotonic()
-        guard = guard or SweepGuard(None)
+        spec, began, guard = request.load, time.monotonic(), guard or SweepGuard(None)
         guard.trial_metrics = {"startup_s": outcome.startup_s, "probe_s": outcome.probe_s}
         slo = request.slo
         sweep = await run_sweep(
@@ -564,7 +560,11 @@ class TrialWorker:
         capture the log states (vllm.startup): ``startup.json`` in the trial folder and
         ``outcome.startup`` (a trial user attribute through scoring.outcome_summary)."""
 
+        ahead = imports_ahead(outcome.prestart)
+        if ahead is not None and first_line_s is not None:
+            first_line_s += ahead   # the imports the spare did ahead are part of the start
         record = log.startup(first_line_s=first_line_s, ready_s=outcome.startup_s).to_json()
+        record["overlapped_s"] = ahead
         with contextlib.suppress(TrialError):   # a missing side file must not fail the trial
             atomic_write_json(Path(request.trial_dir) / "startup.json", record)
         outcome.startup = record

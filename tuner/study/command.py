@@ -59,7 +59,7 @@ def reference_configuration(spec: StudySpec, *, port: int | None = None, python:
         server = server.model_copy(update={"flags": flags})
         label += ", eager, no compilation config, no speculation"
     # The reference is a server of the study like any other: it gets the same measurement
-    # environment, the study's compile cache included.
+    # environment, the study's compile cache and startup levers included.
     command = space.server_command(spec, server, settings, port=port, python=python,
-                                   compile_cache_dir=compile_cache_dir)
+                                   compile_cache_dir=compile_cache_dir, running=True)
     return ReferenceConfiguration(values, command.argv, command.launch_env, command.asked, label)

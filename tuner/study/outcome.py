@@ -72,6 +72,12 @@ class TrialRequest(BaseModel):
     search_max_rate: bool = Field(
         default=False, description="search max_rate@slo after the other levels "
         "(load.rate_search; an objective or limit names it)")
+    prestart: bool = Field(
+        default=False, description="execution.startup.prestart: start the next server's "
+        "interpreter while this trial runs (tuner.engine.prestart)")
+    searched_env: list[str] = Field(
+        default_factory=list, description="the environment variables the study searches (their "
+        "values change from trial to trial): a spare interpreter starts without them")
 
 
 class TrialOutcome(BaseModel):
@@ -88,7 +94,15 @@ class TrialOutcome(BaseModel):
     finished_unix: float | None = None
     detected_unix: float | None = Field(
         default=None, description="when the worker detected the failure (wall clock)")
-    startup_s: float | None = None
+    startup_s: float | None = Field(
+        default=None, description="seconds the server took to start, its interpreter's imports "
+        "included (also when a spare did them ahead, execution.startup.prestart)")
+    start_wait_s: float | None = Field(
+        default=None, description="seconds the trial itself waited for its server: startup_s less "
+        "the imports a spare did ahead; None: no spare, the wait was startup_s")
+    prestart: dict[str, Any] | None = Field(
+        default=None, description="tuner.engine.prestart: whether a spare interpreter became this "
+        "trial's server (import seconds saved) or why not; None: prestart off")
     probe_s: float | None = None
     load_s: float | None = None
     trial_s: float | None = None

@@ -11,6 +11,7 @@ parameter is only suggested once every parameter its condition names has a value
 from __future__ import annotations
 
 import math
+import posixpath
 import random
 import sys
 from collections.abc import Mapping
@@ -174,14 +175,16 @@ def settings_for(spec: StudySpec, values: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def trial_command(spec: StudySpec, values: Mapping[str, Any], *, port: int | None = None,
-                  python: str | None = None, compile_cache_dir: str | None = None) -> RenderedCommand:
+                  python: str | None = None, compile_cache_dir: str | None = None,
+                  running: bool = False) -> RenderedCommand:
     """The server for ``values`` (``python`` None: this interpreter): argv, the
     configuration's env, the measurement-only env and the asked settings.
     ``compile_cache_dir``: the study's expanded ``execution.compile_cache_dir`` for a server
-    that runs; an export leaves it out."""
+    that runs; an export leaves it out. ``running``: a server the tuner starts, which gets the
+    startup levers' environment too (execution.startup)."""
 
     return server_command(spec, spec.server, settings_for(spec, values), port=port,
-                          python=python, compile_cache_dir=compile_cache_dir)
+                          python=python, compile_cache_dir=compile_cache_dir, running=running)
 
 
 def trial_ignore_eos(spec: StudySpec, asked: Mapping[str, Any]) -> bool:
@@ -202,14 +205,25 @@ def point_compile_key(spec: StudySpec, values: Mapping[str, Any]) -> str | None:
 
 def server_command(spec: StudySpec, server: ServerSpec, settings: Mapping[str, Any], *,
                    port: int | None = None, python: str | None = None,
-                   compile_cache_dir: str | None = None) -> RenderedCommand:
+                   compile_cache_dir: str | None = None, running: bool = False) -> RenderedCommand:
     """``settings`` on ``server`` (the study's, or the reference's conservative copy), with
-    the measurement environment the study's searched knobs need."""
+    the measurement environment the study's searched knobs need, and for a server the tuner
+    starts (``running``) the startup levers' (execution.startup): the Triton cache under the
+    study's cache root (with none, Triton's own ~/.triton/cache, shared already) and the
+    startup plan."""
 
-    return render_command(server, settings, python=python or sys.executable, port=port,
-                          nccl_debug=spec.verify.nccl_debug,
-                          searched=[p.target for p in spec.parameters],
-                          compile_cache_dir=compile_cache_dir)
+    command = render_command(server, settings, python=python or sys.executable, port=port,
+                             nccl_debug=spec.verify.nccl_debug,
+                             searched=[p.target for p in spec.parameters],
+                             compile_cache_dir=compile_cache_dir)
+    if running:
+        levers = spec.execution.startup
+        extra = ({"TRITON_CACHE_DIR": posixpath.join(compile_cache_dir, "triton")}
+                 if levers.triton_cache and compile_cache_dir is not None else {})
+        if levers.startup_plan:
+            extra["VLLM_ENABLE_STARTUP_PLAN"] = "1"
+        command.measurement_env.update({k: v for k, v in extra.items() if k not in command.env})
+    return command
 
 
 def params_key(values: Mapping[str, Any]) -> str:

@@ -80,6 +80,23 @@ class VerifySpec(Strict):
     )
 
 
+class StartupSpec(Strict):
+    """What the tuner does to make its servers start sooner (docs/gpu-box.md, "Startup
+    levers"). Each is measurement only: none changes the configuration measured or exported."""
+
+    prestart: bool = Field(
+        False, description="start the next server's interpreter, and its imports, while the current "
+        "server starts; the next trial hands it its configuration instead of spawning a process. "
+        "Used only where the imports cannot have seen a difference (tuner/adapters/spare.py); a "
+        "spare never imports during a load level")
+    triton_cache: bool = Field(
+        False, description="TRITON_CACHE_DIR under the study's cache root (execution."
+        "compile_cache_dir): the Triton kernels a server compiles at start are kept for the next")
+    startup_plan: bool = Field(
+        False, description="VLLM_ENABLE_STARTUP_PLAN=1 (vLLM 0.26 and later): a repeated start of "
+        "the same configuration reuses the memory profile vLLM measured the first time")
+
+
 class ExecutionSpec(Strict):
     parallel_trials: int | None = Field(
         None, ge=1, description="GPU groups used at once; default: as many as the cluster has"
@@ -95,6 +112,7 @@ class ExecutionSpec(Strict):
         "the tuner runs with it set); 'vllm-default': vLLM's own (~/.cache/vllm, shared by "
         "every study on the node). A VLLM_CACHE_ROOT in server.env wins. Not carried into exports"
     )
+    startup: StartupSpec = Field(default_factory=StartupSpec, description="startup levers")
     gpu_free_timeout: Seconds | None = Field(
         None, gt=0, description="how long a trial waits for other processes to leave its GPUs "
         "(nvidia-smi) before it fails 'gpus_not_free' without starting a server, e.g. '2m'. "
