@@ -38,7 +38,10 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-LEVERS = ("prestart", "triton_cache", "startup_plan")
+# The H100 run of 2026-12-06 also had vLLM's VLLM_ENABLE_STARTUP_PLAN on: its re-used memory
+# profile gave cache-hit servers 257,904 KV-cache tokens where a fresh profile gives 267,504,
+# another configuration than the one measured, so it is no lever (docs/gpu-box.md).
+LEVERS = ("prestart", "triton_cache")
 
 
 def _set(data: dict[str, Any], dotted: str, text: str) -> None:

@@ -80,7 +80,6 @@ class Spare:
     python: str
     module: str
     env: dict[str, str]
-    modules: tuple[str, ...] = ()
     ignored: tuple[str, ...] = ()   # variables only the tuner reads (its process tag)
     process: subprocess.Popen[bytes] | None = None
     folder: Path | None = None
@@ -91,7 +90,7 @@ class Spare:
         out = open(self.folder / "imports.log", "wb")
         try:
             self.process = subprocess.Popen(   # argument vector only, never a shell
-                [self.python, str(SPARE_MAIN), str(self.folder / "status.json"), self.module, *self.modules],
+                [self.python, str(SPARE_MAIN), str(self.folder / "status.json"), self.module],
                 env=self.env, stdin=subprocess.PIPE, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, close_fds=True,
             )

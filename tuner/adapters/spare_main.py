@@ -5,8 +5,8 @@ it uses the standard library alone::
 
     PYTHON spare_main.py STATUS MODULE [EXTRA_MODULE ...]
 
-It imports what ``python -m MODULE`` imports at its top level, and the EXTRA_MODULEs (those a
-forked engine process would import next), without running MODULE; writes STATUS (JSON: its
+It imports what ``python -m MODULE`` imports at its top level, and any EXTRA_MODULEs, without
+running MODULE; writes STATUS (JSON: its
 import seconds, which environment variables the imports read, whether CUDA got initialised);
 then waits for one JSON line on stdin: ``{"args": [...], "env": {...}, "log": PATH}``. With
 it, the process takes exactly that environment, sends its output to PATH and runs MODULE as

@@ -18,18 +18,12 @@ from typing import Any
 from tuner.adapters.launcher import TAG_VAR
 from tuner.adapters.spare import Spare, spare_target
 
-__all__ = ["SpareSlot", "SETTLE_TIMEOUT_S", "ENGINE_MODULES"]
+__all__ = ["SpareSlot", "SETTLE_TIMEOUT_S", "SPARE_TAG_SUFFIX"]
 
 logger = logging.getLogger(__name__)
 
 SPARE_TAG_SUFFIX = ":spare"
 SETTLE_TIMEOUT_S = 300.0  # imports that take longer are abandoned before a level measures
-
-# What vLLM's engine process imports after the API server forks it (the default start method
-# on GPUs): imported in the spare, a forked engine inherits them. Absent modules are skipped.
-ENGINE_MODULES = ("vllm.v1.engine.core", "vllm.v1.executor.uniproc_executor",
-                  "vllm.v1.executor.multiproc_executor", "vllm.v1.worker.gpu_worker",
-                  "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
 
 
 class SpareSlot:
@@ -58,8 +52,8 @@ class SpareSlot:
         return spare, {"used": True, "import_s": status.get("import_s"), "imported": status.get("imported"),
                        "failed_imports": sorted(status.get("failed") or {})}
 
-    def start_next(self, argv: list[str], env: Mapping[str, str], *, relayed: bool, searched: Collection[str] = (),
-                   engine: bool = True) -> None:
+    def start_next(self, argv: list[str], env: Mapping[str, str], *, relayed: bool,
+                   searched: Collection[str] = ()) -> None:
         """Start the next server's spare (one like this server, without the ``searched``
         variables, which the next trial sets at release) unless spares cannot serve."""
 
@@ -67,13 +61,12 @@ class SpareSlot:
         if self.off is not None or relayed or target is None:
             return
         self.discard()
-        modules = ENGINE_MODULES if engine and target[1].startswith("vllm.") else ()
         # Its own tag until released: the stop of the server now starting, which ends every
         # process with the group's tag, must not take the next server's interpreter with it.
         # (It ends itself when the worker goes: end of its input.)
         own = {k: v for k, v in env.items() if k not in searched}
         own[TAG_VAR] = f"{env.get(TAG_VAR, '')}{SPARE_TAG_SUFFIX}"
-        spare = Spare(python=target[0], module=target[1], env=own, modules=modules, ignored=(TAG_VAR,))
+        spare = Spare(python=target[0], module=target[1], env=own, ignored=(TAG_VAR,))
         try:
             spare.spawn()
         except OSError as exc:

@@ -208,21 +208,15 @@ def server_command(spec: StudySpec, server: ServerSpec, settings: Mapping[str, A
                    compile_cache_dir: str | None = None, running: bool = False) -> RenderedCommand:
     """``settings`` on ``server`` (the study's, or the reference's conservative copy), with
     the measurement environment the study's searched knobs need, and for a server the tuner
-    starts (``running``) the startup levers' (execution.startup): the Triton cache under the
-    study's cache root (with none, Triton's own ~/.triton/cache, shared already) and the
-    startup plan."""
+    starts (``running``) the Triton cache under the study's cache root (execution.startup)."""
 
     command = render_command(server, settings, python=python or sys.executable, port=port,
                              nccl_debug=spec.verify.nccl_debug,
                              searched=[p.target for p in spec.parameters],
                              compile_cache_dir=compile_cache_dir)
-    if running:
-        levers = spec.execution.startup
-        extra = ({"TRITON_CACHE_DIR": posixpath.join(compile_cache_dir, "triton")}
-                 if levers.triton_cache and compile_cache_dir is not None else {})
-        if levers.startup_plan:
-            extra["VLLM_ENABLE_STARTUP_PLAN"] = "1"
-        command.measurement_env.update({k: v for k, v in extra.items() if k not in command.env})
+    if running and spec.execution.startup.triton_cache and compile_cache_dir is not None \
+            and "TRITON_CACHE_DIR" not in command.env:
+        command.measurement_env["TRITON_CACHE_DIR"] = posixpath.join(compile_cache_dir, "triton")
     return command
 
 
