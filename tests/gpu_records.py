@@ -29,6 +29,23 @@ def reparsed_startup(folder: Path) -> dict[str, Any]:
     return read_log(server_log(folder)).startup(first_line_s=recorded["first_line_s"], ready_s=ready).to_json()
 
 
+def recorded_startup(folder: Path) -> dict[str, Any]:
+    """The startup record the tuner wrote for that run, as it writes it now. Before the phases
+    were made to add up to the measured start (issue 35), where vLLM's whole-second stamps
+    overran the launcher's figures "ready" was clamped to 0 and the surplus stayed in the
+    logged phases; now it comes off the longest logged phase (tuner.vllm.startup)."""
+
+    rec = json.loads((folder / "startup.json").read_text())
+    phases = rec["phases"]
+    if rec["complete"] and rec["total_s"] is not None and phases.get("serve") == 0.0:
+        logged = {p: v for p, v in phases.items() if p not in ("imports", "serve")}
+        serve = rec["total_s"] - rec["first_line_s"] - sum(logged.values())
+        if serve < 0:
+            longest = max(logged, key=lambda p: logged[p])
+            phases[longest] = round(max(0.0, phases[longest] + serve), 3)
+    return rec
+
+
 def rejudged(recorded: dict[str, Any], number: int, **overrides: Any) -> Confirmation:
     """A confirmation file (confirm/NNNN.json) judged again by the tuner's rule, with its own
     tolerance, repeats and finish time unless ``overrides`` says otherwise."""

@@ -563,8 +563,7 @@ class TrialWorker:
         ahead = imports_ahead(outcome.prestart)
         if ahead is not None and first_line_s is not None:
             first_line_s += ahead   # the imports the spare did ahead are part of the start
-        record = log.startup(first_line_s=first_line_s, ready_s=outcome.startup_s).to_json()
-        record["overlapped_s"] = ahead
+        record = log.startup(first_line_s=first_line_s, ready_s=outcome.startup_s, overlapped_s=ahead).to_json()
         with contextlib.suppress(TrialError):   # a missing side file must not fail the trial
             atomic_write_json(Path(request.trial_dir) / "startup.json", record)
         outcome.startup = record

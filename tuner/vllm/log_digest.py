@@ -81,10 +81,13 @@ class LogDigest:
         self._catch_up()
         return self._compile.record()
 
-    def startup(self, *, first_line_s: float | None = None, ready_s: float | None = None) -> StartupRecord:
-        """The start's breakdown so far (vllm.startup; the launcher's two clock readings)."""
+    def startup(self, *, first_line_s: float | None = None, ready_s: float | None = None,
+                overlapped_s: float | None = None) -> StartupRecord:
+        """The start's breakdown so far (vllm.startup; the launcher's two clock readings, and
+        the imports a spare interpreter did ahead)."""
         self._catch_up()
-        return self._startup.record(compiled=self._compile.record(), first_line_s=first_line_s, ready_s=ready_s)
+        return self._startup.record(compiled=self._compile.record(), first_line_s=first_line_s, ready_s=ready_s,
+                                    overlapped_s=overlapped_s)
 
     def boundaries(self) -> list[int]:
         """The prompt-length boundaries the lines so far report (probe.shapes.log_boundaries)."""

@@ -111,7 +111,10 @@ class StartupRecord:
     overlapped_s: float | None = None  # imports a spare did before the trial (prestart), in "imports"
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["overlapped_s"] is None:   # no spare: the record as it was before spares existed
+            del data["overlapped_s"]
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any] | None) -> StartupRecord | None:
@@ -228,13 +231,15 @@ class StartupScan:
             rec.graph_capture_gib = float(m.group(2)) if m.group(2) else None
 
     def record(self, *, compiled: CompileRecord, first_line_s: float | None = None,
-               ready_s: float | None = None) -> StartupRecord:
+               ready_s: float | None = None, overlapped_s: float | None = None) -> StartupRecord:
         """The startup record so far. ``first_line_s``: seconds from spawning the server to the
         arrival of its first logger line (the launcher's clock); ``ready_s``: seconds from
         spawning to the first ``/health`` 200, None when it never came; ``compiled``: the same
-        log's compile record, whose cache status and seconds the record carries."""
+        log's compile record, whose cache status and seconds the record carries;
+        ``overlapped_s``: the imports a spare interpreter did before it was released (counted
+        in ``first_line_s`` and ``ready_s`` already)."""
 
-        rec = StartupRecord(total_s=ready_s, first_line_s=first_line_s)
+        rec = StartupRecord(total_s=ready_s, first_line_s=first_line_s, overlapped_s=overlapped_s)
         self._fill_figures(rec)
         rec.compile_cache, rec.compile_s, rec.init_engine_s = compiled.cache, compiled.compile_s, compiled.init_engine_s
         if first_line_s is not None:
