@@ -30,9 +30,11 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from tuner.adapters.artifacts import read_json
 
 __all__ = ["LOAD_TIME_PREFIXES", "SPARE_MAIN", "Spare", "spare_target", "env_refusal"]
 
@@ -84,6 +86,7 @@ class Spare:
     process: subprocess.Popen[bytes] | None = None
     folder: Path | None = None
     spawned_at: float | None = None
+    _status: dict[str, Any] | None = field(default=None, init=False, repr=False)
 
     def spawn(self) -> None:
         self.folder = Path(tempfile.mkdtemp(prefix="tuner-spare-"))
@@ -103,15 +106,12 @@ class Spare:
         return None if self.process is None else self.process.pid
 
     def status(self) -> dict[str, Any] | None:
-        """What the spare wrote once its imports were done; None before (or if it died)."""
+        """What the spare wrote once its imports were done; None before (or if it died). Read
+        from its file until it is there, then kept: the spare writes it once."""
 
-        if self.folder is None:
-            return None
-        try:
-            data = json.loads((self.folder / "status.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        return data if isinstance(data, dict) else None
+        if self._status is None and self.folder is not None:
+            self._status = read_json(self.folder / "status.json", dict)
+        return self._status
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None

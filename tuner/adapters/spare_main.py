@@ -3,10 +3,10 @@
 Run by path with the server's own interpreter, which need not have the tuner installed, so
 it uses the standard library alone::
 
-    PYTHON spare_main.py STATUS MODULE [EXTRA_MODULE ...]
+    PYTHON spare_main.py STATUS MODULE
 
-It imports what ``python -m MODULE`` imports at its top level, and any EXTRA_MODULEs, without
-running MODULE; writes STATUS (JSON: its
+It imports what ``python -m MODULE`` imports at its top level, without running MODULE;
+writes STATUS (JSON: its
 import seconds, which environment variables the imports read, whether CUDA got initialised);
 then waits for one JSON line on stdin: ``{"args": [...], "env": {...}, "log": PATH}``. With
 it, the process takes exactly that environment, sends its output to PATH and runs MODULE as
@@ -107,7 +107,7 @@ def _wait_for_order(orders: list[str], ready: threading.Event) -> None:
 
 
 def main(argv: list[str]) -> int:
-    status_path, module, extras = argv[1], argv[2], argv[3:]
+    status_path, module = argv[1], argv[2]
     orders: list[str] = []
     ready = threading.Event()
     threading.Thread(target=_wait_for_order, args=(orders, ready), daemon=True).start()
@@ -125,7 +125,7 @@ def main(argv: list[str]) -> int:
 
     os._Environ.__getitem__ = recording   # type: ignore[attr-defined]
     try:
-        done, failed = _import_all(_top_level_imports(module) + extras)
+        done, failed = _import_all(_top_level_imports(module))
     finally:
         os._Environ.__getitem__ = original   # type: ignore[attr-defined]
     cuda = _cuda_initialized()

@@ -288,7 +288,7 @@ class StudyLoop:
             load=load, probe=self.probe,
             ignore_eos=trial_ignore_eos(spec, command.asked), reference=self.reference, early_stop=early_stop,
             slo=spec.slo, search_max_rate=spec.searches_max_rate, prestart=spec.execution.startup.prestart,
-            searched_env=[p.target[4:] for p in spec.parameters if p.target.startswith("env:")])
+            searched_env=spec.searched_env)
 
     # -- telling -------------------------------------------------------------------------
 

@@ -180,7 +180,7 @@ def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference 
             gpu_free_timeout_s=spec.execution.gpu_free_timeout,
             deadline_s=spec.budget.trial_timeout, load=spec.load, probe=probe, ignore_eos=True,
             prestart=spec.execution.startup.prestart,
-            searched_env=[p.target[4:] for p in spec.parameters if p.target.startswith("env:")],
+            searched_env=spec.searched_env,
         )
         host.progress(f"[reference] recording the study's reference on group {group}: {config.label}")
         executor.submit(group, request.model_dump(mode="json"), method="run_reference",

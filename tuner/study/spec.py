@@ -300,6 +300,11 @@ class StudySpec(Strict):
         return (any(o.metric == MAX_RATE for o in self.objectives)
                 or any(lim.metric == MAX_RATE for lim in self.limits))
 
+    @property
+    def searched_env(self) -> list[str]:
+        """The environment variables the parameters search (their values change per trial)."""
+        return [p.target.removeprefix("env:") for p in self.parameters if p.target.startswith("env:")]
+
 
 def _unusable(value: Any, path: str = "") -> str | None:
     """What is wrong with the first NaN, infinity or NUL character anywhere in a validated
