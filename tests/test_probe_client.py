@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from tuner.probe.spec import ProbeSpec
 from tuner.probe.wire import apply_stop
 
 MODEL = "tiny-test-model"
+SLOW_ANSWER_S = 60.0
 
 
 class FakeServer:
@@ -37,6 +39,8 @@ class FakeServer:
         self.headers: list[dict[str, str]] = []
         self.in_flight = 0
         self.max_in_flight = 0
+        self.slow_answered = 0
+        self.arrivals = threading.Semaphore(0)   # one release per request received
 
     def learn(self, spec: ProbeSpec) -> None:
         for item in build_items(spec):
@@ -46,6 +50,8 @@ class FakeServer:
         self.bodies.clear()
         self.headers.clear()
         self.max_in_flight = 0
+        self.slow_answered = 0
+        self.arrivals = threading.Semaphore(0)
 
     def right_answer(self, prompt: str) -> str:
         expected = self.oracle[prompt]
@@ -63,6 +69,7 @@ async def _handle(request: Request) -> Response:
     body = await request.json()
     FAKE.bodies.append(body)
     FAKE.headers.append(dict(request.headers))
+    FAKE.arrivals.release()
     chat = "messages" in body
     prompt = body["messages"][0]["content"] if chat else body["prompt"]
     FAKE.in_flight += 1
@@ -70,8 +77,12 @@ async def _handle(request: Request) -> Response:
     try:
         # A short wait so requests sent together really overlap in the server.
         # (0.1 s: long enough to overlap even on a busy 2-core machine)
-        await asyncio.sleep(1.0 if mode == "slow" else 0.1)
+        # A "slow" server answers only after a minute: a probe call that returns before then
+        # was cut by its own timeout, deadline or cancellation, whatever the machine's load.
+        await asyncio.sleep(SLOW_ANSWER_S if mode == "slow" else 0.1)
         crowded = FAKE.in_flight > 1
+        if mode == "slow":
+            FAKE.slow_answered += 1
     finally:
         FAKE.in_flight -= 1
     if mode == "flaky" and ("capital of" in prompt or "key" in prompt):
@@ -200,18 +211,16 @@ def test_malformed_body_is_recorded(server: str) -> None:
 def test_request_timeout_is_recorded(server: str) -> None:
     spec = ProbeSpec(bank={"enabled": False}, items=2, concurrency=[2], request_timeout_s=0.2)
     FAKE.learn(spec)
-    started = time.perf_counter()
     result = _run(run_probe(f"{server}/slow", MODEL, spec))
-    assert time.perf_counter() - started < 0.9
+    assert FAKE.slow_answered == 0
     assert [f.detail for f in result.errors] == ["timeout after 0.2 s"] * 2
 
 
 def test_deadline_bounds_the_probe(server: str) -> None:
     spec = ProbeSpec(bank={"enabled": False}, items=6, concurrency=[1])
     FAKE.learn(spec)
-    started = time.perf_counter()
     result = _run(run_probe(f"{server}/slow", MODEL, spec, deadline_s=0.3))
-    assert time.perf_counter() - started < 0.9
+    assert FAKE.slow_answered == 0
     details = [f.detail for f in result.errors]
     # Capped by the remaining budget (a little under 0.3 s when the machine is busy).
     assert details[0].startswith("timeout after ")
@@ -235,14 +244,14 @@ def test_cancellation_propagates(server: str) -> None:
 
     async def cancel_soon() -> None:
         task = asyncio.create_task(run_probe(f"{server}/slow", MODEL, spec))
-        await asyncio.sleep(0.2)
+        for _ in range(4):   # cancel while all four are inside the server
+            assert await asyncio.to_thread(FAKE.arrivals.acquire, True, 30)
         task.cancel()
         await task
 
-    started = time.perf_counter()
     with pytest.raises(asyncio.CancelledError):
         _run(cancel_soon())
-    assert time.perf_counter() - started < 0.9
+    assert FAKE.slow_answered == 0
 
 
 def test_disabled_probe_sends_nothing(server: str) -> None:
