@@ -202,14 +202,31 @@ def start(tmp_path: Path) -> Iterator[Callable[..., Sim]]:
 
 # -- fault-injection bookkeeping (tests/test_faults.py and friends) -------------------
 
-FAULT_ROWS: list[dict[str, Any]] = []
+# The rows go to a file the whole session shares: under pytest-xdist (scripts/run_tests.sh)
+# the tests run in worker processes, and the table is printed by the controlling one. The
+# controller names the file before its workers start; they inherit the variable.
+FAULT_ROWS_ENV = "TUNER_TEST_FAULT_ROWS"
+
+
+@pytest.hookimpl(trylast=True)   # after pytest's own tmp_path set-up
+def pytest_configure(config: Any) -> None:
+    if not hasattr(config, "workerinput"):   # the controller (or a run without xdist)
+        path = Path(config._tmp_path_factory.getbasetemp()) / "fault-rows.jsonl"
+        path.unlink(missing_ok=True)
+        os.environ[FAULT_ROWS_ENV] = str(path)
 
 
 def record_fault_row(scenario: str, *, detection: str, lost: int, orphans: int, reason: str) -> None:
     """One line of the fault table printed at the end of the session."""
 
-    FAULT_ROWS.append({"scenario": scenario, "detection": detection, "lost": lost,
-                       "orphans": orphans, "reason": reason})
+    row = {"scenario": scenario, "detection": detection, "lost": lost, "orphans": orphans, "reason": reason}
+    with open(os.environ[FAULT_ROWS_ENV], "a", encoding="utf-8") as rows:
+        rows.write(json.dumps(row) + "\n")
+
+
+def _fault_rows() -> list[dict[str, Any]]:
+    path = Path(os.environ.get(FAULT_ROWS_ENV, "/nonexistent"))
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 # Seconds per test file (setup, call and teardown), printed at the end: the CI log is the one
@@ -229,7 +246,8 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
         for file, seconds in sorted(FILE_SECONDS.items(), key=lambda kv: -kv[1])[:25]:
             terminalreporter.write_line(f"{seconds:8.1f}  {100 * seconds / total:4.1f} %  {file}")
         terminalreporter.write_line(f"{total:8.1f}  in {len(FILE_SECONDS)} files")
-    if not FAULT_ROWS:
+    fault_rows = _fault_rows()
+    if not fault_rows:
         return
     terminalreporter.section("fault injection")
     widths = {"scenario": 28, "detection": 44, "lost": 11, "orphans": 7}
@@ -237,7 +255,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: Any)
             f"{'trials lost':>{widths['lost']}} {'orphans':>{widths['orphans']}}  recorded reason")
     terminalreporter.write_line(head)
     terminalreporter.write_line("-" * len(head))
-    for row in FAULT_ROWS:
+    for row in fault_rows:
         terminalreporter.write_line(
             f"{row['scenario']:<{widths['scenario']}} {row['detection']:<{widths['detection']}} "
             f"{row['lost']:>{widths['lost']}} {row['orphans']:>{widths['orphans']}}  {row['reason']}")

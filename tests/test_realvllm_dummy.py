@@ -32,9 +32,14 @@ def dummy_study(tmp_path: Path) -> tuple[Path, str, str]:
                            "values": [True], "default": True}]
     data["baseline"] = {"enforce_eager": True}
     data.pop("starting_points", None)
-    data["probe"]["bank"] = {"per_stratum": 1}
+    # The long-context items up to 256 prompt tokens and one open prompt, as in
+    # test_realvllm_slo: dummy answers never end early, so every recorded item costs its
+    # whole max_tokens (the reference's recording was 254 s of 7.5 min with the default
+    # 1,900-token items); the batch sizes and the comparison are what this test checks.
+    data["probe"]["bank"] = {"per_stratum": 1, "max_prompt_tokens": 256, "prompt_token_budget": 512,
+                             "open_prompts": 1}
     # Dummy weights never say end-of-text, so every answer runs to max_tokens: a batch of
-    # 8 with a 768-token prompt took over the default 60 s on a shared 2-core machine.
+    # 8 with a long prompt can take over the default 60 s on a shared 2-core machine.
     data["probe"]["request_timeout_s"] = 300
     for workload_class in data["load"]["workload"]["classes"]:
         workload_class["output_tokens"] = 16
