@@ -243,6 +243,11 @@ class Redactor:
             return [self.data(v) for v in value]
         return value
 
+    def mapping(self, value: Mapping[str, Any]) -> dict[str, Any]:
+        """``data`` of a JSON object, typed as one."""
+
+        return {self.text(k): self.data(v) for k, v in value.items()}
+
 
 def split_marked(word: str) -> list[tuple[bool, str]]:
     """A marked word as (is_reference, text) parts: literal text and reference names."""

@@ -26,9 +26,10 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import ray
+from ray import ObjectRef
 from ray.exceptions import (
     GetTimeoutError,
     NodeDiedError,
@@ -84,7 +85,8 @@ def init_ray(*, address: str | None, gpus_needed: int, cpus_needed: float) -> No
     # Joining a cluster is what --ray-address is for.
     with _loopback_only():
         ray.init(address="local", **kwargs)
-    node = ray.nodes()[0].get("NodeManagerAddress") if ray.nodes() else None
+    nodes = ray.nodes()  # type: ignore[no-untyped-call]  # (Ray's own annotations stop here)
+    node = nodes[0].get("NodeManagerAddress") if nodes else None
     if node != LOOPBACK:
         logger.warning("the local Ray node runs on %s, not %s: its ports may be reachable from the "
                        "network", node, LOOPBACK)
@@ -165,7 +167,7 @@ class RayExecutor:
         return sum(1 for g in self._groups if not g.retired)
 
     def start(self) -> None:
-        total_gpus = ray.cluster_resources().get("GPU", 0)
+        total_gpus = ray.cluster_resources().get("GPU", 0)  # type: ignore[no-untyped-call]
         possible = int(total_gpus // self.gpus_per_trial) if self.gpus_per_trial else 1
         if possible < 1:
             raise RuntimeError(
@@ -187,7 +189,9 @@ class RayExecutor:
             max_restarts=0,
             max_concurrency=4,  # run_trial plus describe()/note_cancel() while a trial runs
         ).remote(index)
-        return _Group(index, actor, actor.describe.remote(self._server), deaths_in_a_row=deaths_in_a_row)
+        # Ray types an actor's methods as the plain functions: .remote is added at run time.
+        ready = actor.describe.remote(self._server)  # type: ignore[attr-defined]
+        return _Group(index, actor, ready, deaths_in_a_row=deaths_in_a_row)
 
     # -- state ------------------------------------------------------------------
 
@@ -245,7 +249,7 @@ class RayExecutor:
     def _on_actor_answer(self, group: _Group) -> None:
         ref, group.ready_ref = group.ready_ref, None
         try:
-            group.info = ray.get(ref, timeout=10)  # ready: returns at once
+            group.info = ray.get(cast(ObjectRef[dict[str, Any]], ref), timeout=10)  # ready: returns at once
         except (RayActorError, WorkerCrashedError, NodeDiedError, ObjectLostError,
                 GetTimeoutError) as exc:
             logger.warning("the trial worker of group %d died while starting: %s", group.index, exc)

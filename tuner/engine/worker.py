@@ -200,7 +200,7 @@ class TrialWorker:
         self._write_outcome(trial_dir, outcome, began)
         if cancelled:
             raise asyncio.CancelledError(f"trial {request.number} cancelled")
-        return self._redactor.data(outcome.model_dump(mode="json"))
+        return self._redactor.mapping(outcome.model_dump(mode="json"))
 
     async def run_reference(self, request_data: dict[str, Any]) -> dict[str, Any]:
         """The study's reference job: start the reference configuration like a trial,

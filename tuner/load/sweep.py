@@ -70,7 +70,7 @@ async def run_sweep(
     deadline_s: float | None = None,
     headers: dict[str, str] | None = None,
     levels: Sequence[int] | None = None,
-    after_level: Callable[[dict[int, dict[str, float]], list[int]], bool] | None = None,
+    after_level: Callable[[dict[int | str, dict[str, float]], list[int]], bool] | None = None,
     inside_level: Callable[[int, dict[str, Any], list[int]], bool] | None = None,
     slo: SloSpec | None = None,
     max_rate: RateSearchSpec | None = None,
@@ -171,7 +171,7 @@ async def _prompt_lengths(aux: httpx.AsyncClient, base_url: str, model: str, spe
 async def _concurrency_levels(
     sweep: SweepContext,
     order: list[int],
-    after_level: Callable[[dict[int, dict[str, float]], list[int]], bool] | None,
+    after_level: Callable[[dict[int | str, dict[str, float]], list[int]], bool] | None,
     inside_level: Callable[[int, dict[str, Any], list[int]], bool] | None,
 ) -> tuple[list[LevelResult], list[int], list[int]]:
     """The closed-loop levels in ``order``: (measured, skipped for budget, stopped early)."""

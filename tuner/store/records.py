@@ -116,7 +116,8 @@ def read_records_direct(study: optuna.Study) -> list[TrialRecord]:
     """
 
     try:
-        engine = study._storage._backend.engine   # _CachedStorage around an RDBStorage
+        # Optuna's private layout (a _CachedStorage around an RDBStorage); AttributeError otherwise.
+        engine = study._storage._backend.engine  # type: ignore[attr-defined]
         study_id = study._study_id
     except AttributeError:
         return read_records(study)

@@ -143,7 +143,7 @@ class SweepGuard:
         self.record: dict[str, Any] | None = None
         # Trial-level metrics known before the sweep (startup_s, probe_s): objectives on
         # them are planned at level 0 (scoring.early_stop_plan) and exact from the start.
-        self.trial_metrics: dict[str, float] = {}
+        self.trial_metrics: dict[str, float | None] = {}
 
     @property
     def stopped(self) -> bool:
@@ -287,15 +287,15 @@ class SweepGuard:
                        "skipped_levels": [level, *remaining]}
         return True
 
-    def measured_levels(self, noise_floor: float) -> dict[str, dict[str, float]]:
+    def measured_levels(self, noise_floor: float) -> dict[str, dict[str, float | None]]:
         """The level a rule-4a stop measured (``record["measured"]``), as the outcome records
         it: its output tok/s, with the interval that status, the front and picks read widened
         like every other level's by the between-start ``noise_floor`` (a value without one
         would look exact). Empty for every other stop."""
 
-        out: dict[str, dict[str, float]] = {}
+        out: dict[str, dict[str, float | None]] = {}
         for key, value in ((self.record or {}).get("measured") or {}).items():
-            level_values = dict(value)
+            level_values: dict[str, float | None] = dict(value)
             ci = level_values.get("output_tok_s.ci95") or math.nan
             ci = with_noise_floor(ci, float(level_values.get("output_tok_s") or math.nan), noise_floor)
             if math.isfinite(ci) and ci > 0:
