@@ -42,7 +42,7 @@ from tuner.load.sweep import run_sweep
 from tuner.secrets import api_key, api_key_ref, bearer, known_values
 from tuner.study.spec import StudySpec
 
-__all__ = ["MeasureError", "ameasure", "discover_model", "files_in_the_way", "format_summary", "measure",
+__all__ = ["MeasureError", "discover_model", "files_in_the_way", "format_summary", "measure",
            "study_headers"]
 
 _TIMEOUT_S = 30.0
@@ -108,18 +108,8 @@ async def _speculative(client: httpx.AsyncClient, base_url: str) -> bool | None:
     return snap.has("vllm:spec_decode_num_drafts_total")
 
 
-async def ameasure(
-    url: str,
-    spec: StudySpec,
-    *,
-    probe: bool,
-    out_dir: Path,
-    deadline_s: float | None = None,
-    headers: dict[str, str] | None = None,
-    speculative: bool | None = None,
-) -> dict[str, Any]:
-    """Async :func:`measure`."""
-    out_dir = Path(out_dir)
+async def _measure(url: str, spec: StudySpec, probe: bool, out_dir: Path, deadline_s: float | None,
+                   headers: dict[str, str] | None, speculative: bool | None) -> dict[str, Any]:
     began = time.monotonic()
     started_at = datetime.now(UTC).isoformat()
     notes: list[str] = []
@@ -257,8 +247,7 @@ def measure(
     Raises:
         MeasureError: the server is unreachable or serves no usable model.
     """
-    return asyncio.run(ameasure(url, spec, probe=probe, out_dir=out_dir, deadline_s=deadline_s,
-                                headers=headers, speculative=speculative))
+    return asyncio.run(_measure(url, spec, probe, Path(out_dir), deadline_s, headers, speculative))
 
 
 def _fmt(v: Any, digits: int = 1) -> str:
