@@ -12,7 +12,8 @@ Issue 14's simulator fault modes (``TUNER_SIM_FAULTS``):
 For each, and for a correct server, the probe runs ``--runs`` times (sample seed 1..runs)
 against a reference recorded once from an eager simulator, exactly as a study records it.
 ``--mode template`` runs the template probe (``probe.bank.enabled: false``; on a tree
-before issue 14 it is the only probe there is), ``--mode bank`` the bank probe. Prints the
+before issue 14 it is the only probe there is; issue 37 retired it, so run it on a checkout of
+an earlier commit), ``--mode bank`` the bank probe. Prints the
 catch count per fault and the false alarms; writes
 ``benchmarks/results/probe_faults_sim-<mode>-<time>.json``.
 
@@ -56,6 +57,9 @@ FAULTS: dict[str, dict[str, Any] | None] = {
 
 def _template_spec() -> ProbeSpec:
     # The shipped default probe section, as it was: template families, levels [1, 8].
+    if "families" not in ProbeSpec.model_fields:
+        raise SystemExit("--mode template needs a tree before issue 37 retired the template probe "
+                         "(e.g. `git worktree add /tmp/t 0d466fd`, then run this script there)")
     try:
         return ProbeSpec(bank={"enabled": False}, min_accuracy=0.5)
     except Exception:  # a tree before issue 14 has no bank section: its default is the template

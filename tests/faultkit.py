@@ -28,7 +28,7 @@ FAST = {
     "load.warmup_requests": 1,
     "load.workload.classes": [{"name": "chat", "kind": "open_ended", "weight": 1,
                                "prompt_tokens": 64, "output_tokens": 32}],
-    "probe.items": 4, "probe.concurrency": [1, 2],
+    "probe.concurrency": [1, 2],
     # The faults below are keyed on request counts that assume the known-answer layer alone;
     # the reference layer's requests would move them into the probe.
     "probe.reference.enabled": False,

@@ -61,7 +61,6 @@ load:
     classes:
       - {name: chat, kind: open_ended, prompt_tokens: 32, output_tokens: 8}
 probe:
-  items: 4
   concurrency: [1, 2]
   min_accuracy: 0.0
 """

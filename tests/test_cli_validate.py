@@ -56,3 +56,17 @@ def test_validate_bad_value_exits_nonzero_with_field_and_allowed(tmp_path: Path)
 def test_validate_missing_file() -> None:
     out = tuner("validate", "search_spaces/nope.yaml")
     assert out.returncode == 2 and "nope.yaml" in out.stderr and "cannot read" in out.stderr
+
+
+@pytest.mark.parametrize(("key", "shown"), [("bank: {enabled: false}", "bank.enabled: false"),
+                                            ("items: 12", "items: 12")])
+def test_validate_retired_template_probe_keys_say_what_replaced_them(tmp_path: Path, key: str, shown: str) -> None:
+    text = (ROOT / "search_spaces" / "demo.yaml").read_text()
+    assert "\nprobe:\n" in text
+    path = tmp_path / "old.yaml"
+    path.write_text(text.replace("\nprobe:\n", f"\nprobe:\n  {key}\n"))
+    out = tuner("validate", str(path))
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: probe: {shown}: ")
+    assert "retired" in lines[0] and "issue 37" in lines[0]

@@ -1,5 +1,5 @@
-"""Pure tests of the known-answer probe: prompt generation, answer checks, tolerance rule,
-prompts-file validation and scoring."""
+"""Pure tests of the known-answer probe: answer checks, tolerance rule, the spec (and its
+retired template keys), prompts-file validation and scoring."""
 
 from __future__ import annotations
 
@@ -10,9 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from tuner.probe.checks import check_answer
-from tuner.probe.items import ProbeItem, build_items, number_to_words
+from tuner.probe.client import load_probe_items
+from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, accuracy_tolerance, score
 from tuner.probe.prompts_file import PromptsFileError, parse_prompts_jsonl
+from tuner.probe.sample import known_sample
 from tuner.probe.spec import ProbeSpec
 
 # ------------------------------------------------------------------ answer checkers
@@ -129,161 +131,19 @@ def test_unknown_check_raises() -> None:
         check_answer("regex", "x", "x")  # type: ignore[arg-type]
 
 
-# ------------------------------------------------------------------- number words
+# ------------------------------------------------------------------- item bank
 
 
-@pytest.mark.parametrize(
-    ("n", "use_and", "words"),
-    [
-        (0, True, "zero"),
-        (13, True, "thirteen"),
-        (40, True, "forty"),
-        (42, True, "forty-two"),
-        (100, True, "one hundred"),
-        (412, True, "four hundred and twelve"),
-        (412, False, "four hundred twelve"),
-        (999, True, "nine hundred and ninety-nine"),
-        (1005, True, "one thousand and five"),
-        (21_450, False, "twenty-one thousand four hundred fifty"),
-    ],
-)
-def test_number_to_words(n: int, use_and: bool, words: str) -> None:
-    assert number_to_words(n, use_and=use_and) == words
-
-
-def test_number_to_words_range() -> None:
-    with pytest.raises(ValueError, match="supports"):
-        number_to_words(-1)
-    with pytest.raises(ValueError, match="supports"):
-        number_to_words(1_000_000)
-
-
-_WORD_VALUES = {w: i for i, w in enumerate(
-    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
-    "fifteen sixteen seventeen eighteen nineteen".split()
-)} | {w: 10 * i for i, w in enumerate(
-    "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
-) if w != "_"}  # fmt: skip
-
-
-def _words_to_int(text: str) -> int:
-    """An independent reader of number words, so the generator is checked, not mirrored."""
-    total = 0
-    for word in text.replace("-", " ").split():
-        if word == "and":
-            continue
-        if word == "hundred":
-            total *= 100
-        else:
-            total += _WORD_VALUES[word]
-    return total
-
-
-# ------------------------------------------------------------------- item generation
-
-
-def _question(item: ProbeItem) -> str:
-    if item.api == "completions":
-        assert item.prompt.startswith("Question: ")
-        assert item.prompt.endswith("\nAnswer:")
-        return item.prompt[len("Question: ") : -len("\nAnswer:")]
-    return item.prompt
-
-
-def test_items_are_deterministic_and_seeded() -> None:
-    assert build_items(ProbeSpec(bank={"enabled": False})) == build_items(ProbeSpec(bank={"enabled": False}))
-    assert (build_items(ProbeSpec(bank={"enabled": False}, seed=1))
-            != build_items(ProbeSpec(bank={"enabled": False}, seed=0)))
-
-
-def test_default_item_set_shape() -> None:
-    items = build_items(ProbeSpec(bank={"enabled": False}))
-    assert len(items) == 12
-    assert len({i.id for i in items}) == 12
-    assert {i.family for i in items} == {"arithmetic", "copy", "number_words", "capital", "lookup"}
-    assert sum(i.api == "chat" for i in items) == sum(i.api == "completions" for i in items) == 6
-    # One lookup question per default prompt length (300 and 600 tokens).
-    assert sum(i.family == "lookup" for i in items) == 4
-    # Each question is asked through both APIs with the same expected answer.
-    for chat, comp in zip(items[0::2], items[1::2], strict=True):
-        assert (chat.api, comp.api) == ("chat", "completions")
-        assert _question(comp) == chat.prompt
-        assert chat.expected == comp.expected
-
-
-def test_item_count_single_api_and_subset() -> None:
-    items = build_items(ProbeSpec(bank={"enabled": False}, items=7, api="chat", families=("capital", "arithmetic")))
-    assert len(items) == 7
-    assert {i.api for i in items} == {"chat"}
-    assert {i.family for i in items} == {"capital", "arithmetic"}
-    assert len(build_items(ProbeSpec(bank={"enabled": False}, items=7))) == 8  # odd count rounds up with api=both
-
-
-def test_generated_answers_are_right() -> None:
-    """Recompute each expected answer from the prompt text, independently of the generator."""
-    items = build_items(ProbeSpec(bank={"enabled": False}, items=60, api="chat", seed=3))
-    capitals = {"France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Japan": "Tokyo",
-                "Spain": "Madrid", "China": "Beijing", "Russia": "Moscow", "Egypt": "Cairo",
-                "Canada": "Ottawa", "United Kingdom": "London", "Greece": "Athens",
-                "Portugal": "Lisbon"}  # fmt: skip
-    ops = set()
-    for item in items:
-        q = item.prompt
-        if item.family == "arithmetic":
-            a, op, b = re.fullmatch(
-                r"What is (\d+) ([-+*]) (\d+)\? Answer with the number only\.", q
-            ).groups()  # type: ignore[union-attr]
-            ops.add(op)
-            want = {"+": int(a) + int(b), "-": int(a) - int(b), "*": int(a) * int(b)}[op]
-            assert item.expected == str(want) and want >= 0
-        elif item.family == "number_words":
-            words = q.removeprefix("Write this number in digits, with nothing else: ")
-            assert item.expected == str(_words_to_int(words))
-        elif item.family == "copy":
-            head, line = q.split("\n")
-            assert head == "Repeat the following line exactly, with nothing else:"
-            assert item.expected == line
-        elif item.family == "capital":
-            country = re.fullmatch(
-                r"What is the capital of (.+)\? Answer with one word\.", q
-            ).group(1)  # type: ignore[union-attr]
-            assert item.expected == capitals[country]
-            assert item.expected not in item.distractors
-        else:
-            *table, question = q.split("\n")
-            key = re.fullmatch(
-                r"What is the value of key (\d+)\? Answer with one word\.", question
-            ).group(1)  # type: ignore[union-attr]
-            rows = [re.fullmatch(r"key (\d+) = (\w+)", row) for row in table]
-            assert all(rows)
-            pairs = dict(row.groups() for row in rows)  # type: ignore[union-attr]
-            assert len(pairs) == len(table)  # keys are unique
-            assert item.expected == pairs[key]
-            assert item.expected not in item.distractors
-            assert set(item.distractors) | {item.expected} == set(pairs.values())
-        # Each item's own expected answer passes its check: no unanswerable items.
-        assert check_answer(item.check, item.expected, item.expected, item.distractors)
-    assert ops == {"+", "-", "*"}
-
-
-def test_lookup_lengths_cover_the_requested_sizes() -> None:
-    items = build_items(ProbeSpec(bank={"enabled": False}, items=3, api="chat", families=("lookup",),
-                                  lookup_prompt_tokens=(300, 600, 1000)))
-    words = [len(i.prompt.split()) for i in items]
-    # ~7 tokens per 4-word line: 300/600/1000 tokens -> about 170/340/570 words.
-    assert words == sorted(words)
-    assert 140 < words[0] < 200 and 300 < words[1] < 380 and 520 < words[2] < 620
-
-
-def test_default_set_has_one_lookup_per_default_length() -> None:
-    lookups = [i for i in build_items(ProbeSpec(bank={"enabled": False})) if i.family == "lookup" and i.api == "chat"]
-    assert len(lookups) == 2
-    assert len({len(i.prompt.split()) for i in lookups}) == 2
+def _items(n: int) -> list[ProbeItem]:
+    """``n`` known-answer items as a trial draws them from the bank (one per stratum)."""
+    items = known_sample(load_probe_items(ProbeSpec()), 0)
+    assert len(items) >= n
+    return items[:n]
 
 
 def test_garbage_answers_fail_checks() -> None:
     """Fluent but wrong output (trap 1) and answers to other questions must not pass."""
-    items = build_items(ProbeSpec(bank={"enabled": False}, items=40, seed=5))
+    items = load_probe_items(ProbeSpec(seed=5))
     fluent = "The answer to this question depends on several important factors."
     assert not any(check_answer(i.check, i.expected, fluent, i.distractors) for i in items)
     shifted = [
@@ -291,7 +151,6 @@ def test_garbage_answers_fail_checks() -> None:
         for n, i in enumerate(items)
     ]
     assert sum(shifted) <= 2
-
 
 # ------------------------------------------------------------------ tolerance rule
 
@@ -338,12 +197,11 @@ def test_tolerance_rejects_bad_input() -> None:
 
 
 def test_spec_defaults_and_normalisation() -> None:
-    spec = ProbeSpec(bank={"enabled": False})
-    assert spec.enabled and spec.items == 12 and spec.concurrency == (1, 8)
-    assert spec.lookup_prompt_tokens == (300, 600)
+    spec = ProbeSpec()
+    assert spec.enabled and spec.concurrency == (1, 8)
     assert spec.apis == ("chat", "completions")
-    assert ProbeSpec(bank={"enabled": False}, concurrency=[8, 1, 4]).concurrency == (1, 4, 8)
-    assert ProbeSpec(bank={"enabled": False}, api="completions").apis == ("completions",)
+    assert ProbeSpec(concurrency=[8, 1, 4]).concurrency == (1, 4, 8)
+    assert ProbeSpec(api="completions").apis == ("completions",)
 
 
 @pytest.mark.parametrize(
@@ -352,14 +210,12 @@ def test_spec_defaults_and_normalisation() -> None:
         {"concurrency": [0, 1]},
         {"concurrency": [1, 1]},
         {"concurrency": []},
-        {"families": ["capital", "capital"]},
-        {"families": ["poetry"]},
-        {"families": []},
+        {"bank": {"families": ["fact", "fact"]}},
+        {"bank": {"families": ["poetry"]}},
+        {"bank": {"families": []}},
         {"api": "grpc"},
-        {"items": 0},
         {"min_accuracy": 1.2},
         {"reference_accuracy": -0.1},
-        {"lookup_prompt_tokens": [10]},
         {"prompts_file": "  "},
         {"temperature": 0.7},  # extra fields are rejected
     ],
@@ -367,6 +223,37 @@ def test_spec_defaults_and_normalisation() -> None:
 def test_spec_rejects(bad: dict[str, object]) -> None:
     with pytest.raises(ValidationError):
         ProbeSpec.model_validate(bad)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "says"),
+    [
+        ("items", 24, "items: 24: a key of the retired template questions (issue 37); remove it"),
+        ("families", ["capital"], "families: ['capital']: a key of the retired template questions"),
+        ("lookup_prompt_tokens", [300], "lookup_prompt_tokens: [300]: a key of the retired template"),
+    ],
+)
+def test_retired_template_keys_refused_in_a_study_file_read_in_a_saved_spec(
+    key: str, value: object, says: str
+) -> None:
+    with pytest.raises(ValidationError, match=re.escape(says)):
+        ProbeSpec.model_validate({key: value})
+    # A spec.yaml saved before the template probe was retired holds every field it had.
+    saved = ProbeSpec.model_validate({key: value, "bank": {"enabled": True}}, context={"saved": True})
+    assert saved == ProbeSpec()
+    assert key not in saved.model_dump() and "enabled" not in saved.bank.model_dump()
+
+
+def test_bank_disabled_is_refused_even_in_a_saved_spec() -> None:
+    # Resuming such a study with the bank would silently change what its trials are held to.
+    for context in (None, {"saved": True}):
+        with pytest.raises(ValidationError, match=re.escape(
+            "bank.enabled: false: the fixed template questions were retired (issue 37) and the item bank "
+            "is the probe's only generated source; remove the key, give your own questions in "
+            "probe.prompts_file, or turn the probe off (probe.enabled: false)"
+        )):
+            ProbeSpec.model_validate({"bank": {"enabled": False}}, context=context)
+    assert ProbeSpec.model_validate({"bank": {"enabled": True}}) == ProbeSpec()
 
 
 # ------------------------------------------------------------------ prompts file
@@ -441,37 +328,37 @@ def _answers(
 
 
 def test_score_all_correct() -> None:
-    spec = ProbeSpec(bank={"enabled": False}, items=24)
-    items = build_items(spec)
+    spec = ProbeSpec()
+    items = _items(24)
     result = score(items, _answers(items, 1) + _answers(items, 8), spec, probe_seconds=1.5)
     assert result.passed and result.reason == "ok"
     assert result.accuracy == 1.0 and result.total == 48 and result.consistency == 1.0
     assert result.by_concurrency[8].total == 24
     assert result.by_api["chat"].accuracy == 1.0
-    assert set(result.by_family) == {"arithmetic", "copy", "number_words", "capital", "lookup"}
+    assert set(result.by_family) == {"arithmetic", "code", "copy", "fact", "multi_turn", "retrieval"}
     assert [lv.consistency for lv in result.levels] == [None, 1.0]
     assert not result.errors and not result.empty_outputs and not result.unexpected_finish_reasons
     assert result.probe_seconds == 1.5
-    # Long lookup prompts are truncated for storage but keep their question.
-    lookup = next(r for r in result.records if r.family == "lookup")
-    assert len(lookup.prompt) < 300 and "What is the value of key" in lookup.prompt
+    # Long retrieval prompts are truncated for storage but keep their question.
+    retrieval = next(r for r in result.records if r.family == "retrieval" and "password" in r.prompt)
+    assert len(retrieval.prompt) < 300 and "Answer with one word" in retrieval.prompt
 
 
 def test_score_garbage_fails_with_reason() -> None:
-    spec = ProbeSpec(bank={"enabled": False}, items=24)
-    items = build_items(spec)
+    spec = ProbeSpec()
+    items = _items(24)
     every = set(range(len(items)))
     result = score(items, _answers(items, 1, every) + _answers(items, 8, every), spec)
     assert not result.passed
-    assert "accuracy 0.00 < 0.80 at concurrency 1 (chat 0.00, completions 0.00)" in result.reason
+    assert "accuracy 0.00 < 0.80 at concurrency 1 (chat 0.00)" in result.reason
     assert "at concurrency 8" in result.reason
     # Identical garbage at both levels is consistent: the accuracy gate catches it.
     assert result.consistency == 1.0
 
 
 def test_score_batch_dependent_bug_fails_consistency() -> None:
-    spec = ProbeSpec(bank={"enabled": False}, items=24, min_accuracy=0.0)  # isolate the consistency rule
-    items = build_items(spec)
+    spec = ProbeSpec(min_accuracy=0.0)  # isolate the consistency rule
+    items = _items(24)
     # Wrong at both levels, but differently wrong at concurrency 8 for half the items.
     wrong = set(range(len(items)))
     level8 = [
@@ -486,8 +373,8 @@ def test_score_batch_dependent_bug_fails_consistency() -> None:
 
 
 def test_score_errors_count_wrong_and_are_listed() -> None:
-    spec = ProbeSpec(bank={"enabled": False}, items=24, concurrency=[1])
-    items = build_items(spec)
+    spec = ProbeSpec(concurrency=[1])
+    items = _items(24)
     answers = _answers(items, 1)
     answers[0] = ProbeAnswer(item_id=items[0].id, concurrency=1, error="HTTP 500: boom")
     answers[1] = ProbeAnswer(item_id=items[1].id, concurrency=1, text="", finish_reason="stop")
@@ -502,8 +389,8 @@ def test_score_errors_count_wrong_and_are_listed() -> None:
 
 
 def test_score_missing_answers_are_errors() -> None:
-    spec = ProbeSpec(bank={"enabled": False}, items=24)
-    items = build_items(spec)
+    spec = ProbeSpec()
+    items = _items(24)
     result = score(items, _answers(items, 1), spec)  # level 8 never ran
     assert not result.passed
     assert result.by_concurrency[8].correct == 0
@@ -512,8 +399,8 @@ def test_score_missing_answers_are_errors() -> None:
 
 
 def test_score_reference_rule() -> None:
-    spec = ProbeSpec(bank={"enabled": False}, items=24, concurrency=[1], reference_accuracy=1.0, min_accuracy=0.99)
-    items = build_items(spec)
+    spec = ProbeSpec(concurrency=[1], reference_accuracy=1.0, min_accuracy=0.99)
+    items = _items(24)
     ok = score(items, _answers(items, 1, {0, 1}), spec)  # 22/24, floor 0.99 not applied
     assert ok.passed and ok.levels[0].threshold == pytest.approx(1 - accuracy_tolerance(24, 1.0))
     bad = score(items, _answers(items, 1, {0, 1, 2}), spec)  # 21/24
@@ -522,8 +409,8 @@ def test_score_reference_rule() -> None:
 
 
 def test_score_rejects_caller_bugs() -> None:
-    spec = ProbeSpec(bank={"enabled": False}, concurrency=[1])
-    items = build_items(spec)
+    spec = ProbeSpec(concurrency=[1])
+    items = _items(12)
     stray = ProbeAnswer(item_id="nope", concurrency=1, text="x")
     with pytest.raises(ValueError, match="unknown item"):
         score(items, [stray], spec)
@@ -537,8 +424,8 @@ def test_score_rejects_caller_bugs() -> None:
 
 
 def test_result_round_trips_through_json() -> None:
-    spec = ProbeSpec(bank={"enabled": False}, items=24)
-    items = build_items(spec)
+    spec = ProbeSpec()
+    items = _items(24)
     result = score(items, _answers(items, 1, {3}) + _answers(items, 8, {3, 4}), spec)
     again = ProbeResult.model_validate_json(result.model_dump_json())
     assert again == result
@@ -557,8 +444,8 @@ def test_disabled_result() -> None:
 def _subset_case(changed: set[int], wrong_at_1: bool = False) -> ProbeResult:
     """12 items at concurrency 8, items 0-2 only at 1 (a single-stream subset); the items
     in ``changed`` answer differently at 8 than at 1."""
-    spec = ProbeSpec(bank={"enabled": False}, items=12, reference_accuracy=1.0)
-    items = build_items(spec)
+    spec = ProbeSpec(reference_accuracy=1.0)
+    items = _items(12)
     subset = {items[n].id for n in range(3)}
     level1 = [a for a in _answers(items, 1, set(range(12)) if wrong_at_1 else set())
               if a.item_id in subset]
@@ -592,8 +479,8 @@ def test_subset_consistency_tolerates_what_the_full_set_would_but_never_all() ->
     # Changes outside the subset cannot be compared and do not count.
     assert _subset_case({5, 6, 7}).passed
     # A subset of one pair: a changed answer there is all of them.
-    spec = ProbeSpec(bank={"enabled": False}, items=12, reference_accuracy=1.0)
-    items = build_items(spec)
+    spec = ProbeSpec(reference_accuracy=1.0)
+    items = _items(12)
     level8 = _answers(items, 8)
     level8[0] = level8[0].model_copy(update={"text": "other"})
     result = score(items, _answers(items, 1)[:1] + level8, spec, asked={1: {items[0].id}})
@@ -601,8 +488,8 @@ def test_subset_consistency_tolerates_what_the_full_set_would_but_never_all() ->
 
 
 def test_subset_rejects_answers_not_asked() -> None:
-    spec = ProbeSpec(bank={"enabled": False}, items=12)
-    items = build_items(spec)
+    spec = ProbeSpec()
+    items = _items(12)
     with pytest.raises(ValueError, match="not asked at 1"):
         score(items, _answers(items, 1) + _answers(items, 8), spec, asked={1: {items[0].id}})
     with pytest.raises(ValueError, match="bad item subset"):

@@ -36,7 +36,6 @@ load:
     classes:
       - {{name: chat, kind: open_ended, prompt_tokens: 32, output_tokens: 12}}
 probe:
-  items: 6
   concurrency: [1, 2]
   min_accuracy: 0.0
 """

@@ -82,20 +82,3 @@ def test_real_weights_do_not_pass_against_a_dummy_reference(tmp_path: Path, refe
     # What a trial that loaded other weights than the reference's looks like: every answer differs.
     result = _probe(tmp_path, reference, None, argv=("--enforce-eager",))
     assert not result.passed and result.reason.startswith("reference: "), result.reason
-
-
-def test_template_probe_on_dummy_weights_is_reference_only_too(tmp_path: Path) -> None:
-    # The template probe (bank off) sends the known-answer questions as reference prompts
-    # only: nothing is judged as an answer, every reply is held to the reference.
-    spec = resolve_mode(ProbeSpec(bank={"enabled": False}, items=4, concurrency=(1, 4)), dummy_weights=True)
-    sim = SimProc(tmp_path, argv=DUMMY)
-    try:
-        ref = asyncio.run(record_reference(sim.url, MODEL, spec))
-    finally:
-        sim.stop()
-    clean = _probe(tmp_path, ref, None, spec=spec)
-    assert clean.passed and clean.mode == "reference_only", clean.reason
-    assert clean.known_answers.skipped and clean.reference is not None
-    assert {s.concurrency for s in clean.reference.scores} == {1, 4}
-    garbage = _probe(tmp_path, ref, {"fault": "garbage"}, spec=spec)
-    assert not garbage.passed and garbage.reason.startswith("reference: "), garbage.reason

@@ -123,7 +123,7 @@ def _reference(mode: str, spec: ProbeSpec) -> Reference:
 
 
 def test_a_reference_is_trusted_without_known_answers_only_in_reference_only_mode() -> None:
-    spec = ProbeSpec(bank={"enabled": False}, items=2, reference={"open_prompts": 1})
+    spec = ProbeSpec()
     ref = _reference("reference_only", spec)
     known = ProbeResult.not_judged()
     assert validate_reference(known, reference=ref, reference_only=True) is None
@@ -136,7 +136,7 @@ def test_a_reference_is_trusted_without_known_answers_only_in_reference_only_mod
 
 
 def test_a_stored_reference_of_the_other_mode_is_recorded_again() -> None:
-    spec = ProbeSpec(bank={"enabled": False}, items=2, reference={"open_prompts": 1})
+    spec = ProbeSpec()
     sources = load_reference_sources(spec)
     dummy = resolve_mode(spec, dummy_weights=True)
     real = resolve_mode(spec, dummy_weights=False)

@@ -450,11 +450,23 @@ def test_probe_fails_a_real_server_that_answers_fluently_but_wrong(tmp_path: Pat
 
     from tuner.probe.client import run_probe
 
-    # Known answers alone, as the template probe asks them (chat capitals and copies, which
-    # SmolLM2-135M answers reliably on a correct server): no reference is needed to see
-    # that a wrong RoPE base talks nonsense.
-    spec = ProbeSpec(bank={"enabled": False}, items=12, families=["capital", "copy"],
-                     api="chat", concurrency=[1, 8], min_accuracy=0.8, max_tokens=32)
+    # Known answers alone, from the study's own prompts file (chat capitals and copies, which
+    # SmolLM2-135M answers reliably on a correct server; the bank's wider questions it gets
+    # under half right): no reference is needed to see that a wrong RoPE base talks nonsense.
+    capitals = {"France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Japan": "Tokyo",
+                "Spain": "Madrid", "Egypt": "Cairo"}
+    lines = ["the silver otter paints three golden harbors", "the quiet lantern follows two busy rockets",
+             "the purple violin carries five gentle meadows", "the frozen teapot borrows nine narrow castles",
+             "the gentle harbor counts four silver lanterns", "the busy rocket hides seven quiet otters"]
+    questions = [
+        *({"prompt": f"What is the capital of {country}? Answer with one word.", "expected": city,
+           "check": "sentence"} for country, city in capitals.items()),
+        *({"prompt": f"Repeat the following line exactly, with nothing else:\n{line}", "expected": line,
+           "check": "line"} for line in lines),
+    ]
+    prompts = tmp_path / "questions.jsonl"
+    prompts.write_text("".join(json.dumps(q) + "\n" for q in questions))
+    spec = ProbeSpec(prompts_file=str(prompts), api="chat", concurrency=[1, 8], min_accuracy=0.8, max_tokens=32)
     results: dict[str, Any] = {}
     for label, extra in (("correct", []),
                          ("wrong_rope", ["--hf-overrides",

@@ -10,9 +10,9 @@ import pytest
 from pydantic import ValidationError
 
 from tuner.probe.compare import compare_forced, compare_generation
-from tuner.probe.items import build_items
+from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeAnswer, score
-from tuner.probe.prompts_file import ReferencePromptsError, parse_reference_prompts_jsonl
+from tuner.probe.prompts_file import ReferencePromptsError, parse_prompts_jsonl, parse_reference_prompts_jsonl
 from tuner.probe.record import (
     ForcedStep,
     Generation,
@@ -39,6 +39,26 @@ from tuner.probe.wire import (
 )
 
 # ----------------------------------------------------------------------- helpers
+
+# A study's own known-answer questions (probe.prompts_file), each asked through every API of
+# the spec: the first is a long lookup (too long to teacher-force), the rest short.
+_TABLE = "\n".join(f"key {100 + n} = {word}" for n, word in enumerate(
+    ["orange", "lemon", "purple", "tiger", "river", "candle", "pencil", "garden"] * 8))
+QUESTIONS = [
+    (f"{_TABLE}\nWhat is the value of key 117? Answer with one word.", "lemon", "sentence"),
+    ("What is 37 + 48? Answer with the number only.", "85", "number"),
+    ("Repeat the following line exactly, with nothing else:\nthe quiet otter paints three harbors",
+     "the quiet otter paints three harbors", "line"),
+    ("Write this number in digits, with nothing else: four hundred and twelve", "412", "number"),
+    ("What is the capital of France? Answer with one word.", "Paris", "sentence"),
+    ("What is 6 * 7? Answer with the number only.", "42", "number"),
+]
+
+
+def user_items(spec: ProbeSpec, questions: list[tuple[str, str, str]] = QUESTIONS) -> list[ProbeItem]:
+    """``questions`` as a prompts_file gives them to ``spec`` (ids line<N>-<api>)."""
+    lines = [json.dumps({"prompt": q, "expected": e, "check": c}) for q, e, c in questions]
+    return parse_prompts_jsonl("\n".join(lines), spec.apis)
 
 
 def gen(tokens: list[int], *, alts: dict[int, list[int]] | None = None, lp: float = -0.1,
@@ -100,7 +120,7 @@ def ref_spec(**kw) -> ReferenceSpec:
 
 
 def test_reference_spec_defaults_and_validation():
-    spec = ProbeSpec(bank={"enabled": False})
+    spec = ProbeSpec()
     ref = spec.reference
     assert ref.enabled and ref.max_tokens == 16 and ref.top_k == 5
     assert ref.conservative and ref.values == {}
@@ -121,15 +141,15 @@ def test_reference_spec_defaults_and_validation():
 
 def test_reference_levels_follow_the_probe_unless_set():
     # Same levels by default, so a known-answer request can serve both layers.
-    assert ProbeSpec(bank={"enabled": False}, concurrency=[4, 1]).reference.concurrency == (1, 4)
+    assert ProbeSpec(concurrency=[4, 1]).reference.concurrency == (1, 4)
     assert ProbeSpec.model_validate({"concurrency": [1, 4], "reference": {"max_tokens": 8}}
                                     ).reference.concurrency == (1, 4)
-    assert ProbeSpec(bank={"enabled": False}, concurrency=[1, 4], reference=ReferenceSpec(max_tokens=8)
+    assert ProbeSpec(concurrency=[1, 4], reference=ReferenceSpec(max_tokens=8)
                      ).reference.concurrency == (1, 4)
-    explicit = ProbeSpec(bank={"enabled": False}, concurrency=[1, 4], reference={"concurrency": [1, 8]})
+    explicit = ProbeSpec(concurrency=[1, 4], reference={"concurrency": [1, 8]})
     assert explicit.reference.concurrency == (1, 8)
     # What the orchestrator sends to a worker comes back the same.
-    spec = ProbeSpec(bank={"enabled": False}, concurrency=[1, 4])
+    spec = ProbeSpec(concurrency=[1, 4])
     assert ProbeSpec.model_validate(spec.model_dump(mode="json")) == spec
 
 
@@ -137,23 +157,23 @@ def test_reference_levels_follow_the_probe_unless_set():
 
 
 def test_reference_sources_use_each_question_once_in_chat_form():
-    spec = ProbeSpec(bank={"enabled": False})
-    items = build_items(spec)
+    spec = ProbeSpec()
+    items = user_items(spec)
     sources = reference_sources(spec, items)
     known = [s for s in sources if s.source == "known_answer"]
     assert len(known) == 6 and all(s.messages is not None for s in known)
-    assert known[0].id == "ka-q00-lookup"
-    chat_item = next(i for i in items if i.id == "q00-lookup-chat")
+    assert known[0].id == "ka-line1"
+    chat_item = next(i for i in items if i.id == "line1-chat")
     assert known[0].messages[0].content == chat_item.prompt
+    # Every built-in open prompt is recorded; a trial draws bank.open_prompts of them.
     opens = [s for s in sources if s.source == "open"]
-    assert len(opens) == 4 and [s.id for s in opens][:2] == ["open0-chat", "open1-text"]
+    assert len(opens) == len(OPEN_PROMPTS) and [s.id for s in opens][:2] == ["open0-chat", "open1-text"]
     assert opens[1].prompt == OPEN_PROMPTS[1][1]
 
-    only_completions = ProbeSpec(bank={"enabled": False}, api="completions", reference={"known_answer_prompts": 3,
-                                                                "open_prompts": 0})
-    srcs = reference_sources(only_completions, build_items(only_completions))
-    assert [s.id for s in srcs] == ["ka-q00-lookup", "ka-q01-arithmetic", "ka-q02-copy"]
-    assert srcs[1].prompt.startswith("Question: ") and srcs[1].messages is None
+    only_completions = ProbeSpec(api="completions", reference={"known_answer_prompts": 3})
+    srcs = reference_sources(only_completions, user_items(only_completions))
+    assert [s.id for s in srcs if s.source == "known_answer"] == ["ka-line1", "ka-line2", "ka-line3"]
+    assert srcs[1].prompt == QUESTIONS[1][0] and srcs[1].messages is None
 
 
 def test_tokenize_and_request_bodies():
@@ -199,9 +219,9 @@ def test_reference_prompts_file_parsing():
     assert "mine.jsonl" in str(info.value) and "duplicates line 4" in str(info.value)
     with pytest.raises(ReferencePromptsError, match="no prompts"):
         parse_reference_prompts_jsonl("\n\n")
-    spec = ProbeSpec(bank={"enabled": False})
+    spec = ProbeSpec()
     with pytest.raises(ValueError, match="unique"):
-        reference_sources(spec, build_items(spec), [ReferenceSource(id="open0-chat",
+        reference_sources(spec, user_items(spec), [ReferenceSource(id="open0-chat",
                                                                     source="custom", prompt="x")])
 
 
@@ -440,8 +460,8 @@ def test_score_rejects_caller_bugs():
 
 
 def test_reference_json_round_trip_and_mismatch():
-    spec = ProbeSpec(bank={"enabled": False})
-    sources = reference_sources(spec, build_items(spec))
+    spec = ProbeSpec()
+    sources = reference_sources(spec, user_items(spec))
     prompts = [ReferencePrompt(id=s.id, source=s.source, fingerprint=s.fingerprint(),
                                preview=s.preview(), prompt_ids=[1, 2], generation=gen([5, 6]),
                                forced=steps([5, 6])) for s in sources]
@@ -450,23 +470,22 @@ def test_reference_json_round_trip_and_mismatch():
     text = json.dumps(ref.model_dump(mode="json"))
     back = Reference.model_validate_json(text)
     assert back == ref and back.prompts[0].generation.top[0][5] == -0.1  # int keys again
-    spec = ProbeSpec(bank={"enabled": False}, reference={"max_tokens": 32})
+    spec = ProbeSpec(reference={"max_tokens": 32})
     assert back.mismatch(spec, sources, "m") is None
     assert "model" in back.mismatch(spec, sources, "other")
-    fewer = ProbeSpec(bank={"enabled": False}, reference={"max_tokens": 16})
+    fewer = ProbeSpec(max_tokens=16, reference={"max_tokens": 16})
     assert "reference.max_tokens changed (32 recorded, 16 now)" == back.mismatch(fewer, sources,
                                                                                    "m")
-    reseeded = ProbeSpec(bank={"enabled": False}, seed=1, reference={"max_tokens": 32})
-    assert "prompt set changed" in back.mismatch(reseeded, reference_sources(
-        reseeded, build_items(reseeded)), "m")
+    assert "prompt set changed" in back.mismatch(spec, reference_sources(
+        spec, user_items(spec, QUESTIONS[1:])), "m")
 
 
 # ----------------------------------------------------------- trusting the reference
 
 
 def known_result(correct_fraction: float, *, error: bool = False):
-    spec = ProbeSpec(bank={"enabled": False})
-    items = build_items(spec)
+    spec = ProbeSpec()
+    items = user_items(spec)
     n_right = round(correct_fraction * len(items))
     out = []
     for level in spec.concurrency:
@@ -504,11 +523,11 @@ def test_validate_reference():
 
 
 def test_with_reference_accuracy():
-    spec = ProbeSpec(bank={"enabled": False})
+    spec = ProbeSpec()
     result = known_result(0.5)
     updated = with_reference_accuracy(spec, result)
     assert updated.reference_accuracy == pytest.approx(0.5) and spec.reference_accuracy is None
-    explicit = ProbeSpec(bank={"enabled": False}, reference_accuracy=0.9)
+    explicit = ProbeSpec(reference_accuracy=0.9)
     assert with_reference_accuracy(explicit, result).reference_accuracy == 0.9
     # On resume the stored reference carries the same number.
     stored = make_reference().model_copy(update={"known_answers_accuracy": 0.25})
@@ -548,14 +567,14 @@ def _recorded(spec: ProbeSpec, sources) -> Reference:
 
 
 def test_shared_prompts_pair_each_question_with_its_recorded_chat_form():
-    spec = ProbeSpec(bank={"enabled": False})
-    items = build_items(spec)
+    spec = ProbeSpec()
+    items = user_items(spec)
     ref = _recorded(spec, reference_sources(spec, items))
     pairs = shared_prompts(spec, items, ref)
     assert sorted(pairs) == sorted(i.id for i in items if i.api == "chat")
-    assert pairs["q00-lookup-chat"].id == "ka-q00-lookup"
-    # A recorded prompt whose text is not the item's (another seed) lends it nothing.
-    other = build_items(ProbeSpec(bank={"enabled": False}, seed=1))
+    assert pairs["line1-chat"].id == "ka-line1"
+    # A recorded prompt whose text is not the item's (another question) lends it nothing.
+    other = user_items(spec, [QUESTIONS[0], ("What is 2 + 2?", "4", "number"), *QUESTIONS[2:]])
     assert shared_prompts(spec, other, ref) == {
         i.id: pairs[i.id] for i in other if i.id in pairs and i.prompt in
         {j.prompt for j in items}}
@@ -580,7 +599,7 @@ def test_truncate_generation_is_the_shorter_request():
 def recorded_like(spec: ProbeSpec) -> tuple[list, Reference]:
     """A reference shaped like a real recording of ``spec``: known-answer questions in
     chat form (short continuations), the open prompts (16 tokens), with forms and forcing."""
-    items = build_items(spec)
+    items = user_items(spec)
     prompts = []
     for n, source in enumerate(reference_sources(spec, items)):
         text = source.prompt if source.messages is None else source.messages[-1].content
@@ -597,19 +616,21 @@ def recorded_like(spec: ProbeSpec) -> tuple[list, Reference]:
 
 
 def test_single_stream_plan_on_the_default_set():
-    spec = ProbeSpec(bank={"enabled": False})
+    spec = ProbeSpec()
     items, ref = recorded_like(spec)
     plan = single_stream_plan(spec, items, ref)
     assert plan is not None
     # The long lookup (chat, known answer: one request for both layers), the shortest
-    # prompt - a raw-text open prompt with 16 continuation tokens - and a completions item.
-    assert plan.prompts == {"ka-q05-lookup", "open1-text"}
-    assert plan.items == {"q05-lookup-chat", "q01-arithmetic-completions"}
+    # prompt (a chat open prompt), a raw-text open prompt with 16 continuation tokens, and
+    # the shortest completions question.
+    assert plan.prompts == {"ka-line1", "open8-chat", "open1-text"}
+    assert OPEN_PROMPTS[8][1] == min((t for _, t in OPEN_PROMPTS), key=len)
+    assert plan.items == {"line1-chat", "line6-completions"}
     assert plan.asked_items() == {1: plan.items} and plan.asked_prompts() == {1: plan.prompts}
 
 
 def test_single_stream_plan_on_a_chat_only_set_and_when_it_does_not_apply():
-    spec = ProbeSpec(bank={"enabled": False}, families=["capital", "copy"], api="chat", concurrency=[1, 8])
+    spec = ProbeSpec(api="chat", concurrency=[1, 8])
     items, ref = recorded_like(spec)
     plan = single_stream_plan(spec, items, ref)
     assert plan is not None and {i.split("-")[-1] for i in plan.items} == {"chat"}
@@ -618,31 +639,29 @@ def test_single_stream_plan_on_a_chat_only_set_and_when_it_does_not_apply():
     assert max(len(p.generation.tokens) for p in chosen) == 16
     assert single_stream_plan(spec.model_copy(update={"single_stream": "full"}), items,
                               ref) is None
-    assert single_stream_plan(ProbeSpec(bank={"enabled": False}, concurrency=[1]), items, ref) is None
-    assert single_stream_plan(ProbeSpec(bank={"enabled": False}, concurrency=[2, 8]), items, ref) is None
+    assert single_stream_plan(ProbeSpec(concurrency=[1]), items, ref) is None
+    assert single_stream_plan(ProbeSpec(concurrency=[2, 8]), items, ref) is None
     # The reference layer alone at several levels still gets its subset.
-    only_ref = ProbeSpec(bank={"enabled": False}, concurrency=[1], reference={"concurrency": [1, 8]})
+    only_ref = ProbeSpec(concurrency=[1], reference={"concurrency": [1, 8]})
     plan = single_stream_plan(only_ref, items, ref)
     assert plan is not None and plan.items is None and plan.prompts
 
 
 def test_single_stream_spec_value_is_checked():
-    assert ProbeSpec(bank={"enabled": False}).single_stream == "subset"
+    assert ProbeSpec().single_stream == "subset"
     with pytest.raises(ValidationError, match="'subset' or 'full'"):
-        ProbeSpec(bank={"enabled": False}, single_stream="some")
+        ProbeSpec(single_stream="some")
     assert ReferenceSpec().forced_prompts == "open"
     with pytest.raises(ValidationError, match="'open' or 'all'"):
         ReferenceSpec(forced_prompts="known")
 
 
 def test_forced_prompts_open_all_and_fallback():
-    spec = ProbeSpec(bank={"enabled": False})
+    spec = ProbeSpec()
     _, ref = recorded_like(spec)
-    assert forced_prompt_ids(ref, spec.reference) == {f"open{n}-{f}" for n, f in
-                                                      ((0, "chat"), (1, "text"),
-                                                       (2, "chat"), (3, "text"))}
+    assert forced_prompt_ids(ref, spec.reference) == {f"open{n}-{f}" for n, (f, _) in enumerate(OPEN_PROMPTS)}
     every = {p.id for p in ref.prompts if p.forced is not None}
-    assert "ka-q05-lookup" not in every  # too long to force
+    assert "ka-line1" not in every  # too long to force
     assert forced_prompt_ids(ref, ReferenceSpec(forced_prompts="all")) == every
     no_open = ref.model_copy(update={"prompts": [p for p in ref.prompts
                                                  if p.source == "known_answer"]})

@@ -42,7 +42,6 @@ load:
     classes:
       - {name: chat, kind: open_ended, prompt_tokens: 32, output_tokens: 12}
 probe:
-  items: 4
   concurrency: [1]
   min_accuracy: 0.0
   reference: {enabled: false}

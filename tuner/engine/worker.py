@@ -35,9 +35,9 @@ from tuner.load.record_files import write_records_jsonl
 from tuner.load.results import level_key
 from tuner.load.sweep import run_sweep
 from tuner.probe.agreement import agreement_line
-from tuner.probe.client import load_probe_items, run_probe
+from tuner.probe.client import load_probe_items
 from tuner.probe.known_score import ProbeResult
-from tuner.probe.recording import ReferenceRecordError, check_reference, load_reference_sources, record_reference
+from tuner.probe.recording import ReferenceRecordError, load_reference_sources, record_reference
 from tuner.probe.spec import ProbeSpec, mode_text
 from tuner.probe.trial import reference_known_answers, run_trial_probe
 from tuner.probe.verdict import validate_reference
@@ -359,27 +359,11 @@ class TrialWorker:
 
         assert self._server is not None
         spec = request.probe
-        url, served = self._server.base_url, request.served_model_name
         began = time.monotonic()
         items = load_probe_items(spec)
         sources = load_reference_sources(spec, items=items)
-        reference = self_check = None
         problems: list[str] = []
-        if spec.bank.enabled:
-            known, reference, self_check = await self._record_bank_reference(
-                request, spec, items, sources, problems)
-        else:
-            known = ProbeResult.not_judged() if spec.reference_only else await run_probe(
-                url, served, spec, deadline_s=self._remaining(request), items=items, headers=self._headers)
-            try:
-                reference = await record_reference(url, served, spec, sources=sources, known_answers=known,
-                                                   deadline_s=self._remaining(request), headers=self._headers)
-                # The same requests again against the same server: a reference that does not
-                # agree with itself would fail correct trials.
-                self_check = await check_reference(url, served, spec, reference,
-                                                   deadline_s=self._remaining(request), headers=self._headers)
-            except ReferenceRecordError as exc:
-                problems.append(str(exc))
+        known, reference, self_check = await self._record_bank_reference(request, spec, items, sources, problems)
         verdict = validate_reference(known, reference=reference, self_check=self_check,
                                      reference_only=spec.reference_only)
         if verdict is not None:

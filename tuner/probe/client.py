@@ -18,7 +18,7 @@ import httpx
 
 from tuner.probe.bank import build_pool
 from tuner.probe.http import make_client, post_json, request_timeout
-from tuner.probe.items import ProbeItem, build_items
+from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeAnswer, ProbeResult, score
 from tuner.probe.prompts_file import PromptsFileError, parse_prompts_jsonl
 from tuner.probe.sample import known_sample
@@ -29,7 +29,7 @@ __all__ = ["answer_in", "ask_item", "load_probe_items", "run_probe"]
 
 
 def load_probe_items(spec: ProbeSpec, *, base_dir: Path | None = None) -> list[ProbeItem]:
-    """The items a probe run sends: the user's ``prompts_file`` or the generated set.
+    """The items a probe run sends: the user's ``prompts_file``, else the item bank's pool.
 
     Call it when the study is loaded, so a bad prompts file stops the study before any
     server starts. A relative ``prompts_file`` is resolved against ``base_dir`` (the
@@ -39,14 +39,9 @@ def load_probe_items(spec: ProbeSpec, *, base_dir: Path | None = None) -> list[P
         PromptsFileError: the file cannot be read or has invalid lines (all listed).
     """
     if spec.prompts_file is None:
-        if spec.bank.enabled:
-            return build_pool(
-                spec.seed,
-                spec.bank.families,
-                spec.bank.per_stratum,
-                max_prompt_tokens=spec.bank.max_prompt_tokens,
-            )
-        return build_items(spec)
+        return build_pool(
+            spec.seed, spec.bank.families, spec.bank.per_stratum, max_prompt_tokens=spec.bank.max_prompt_tokens
+        )
     path = Path(spec.prompts_file)
     if base_dir is not None and not path.is_absolute():
         path = base_dir / path
@@ -153,7 +148,7 @@ async def run_probe(
         return ProbeResult.disabled()
     if items is None:
         items = load_probe_items(spec)
-    if spec.bank.enabled and spec.prompts_file is None:
+    if spec.prompts_file is None:
         # Without a reference there is nothing to compare tokens with, so only the known
         # answers run: one item of every stratum, not the whole pool.
         items = known_sample(items, spec.seed)

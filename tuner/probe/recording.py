@@ -109,11 +109,10 @@ async def record_reference(
         except ValueError as exc:
             raise ReferenceRecordError(f"recording the reference failed at {what}: {exc}") from exc
 
-    # The template probe records one request at a time (the most conservative batch); the
-    # bank's pool is ten times larger, so it is recorded batched at the probe's top level -
+    # The bank's pool is large, so it is recorded batched at the probe's top level -
     # batch-size numerics are near ties, which the numerics rule tolerates, and the
     # self-check then compares batch 1 and N against this record.
-    width = max(spec.concurrency) if spec.bank.enabled else 1
+    width = max(spec.concurrency)
     gate = asyncio.Semaphore(width)
 
     async def one(source: ReferenceSource) -> ReferencePrompt:

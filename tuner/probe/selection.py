@@ -192,11 +192,9 @@ def reference_sources(
     items' prompt prefixes are then already in the server's prefix cache from the known-
     answer run. ``items`` are the known-answer items the probe sends (load_probe_items).
     """
-    ref = spec.reference
     out = [source for source, _ in _known_answer_sources(spec, items)]
-    # With the bank the reference records every open prompt; each trial draws a few.
-    n_open = len(OPEN_PROMPTS) if spec.bank.enabled else ref.open_prompts
-    for n, (form, text) in enumerate(OPEN_PROMPTS[:n_open]):
+    # The reference records every open prompt; each trial draws a few (bank.open_prompts).
+    for n, (form, text) in enumerate(OPEN_PROMPTS):
         if form == "chat":
             msgs = (ChatMessage(role="user", content=text),)
             out.append(ReferenceSource(id=f"open{n}-chat", source="open", messages=msgs))

@@ -15,15 +15,13 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 __all__ = [
-    "ALL_FAMILIES",
     "BANK_FAMILIES",
     "OPEN_PROMPTS",
     "Api",
     "BankSpec",
-    "Family",
     "ProbeSpec",
     "ProbeMode",
     "ReferenceSpec",
@@ -32,19 +30,12 @@ __all__ = [
     "resolve_mode",
 ]
 
-Family = Literal["arithmetic", "copy", "number_words", "capital", "lookup"]
 # What the probe judges: "full" known answers and reference agreement; "reference_only" the
 # reference agreement alone (dummy weights: random weights answer no question right, but are
 # deterministic, so a trial can still be held to the reference); "auto" picks one from the
 # server's load format (tuner.probe.spec.resolve_mode).
 ProbeMode = Literal["auto", "full", "reference_only"]
 Api = Literal["chat", "completions"]
-
-# Canonical order. Question slots are dealt round-robin in this order (see
-# known_answers.build_items), so lookup comes first: with the default 6 questions (12 items,
-# two APIs) it then gets two slots, one for each default lookup prompt length.
-ALL_FAMILIES: tuple[Family, ...] = ("lookup", "arithmetic", "copy", "number_words", "capital")
-
 
 # How a built-in open prompt is asked: as a chat turn, or as raw text to continue.
 OpenForm = Literal["chat", "text"]
@@ -97,13 +88,13 @@ class BankSpec(BaseModel):
     (:func:`tuner.probe.bank.build_pool`); each trial sends one item of every stratum,
     drawn with the trial's seed, one long-context item per prompt-length bucket within
     ``prompt_token_budget``, and some open prompts, at every decode batch size of its plan
-    (:mod:`tuner.probe.shapes`). ``enabled: false`` asks the fixed template families
-    instead (``ProbeSpec.families``), which is what misses prompt-dependent corruption.
+    (:mod:`tuner.probe.shapes`). The bank is the probe's only generated source of
+    questions: the fixed template questions it replaced missed prompt-dependent
+    corruption (issue 37 retired them; ``ProbeSpec`` refuses their keys).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    enabled: bool = True
     families: tuple[str, ...] = Field(default=BANK_FAMILIES, min_length=1)
     per_stratum: int = Field(
         default=3,
@@ -361,6 +352,19 @@ class ReferenceSpec(BaseModel):
         return self
 
 
+# The retired template questions' keys, and what replaced each.
+_RETIRED = {
+    "items": "a trial asks one item of every bank stratum: probe.bank.families, probe.bank.per_stratum",
+    "families": "the bank's families are probe.bank.families",
+    "lookup_prompt_tokens": "the bank's retrieval items reach probe.bank.max_prompt_tokens",
+}
+
+
+def _shown(value: Any) -> str:
+    """A study file's value as YAML writes it (false, not False)."""
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
 class ProbeSpec(BaseModel):
     """Configuration of the correctness probe: known answers, then reference agreement.
 
@@ -403,19 +407,9 @@ class ProbeSpec(BaseModel):
             "study's server loads dummy weights, else full."
         ),
     )
-    items: int = Field(
-        default=12,
-        ge=1,
-        le=2000,
-        description=(
-            "Requests per concurrency level. With api='both' every question is asked through "
-            "both endpoints, so 12 means 6 questions x 2 APIs (an odd count is rounded up). "
-            "Kept small because the reference layer, not the count, is what catches subtle "
-            "faults; more items mostly buy a tighter accuracy tolerance."
-        ),
+    api: Literal["both", "chat", "completions"] = Field(
+        default="both", description="The endpoints each prompts_file question is asked through."
     )
-    families: tuple[Family, ...] = Field(default=ALL_FAMILIES, min_length=1)
-    api: Literal["both", "chat", "completions"] = "both"
     concurrency: Levels = Field(
         default=(1, 8),
         min_length=1,
@@ -443,19 +437,10 @@ class ProbeSpec(BaseModel):
             "runs batched at the higher level. 'full': everything at every level."
         ),
     )
-    lookup_prompt_tokens: tuple[int, ...] = Field(
-        default=(300, 600),
-        min_length=1,
-        description=(
-            "Approximate prompt lengths of the key/value lookup questions, cycled; some "
-            "server bugs only appear past a prompt length."
-        ),
-    )
     prompts_file: str | None = Field(
         default=None,
         description=(
-            "JSONL of {prompt, expected, check, api?, id?} replacing the generated set "
-            "(items, families, seed and lookup_prompt_tokens then do not apply)."
+            "JSONL of {prompt, expected, check, api?, id?} replacing the item bank's questions."
         ),
     )
     seed: int = 0
@@ -482,19 +467,31 @@ class ProbeSpec(BaseModel):
             return {**data, "reference": {**kept, "concurrency": levels}}
         return data
 
-    @field_validator("families")
+    @model_validator(mode="before")
     @classmethod
-    def _unique_families(cls, value: tuple[Family, ...]) -> tuple[Family, ...]:
-        if len(set(value)) != len(value):
-            raise ValueError(f"families must not repeat: {list(value)}")
-        return value
-
-    @field_validator("lookup_prompt_tokens")
-    @classmethod
-    def _valid_lookup_lengths(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if any(not 50 <= n <= 100_000 for n in value):
-            raise ValueError(f"lookup_prompt_tokens must each be in [50, 100000]: {list(value)}")
-        return value
+    def _retired_template_keys(cls, data: Any, info: ValidationInfo) -> Any:
+        # The template questions' keys (issue 37: the item bank replaced them). A spec.yaml
+        # saved before holds them (every field is written out) and is read without them
+        # (context "saved"); a study file that sets one is told what replaced it.
+        if not isinstance(data, dict):
+            return data
+        bank = data.get("bank")
+        if isinstance(bank, dict) and "enabled" in bank:
+            if bank["enabled"] is not True:
+                raise ValueError(
+                    f"bank.enabled: {_shown(bank['enabled'])}: the fixed template questions were retired "
+                    "(issue 37) and the item bank is the probe's only generated source; remove the key, "
+                    "give your own questions in probe.prompts_file, or turn the probe off (probe.enabled: false)"
+                )
+            data = {**data, "bank": {k: v for k, v in bank.items() if k != "enabled"}}
+        if not (info.context or {}).get("saved"):
+            for key, instead in _RETIRED.items():
+                if key in data:
+                    raise ValueError(
+                        f"{key}: {_shown(data[key])}: a key of the retired template questions (issue 37); "
+                        f"remove it ({instead})"
+                    )
+        return {k: v for k, v in data.items() if k not in _RETIRED}
 
     @model_validator(mode="after")
     def _prompts_file_not_blank(self) -> ProbeSpec:
@@ -514,12 +511,10 @@ class ProbeSpec(BaseModel):
         return self.mode == "reference_only"
 
     def generated_tokens(self) -> int:
-        """Tokens each reference request generates and compares: ``reference.max_tokens``;
-        with the bank, where one request serves both layers, the longer of that and the
-        known answers' ``max_tokens`` (the answer's text is judged whole)."""
-        if self.bank.enabled:
-            return max(self.max_tokens, self.reference.max_tokens)
-        return self.reference.max_tokens
+        """Tokens each reference request generates and compares: one request serves both
+        layers, so the longer of ``reference.max_tokens`` and the known answers'
+        ``max_tokens`` (the answer's text is judged whole)."""
+        return max(self.max_tokens, self.reference.max_tokens)
 
     @property
     def apis(self) -> tuple[Api, ...]:

@@ -246,17 +246,17 @@ async def run_trial_probe(
     deadline_s: float | None = None,
     headers: Mapping[str, str] | None = None,
 ) -> CorrectnessResult:
-    """A trial's whole correctness probe. With the bank (``probe.bank.enabled``) and a
-    recorded reference: the seeded plan (:func:`tuner.probe.sample.plan_trial`) for this trial
-    (``sample_seed``, e.g. the trial number), covering the shapes the server reports
-    (``capture_sizes``, ``boundaries`` from its log); otherwise the template probe of
-    :func:`tuner.probe.correctness.run_correctness`.
+    """A trial's whole correctness probe. With a recorded reference: the seeded plan
+    (:func:`tuner.probe.sample.plan_trial`) for this trial (``sample_seed``, e.g. the trial
+    number), covering the shapes the server reports (``capture_sizes``, ``boundaries`` from
+    its log); without one (none recorded, or the reference layer off) the known answers alone
+    (:func:`tuner.probe.correctness.run_correctness`).
 
     Returns:
         The combined verdict; ``coverage`` says which prompt lengths, batch sizes and
         strata were covered, ``probe_seconds`` what it cost.
     """
-    if not (spec.enabled and spec.bank.enabled and spec.reference.enabled and reference):
+    if not (spec.enabled and spec.reference.enabled and reference):
         return await run_correctness(
             base_url,
             model,

@@ -68,9 +68,11 @@ __all__ = [
 # 3: a failed start's reason is the real loop's classification of its error line.
 EVAL_VERSION = 3     # 2: compile-cache fields (compile_key, compile_s, compile_hit_s, compile_at_s)
 # Probe requests are short known-answer questions (tuner.probe.items): a few dozen
-# prompt tokens, answers well under the probe's max_tokens.
+# prompt tokens, answers well under the probe's max_tokens; a dozen per level (the retired
+# template probe's default count, which this cost model was set against).
 PROBE_PROMPT_TOKENS = 48
 PROBE_OUTPUT_TOKENS = 12
+PROBE_REQUESTS = 12
 
 
 # ------------------------------------------------------------------------------- records
@@ -299,7 +301,7 @@ class Evaluator:
             return 0.0
         total = 0.0
         for c in probe.concurrency:
-            per_stream = -(-probe.items // c)
+            per_stream = -(-PROBE_REQUESTS // c)
             wl = Workload(prompt_tokens=PROBE_PROMPT_TOKENS, output_tokens=min(PROBE_OUTPUT_TOKENS, probe.max_tokens),
                           requests_per_stream=per_stream)
             total += self.simulate(perf, wl, c).duration_s

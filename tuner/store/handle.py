@@ -432,7 +432,7 @@ def read_saved_spec(paths: StudyPaths, meta: dict[str, Any] | None, *,
 
     text = read_text_bounded(paths.spec_yaml, "saved spec")
     try:
-        spec = parse_study(text, str(paths.spec_yaml))
+        spec = parse_study(text, str(paths.spec_yaml), saved=True)
     except SpecError as exc:
         raise StudyError(f"the saved spec of study {paths.root.name!r} no longer validates: {exc}") from None
     matches = meta is not None and meta.get("spec_digest") == spec_digest(spec)

@@ -113,8 +113,6 @@ BOUNDS: tuple[Bound, ...] = (
     Bound("probe.concurrency", 4096, "concurrent requests", lambda s: [
         *((f"probe.concurrency[{i}]", c) for i, c in enumerate(s.probe.concurrency)),
         *((f"probe.reference.concurrency[{i}]", c) for i, c in enumerate(s.probe.reference.concurrency or ()))]),
-    Bound("probe.lookup_prompt_tokens", 1_000_000, "tokens",
-          _each("probe.lookup_prompt_tokens", lambda s: s.probe.lookup_prompt_tokens)),
     Bound("probe.request_timeout_s", _DAY, "seconds",
           _one("probe.request_timeout_s", lambda s: s.probe.request_timeout_s)),
 )

@@ -114,13 +114,14 @@ def load_study_data(text: str, source: str = "<study>") -> dict[str, Any]:
     return data
 
 
-def parse_study(text: str, source: str = "<study>") -> StudySpec:
+def parse_study(text: str, source: str = "<study>", *, saved: bool = False) -> StudySpec:
     """Parse YAML text into a StudySpec, or raise SpecError naming source, field and value
-    (one line per problem, at most ten)."""
+    (one line per problem, at most ten). ``saved``: a study's own spec.yaml, which may hold
+    keys a study file may no longer set (e.g. the retired template probe's)."""
 
     data = load_study_data(text, source)
     try:
-        spec = StudySpec.model_validate(data)
+        spec = StudySpec.model_validate(data, context={"saved": saved})
     except ValidationError as exc:
         lines = []
         errors = exc.errors()
