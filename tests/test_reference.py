@@ -126,9 +126,12 @@ def test_reference_spec_defaults_and_validation():
     assert ref.min_close_fraction == 1.0 and ref.min_exact_fraction is None
     assert ref.min_prompt_top1 == 0.98 and ref.concurrency == (1, 8)
     assert ReferenceSpec(concurrency=(8, 1)).concurrency == (1, 8)
-    with pytest.raises(ValidationError, match="selects no prompts"):
-        ReferenceSpec(known_answer_prompts=0, open_prompts=0)
-    ReferenceSpec(enabled=False, known_answer_prompts=0, open_prompts=0)  # off: nothing needed
+    # The template probe's open-prompt count did nothing with the bank (issue 37): refused in a
+    # study file, dropped from a saved spec.
+    with pytest.raises(ValidationError, match=r"open_prompts: 0: a key of the retired template probe \(issue 37\)"):
+        ReferenceSpec(open_prompts=0)
+    saved = ProbeSpec.model_validate({"reference": {"open_prompts": 4}}, context={"saved": True})
+    assert saved == ProbeSpec() and "open_prompts" not in saved.model_dump()["reference"]
     with pytest.raises(ValidationError):
         ReferenceSpec(concurrency=(1, 1))
     with pytest.raises(ValidationError):

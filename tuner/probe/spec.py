@@ -192,12 +192,6 @@ class ReferenceSpec(BaseModel):
             "in its chat form when the probe asks through chat); None = all of them."
         ),
     )
-    open_prompts: int = Field(
-        default=4,
-        ge=0,
-        le=len(OPEN_PROMPTS),
-        description="How many built-in open-ended prompts are added (long continuations).",
-    )
     prompts_file: str | None = Field(
         default=None,
         description=(
@@ -316,17 +310,27 @@ class ReferenceSpec(BaseModel):
         default=None, gt=0.0, description="Gate on the largest reference-token |delta logprob|."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_open_prompts(cls, data: Any, info: ValidationInfo) -> Any:
+        # The template probe's count of open prompts (issue 37): the reference records every
+        # built-in one and each trial draws bank.open_prompts of them, so it did nothing. A
+        # saved spec.yaml holds it and is read without it; a study file is told to remove it.
+        if not isinstance(data, dict) or "open_prompts" not in data:
+            return data
+        if not (info.context or {}).get("saved"):
+            raise ValueError(
+                f"open_prompts: {_shown(data['open_prompts'])}: a key of the retired template probe (issue 37); "
+                "remove it (the reference records every built-in open prompt and each trial draws "
+                "probe.bank.open_prompts of them)"
+            )
+        return {k: v for k, v in data.items() if k != "open_prompts"}
+
     @model_validator(mode="after")
-    def _has_prompts(self) -> ReferenceSpec:
+    def _prompts_file_not_blank(self) -> ReferenceSpec:
+        # Every built-in open prompt is recorded, so an enabled reference always has prompts.
         if self.prompts_file is not None and not self.prompts_file.strip():
             raise ValueError("reference.prompts_file must be a path or omitted, not empty")
-        if (
-            self.enabled
-            and self.known_answer_prompts == 0
-            and self.open_prompts == 0
-            and self.prompts_file is None
-        ):
-            raise ValueError("reference is enabled but selects no prompts")
         return self
 
 
