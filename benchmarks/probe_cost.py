@@ -8,12 +8,13 @@ What it does, like a study does it (``search_spaces/smollm2-cpu.yaml`` by defaul
 
 1. starts the real server (``.venv-vllm``, SmolLM2-135M, ``--enforce-eager --dtype float32
    --max-model-len 2048`` - the study's baseline and reference configuration; own process
-   group, always stopped), runs the known-answer probe on it and records the reference -
-   the reference job;
+   group, always stopped) and records the reference from it as the reference job does
+   (the bank's pool, the reference's own known answers judged from its record);
 2. stops it and starts a fresh server of the same configuration - a trial, whose prefix
    cache is cold as a trial's is - timing its startup (process start to ``/v1/models``
-   answering), runs ``run_correctness`` against the reference once (the realistic
-   figure), then the study's load sweep with the tuner's own load generator (warm-up and
+   answering), runs a trial's probe (``run_trial_probe``, the seeded bank plan with the
+   study's ``probe:`` section fitted to it as a study fits it) against the reference once
+   (the realistic figure), then the study's load sweep with the tuner's own load generator (warm-up and
    every concurrency level, as a trial runs it); then ``--repeats`` - 1 more probe runs
    (warm prefix cache: a lower bound, for the noise);
 3. prints per probe run the known-answer and reference seconds and the verdict, then the
@@ -51,12 +52,12 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from vllm_server import SERVED, VllmServer, available  # noqa: E402
 
+from tuner.engine.referencing import study_probe  # noqa: E402
 from tuner.load.sweep import run_sweep  # noqa: E402
-from tuner.probe.client import load_probe_items, run_probe  # noqa: E402
-from tuner.probe.correctness import run_correctness  # noqa: E402
+from tuner.probe.client import load_probe_items  # noqa: E402
 from tuner.probe.recording import load_reference_sources, record_reference  # noqa: E402
-from tuner.probe.selection import single_stream_plan  # noqa: E402
 from tuner.probe.spec import ProbeSpec  # noqa: E402
+from tuner.probe.trial import reference_known_answers, run_trial_probe  # noqa: E402
 from tuner.probe.verdict import with_reference_accuracy  # noqa: E402
 from tuner.study.spec import StudySpec  # noqa: E402
 from tuner.study.study_file import parse_study  # noqa: E402
@@ -69,12 +70,10 @@ def _load_average() -> list[float]:
 async def _record(url: str, spec: ProbeSpec) -> tuple[Any, dict[str, Any]]:
     items = load_probe_items(spec)
     sources = load_reference_sources(spec, items=items)
-    began = time.perf_counter()
-    known = await run_probe(url, SERVED, spec, items=items)
-    known_s = time.perf_counter() - began
-    reference = await record_reference(url, SERVED, spec, sources=sources, known_answers=known)
+    reference = await record_reference(url, SERVED, spec, sources=sources)
+    known = reference_known_answers(spec, items, reference)
+    reference = reference.model_copy(update={"known_answers_accuracy": known.accuracy})
     return reference, {
-        "reference_known_answers_s": round(known_s, 2),
         "reference_known_accuracy": known.accuracy,
         "record_s": round(reference.record_seconds or 0.0, 2),
         "prompts": len(reference.prompts),
@@ -82,9 +81,7 @@ async def _record(url: str, spec: ProbeSpec) -> tuple[Any, dict[str, Any]]:
 
 
 async def _probe(url: str, spec: ProbeSpec, reference: Any, n: int) -> dict[str, Any]:
-    items = load_probe_items(spec)
-    result = await run_correctness(url, SERVED, spec, reference=reference, items=items)
-    plan = single_stream_plan(spec, items, reference)
+    result = await run_trial_probe(url, SERVED, spec, reference=reference, sample_seed=n)
     run = {
         "run": n,
         "known_answers_s": round(result.known_answers_seconds or 0.0, 2),
@@ -94,9 +91,6 @@ async def _probe(url: str, spec: ProbeSpec, reference: Any, n: int) -> dict[str,
         "probe_s": round(result.probe_seconds or 0.0, 2),
         "passed": result.passed,
         "reason": result.reason,
-        "single_stream": None
-        if plan is None
-        else {"items": sorted(plan.items or []), "prompts": sorted(plan.prompts or [])},
         # Where the time goes: per level, requests and generated tokens of each layer.
         "known_levels": {
             str(level): {
@@ -104,7 +98,8 @@ async def _probe(url: str, spec: ProbeSpec, reference: Any, n: int) -> dict[str,
                 "completion_tokens": sum(r.completion_tokens or 0 for r in recs),
                 "latency_sum_s": round(sum(r.latency_s or 0.0 for r in recs), 2),
             }
-            for level in spec.concurrency
+            # The levels the trial's plan ran (its decode batch sizes).
+            for level in sorted({r.concurrency for r in result.known_answers.records})
             for recs in [[r for r in result.known_answers.records if r.concurrency == level]]
         },
         "reference_levels": [
@@ -170,7 +165,7 @@ def main() -> int:
         print(f"skipped: {missing}")
         return 0
     study = parse_study(args.spec.read_text(), str(args.spec))
-    spec = study.probe
+    spec = study_probe(study, study.probe)
     load_before = _load_average()
     print(f"load average before: {load_before}", flush=True)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

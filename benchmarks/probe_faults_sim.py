@@ -4,22 +4,21 @@ Issue 14's simulator fault modes (``TUNER_SIM_FAULTS``):
 
 * ``garbage_when_prompt_in`` - corrupt only prompts whose length is inside one bucket;
 * ``garbage_when_batch_eq`` - corrupt only while the decode batch holds exactly N requests
-  (here the trial's top load concurrency, 16, which the template probe's [1, 8] never runs);
+  (here the trial's top load concurrency, 16, which the retired template probe's [1, 8] never ran);
 * ``garbage_for_wording`` - corrupt only one wording of a fact ("Which city is the capital
-  of ...?"; the template asks "What is the capital of X? Answer with one word.");
+  of ...?"; the retired template asked "What is the capital of X? Answer with one word.");
 * ``garbage_on_turn`` - corrupt only the second (and later) turn of a chat.
 
-For each, and for a correct server, the probe runs ``--runs`` times (sample seed 1..runs)
-against a reference recorded once from an eager simulator, exactly as a study records it.
-``--mode template`` runs the template probe (``probe.bank.enabled: false``; on a tree
-before issue 14 it is the only probe there is; issue 37 retired it, so run it on a checkout of
-an earlier commit), ``--mode bank`` the bank probe. Prints the
-catch count per fault and the false alarms; writes
-``benchmarks/results/probe_faults_sim-<mode>-<time>.json``.
+For each, and for a correct server, the bank probe runs ``--runs`` times (sample seed
+1..runs) against a reference recorded once from an eager simulator, exactly as a study
+records it. Prints the catch count per fault and the false alarms; writes
+``benchmarks/results/probe_faults_sim-bank-<time>.json``. (The template probe it was compared
+with, ``probe_faults_sim-template-*.json``, was retired by issue 37; run this script on a
+checkout of an earlier commit, e.g. 0d466fd with ``--mode template``, to measure it again.)
 
 Usage::
 
-    PYTHONPATH=. .venv/bin/python benchmarks/probe_faults_sim.py --mode bank --runs 20
+    PYTHONPATH=. .venv/bin/python benchmarks/probe_faults_sim.py --runs 20
 """
 
 from __future__ import annotations
@@ -38,10 +37,11 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.test_probe_sim import MODEL, SimProc  # noqa: E402
-from tuner.probe.client import load_probe_items, run_probe  # noqa: E402
-from tuner.probe.recording import check_reference, record_reference  # noqa: E402
-from tuner.probe.spec import ProbeSpec  # noqa: E402
-from tuner.probe.verdict import validate_reference, with_reference_accuracy  # noqa: E402
+from tuner.probe.client import load_probe_items  # noqa: E402
+from tuner.probe.recording import load_reference_sources, record_reference  # noqa: E402
+from tuner.probe.spec import ProbeSpec, fit_to_study  # noqa: E402
+from tuner.probe.trial import reference_known_answers, run_trial_probe  # noqa: E402
+from tuner.probe.verdict import validate_reference  # noqa: E402
 
 # The study the probe judges: a load whose top concurrency is 16, a 4096-token context.
 TOP_CONCURRENCY = 16
@@ -55,30 +55,7 @@ FAULTS: dict[str, dict[str, Any] | None] = {
 }
 
 
-def _template_spec() -> ProbeSpec:
-    # The shipped default probe section, as it was: template families, levels [1, 8].
-    if "families" not in ProbeSpec.model_fields:
-        raise SystemExit("--mode template needs a tree before issue 37 retired the template probe "
-                         "(e.g. `git worktree add /tmp/t 0d466fd`, then run this script there)")
-    try:
-        return ProbeSpec(bank={"enabled": False}, min_accuracy=0.5)
-    except Exception:  # a tree before issue 14 has no bank section: its default is the template
-        return ProbeSpec(min_accuracy=0.5)
-
-
-def _record_template(url: str, spec: ProbeSpec) -> tuple[ProbeSpec, Any]:
-    known = asyncio.run(run_probe(url, MODEL, spec))
-    reference = asyncio.run(record_reference(url, MODEL, spec, known_answers=known))
-    check = asyncio.run(check_reference(url, MODEL, spec, reference))
-    problem = validate_reference(known, reference=reference, self_check=check)
-    assert problem is None, problem
-    return with_reference_accuracy(spec, known), reference
-
-
 def _record_bank(url: str, spec: ProbeSpec) -> tuple[ProbeSpec, Any]:
-    from tuner.probe.recording import load_reference_sources
-    from tuner.probe.trial import reference_known_answers, run_trial_probe
-
     items = load_probe_items(spec)
     reference = asyncio.run(
         record_reference(url, MODEL, spec, sources=load_reference_sources(spec, items=items))
@@ -91,13 +68,7 @@ def _record_bank(url: str, spec: ProbeSpec) -> tuple[ProbeSpec, Any]:
     return spec, reference
 
 
-def _probe(mode: str, url: str, spec: ProbeSpec, reference: Any, seed: int) -> Any:
-    if mode == "template":
-        from tuner.probe.correctness import run_correctness
-
-        return asyncio.run(run_correctness(url, MODEL, spec, reference=reference))
-    from tuner.probe.trial import run_trial_probe
-
+def _probe(url: str, spec: ProbeSpec, reference: Any, seed: int) -> Any:
     return asyncio.run(
         run_trial_probe(url, MODEL, spec, reference=reference, sample_seed=seed)
     )
@@ -105,27 +76,20 @@ def _probe(mode: str, url: str, spec: ProbeSpec, reference: Any, seed: int) -> A
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--mode", choices=("template", "bank"), default="bank")
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="probe_faults_sim-"))
-    if args.mode == "template":
-        spec = _template_spec()
-    else:
-        from tuner.probe.spec import fit_to_study
-
-        spec = fit_to_study(
-            ProbeSpec(min_accuracy=0.5),
-            top_concurrency=TOP_CONCURRENCY,
-            max_model_len=MAX_MODEL_LEN,
-        )
+    spec = fit_to_study(
+        ProbeSpec(min_accuracy=0.5),
+        top_concurrency=TOP_CONCURRENCY,
+        max_model_len=MAX_MODEL_LEN,
+    )
     sim = SimProc(logs, argv=("--enforce-eager",))
     try:
-        record = _record_template if args.mode == "template" else _record_bank
-        spec, reference = record(sim.url, spec)
+        spec, reference = _record_bank(sim.url, spec)
     finally:
         sim.stop()
-    out: dict[str, Any] = {"mode": args.mode, "runs": args.runs, "faults": {}}
+    out: dict[str, Any] = {"mode": "bank", "runs": args.runs, "faults": {}}
     for name, fault in FAULTS.items():
         # Simulated steps at a tenth of real time: slow enough next to HTTP that a level's
         # requests overlap in the engine as they do on a real server (at 0.01 they mostly
@@ -133,7 +97,7 @@ def main() -> int:
         server = SimProc(logs, faults=[fault] if fault else None, time_scale=0.1)
         began = time.perf_counter()
         try:
-            results = [_probe(args.mode, server.url, spec, reference, s) for s in range(1, args.runs + 1)]
+            results = [_probe(server.url, spec, reference, s) for s in range(1, args.runs + 1)]
         finally:
             server.stop()
         failed = sum(not r.passed for r in results)
@@ -147,7 +111,7 @@ def main() -> int:
             "probe_s": [round(r.probe_seconds or 0.0, 2) for r in results],
         }
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    path = ROOT / "benchmarks" / "results" / f"probe_faults_sim-{args.mode}-{stamp}.json"
+    path = ROOT / "benchmarks" / "results" / f"probe_faults_sim-bank-{stamp}.json"
     path.write_text(json.dumps(out, indent=1))
     print(f"wrote {path.relative_to(ROOT)}")
     return 0

@@ -1,8 +1,8 @@
 """The bank probe against real simulator processes (issue 14): a reference recorded as a
 study records it, then prompt-dependent faults - one length bucket, one decode batch size,
 one wording of a fact, the second turn of a chat - each caught with evidence, and a correct
-server passing. ``benchmarks/probe_faults_sim.py`` runs the same 20 times per fault (and the
-template probe, which misses every one of them)."""
+server passing. ``benchmarks/probe_faults_sim.py`` runs the same 20 times per fault (its
+results of the retired template probe missed every one of them)."""
 
 from __future__ import annotations
 

@@ -104,15 +104,17 @@ def test_bad_prompt_files_stop_before_anything_starts(tmp_path: Path) -> None:
 def test_probe_cost_settings_are_checked_with_field_value_and_allowed() -> None:
     data = yaml.safe_load((ROOT / "search_spaces" / "smollm2-cpu.yaml").read_text())
     spec = parse_study(yaml.safe_dump(data), "smollm2-cpu.yaml")
-    assert spec.probe.single_stream == "subset" and spec.probe.concurrency == (1, 8)
+    assert spec.probe.concurrency == (1, 8)
     assert spec.probe.reference.forced_prompts == "open"
-    data["probe"]["single_stream"] = "some"
     data["probe"]["reference"] = {"forced_prompts": "known"}
     with pytest.raises(SpecError) as err:
         parse_study(yaml.safe_dump(data), "smollm2-cpu.yaml")
-    text = str(err.value)
-    assert "probe.single_stream: Input should be 'subset' or 'full' (got 'some')" in text
-    assert "probe.reference.forced_prompts: Input should be 'open' or 'all' (got 'known')" in text
+    assert "probe.reference.forced_prompts: Input should be 'open' or 'all' (got 'known')" in str(err.value)
+    # The template probe's single-stream subset went with it (issue 37): one line says so.
+    data["probe"] = {"single_stream": "some"}
+    with pytest.raises(SpecError) as err:
+        parse_study(yaml.safe_dump(data), "smollm2-cpu.yaml")
+    assert "single_stream: 'some': a key of the retired template probe (issue 37); remove it" in str(err.value)
 
 
 @pytest.mark.parametrize("name", ["smollm2-h200.yaml", "smollm2-cpu.yaml"])

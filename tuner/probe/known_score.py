@@ -102,7 +102,7 @@ class LevelResult(BaseModel):
     )
     passed: bool
     subset: bool = Field(
-        default=False, description="Only some items were asked here (ProbeSpec.single_stream)."
+        default=False, description="Only some items were asked here (a lower batch size of the plan)."
     )
 
 
@@ -389,9 +389,9 @@ def score(
     A missing answer or an error counts as wrong. Levels are ``spec.concurrency``; the
     lowest one is the consistency baseline.
 
-    ``asked`` maps a level to the ids of the only items asked there (a single-stream
-    subset, :func:`tuner.probe.selection.single_stream_plan`); a level not in it asked
-    every item. A subset level's accuracy is recorded, not gated (see :class:`ProbeSpec`),
+    ``asked`` maps a level to the ids of the only items asked there (the few a trial's
+    bank plan asks at its lower batch sizes, :func:`tuner.probe.trial.score_known`); a
+    level not in it asked every item. A subset level's accuracy is recorded, not gated (see :class:`ProbeSpec`),
     and consistency is judged over the items asked at both levels.
 
     Raises:

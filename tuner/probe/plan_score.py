@@ -170,7 +170,7 @@ def score_plan(
     got = index_answers(answers, {p.id for p in reference.prompts}, list(plan.prompts), {},
                         lambda a: (a.prompt_id, a.concurrency, a.kind, a.repeat), "prompt")
     k = min(spec.top_k, reference.top_k)
-    # The template probe's 66 % exact rule applies only when the study sets it: how many
+    # An exact rule applies only when the study sets it: how many
     # near ties flip depends on dtype, batch size and kernels, not on correctness.
     exact_bar = spec.min_exact_fraction if spec.min_exact_fraction is not None else 0.0
     levels = list(plan.levels if ran is None else ran)

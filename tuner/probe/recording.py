@@ -1,6 +1,5 @@
 """Recording the study's reference (I/O): the reference prompt set from the study files, the
-reference server's greedy continuations and teacher-forced steps, and the reference's
-self-check against its own record.
+reference server's greedy continuations and teacher-forced steps.
 
 Misbehaviour of the *reference* server while recording raises
 :class:`ReferenceRecordError`, because nothing can be judged against a reference that could
@@ -18,13 +17,11 @@ from typing import Any
 
 from tuner.errors import StudyError
 from tuner.probe.client import load_probe_items
-from tuner.probe.correctness import run_levels
 from tuner.probe.http import make_client, post_json, request_timeout
 from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeResult
 from tuner.probe.prompts_file import ReferencePromptsError, parse_reference_prompts_jsonl
 from tuner.probe.record import ForcedStep, Reference, ReferencePrompt, ReferenceSource
-from tuner.probe.reference_score import ReferenceResult, score_reference
 from tuner.probe.selection import reference_sources
 from tuner.probe.spec import ProbeSpec
 from tuner.probe.wire import (
@@ -35,7 +32,7 @@ from tuner.probe.wire import (
     tokenize_request,
 )
 
-__all__ = ["ReferenceRecordError", "check_reference", "load_reference_sources", "record_reference"]
+__all__ = ["ReferenceRecordError", "load_reference_sources", "record_reference"]
 
 
 class ReferenceRecordError(StudyError):
@@ -185,32 +182,3 @@ async def _record_one(
         generation=generation,
         forced=forced,
     )
-
-
-async def check_reference(
-    base_url: str,
-    model: str,
-    spec: ProbeSpec,
-    reference: Reference,
-    *,
-    deadline_s: float | None = None,
-    headers: Mapping[str, str] | None = None,
-) -> ReferenceResult:
-    """Send the reference's requests to ``base_url`` and score them against ``reference``.
-
-    The same requests, levels and order as the reference layer of :func:`run_correctness`
-    (without known answers), except that every level sends the whole prompt set (no
-    single-stream subset: this is the reference's self-check, run once per study): the
-    greedy requests once per level of ``spec.reference.concurrency``, the teacher-forced
-    ones (:func:`forced_prompt_ids`) with the highest level, at most ``level`` in flight.
-
-    Raises:
-        asyncio.CancelledError: when cancelled; in-flight requests are cancelled too.
-    """
-    ref = spec.reference
-    deadline = None if deadline_s is None else perf_counter() + deadline_s
-    async with make_client(base_url, headers, spec, max(ref.concurrency)) as client:
-        _, answers, _ = await run_levels(
-            client, model, spec, reference, [], {}, deadline, plan=None
-        )
-    return score_reference(reference, answers, ref)

@@ -15,7 +15,7 @@ from tuner.probe.compare import Verdict, compare_forced, compare_generation
 from tuner.probe.known_score import index_answers
 from tuner.probe.record import ForcedStep, Generation, Reference, ReferencePrompt
 from tuner.probe.selection import forced_prompt_ids
-from tuner.probe.spec import TEMPLATE_EXACT_FRACTION, ReferenceSpec
+from tuner.probe.spec import ReferenceSpec
 
 __all__ = [
     "ForcedTotals",
@@ -127,7 +127,7 @@ class ReferenceLevel(BaseModel):
     compared_positions: int = 0
     passed: bool
     subset: bool = Field(
-        default=False, description="Only some prompts were asked here (ProbeSpec.single_stream)."
+        default=False, description="Only some prompts were asked here."
     )
 
 
@@ -276,11 +276,6 @@ def _level_rows(
     return rows, decode_gaps, forced
 
 
-def template_exact_bar(spec: ReferenceSpec) -> float:
-    """The template probe's exact-answer bar: the study's, else vLLM's 66 % heuristic."""
-    return spec.min_exact_fraction if spec.min_exact_fraction is not None else TEMPLATE_EXACT_FRACTION
-
-
 def _level_failures(
     level: ReferenceLevel,
     rows: Sequence[PromptScore],
@@ -301,10 +296,9 @@ def _level_failures(
         )
     # Exact equality is demanded at one level only, the lowest that sent every prompt: a
     # different batch legitimately changes low-order bits and so near-tie choices
-    # (vllm-knobs.md §6), and on a few chosen prompts the fraction means nothing (the long
-    # continuations a single-stream subset favours are where near ties flip).
-    exact_bar = template_exact_bar(spec)
-    if exact_level and level.exact_fraction < exact_bar - _EPS:
+    # (vllm-knobs.md §6), and on a few chosen prompts the fraction means nothing.
+    exact_bar = spec.min_exact_fraction
+    if exact_level and exact_bar is not None and level.exact_fraction < exact_bar - _EPS:
         out.append(
             f"only {level.exact}/{n} prompts identical at concurrency {level.concurrency} "
             f"({level.exact_fraction:.2f} < {exact_bar:.2f})"
@@ -373,9 +367,9 @@ def score_reference(
     A missing answer or a request error counts as not close. Teacher-forced answers are
     expected at the highest level only, for :func:`forced_prompt_ids`.
 
-    ``asked`` maps a level to the ids of the only prompts sent there (a single-stream
-    subset, :func:`single_stream_plan`); a level not in it sent every prompt. The exact
-    rule is held at the lowest level that sent every prompt.
+    ``asked`` maps a level to the ids of the only prompts sent there; a level not in it
+    sent every prompt. The exact rule (``min_exact_fraction``, when set) is held at the
+    lowest level that sent every prompt.
 
     Raises:
         ValueError: answers for unknown prompts, unexpected levels or duplicates (caller bugs).
@@ -418,7 +412,7 @@ def score_reference(
         scores=scores,
         thresholds={
             "min_close_fraction": spec.min_close_fraction,
-            "min_exact_fraction": template_exact_bar(spec),
+            "min_exact_fraction": spec.min_exact_fraction,
             "min_prompt_top1": spec.min_prompt_top1 if spec.teacher_forced else None,
             "max_gap_median": spec.max_gap_median,
             "max_gap": spec.max_gap,

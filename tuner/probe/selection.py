@@ -1,12 +1,11 @@
 """Which prompts the reference records and which requests a trial sends (pure): the
-reference prompt set, known-answer items that share a request with a reference prompt, the
-single-stream subset at concurrency 1, and the teacher-forced prompts.
+reference prompt set, known-answer items that share a request with a reference prompt, and
+the teacher-forced prompts.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from tuner.probe.checks import check_answer
 from tuner.probe.items import ProbeItem
@@ -15,8 +14,6 @@ from tuner.probe.spec import OPEN_PROMPTS, ProbeSpec, ReferenceSpec
 from tuner.probe.wire import apply_stop
 
 __all__ = [
-    "SINGLE_STREAM_LEVEL",
-    "SingleStreamPlan",
     "bank_tokens",
     "prompt_strata",
     "reference_correct",
@@ -24,7 +21,6 @@ __all__ = [
     "item_source",
     "reference_sources",
     "shared_prompts",
-    "single_stream_plan",
 ]
 
 
@@ -73,99 +69,6 @@ def shared_prompts(
         if prompt is not None and prompt.fingerprint == source.fingerprint():
             out[item.id] = prompt
     return out
-
-
-# Concurrency 1 is where a trial's requests run one at a time, so there every request costs
-# its full decode time (about 60 ms a token on the CPU test server, 2-4 times the batched
-# cost per token): the whole prompt set there was half the probe's time. The plan keeps the
-# single-stream coverage the faults need - a long and a short prompt, both prompt forms,
-# the longest continuation, a known answer through each API - and leaves the statistics
-# (accuracy over every item, the 66 % exact rule over every prompt) to the batched level.
-SINGLE_STREAM_LEVEL = 1
-
-
-@dataclass(frozen=True)
-class SingleStreamPlan:
-    """What concurrency 1 sends under ``ProbeSpec.single_stream: subset``.
-
-    ``items`` / ``prompts`` are the known-answer item ids and reference prompt ids sent
-    there; None means everything (that layer does not run a higher level to carry the
-    rest).
-    """
-
-    items: frozenset[str] | None
-    prompts: frozenset[str] | None
-
-    def asked_items(self) -> dict[int, frozenset[str]]:
-        return {} if self.items is None else {SINGLE_STREAM_LEVEL: self.items}
-
-    def asked_prompts(self) -> dict[int, frozenset[str]]:
-        return {} if self.prompts is None else {SINGLE_STREAM_LEVEL: self.prompts}
-
-
-def single_stream_plan(
-    spec: ProbeSpec, items: Sequence[ProbeItem], reference: Reference
-) -> SingleStreamPlan | None:
-    """The requests a trial sends at concurrency 1, or None when it sends everything.
-
-    Only with ``single_stream: subset`` and for a layer that runs at 1 *and* at a higher
-    level (the whole set runs there). Chosen from the recorded reference, deterministic,
-    in the reference's order on ties:
-
-    1. the longest prompt (bugs past a prompt length) and the shortest;
-    2. for each prompt form (chat template, raw text) none of those has: its prompt with
-       the longest reference continuation;
-    3. a prompt with the longest reference continuation of all, if none chosen has it (a
-       divergence after a few tokens needs tokens to show in);
-    4. known answers: the item each chosen known-answer prompt was made from (one request
-       serves both layers), then for every API no chosen item uses, its item with the
-       shortest prompt.
-
-    On the default set that is the 600-token lookup, a raw-text open prompt with 16
-    continuation tokens, and a short completions question; on smollm2-cpu.yaml's chat-only
-    set, a copy question and the raw-text open prompt.
-    """
-    if spec.single_stream != "subset" or not reference.prompts:
-        return None
-    ka_levels, ref_levels = spec.concurrency, spec.reference.concurrency
-    ka_sub = SINGLE_STREAM_LEVEL in ka_levels and len(ka_levels) > 1 and bool(items)
-    ref_sub = SINGLE_STREAM_LEVEL in ref_levels and len(ref_levels) > 1
-    if not (ka_sub or ref_sub):
-        return None
-    prompts = reference.prompts
-    chosen: list[ReferencePrompt] = []
-
-    def add(prompt: ReferencePrompt) -> None:
-        if all(c.id != prompt.id for c in chosen):
-            chosen.append(prompt)
-
-    add(max(prompts, key=lambda p: len(p.prompt_ids)))
-    add(min(prompts, key=lambda p: len(p.prompt_ids)))
-    for form in ("chat", "text"):
-        of_form = [p for p in prompts if p.form == form]
-        if of_form and not any(c.form == form for c in chosen):
-            add(max(of_form, key=lambda p: len(p.generation.tokens)))
-    longest = max(len(p.generation.tokens) for p in prompts)
-    if not any(len(c.generation.tokens) == longest for c in chosen):
-        add(next(p for p in prompts if len(p.generation.tokens) == longest))
-
-    chosen_ids = {c.id for c in chosen}
-    prompt_of = {item.id: source.id for source, item in _known_answer_sources(spec, items)}
-    item_ids = [item.id for item in items if prompt_of.get(item.id) in chosen_ids]
-    by_id = {item.id: item for item in items}
-    for api in dict.fromkeys(item.api for item in items):
-        if not any(by_id[i].api == api for i in item_ids):
-            of_api = [item for item in items if item.api == api]
-            item_ids.append(min(of_api, key=lambda item: len(item.prompt)).id)
-    # A chosen item that is also a recorded reference prompt brings that prompt along, so
-    # its one request still serves both layers.
-    recorded = {p.id for p in prompts}
-    if ka_sub:
-        chosen_ids |= {prompt_of[i] for i in item_ids if prompt_of.get(i) in recorded}
-    return SingleStreamPlan(
-        items=frozenset(item_ids) if ka_sub else None,
-        prompts=frozenset(chosen_ids) if ref_sub else None,
-    )
 
 
 def forced_prompt_ids(reference: Reference, spec: ReferenceSpec) -> set[str]:

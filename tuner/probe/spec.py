@@ -149,10 +149,6 @@ class BankSpec(BaseModel):
         return None if value is None else tuple(sorted(set(value)))
 
 
-# vLLM's spec-decode e2e heuristic: the template probe's exact rule when the study sets none.
-TEMPLATE_EXACT_FRACTION = 0.66
-
-
 class ReferenceSpec(BaseModel):
     """The reference-agreement layer of the probe (measurement.md §5, steps 1-3).
 
@@ -164,26 +160,9 @@ class ReferenceSpec(BaseModel):
     is what a kernel, graph or drafter bug looks like on a small model that gets many known
     answers wrong anyway.
 
-    Pass rule, per concurrency level:
-
-    * at least ``min_close_fraction`` of the prompts are *close*: tokens equal up to the
-      first divergence, and there each side's token is in the other side's top-``top_k``
-      (a near-tie flip, legitimate under different kernels) - or never diverge;
-    * at the lowest level at least ``min_exact_fraction`` of the prompts are identical
-      over all ``max_tokens`` (vLLM's spec-decode e2e heuristic, 66 %); higher levels are
-      not held to it because batch composition legitimately changes low-order bits;
-    * the exact rule is held at the lowest level that runs the whole prompt set: with
-      ``ProbeSpec.single_stream: subset`` (the default) concurrency 1 runs only a few
-      chosen prompts (:func:`tuner.probe.selection.single_stream_plan`), each of which must
-      be close, and the exact rule moves to the higher level, where the whole set runs
-      batched as vLLM's own spec-decode tests run it;
-    * teacher-forced (highest level only, batched with that level's decodes, where
-      batch-dependent prefill numerics show; ``forced_prompts`` selects which): at least
-      ``min_prompt_top1`` of the forced positions agree - same top-1 token as the
-      reference, or a near tie (each top-1 in the other side's top-k);
-      the reference-token logprob gap (median and max |delta|) is recorded, and gated only
-      when ``max_gap_median`` / ``max_gap`` are set (calibrate them first by checking the
-      reference against itself: the right bound depends on dtype and hardware).
+    Pass rule: :mod:`tuner.probe.plan_score`, over every request of the trial's seeded
+    plan (a near-tie divergence is numerics, a confident one corruption);
+    ``min_exact_fraction`` of the top level's prompts identical only when the study sets it.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -212,12 +191,6 @@ class ReferenceSpec(BaseModel):
             "How many known-answer questions are reused as reference prompts (each once, "
             "in its chat form when the probe asks through chat); None = all of them."
         ),
-    )
-    open_prompts: int = Field(
-        default=4,
-        ge=0,
-        le=len(OPEN_PROMPTS),
-        description="How many built-in open-ended prompts are added (long continuations).",
     )
     prompts_file: str | None = Field(
         default=None,
@@ -250,11 +223,10 @@ class ReferenceSpec(BaseModel):
         ge=0.0,
         le=1.0,
         description=(
-            "Fraction of prompts that must be identical at the exact-rule level. Unset: the "
-            "bank probe applies no exact rule (how many near ties flip depends on dtype, "
-            "batch and kernels, not on correctness: full CUDA graphs on an H200 leave 60 % "
-            "of bfloat16 answers identical to eager at batch 32, every divergence a near tie) "
-            f"and the template probe uses vLLM's spec-decode heuristic, {TEMPLATE_EXACT_FRACTION:.0%}."
+            "Fraction of the top level's prompts that must be identical. Unset: no exact rule "
+            "(how many near ties flip depends on dtype, batch and kernels, not on correctness: "
+            "full CUDA graphs on an H200 leave 60 % of bfloat16 answers identical to eager at "
+            "batch 32, every divergence a near tie)."
         ),
     )
     teacher_forced: bool = True
@@ -338,17 +310,27 @@ class ReferenceSpec(BaseModel):
         default=None, gt=0.0, description="Gate on the largest reference-token |delta logprob|."
     )
 
+    @model_validator(mode="before")
+    @classmethod
+    def _retired_open_prompts(cls, data: Any, info: ValidationInfo) -> Any:
+        # The template probe's count of open prompts (issue 37): the reference records every
+        # built-in one and each trial draws bank.open_prompts of them, so it did nothing. A
+        # saved spec.yaml holds it and is read without it; a study file is told to remove it.
+        if not isinstance(data, dict) or "open_prompts" not in data:
+            return data
+        if not (info.context or {}).get("saved"):
+            raise ValueError(
+                f"open_prompts: {_shown(data['open_prompts'])}: a key of the retired template probe (issue 37); "
+                "remove it (the reference records every built-in open prompt and each trial draws "
+                "probe.bank.open_prompts of them)"
+            )
+        return {k: v for k, v in data.items() if k != "open_prompts"}
+
     @model_validator(mode="after")
-    def _has_prompts(self) -> ReferenceSpec:
+    def _prompts_file_not_blank(self) -> ReferenceSpec:
+        # Every built-in open prompt is recorded, so an enabled reference always has prompts.
         if self.prompts_file is not None and not self.prompts_file.strip():
             raise ValueError("reference.prompts_file must be a path or omitted, not empty")
-        if (
-            self.enabled
-            and self.known_answer_prompts == 0
-            and self.open_prompts == 0
-            and self.prompts_file is None
-        ):
-            raise ValueError("reference is enabled but selects no prompts")
         return self
 
 
@@ -357,6 +339,13 @@ _RETIRED = {
     "items": "a trial asks one item of every bank stratum: probe.bank.families, probe.bank.per_stratum",
     "families": "the bank's families are probe.bank.families",
     "lookup_prompt_tokens": "the bank's retrieval items reach probe.bank.max_prompt_tokens",
+}
+
+
+# A retired template probe's key that was not a question's (issue 37), and what replaced it.
+_RETIRED_PROBE = {
+    "single_stream": "a trial's seeded bank plan chooses what each decode batch size sends: "
+    "probe.bank.batch_sizes",
 }
 
 
@@ -385,13 +374,12 @@ class ProbeSpec(BaseModel):
       level for at least ``min_consistency`` of the items (greedy decoding: a batch-
       dependent bug shows up as changed answers even when both are wrong).
 
-    With ``single_stream: subset`` (and the reference layer on) concurrency 1 asks only a
-    few chosen items. Their accuracy is recorded but not gated - a deliberate, not random,
-    sample of a few items is not comparable with the reference's pooled accuracy, and n=2
-    would give no power anyway; the accuracy rule applies at the levels that ask every
-    item. They are held to consistency instead: at most as many of them may change answer
-    at a higher level as ``min_consistency`` tolerates over that level's whole item set
-    (one of 12 at 0.9) and never all of them, so a single-stream bug that changes them
+    A trial's bank plan asks every sent item at its top decode batch size and a few of
+    them at the lower ones. Their accuracy is recorded but not gated - a few items give no
+    power, and are not comparable with the reference's pooled accuracy; the accuracy rule
+    applies at the level that asks every item. They are held to consistency instead: at
+    most as many of them may change answer as ``min_consistency`` tolerates over the whole
+    item set, and never all of them, so a bug at a small batch size that changes them
     fails.
     """
 
@@ -425,18 +413,6 @@ class ProbeSpec(BaseModel):
         description="One-sided confidence of the tolerance used with reference_accuracy.",
     )
     min_consistency: float = Field(default=0.9, ge=0.0, le=1.0)
-    single_stream: Literal["subset", "full"] = Field(
-        default="subset",
-        description=(
-            "What a trial sends at concurrency 1 when the probe also runs at a higher level "
-            "with the reference layer on. 'subset': a few deliberately chosen requests - the "
-            "longest and the shortest reference prompt, a chat-template and a raw-text "
-            "prompt, the longest reference continuation, and a known-answer item through "
-            "each API (tuner.probe.selection.single_stream_plan) - because every request runs "
-            "alone there and the whole set costs a fifth of a CPU trial; the whole set still "
-            "runs batched at the higher level. 'full': everything at every level."
-        ),
-    )
     prompts_file: str | None = Field(
         default=None,
         description=(
@@ -491,7 +467,13 @@ class ProbeSpec(BaseModel):
                         f"{key}: {_shown(data[key])}: a key of the retired template questions (issue 37); "
                         f"remove it ({instead})"
                     )
-        return {k: v for k, v in data.items() if k not in _RETIRED}
+            for key, instead in _RETIRED_PROBE.items():
+                if key in data:
+                    raise ValueError(
+                        f"{key}: {_shown(data[key])}: a key of the retired template probe (issue 37); "
+                        f"remove it ({instead})"
+                    )
+        return {k: v for k, v in data.items() if k not in _RETIRED and k not in _RETIRED_PROBE}
 
     @model_validator(mode="after")
     def _prompts_file_not_blank(self) -> ProbeSpec:
