@@ -362,7 +362,7 @@ def measured_with_flags(folder: Path, flags: dict[str, Any]) -> None:
     data["server"]["flags"].update(flags)
     text = yaml.safe_dump(data, sort_keys=False)
     (folder / "spec.yaml").write_text(text)
-    spec = public_spec(parse_study(text))
+    spec = public_spec(parse_study(text, saved=True))   # an example's spec.yaml, old keys and all
     for command_json in sorted((folder / "trials").glob("*/command.json")):
         ran = json.loads(command_json.read_text())
         now = trial_command(spec, ran["values"], python=ran["argv"][0])

@@ -112,7 +112,7 @@ def test_the_saved_spec_leaves_the_exact_answer_rule_unset() -> None:
     # written out; an earlier H200 run read the exact-answer rule there as "set by the study"
     # and failed both correct full-graph modes at 66 %. The box's own spec.yaml must load with
     # the rule unset, and its probes recorded the bank's bar of 0.
-    spec = parse_study((STUDY / "spec.yaml").read_text(), "spec.yaml")
+    spec = parse_study((STUDY / "spec.yaml").read_text(), "spec.yaml", saved=True)
     assert spec.probe.reference.min_exact_fraction is None
     for number in (1, 2):
         ref = _json(RUN[number] / "probe.json")["reference"]

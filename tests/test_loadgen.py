@@ -502,9 +502,11 @@ def test_a_stalled_client_loop_is_caught_and_its_bursts_give_no_tpot(served: Ser
     assert (m.client_lag_ms.p99 or 0) >= 60, m.client_lag_ms
     assert m.client_bound is True
     assert m.flat()["unstable"] == 1.0 and m.flat()["client_bound"] == 1.0
-    # What the flag is for: the client's TPOT is far below the server's 2 ms gaps.
+    # What the flag is for: the client's TPOT is far below the server's 2 ms gaps. The median
+    # request's, not the mean: on a host busy beyond the hog (CI's other tests) a stall can
+    # also land inside one reply, whose TPOT is then the stall's share, well above 2 ms.
     assert m.tpot_ms.n + m.burst_requests == len(recs)
-    assert (m.tpot_ms.mean or 0) < 1.0, [[round(t * 1000, 3) for t in r.chunk_times_s] for r in recs]
+    assert (m.tpot_ms.p50 or 0) < 1.0, [[round(t * 1000, 3) for t in r.chunk_times_s] for r in recs]
 
     # The same level on a loop left alone: the monitor sees next to nothing, no flag.
     async def free() -> tuple[list[RequestRecord], LoopLagMonitor]:

@@ -51,7 +51,10 @@ def load_spec_file(path: str) -> StudySpec:
     from tuner.study.study_file import parse_study
 
     file = Path(path)
-    spec = on_this_host(parse_study(read_text_bounded(file), str(file)), source=str(file))
+    # A study folder's own spec.yaml (a past run's, to validate or run again) may hold keys a
+    # study file may no longer set, e.g. the retired template probe's; they are read as saved.
+    saved = file.name == "spec.yaml" and any((file.parent / part).exists() for part in ("study.json", "trials"))
+    spec = on_this_host(parse_study(read_text_bounded(file), str(file), saved=saved), source=str(file))
     # Prompts files (known answers, reference) are relative to the study file, and read and
     # checked now: a bad file must stop the study before any server starts.
     from tuner.engine.referencing import resolve_probe_files
