@@ -246,7 +246,8 @@ class Redactor:
     def mapping(self, value: Mapping[str, Any]) -> dict[str, Any]:
         """``data`` of a JSON object, typed as one."""
 
-        return {self.text(k): self.data(v) for k, v in value.items()}
+        redacted: dict[str, Any] = self.data(dict(value))
+        return redacted
 
 
 def split_marked(word: str) -> list[tuple[bool, str]]:

@@ -316,15 +316,9 @@ class ReferenceSpec(BaseModel):
         # The template probe's count of open prompts (issue 37): the reference records every
         # built-in one and each trial draws bank.open_prompts of them, so it did nothing. A
         # saved spec.yaml holds it and is read without it; a study file is told to remove it.
-        if not isinstance(data, dict) or "open_prompts" not in data:
+        if not isinstance(data, dict):
             return data
-        if not (info.context or {}).get("saved"):
-            raise ValueError(
-                f"open_prompts: {_shown(data['open_prompts'])}: a key of the retired template probe (issue 37); "
-                "remove it (the reference records every built-in open prompt and each trial draws "
-                "probe.bank.open_prompts of them)"
-            )
-        return {k: v for k, v in data.items() if k != "open_prompts"}
+        return _without_retired(data, _RETIRED_REFERENCE, "template probe", info)
 
     @model_validator(mode="after")
     def _prompts_file_not_blank(self) -> ReferenceSpec:
@@ -347,6 +341,23 @@ _RETIRED_PROBE = {
     "single_stream": "a trial's seeded bank plan chooses what each decode batch size sends: "
     "probe.bank.batch_sizes",
 }
+_RETIRED_REFERENCE = {
+    "open_prompts": "the reference records every built-in open prompt and each trial draws "
+    "probe.bank.open_prompts of them",
+}
+
+
+def _without_retired(data: dict[str, Any], retired: dict[str, str], what: str,
+                     info: ValidationInfo) -> dict[str, Any]:
+    """``data`` without the ``retired`` keys: dropped from a saved spec.yaml (context "saved"),
+    which holds every field its version wrote; refused, saying what replaced it, in a study file."""
+
+    if not (info.context or {}).get("saved"):
+        for key, instead in retired.items():
+            if key in data:
+                raise ValueError(f"{key}: {_shown(data[key])}: a key of the retired {what} (issue 37); "
+                                 f"remove it ({instead})")
+    return {k: v for k, v in data.items() if k not in retired}
 
 
 def _shown(value: Any) -> str:
@@ -460,20 +471,8 @@ class ProbeSpec(BaseModel):
                     "give your own questions in probe.prompts_file, or turn the probe off (probe.enabled: false)"
                 )
             data = {**data, "bank": {k: v for k, v in bank.items() if k != "enabled"}}
-        if not (info.context or {}).get("saved"):
-            for key, instead in _RETIRED.items():
-                if key in data:
-                    raise ValueError(
-                        f"{key}: {_shown(data[key])}: a key of the retired template questions (issue 37); "
-                        f"remove it ({instead})"
-                    )
-            for key, instead in _RETIRED_PROBE.items():
-                if key in data:
-                    raise ValueError(
-                        f"{key}: {_shown(data[key])}: a key of the retired template probe (issue 37); "
-                        f"remove it ({instead})"
-                    )
-        return {k: v for k, v in data.items() if k not in _RETIRED and k not in _RETIRED_PROBE}
+        data = _without_retired(data, _RETIRED, "template questions", info)
+        return _without_retired(data, _RETIRED_PROBE, "template probe", info)
 
     @model_validator(mode="after")
     def _prompts_file_not_blank(self) -> ProbeSpec:
