@@ -216,6 +216,27 @@ def pytest_configure(config: Any) -> None:
         os.environ[FAULT_ROWS_ENV] = str(path)
 
 
+# Files that must not run at the same time as each other under pytest-xdist: both start a
+# ray.cluster_utils.Cluster, which writes /tmp/ray/ray_current_cluster on start and deletes it on
+# shutdown, and one test checks the tuner does not join the cluster that file names (CI
+# 2026-12-07: the other file's teardown deleted it mid-test). One scope puts them on one worker.
+SHARED_SCOPES = {"tests/test_multinode_environment.py": "tests/test_multinode.py"}
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFileScheduling(LoadFileScheduling):   # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            scope = super()._split_scope(nodeid)
+            return SHARED_SCOPES.get(scope, scope)
+
+    return SharedFileScheduling(config, log)
+
+
 def record_fault_row(scenario: str, *, detection: str, lost: int, orphans: int, reason: str) -> None:
     """One line of the fault table printed at the end of the session."""
 
