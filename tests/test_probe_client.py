@@ -235,9 +235,10 @@ def test_deadline_bounds_the_probe(server: str) -> None:
     result = _run(run_probe(f"{server}/slow", MODEL, spec, deadline_s=0.3, items=BANK[:6]))
     assert FAKE.slow_answered == 0
     details = [f.detail for f in result.errors]
-    # Capped by the remaining budget (a little under 0.3 s when the machine is busy).
+    # Capped by the remaining budget, not the request timeout (60 s): under 0.3 s, and less
+    # the busier the machine (0.1 s at a load average of 10, CI 2026-12-07).
     assert details[0].startswith("timeout after ")
-    assert 0.1 < float(details[0].split()[2].rstrip("s")) <= 0.3
+    assert 0 <= float(details[0].split()[2]) <= 0.3
     assert details[1:] == ["not sent: probe deadline reached"] * 5
 
 

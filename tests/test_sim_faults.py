@@ -103,10 +103,12 @@ def test_crash_mid_load_kills_tree_and_startup_faults(start):
     assert chat(sim.url, "What is 2 + 3?")["choices"][0]["message"]["content"] == "5"
     with pytest.raises(httpx.TransportError):
         chat(sim.url, "What is 2 + 3?")
-    assert sim.proc.wait(timeout=3) != 0
-    wait_for(lambda: not alive(child), 2, "the EngineCore child to go with its crashed parent")
+    # The bounds are generous: each wait ends the moment the process does, and a fresh
+    # interpreter's imports alone took over 5 s at a load average of 10 (CI 2026-12-07).
+    assert sim.proc.wait(timeout=30) != 0
+    wait_for(lambda: not alive(child), 10, "the EngineCore child to go with its crashed parent")
     oom = start(ready=False, TUNER_SIM_FAULTS=faults({"fault": "oom_at_start"}))
-    assert oom.proc.wait(timeout=5) == 1
+    assert oom.proc.wait(timeout=60) == 1
     assert "is less than desired GPU memory utilization" in oom.log()
     t0 = time.monotonic()
     slow = start(TUNER_SIM_FAULTS=faults({"fault": "slow_start", "seconds": 150}))
