@@ -15,7 +15,7 @@
 #   scripts/run_tests.sh [PYTEST ARGS...]
 #
 #   TEST_WORKERS=N        workers for the tests that mostly wait (default 2)
-#   TEST_QUIET_WORKERS=N  workers for the quiet-host tests, which run alone (default 3)
+#   TEST_QUIET_WORKERS=N  workers for the quiet-host tests, which run alone (default 2)
 #   TUNER_VLLM_SETUP=skip leave the vLLM CPU environment alone (its tests then skip, or
 #                         fail under CI=true)
 #
@@ -27,9 +27,9 @@ cd "$(dirname "$0")/.."
 py=${PYTHON:-python}
 logs=${TEST_LOG_DIR:-.test-logs}
 workers=${TEST_WORKERS:-2}
-# Three: the quiet-host tests are four files that mostly wait, the longest (the simulator's SLO
-# study) ~5 min; two workers took 7.2 min, one of them running two files back to back.
-quiet_workers=${TEST_QUIET_WORKERS:-3}
+# Two: the quiet-host tests are CPU-bound (762 s of test time): in two workers they took 433 s,
+# in three 498 s (CI runs of 2026-12-07).
+quiet_workers=${TEST_QUIET_WORKERS:-2}
 mkdir -p "$logs"
 
 setup=0 setup_pid=""
