@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import math
 import random
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
@@ -310,3 +311,18 @@ def test_false_pass_rate_at_the_budget_is_bounded() -> None:
     # split measures about 0.06 here, a 90% interval by mistake more).
     verdicts = [simulate(seed, 0.05)[0] for seed in range(1000)]
     assert verdicts.count("pass") / len(verdicts) <= 0.05
+
+
+def test_docs_operating_characteristic_is_current() -> None:
+    # docs/probe.md quotes the pass rates and mean items of `simulate` over 1000 seeds; they
+    # are recomputed here so the table cannot drift from the code.
+    text = (Path(__file__).resolve().parents[1] / "docs" / "probe.md").read_text()
+    section = text.split("## Quality budget: the statistics\n", 1)[1].split("\n## ", 1)[0]
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in section.splitlines() if line.startswith("| ")}
+    drops = [float(cell) for cell in rows["true drop"]]
+    assert drops == [0.0, 0.02, 0.04, 0.05, 0.06, 0.08, 0.12]
+    for drop, rate, mean_items in zip(drops, rows["pass rate"], rows["mean items asked"], strict=True):
+        runs = [simulate(seed, drop) for seed in range(1000)]
+        assert f"{sum(verdict == 'pass' for verdict, _ in runs) / 1000:.3f}" == rate, drop
+        assert f"{sum(size for _, size in runs) / 1000:.0f}" == mean_items, drop

@@ -206,6 +206,7 @@ def items_needed(discordance: float, drop: float, budget: float, confidence: flo
     """Roughly how many paired items one look needs for its interval's half-width to be below
     ``|budget - drop|`` at this discordance rate (ref_only + trial_only) / n, so that the look
     can decide; the normal approximation Var(drop estimate) = (discordance - drop^2) / n.
+    ``confidence`` is the look's own level (``look_confidence`` of the study's).
 
     For the docs and the "budget too tight" warning, not for decisions (``judge`` decides).
     """
