@@ -18,7 +18,7 @@ from tuner.sim.args import SimArgs
 from tuner.sim.comm import NcclInfo, allreduce_backends, resolve_nccl
 from tuner.sim.events import Failure, Notice
 from tuner.sim.faults import Fault, applies
-from tuner.sim.lossy import lossy_settings, true_drop
+from tuner.sim.lossy import resolve_lossy
 from tuner.sim.perf_model import MODEL_DRAFTERS, PerfConfig
 from tuner.sim.profile import Profile
 
@@ -346,9 +346,11 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
     failure = failure or nccl_failure
     util = float(over.get("gpu_memory_utilization", args.gpu_memory_utilization))
     kv_dtype = str(over.get("kv_cache_dtype", args.kv_cache_dtype))
-    quant, lossy, drop, weights_factor, lossy_failure = _lossy(args, env, profile, dtype, kv_dtype)
-    memory = _memory(args, env, profile, limits, graphs, util, kv_dtype, weights_factor)
-    failure = failure or memory.failure or lossy_failure
+    lossy = resolve_lossy(args.quantization, kv_dtype, dtype, profile, env)
+    if lossy.refused is not None:
+        raise ConfigError(lossy.refused)
+    memory = _memory(args, env, profile, limits, graphs, util, kv_dtype, lossy.weights_factor)
+    failure = failure or memory.failure or lossy.failure
     prefix = bool(over.get("enable_prefix_caching",
                            True if args.enable_prefix_caching is None else args.enable_prefix_caching))
     tp, pp, block = limits.tp, limits.pp, profile.defaults.block_size
@@ -366,7 +368,7 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
         async_scheduling=async_sched, kv_fp8=kv_dtype.startswith("fp8"),
         activation_bytes=4 if dtype == "float32" else 2, max_num_seqs=limits.mns,
         max_num_batched_tokens=limits.mnbt, kv_capacity_tokens=max(memory.kv_tokens, block),
-        block_size=block, enable_prefix_caching=prefix, weights_factor=weights_factor if cuda else 1.0)
+        block_size=block, enable_prefix_caching=prefix, weights_factor=lossy.weights_factor if cuda else 1.0)
     return Effective(
         profile=profile, model=args.model,
         served_model_names=tuple(args.served_model_name or [args.model]),
@@ -381,41 +383,7 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
         weights_gib_per_rank=memory.weights_gib, corruption=corruption, numerics_salt=salt,
         log_stats_interval_s=max(_log_stats_interval(env), 0.1), notices=tuple(notices),
         failure=failure, perf=perf, asked=asked, load_format=str(args.load_format),
-        quantization=quant, lossy=lossy, lossy_drop=drop)
-
-
-def _lossy(args: SimArgs, env: Mapping[str, str], profile: Profile, dtype: str, kv_dtype: str
-           ) -> tuple[str | None, tuple[str, ...], float, float, Failure | None]:
-    """(quantization, lossy knobs, their true accuracy drop, share of weight bytes left, the
-    engine failure they cause) for ``--quantization`` and the KV-cache dtype; raises
-    ConfigError where vLLM refuses them while building its config."""
-    quant, weights_factor, lossy_quant = args.quantization, 1.0, None
-    if quant in (None, "", profile.model.quantization):
-        quant = profile.model.quantization   # the model's own format: the reference's too
-    elif quant != "fp8":
-        raise _fail("ValueError", f"--quantization {quant}: the simulator models fp8 only (the "
-                    f"profile's model is {profile.model.quantization or 'unquantized'})")
-    else:
-        hw = profile.hardware
-        capability = int(float(hw.compute_capability) * 10)
-        if hw.platform == "cuda" and capability < 75:
-            raise _fail("ValueError", "The quantization method fp8 is not supported for the current "
-                        f"GPU. Minimum capability: 75. Current capability: {capability}.")
-        if dtype not in ("bfloat16", "float16"):
-            raise _fail("ValueError", f"torch.{dtype} is not supported for quantization method fp8. "
-                        "Supported dtypes: [torch.bfloat16, torch.float16]")
-        weights_factor, lossy_quant = profile.perf.fp8_weights_factor, quant
-    failure = None
-    if kv_dtype.startswith("fp8") and profile.hardware.platform == "cpu" and not profile.hardware.cpu_avx512:
-        # vLLM's CPU attention (v1/attention/backends/cpu_attn.py, _get_attn_isa) refuses an
-        # fp8 cache without AVX-512 or AMX when its metadata builder starts, after the KV
-        # cache is sized.
-        failure = Failure("engine", "NotImplementedError", "FP8 KV cache on CPU requires x86 with "
-                          "AVX-512 or AMX.", ('  File "site-packages/vllm/v1/attention/backends/cpu_attn.py"'
-                                              ', line 541, in _get_attn_isa\n    raise NotImplementedError(',),
-                          stage="kv_backend")
-    lossy = lossy_settings(kv_dtype, lossy_quant, dtype)
-    return quant, lossy, true_drop(lossy, profile.lossy_accuracy_drop, env), weights_factor, failure
+        quantization=lossy.quantization, lossy=lossy.knobs, lossy_drop=lossy.drop)
 
 
 def _silent_overrides(faults: Sequence[Fault], asked: Mapping[str, Any]) -> dict[str, Any]:

@@ -18,8 +18,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from dataclasses import dataclass
 
-__all__ = ["DEFAULT_DROPS", "DROP_ENV", "KNOBS", "answers_wrong", "lossy_settings", "true_drop"]
+from tuner.sim.events import Failure
+from tuner.sim.profile import Profile
+
+__all__ = ["DEFAULT_DROPS", "DROP_ENV", "KNOBS", "Lossy", "answers_wrong", "lossy_settings", "resolve_lossy",
+           "true_drop"]
 
 KNOBS = ("kv_cache_dtype", "quantization")
 # A profile without lossy_accuracy_drop: about what an fp8 KV cache and fp8 weights cost an
@@ -79,3 +84,56 @@ def prompt_unit(prompt_text: str) -> float:
 def answers_wrong(prompt_text: str, drop: float) -> bool:
     """Whether a configuration with true drop ``drop`` answers this prompt wrong."""
     return drop > 0 and prompt_unit(prompt_text) < drop
+
+
+@dataclass(frozen=True)
+class Lossy:
+    """What ``--quantization`` and the KV-cache dtype make of one server start."""
+
+    quantization: str | None          # as the engine-config line prints it (the model's own if unset)
+    knobs: tuple[str, ...]            # lossy knobs in effect (lossy_settings)
+    drop: float                       # their true accuracy drop (true_drop)
+    weights_factor: float             # share of the weight bytes left (fp8 weights: less)
+    failure: Failure | None = None    # an engine failure they cause (printed at its stage)
+    refused: Failure | None = None    # vLLM refuses them while building its config
+
+
+def _api(message: str) -> Failure:
+    return Failure("api", "ValueError", message)
+
+
+def resolve_lossy(quantization: str | None, kv_cache_dtype: str, dtype: str, profile: Profile,
+                  env: Mapping[str, str]) -> Lossy:
+    """The lossy side of a configuration, with vLLM's refusals: fp8 weights under a float32
+    model or below SM 7.5 (config/vllm.py), an fp8 KV cache on a CPU without AVX-512 or AMX
+    (vLLM 0.32, v1/attention/backends/cpu_attn.py ``_get_attn_isa``: raised when the
+    attention metadata builder starts, after the KV cache is sized)."""
+    own = profile.model.quantization
+    if quantization in (None, "", own):
+        quantization, factor, lossy_quant = own, 1.0, None   # the model's own format: the reference's too
+    elif quantization != "fp8":
+        return Lossy(quantization, (), 0.0, 1.0, refused=_api(
+            f"--quantization {quantization}: the simulator models fp8 only (the profile's model is "
+            f"{own or 'unquantized'})"))
+    else:
+        hw = profile.hardware
+        capability = int(float(hw.compute_capability) * 10)
+        if hw.platform == "cuda" and capability < 75:
+            return Lossy(quantization, (), 0.0, 1.0, refused=_api(
+                "The quantization method fp8 is not supported for the current GPU. Minimum "
+                f"capability: 75. Current capability: {capability}."))
+        if dtype not in _SIXTEEN_BITS:
+            return Lossy(quantization, (), 0.0, 1.0, refused=_api(
+                f"torch.{dtype} is not supported for quantization method fp8. Supported dtypes: "
+                "[torch.bfloat16, torch.float16]"))
+        factor, lossy_quant = profile.perf.fp8_weights_factor, quantization
+    failure = None
+    hw = profile.hardware
+    if kv_cache_dtype.startswith("fp8") and hw.platform == "cpu" and not hw.cpu_avx512:
+        failure = Failure("engine", "NotImplementedError", "FP8 KV cache on CPU requires x86 with AVX-512 or "
+                          "AMX.", ('  File "site-packages/vllm/v1/attention/backends/cpu_attn.py", line 541, '
+                                   "in _get_attn_isa\n    raise NotImplementedError(",), stage="kv_backend")
+    knobs = lossy_settings(kv_cache_dtype, lossy_quant, dtype)
+    table = profile.lossy_accuracy_drop
+    drops = None if table is None else {str(knob): drop for knob, drop in table.items()}
+    return Lossy(quantization, knobs, true_drop(knobs, drops, env), factor, failure)
