@@ -378,6 +378,8 @@ class Plan:
         if self.garbled_from is not None and self.garbled_from <= start:
             return
         self.garbled_from = start
+        # Garbage has no near ties: its logprobs stay those of a broken configuration.
+        self.alts = {i: alt for i, alt in self.alts.items() if i < start}
         for i in range(start, len(self.ids)):
             if self.ids[i] == EOS_ID:
                 continue
