@@ -144,7 +144,9 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
     around it, :func:`noise_notes`; ``agreement``: how far its answers moved from the
     reference's, ``StudyPaths.probe_agreement`` - a passing probe allows numerics, and the
     person deploying it should see how much; ``environment``: what it was measured with,
-    tuner.study.environment - the same flags on another vLLM are another measurement)."""
+    tuner.study.environment - the same flags on another vLLM are another measurement). A trial
+    with lossy values also names them and the accuracy drop its quality gate measured
+    (tuner.views.quality_view.quality_header; ``quality`` in the metadata)."""
 
     public = spec.model_copy(update={"server": public_server(spec.server)})
     # 'python' rather than this machine's interpreter path: the export is for another box.
