@@ -22,10 +22,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from pydantic import ValidationError
+
+from tuner.probe.quality_stats import QualityRecord
 from tuner.vllm.compile_cache import CompileRecord
 from tuner.vllm.startup import StartupRecord
 
-__all__ = ["SUMMARY_VERSION", "OutcomeSummary", "Failure"]
+__all__ = ["SUMMARY_VERSION", "OutcomeSummary", "Failure", "read_quality"]
 
 # 2: the summary names its version. 1: no "version" key (written before it existed).
 SUMMARY_VERSION = 2
@@ -49,6 +52,21 @@ def _flag(value: Any) -> bool | None:
 
 def _mapping(value: Any) -> dict[str, Any] | None:
     return dict(value) if isinstance(value, Mapping) else None
+
+
+def read_quality(value: Any) -> QualityRecord | None:
+    """A trial's quality-gate record (``outcome.quality``) as stored, or as the worker holds
+    it; None for a lossless trial and for one that does not read as a record (a view shows
+    the trial without it rather than failing on it)."""
+
+    if isinstance(value, QualityRecord) or value is None:
+        return value
+    if not isinstance(value, Mapping):
+        return None
+    try:
+        return QualityRecord.model_validate(dict(value))
+    except ValidationError:
+        return None
 
 
 def _table(value: Any) -> dict[str, dict[str, Any]]:
@@ -97,7 +115,8 @@ class OutcomeSummary:
     ``tuner.vllm.verify.Check`` as JSON). Probe verdict: ``probe_passed`` (None: no probe),
     ``probe_reason``, ``probe_coverage``, ``probe_agreement``. Startup: ``startup`` (seconds
     by phase, KV cache, graph capture) and ``compile`` (the torch.compile cache's hit or
-    miss), each None when unknown."""
+    miss), each None when unknown. Quality: ``quality``, the quality gate's record of a trial
+    with lossy values (tuner.probe.quality_stats); None for a lossless one."""
 
     version: int = SUMMARY_VERSION
     status: str | None = None
@@ -128,6 +147,7 @@ class OutcomeSummary:
     signature: dict[str, Any] | None = None
     gpu_wait_s: float | None = None
     noise_floor: float | None = None
+    quality: QualityRecord | None = None
 
     @classmethod
     def from_attr(cls, raw: Any) -> OutcomeSummary:
@@ -160,7 +180,7 @@ class OutcomeSummary:
             compile=CompileRecord.from_json(_mapping(raw.get("compile"))),
             startup=StartupRecord.from_json(_mapping(raw.get("startup"))),
             signature=_mapping(raw.get("signature")), gpu_wait_s=_number(raw.get("gpu_wait_s")),
-            noise_floor=_number(raw.get("noise_floor")),
+            noise_floor=_number(raw.get("noise_floor")), quality=read_quality(raw.get("quality")),
         )
 
     def as_attr(self) -> dict[str, Any]:
@@ -172,6 +192,8 @@ class OutcomeSummary:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name not in _NOT_STORED:
+                if isinstance(value, QualityRecord):
+                    value = value.model_dump(mode="json")
                 out[f.name] = value.to_json() if isinstance(value, (CompileRecord, StartupRecord)) else value
         if not self.agreement_stored:
             del out["probe_agreement"]

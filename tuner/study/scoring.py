@@ -16,7 +16,7 @@ from tuner.study.between_starts import StudyNoise
 from tuner.study.noise import level_unstable, noisy_front, resolve_level
 from tuner.study.objectives import MAX_RATE, ObjectiveSpec, open_level
 from tuner.study.outcome import TrialOutcome
-from tuner.study.outcome_summary import OutcomeSummary
+from tuner.study.outcome_summary import OutcomeSummary, read_quality
 from tuner.study.pareto import pareto_front
 from tuner.study.spec import StudySpec
 from tuner.study.trials import (
@@ -158,9 +158,12 @@ def outcome_summary(outcome: TrialOutcome) -> OutcomeSummary:
     stored as its ``as_attr()``."""
 
     copied = {f.name: getattr(outcome, f.name) for f in fields(OutcomeSummary)
-              if f.name not in ("version", "agreement_stored", "compile", "startup")}
+              if f.name not in ("version", "agreement_stored", "compile", "startup", "quality")}
+    # The gate's record as the worker holds it (a QualityRecord or its JSON); an outcome
+    # without the field (written before quality budgets) reads as lossless.
     return OutcomeSummary(**copied, compile=CompileRecord.from_json(outcome.compile),
-                          startup=StartupRecord.from_json(outcome.startup))
+                          startup=StartupRecord.from_json(outcome.startup),
+                          quality=read_quality(getattr(outcome, "quality", None)))
 
 
 def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
@@ -168,7 +171,8 @@ def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
     """pareto.json: the study's front with each point's command, gain over the baseline, each
     value's 95 % interval (``noise``; ``between``: the study's between-start noise, shown as
     ``between_starts``) and sample count, the unstable flag, and the ties noise leaves
-    (tuner.study.noise); ``now``: when it was written, unix seconds."""
+    (tuner.study.noise), and for a lossy point the quality gate's drop, interval, verdict and
+    items (``quality``); ``now``: when it was written, unix seconds."""
     by_number = {r.number: r for r in records}
     points = record_points(records, labels)
     front = pareto_front(points, directions)
@@ -198,6 +202,10 @@ def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
             # allowed rate) must not read as a measured maximum.
             entry["max_rate"] = {k: searched.get(k) for k in (
                 "max_rate", "status", "lower_bound", "bracket", "precision", "levels", "probes")}
+        quality = record.summary.quality
+        if quality is not None:
+            # What a lossy point gave up for its speed: the drop (fractions) with its interval.
+            entry["quality"] = quality.model_dump(include={"drop", "drop_low", "drop_high", "verdict", "items"})
         if baseline is not None:
             entry["vs_baseline"] = {
                 label: (v / base[label] if base.get(label) else None)

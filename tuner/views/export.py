@@ -34,6 +34,7 @@ from tuner.views.export_formats import (
     systemd_text,
     yaml_text,
 )
+from tuner.views.quality_view import quality_header
 from tuner.vllm.knobs import PYTHON_PLACEHOLDER, argument_words, mismatch_text
 
 __all__ = ["choose_record", "ExportError", "render_export", "FORMATS"]
@@ -143,7 +144,9 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
     around it, :func:`noise_notes`; ``agreement``: how far its answers moved from the
     reference's, ``StudyPaths.probe_agreement`` - a passing probe allows numerics, and the
     person deploying it should see how much; ``environment``: what it was measured with,
-    tuner.study.environment - the same flags on another vLLM are another measurement)."""
+    tuner.study.environment - the same flags on another vLLM are another measurement). A trial
+    with lossy values also names them and the accuracy drop its quality gate measured
+    (tuner.views.quality_view.quality_header; ``quality`` in the metadata)."""
 
     public = spec.model_copy(update={"server": public_server(spec.server)})
     # 'python' rather than this machine's interpreter path: the export is for another box.
@@ -171,6 +174,10 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
     title = f"tuner study {study_name}, trial {record.number}"
     header = [f"tuner export: study {study_name}, trial {record.number} ({record.outcome})"]
     header += _value_lines(record) + _slo_lines(spec, record) + [f"  {n}" for n in notes or []]
+    quality = record.summary.quality
+    if quality is not None:
+        # What the lossy choices cost in accuracy, beside what they bought in speed above.
+        header.append(f"  {quality_header(quality)}")
     if agreement:
         header.append(f"  probe: {agreement}")
     if environment:
@@ -189,6 +196,7 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
         "params": record.params,
         "slo": None if spec.slo is None else spec.slo.model_dump(mode="json"),
         "max_rate": record.summary.max_rate,
+        "quality": None if quality is None else quality.model_dump(mode="json"),
         "tuner_version": __version__,
         "exported_unix": int(time.time()),
     }

@@ -1,5 +1,6 @@
 """Figures of a study (matplotlib, Agg backend): Pareto front, best-so-far, knob importance,
-startup time by phase, the workload's lengths and a trace's arrivals.
+startup time by phase, the workload's lengths and a trace's arrivals, speed against the
+quality budget's accuracy drop.
 
 Each function takes plain records and returns PNG bytes, so the report can both embed
 them (self-contained HTML) and write them as files.
@@ -18,11 +19,12 @@ matplotlib.use("Agg")  # no display on servers and in CI
 import matplotlib.pyplot as plt
 
 from tuner.study.pareto import Point, pareto_front
-from tuner.study.trials import TrialRecord
+from tuner.study.trials import KIND_RUN, TrialRecord
+from tuner.views.quality_view import speed_label
 from tuner.vllm.startup import PHASE_LABELS, PHASES
 
 __all__ = ["pareto_png", "best_so_far_png", "importance_png", "startup_png", "workload_png", "arrivals_png",
-           "OUTCOME_STYLE"]
+           "quality_png", "OUTCOME_STYLE"]
 
 # outcome -> (marker, colour, legend label)
 OUTCOME_STYLE = {
@@ -35,6 +37,8 @@ OUTCOME_STYLE = {
     "token_count_mismatch": ("D", "#e377c2", "token counts not believed"),
     # Stopped inside its sweep: one objective is the optimistic bound it was judged on.
     "stopped_early": ("v", "#7f7f7f", "stopped early (bound)"),
+    # Lost more accuracy than the study's quality budget allows (or was not shown inside it).
+    "quality_failed": ("x", "#b71c1c", "quality budget missed"),
 }
 
 
@@ -208,6 +212,51 @@ def arrivals_png(trace: Mapping[str, Any]) -> bytes:
     ax.set_ylabel("requests/s")
     ax.set_ylim(bottom=0)
     ax.set_title(f"Trace arrivals: {trace['requests']:,} requests over {float(trace['duration_s']):,.0f} s")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _png(fig)
+
+
+def quality_png(records: Sequence[TrialRecord], labels: Sequence[str], directions: Sequence[str]) -> bytes | None:
+    """The study's first throughput objective (y) against the accuracy drop in points (x) with
+    its interval as error bars, the budget as a vertical line: lossless trials at no drop,
+    a failed gate marked apart (at the bottom when its speed was never measured); None when
+    no trial has a quality record."""
+
+    runs = [r for r in records if r.kind == KIND_RUN]
+    gated = [(r, r.summary.quality) for r in runs if r.summary.quality is not None]
+    if not gated:
+        return None
+    speed = speed_label(labels, directions) or labels[0]
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    lossless = [r for r in runs if r.summary.quality is None and r.feasible and speed in r.measured_values()]
+    if lossless:
+        ax.scatter([0.0] * len(lossless), [r.values[speed] for r in lossless], marker="o", c="#7f7f7f",
+                   s=30, alpha=0.7, label=f"lossless ({len(lossless)})", zorder=2)
+        for r in lossless:
+            ax.annotate(f"#{r.number}", (0.0, r.values[speed]), textcoords="offset points", xytext=(-18, -3),
+                        fontsize=7, color="#555")
+    for verdict, marker, colour, legend in (("pass", "o", "#1f77b4", "inside the budget"),
+                                            ("fail", "X", "#b71c1c", "quality budget missed")):
+        group = [(r, q) for r, q in gated if q.verdict == verdict]
+        for i, (r, q) in enumerate(group):
+            measured = r.measured_values().get(speed)
+            x, y = 100 * q.drop, 0.0 if measured is None else measured
+            ax.errorbar([x], [y], xerr=[[x - 100 * q.drop_low], [100 * q.drop_high - x]], fmt=marker,
+                        color=colour, ms=8, capsize=4, zorder=3, label=f"{legend} ({len(group)})" if i == 0 else None)
+            ax.annotate(f"#{r.number}" + (" (speed not measured)" if measured is None else ""), (x, y),
+                        textcoords="offset points", xytext=(6, 4), fontsize=8)
+    baseline = next((r for r in lossless if r.is_baseline), None)
+    if baseline is not None:
+        ax.scatter([0.0], [baseline.values[speed]], marker="D", s=80, facecolors="none", edgecolors="black",
+                   lw=1.5, label="baseline (reference)", zorder=4)
+    for budget in sorted({q.budget for _, q in gated}):
+        ax.axvline(100 * budget, color="#d62728", ls="--", lw=1.2, label=f"budget {100 * budget:.1f} pts")
+    ax.axvline(0.0, color="#555", lw=0.6)
+    ax.set_ylim(bottom=0)
+    ax.set_xlabel("accuracy drop against the reference, points (interval as error bars)")
+    ax.set_ylabel(speed + " (higher is better)")
+    ax.set_title("Speed against accuracy drop")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return _png(fig)

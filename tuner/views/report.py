@@ -31,7 +31,16 @@ from tuner.study.objectives import MAX_RATE
 from tuner.study.study_noise import with_study_noise
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points
 from tuner.views.export import ExportError, choose_record, noise_notes, render_export
-from tuner.views.plots import arrivals_png, best_so_far_png, importance_png, pareto_png, startup_png, workload_png
+from tuner.views.plots import (
+    arrivals_png,
+    best_so_far_png,
+    importance_png,
+    pareto_png,
+    quality_png,
+    startup_png,
+    workload_png,
+)
+from tuner.views.quality_view import QUALITY_FIGURE, quality_html, quality_md
 from tuner.views.saved_spec import searched_targets, study_noise_at
 from tuner.views.status import read_checks, value_text
 from tuner.views.workload_view import FIGURE, TRACE_FIGURE, workload_html, workload_md
@@ -291,6 +300,7 @@ td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;text-align:left}
 th{background:#f3f3f3} tr.feasible td:nth-child(2){color:#1a7f37}
 tr.probe_failed td:nth-child(2),tr.failed td:nth-child(2){color:#c62828}
 tr.not_applied td:nth-child(2){color:#e65100} code,pre{font-size:12px;background:#f6f8fa}
+tr.quality_failed td:nth-child(2){color:#c62828}
 pre{padding:8px;overflow-x:auto;white-space:pre-wrap} img{max-width:100%}
 .unstable{color:#c62828;font-weight:bold}
 """
@@ -358,6 +368,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         "environment_changes": handle.paths.environment()[1],
         "confirmations": {str(n): c.get("verdict") for n, c in confirmations.items()},
         "importances": importances, "importance_note": importance_note, "workload": workload,
+        "quality": {str(r.number): r.summary.quality.model_dump(mode="json") for r in runs if r.summary.quality},
     }, indent=2) + "\n")
     return paths
 
@@ -373,6 +384,8 @@ def _figures(study: optuna.Study, records: list[TrialRecord], labels: list[str],
     startup_figure = startup_png(records)
     if startup_figure is not None:
         figures["startup.png"] = startup_figure
+    if (quality_figure := quality_png(records, labels, directions)) is not None:
+        figures[QUALITY_FIGURE] = quality_figure
     if workload:
         figures.update(_workload_figures(workload))
     importances, importance_note = knob_importances(study, records)
@@ -494,6 +507,8 @@ beyond its own run (tuner.study.between_starts):</p><ul>{noise_html}</ul></div>
 <p>Baseline: {baseline_text}.</p>
 {workload_html(shown.workload, [_img(figures[n], n) for n in (FIGURE, TRACE_FIGURE) if n in figures])}
 {slo_html}
+{quality_html(runs, labels, directions, _img(figures[QUALITY_FIGURE], "speed against accuracy drop")
+              if QUALITY_FIGURE in figures else "")}
 <h2>Chosen configuration ({html.escape(pick)})</h2>
 <pre id="export">{html.escape(export_text)}</pre>
 <h2>Progress</h2>
@@ -537,6 +552,7 @@ def _report_md(shown: _Shown, slo_md: list[str], shown_figures: set[str]) -> str
     md += [line.strip() for line in environment_lines(*shown.handle.paths.environment())]
     md += workload_md(shown.workload, [n for n in (FIGURE, TRACE_FIGURE) if n in shown_figures])
     md += slo_md
+    md += quality_md(runs, labels, shown.directions, QUALITY_FIGURE in shown_figures)
     if confirmations:
         md += ["", "## Confirmation re-runs", ""]
         md += [f"- trial {n}: {summary_text(c)}" for n, c in sorted(confirmations.items())]
@@ -552,6 +568,8 @@ def _report_md(shown: _Shown, slo_md: list[str], shown_figures: set[str]) -> str
             detail = (None if r.failure is None else r.failure.message) if r.state == "FAIL" else ""
             for m in r.summary.mismatches:
                 detail = mismatch_text(m)
+            if r.summary.quality is not None and r.summary.quality.verdict == "fail":
+                detail = r.summary.quality.summary()
             md.append(f"- trial {r.number}: {r.outcome}" + (f" — {detail}" if detail else ""))
     md += _startup_md(runs, "startup.png" in shown_figures)
     md += ["", f"## Chosen configuration ({shown.pick})", "",
