@@ -125,6 +125,18 @@ def test_lossy_value_without_budget_is_refused_in_one_line() -> None:
                     "budget, or drop the value")
 
 
+def test_a_saved_spec_from_before_the_budget_still_opens() -> None:
+    # A study's own spec.yaml, written when fp8 was searched without a budget (its fp8
+    # trials failed the probe): status, report and export must still read it.
+    text = yaml.safe_dump(study(quality=None, baseline={"kv_dtype": "fp8"}), sort_keys=False)
+    assert parse_study(text, "spec.yaml", saved=True).quality is None
+    with pytest.raises(SpecError, match="baseline: kv_dtype"):
+        parse_study(text, "spec.yaml")
+    dummy = study(server={**BASE["server"], "flags": {"load_format": "dummy"}})
+    with pytest.raises(SpecError, match="dummy weights"):
+        parse_study(yaml.safe_dump(dummy), "spec.yaml", saved=True)
+
+
 def test_quantization_without_budget_is_refused() -> None:
     quant = {"name": "quant", "flag": "quantization", "kind": "categorical", "values": [None, "fp8"]}
     text = error_of(study(quality=None, parameters=[quant]))

@@ -152,9 +152,15 @@ def _candidates(param: Any, baseline: Any) -> Sequence[Any]:
     return [v for v in ends if baseline is _UNKNOWN or not _same(v, baseline)] or ends
 
 
-def quality_problem(spec: Any) -> str | None:
+def quality_problem(spec: Any, *, saved: bool = False) -> str | None:
     """The first reason ``spec`` cannot run as written where lossy values or its quality
-    budget are concerned (one line), else None."""
+    budget are concerned (one line), else None.
+
+    ``saved``: a study's own spec.yaml. One written before lossy values needed a budget
+    searched them without one (its lossy trials failed the probe), and must still open in
+    ``status``, ``report`` and ``export``: only the quality section's own checks apply."""
+    if saved:
+        return None if spec.quality is None else _judging_problem(spec)
     for i, param in enumerate(spec.parameters):
         baseline = _baseline_value(spec, param)
         if baseline is not _UNKNOWN and (why := lossy_value_reason(param, baseline, baseline)):

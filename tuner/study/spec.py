@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from tuner.load.load_spec import LoadSpec
 from tuner.load.slo import GOODPUT_KEYS, SloSpec
@@ -222,7 +222,7 @@ class StudySpec(Strict):
         return check_study_name(name)
 
     @model_validator(mode="after")
-    def _check_study(self) -> StudySpec:
+    def _check_study(self, info: ValidationInfo) -> StudySpec:
         # Sizes and finiteness first: the checks below build parameter domains, and the
         # rest of the tuner sizes buffers and waits by these numbers.
         if problem := _unusable(self):
@@ -297,7 +297,7 @@ class StudySpec(Strict):
             raise ValueError(f"objectives: the same objective is listed twice: {labels}")
         # The probe's mode against the server's weights (dummy: reference-only).
         study_probe_mode(self)
-        if problem := quality_problem(self):
+        if problem := quality_problem(self, saved=bool((info.context or {}).get("saved"))):
             raise ValueError(problem)
         return self
 
