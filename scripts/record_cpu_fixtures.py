@@ -60,6 +60,9 @@ SCENARIOS: dict[str, tuple[list[str], bool, str]] = {
         "n-gram speculation k=4, lookup 2-4; /metrics recorded"),
     "dtype-bfloat16": (["--enforce-eager", "--dtype", "bfloat16"], True,
                        "bfloat16 on a CPU without AVX512-BF16"),
+    # Needs an AVX-512 or AMX host (vLLM: "FP8 KV cache on CPU requires x86 with AVX-512 or AMX").
+    "kv-fp8-avx512": (["--enforce-eager", "--kv-cache-dtype", "fp8"], True,
+                      "fp8 KV cache (a lossy knob) on an AVX-512/AMX host"),
     "fail-bad-cudagraph-mode": (
         ["--enforce-eager", "--compilation-config", cc({"cudagraph_mode": "BOGUS"})], False,
         "unknown cudagraph mode: KeyError at config time"),

@@ -221,6 +221,13 @@ def pytest_configure(config: Any) -> None:
 # shutdown, and one test checks the tuner does not join the cluster that file names (CI
 # 2026-12-07: the other file's teardown deleted it mid-test). One scope puts them on one worker.
 SHARED_SCOPES = {"tests/test_multinode_environment.py": "tests/test_multinode.py"}
+# Tests that share nothing with the rest of their file (no module fixture) and are long enough
+# to be worth a worker of their own: the quiet-host tests run before the real-vLLM lane starts,
+# so their longest scope holds the lane back.
+OWN_SCOPE = (
+    "tests/test_confirm_study.py::test_a_wall_clock_limit_keeps_time_for_the_reruns",
+    "tests/test_confirm_study.py::test_second_ctrl_c_kills_a_rerun_at_once_and_a_later_confirm_starts_afresh",
+)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -231,6 +238,8 @@ def pytest_xdist_make_scheduler(config: Any, log: Any) -> Any:
 
     class SharedFileScheduling(LoadFileScheduling):   # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid.startswith(OWN_SCOPE):
+                return nodeid
             scope = super()._split_scope(nodeid)
             return SHARED_SCOPES.get(scope, scope)
 

@@ -32,9 +32,11 @@ COMPILED = "compiled.log"
 PIECEWISE = "cudagraph-piecewise.log"
 NGRAM = "spec-ngram-k4.log"
 BF16 = "dtype-bfloat16.log"
+# A lossy knob that this build runs on an AVX-512/AMX host only (recorded on one, 2026-12-07).
+KV_FP8 = "kv-fp8-avx512.log"
 BAD_MODE = "fail-bad-cudagraph-mode.log"
 SUFFIX = "fail-spec-suffix.log"
-SUCCESSFUL = [EAGER, COMPILED, PIECEWISE, NGRAM, BF16]
+SUCCESSFUL = [EAGER, COMPILED, PIECEWISE, NGRAM, BF16, KV_FP8]
 TP3 = "tp3-eager.log"   # three ranks: tests/test_multirank.py
 # Three ranks SIGTERMed mid-start by the tuner's Ctrl-C (tests/test_realvllm_tp.py): below, and
 # tests/test_gpu_fail_fast.py replays it against the launcher's stop.
@@ -97,6 +99,8 @@ FIELD_CASES: list[tuple[str, dict[str, Any]]] = [
              "prompt_lookup_min": 2, "prompt_lookup_max": 4, "async_scheduling": False}),
     # bfloat16 halves the bytes per KV token, so the same 2 GiB holds twice the tokens.
     (BF16, {"dtype": "bfloat16", "kv_cache_tokens": 93184}),
+    # One byte per element against float32's four: four times the tokens in the same 2 GiB.
+    (KV_FP8, {"dtype": "float32", "kv_cache_dtype": "fp8", "quantization": "None", "kv_cache_tokens": 186368}),
 ]
 
 
@@ -153,6 +157,9 @@ VERIFY_CASES: list[tuple[str, str, Any, str, Any, str | None, str | None]] = [
     (EAGER, "speculative_config.method", "ngram", "not_applied", None, "speculative_config=None", None),
     (BF16, "dtype", "bfloat16", "applied", "bfloat16", "dtype=torch.bfloat16", None),
     (BF16, "dtype", "float32", "not_applied", "bfloat16", None, None),
+    (KV_FP8, "kv_cache_dtype", "fp8", "applied", "fp8", "kv_cache_dtype=fp8", None),
+    (EAGER, "kv_cache_dtype", "fp8", "not_applied", "auto", "kv_cache_dtype=auto", None),
+    (KV_FP8, "quantization", None, "applied", "None", "quantization=None", None),
     # NCCL does not exist on the CPU build: never a false "applied".
     (EAGER, "env:NCCL_PROTO", "LL", "not_applicable", None, "backend=gloo", "NCCL is not used on the CPU build"),
     # Asking for custom all-reduce on CPU: the engine line shows it forced off.

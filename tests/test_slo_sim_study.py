@@ -23,10 +23,12 @@ from tuner.sim.slo_truth import COARSE_SEEDS, model_clock, open_loop_point, true
 from tuner.sim.truth import Evaluator
 from tuner.study.study_file import parse_study
 
-# quiethost: the found rate is a timing of the simulator. The test failed once on CI beside
-# a vLLM CPU server, whose threads spin on both cores (the message was cut; with one CPU hog
-# here the rate read 7.44 against a truth of 7.45), so it runs where no vLLM server does.
-pytestmark = [pytest.mark.slow, pytest.mark.quiethost]
+# Not quiethost, although the found rate is a timing of the simulator: its band is 25 % and
+# its trial deadline was the failure seen on CI beside a vLLM CPU server (before the three
+# pooled runs a level below); with a real vLLM server of the realvllm lane beside it the whole
+# time it passed in 288 s (2026-12-07), and it is the longest of the quiet-host tests, which
+# hold up the real-vLLM lane.
+pytestmark = [pytest.mark.slow]
 
 
 @pytest.mark.timeout(1800)
