@@ -97,7 +97,8 @@ class OutcomeSummary:
     ``tuner.vllm.verify.Check`` as JSON). Probe verdict: ``probe_passed`` (None: no probe),
     ``probe_reason``, ``probe_coverage``, ``probe_agreement``. Startup: ``startup`` (seconds
     by phase, KV cache, graph capture) and ``compile`` (the torch.compile cache's hit or
-    miss), each None when unknown."""
+    miss), each None when unknown. ``quality``: a lossy trial's quality gate
+    (probe.quality_stats.QualityRecord as JSON); None when none ran."""
 
     version: int = SUMMARY_VERSION
     status: str | None = None
@@ -128,6 +129,7 @@ class OutcomeSummary:
     signature: dict[str, Any] | None = None
     gpu_wait_s: float | None = None
     noise_floor: float | None = None
+    quality: dict[str, Any] | None = None
 
     @classmethod
     def from_attr(cls, raw: Any) -> OutcomeSummary:
@@ -160,7 +162,7 @@ class OutcomeSummary:
             compile=CompileRecord.from_json(_mapping(raw.get("compile"))),
             startup=StartupRecord.from_json(_mapping(raw.get("startup"))),
             signature=_mapping(raw.get("signature")), gpu_wait_s=_number(raw.get("gpu_wait_s")),
-            noise_floor=_number(raw.get("noise_floor")),
+            noise_floor=_number(raw.get("noise_floor")), quality=_mapping(raw.get("quality")),
         )
 
     def as_attr(self) -> dict[str, Any]:
@@ -175,6 +177,8 @@ class OutcomeSummary:
                 out[f.name] = value.to_json() if isinstance(value, (CompileRecord, StartupRecord)) else value
         if not self.agreement_stored:
             del out["probe_agreement"]
+        if self.quality is None:
+            del out["quality"]   # only a lossy trial of a quality study has one
         return out
 
     @property

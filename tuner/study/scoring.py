@@ -96,6 +96,10 @@ def constraints(spec: StudySpec, outcome: TrialOutcome) -> dict[str, float]:
         else float(max(1, len(outcome.mismatches))),
         "load_errors": failed,
     }
+    if spec.quality is not None:
+        # A lossy trial whose accuracy drop was not shown inside the budget (probe.quality_stats):
+        # infeasible like a failed probe, its speed kept. Every trial of a quality study has it.
+        result["quality"] = 1.0 if outcome.quality is not None and outcome.quality.verdict == "fail" else 0.0
     mismatched = sum(float(level.get("token_mismatch") or 0.0) for level in
                      (*outcome.levels.values(), *outcome.rate_levels.values()))
     if mismatched:
@@ -158,9 +162,10 @@ def outcome_summary(outcome: TrialOutcome) -> OutcomeSummary:
     stored as its ``as_attr()``."""
 
     copied = {f.name: getattr(outcome, f.name) for f in fields(OutcomeSummary)
-              if f.name not in ("version", "agreement_stored", "compile", "startup")}
+              if f.name not in ("version", "agreement_stored", "compile", "startup", "quality")}
     return OutcomeSummary(**copied, compile=CompileRecord.from_json(outcome.compile),
-                          startup=StartupRecord.from_json(outcome.startup))
+                          startup=StartupRecord.from_json(outcome.startup),
+                          quality=None if outcome.quality is None else outcome.quality.model_dump(mode="json"))
 
 
 def pareto_payload(name: str, records: list[TrialRecord], labels: list[str],
