@@ -37,7 +37,7 @@ PURE = [
     "tuner.load.workload", "tuner.load.workload_profile",
     "tuner.probe", "tuner.probe.agreement", "tuner.probe.bank", "tuner.probe.checks",
     "tuner.probe.compare", "tuner.probe.items", "tuner.probe.known_score",
-    "tuner.probe.numerics", "tuner.probe.plan_score", "tuner.probe.prompts_file",
+    "tuner.probe.numerics", "tuner.probe.plan_score", "tuner.probe.prompts_file", "tuner.probe.quality_stats",
     "tuner.probe.record", "tuner.probe.reference_score", "tuner.probe.sample",
     "tuner.probe.selection", "tuner.probe.shapes", "tuner.probe.spec", "tuner.probe.verdict",
     "tuner.probe.wire", "tuner.secrets", "tuner.study",
