@@ -24,11 +24,19 @@ from tuner.probe.http import make_client
 from tuner.probe.items import ProbeItem
 from tuner.probe.known_score import ProbeAnswer
 from tuner.probe.quality_items import QualityAnswer, QualityReference, prompt_hash, quality_items
-from tuner.probe.quality_stats import QualityRecord, judge, look_sizes, paired_counts
+from tuner.probe.quality_stats import (
+    PairedCounts,
+    QualityRecord,
+    drop_interval,
+    judge,
+    look_confidence,
+    look_sizes,
+    paired_counts,
+)
 from tuner.probe.spec import ProbeSpec
 from tuner.study.quality_plan import QualityPlan
 
-__all__ = ["answer_items", "quality_gate", "record_quality_reference"]
+__all__ = ["answer_items", "gate_record", "quality_gate", "record_quality_reference"]
 
 
 def _width(probe: ProbeSpec) -> int:
@@ -82,21 +90,32 @@ async def quality_gate(base_url: str, model: str, probe: ProbeSpec, plan: Qualit
         raise ValueError("a trial's quality plan carries the reference's answers; this one has none")
     began = perf_counter()
     deadline = _deadline(deadline_s)
-    reference = plan.reference.answers
+    reference = {a.id: a.right for a in plan.reference.answers}
     items = quality_items(probe, len(reference))
     quality = plan.spec
     sizes = look_sizes(min(quality.items, len(items)), len(items))
-    trial: list[QualityAnswer] = []
-    verdict = "more"
-    looks = 0
-    for looks, size in enumerate(sizes, start=1):
-        trial += await answer_items(base_url, model, probe, items[len(trial):size], deadline=deadline,
-                                    headers=headers)
-        counts = paired_counts([a.right for a in reference[:size]], [a.right for a in trial])
-        verdict = judge(counts, quality.max_accuracy_drop, quality.confidence, look=looks, looks=len(sizes))
+    trial: dict[str, bool] = {}
+    for look, size in enumerate(sizes):
+        asked = await answer_items(base_url, model, probe, items[len(trial):size], deadline=deadline,
+                                   headers=headers)
+        trial.update((a.id, a.right) for a in asked)
+        counts = paired_counts(reference, trial)
+        verdict = judge(counts, quality.max_accuracy_drop, quality.confidence, look, len(sizes))
         if verdict != "more":
             break
-    return QualityRecord.from_counts(
-        counts, budget=quality.max_accuracy_drop, confidence=quality.confidence, verdict=verdict,
-        looks=looks, planned_looks=len(sizes), probe_s=perf_counter() - began,
-        lossy={name: {"value": v.value, "reason": v.reason} for name, v in plan.lossy.items()})
+    return gate_record(counts, plan, looks=look + 1, planned=len(sizes), probe_s=perf_counter() - began)
+
+
+def gate_record(counts: PairedCounts, plan: QualityPlan, *, looks: int, planned: int,
+                probe_s: float) -> QualityRecord:
+    """The stored verdict of the look that decided (``looks`` of ``planned``)."""
+
+    quality = plan.spec
+    drop, low, high = drop_interval(counts, look_confidence(quality.confidence, planned))
+    passed = high <= quality.max_accuracy_drop
+    return QualityRecord(
+        items=counts.n, reference_accuracy=counts.reference_accuracy, trial_accuracy=counts.trial_accuracy,
+        drop=drop, drop_low=low, drop_high=high, confidence=quality.confidence,
+        budget=quality.max_accuracy_drop, verdict="pass" if passed else "fail",
+        decided_at_cap=not passed and low <= quality.max_accuracy_drop, looks=looks, probe_s=probe_s,
+        lossy=dict(plan.lossy))

@@ -15,21 +15,24 @@ def _num(raw: Mapping[str, Any], key: str) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _pts(value: float | None) -> str:
+    return "?" if value is None else f"{100 * value:.1f}"
+
+
 def quality_line(raw: Mapping[str, Any]) -> str:
-    """``quality PASS: accuracy drop 0.012 (95 % bound 0.031, budget 0.05) over 200 items ...``:
-    the verdict, the drop with its upper bound against the budget, how many items and looks
-    it took, both accuracies and the lossy values judged."""
+    """``quality PASS: drop 1.2 pts [-0.8, 3.1] (95%), budget 5.0 pts, 200 items (1 look); ...``:
+    the verdict, the accuracy drop in accuracy points with its interval (the upper bound is
+    what the budget is held to), how many items and looks it took, both accuracies and the
+    lossy values judged (like QualityRecord.summary, from the stored JSON)."""
 
     verdict = str(raw.get("verdict") or "?")
-    drop, high, budget = _num(raw, "drop"), _num(raw, "drop_high"), _num(raw, "budget")
     confidence = _num(raw, "confidence")
-    level = f"{confidence:.0%} " if confidence is not None else ""
-    parts = [f"quality {verdict.upper()}: accuracy drop "
-             + ("?" if drop is None else f"{drop:+.3f}")
-             + f" ({level}bound " + ("?" if high is None else f"{high:.3f}")
-             + ", budget " + ("?" if budget is None else f"{budget:g}") + ")"]
+    level = "" if confidence is None else f" ({100 * confidence:g}%)"
     items, looks = raw.get("items"), raw.get("looks")
-    parts.append(f"over {items} items" + (f" ({looks} look{'s' if looks != 1 else ''})" if looks else ""))
+    parts = [f"quality {verdict.upper()}: drop {_pts(_num(raw, 'drop'))} pts "
+             f"[{_pts(_num(raw, 'drop_low'))}, {_pts(_num(raw, 'drop_high'))}]{level}, "
+             f"budget {_pts(_num(raw, 'budget'))} pts, {items} items"
+             + (f" ({looks} look{'' if looks == 1 else 's'})" if looks else "")]
     if raw.get("decided_at_cap") and verdict == "fail":
         parts.append("undecided at max_items: not shown inside the budget")
     ref, trial = _num(raw, "reference_accuracy"), _num(raw, "trial_accuracy")

@@ -24,20 +24,12 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.probe.quality_items import QualityReference
+from tuner.probe.quality_stats import LossyValue
 from tuner.probe.spec import ProbeSpec
 from tuner.study.quality import QualitySpec
 from tuner.vllm.lossy import lossy_reason
 
-__all__ = ["LossyValue", "QualityPlan", "loosened_probe", "lossy_values", "quality_plan", "reference_plan"]
-
-
-class LossyValue(BaseModel):
-    """One lossy value of a trial and why it is lossy."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    value: Any
-    reason: str
+__all__ = ["QualityPlan", "loosened_probe", "lossy_values", "quality_plan", "reference_plan"]
 
 
 class QualityPlan(BaseModel):
