@@ -248,6 +248,8 @@ def result_text(labels: list[str], values: list[float | None], outcome: TrialOut
     probe = {True: "pass", False: "FAIL", None: "off"}[outcome.probe_passed]
     applied = {True: "yes", False: "NO", None: "?"}[outcome.applied]
     text = " ".join(parts) + f" probe={probe} applied={applied}"
+    if outcome.quality is not None:
+        text += f" quality={outcome.quality.summary()}"
     if outcome.max_rate and MAX_RATE not in labels:
         text += f" max_rate@slo={max_rate_value_text(outcome.max_rate)}"
     if violated.get("load_errors", 0) > 0:

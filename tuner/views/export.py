@@ -89,6 +89,9 @@ def choose_record(
 def _why(record: TrialRecord) -> str:
     if record.outcome == "probe_failed":
         return str(record.summary.probe_reason or "correctness probe failed")
+    if record.outcome == "quality_failed":
+        quality = record.summary.quality or {}
+        return f"accuracy drop not shown within the budget (upper bound {quality.get('drop_high')})"
     if record.outcome == "not_applied":
         bad = record.summary.mismatches
         return "; ".join(mismatch_text(m) for m in bad) or "not applied"
