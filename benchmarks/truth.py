@@ -43,7 +43,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 # Modules whose code decides a point's outcome, by name (their files move between packages).
 SOURCES = ["tuner.sim.perf_model", "tuner.sim.perf_config", "tuner.sim.scheduler", "tuner.sim.events",
            "tuner.sim.effective", "tuner.sim.comm", "tuner.sim.model", "tuner.sim.args",
-           "tuner.sim.tokenizer", "tuner.load.workload", "tuner.load.filler", "tuner.vllm.knobs",
+           "tuner.sim.tokenizer", "tuner.sim.lossy", "tuner.load.workload", "tuner.load.filler", "tuner.vllm.knobs",
            "tuner.vllm.knob_values",
            "tuner.sim.cache",
            "tuner.sim.profile", "tuner.vllm.compile_cache", "tuner.study.space",

@@ -176,6 +176,8 @@ class Sim:
         if (fail := self._failure_at("kv")) is not None:
             return self.engine_failure(fail)
         await self._init_kv_cache()
+        if (fail := self._failure_at("kv_backend")) is not None:
+            return self.engine_failure(fail)
         await self._capture_graphs()
         await self._serve_ready(compile_s)
         return None

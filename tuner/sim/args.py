@@ -39,6 +39,7 @@ COMPILATION_KEYS = frozenset({
 FLAGS: dict[str, tuple[str, Any]] = {
     "host": ("str", None), "port": ("int", 8000), "model": ("str", "Qwen/Qwen3-0.6B"),
     "dtype": ("str", "auto"), "seed": ("int", 0), "max_model_len": ("hint", None),
+    "quantization": ("str", None),
     "enforce_eager": ("bool", False), "served_model_name": ("list_str", None),
     "pipeline_parallel_size": ("int", 1), "tensor_parallel_size": ("int", 1),
     "disable_custom_all_reduce": ("bool", False), "gpu_memory_utilization": ("float", 0.9),
@@ -405,7 +406,7 @@ def _finish(parsed: _Parsed) -> SimArgs:
 
 # vLLM prints vars(args) in parser order: frontend flags first, then EngineArgs groups.
 NON_DEFAULT_ORDER = (
-    "model_tag", "host", "port", "model", "dtype", "seed", "max_model_len", "enforce_eager",
+    "model_tag", "host", "port", "model", "dtype", "seed", "max_model_len", "quantization", "enforce_eager",
     "served_model_name", "pipeline_parallel_size", "tensor_parallel_size",
     "disable_custom_all_reduce", "gpu_memory_utilization", "kv_cache_memory_bytes",
     "kv_cache_dtype", "enable_prefix_caching", "max_num_batched_tokens", "max_num_seqs",

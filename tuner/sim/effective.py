@@ -18,6 +18,7 @@ from tuner.sim.args import SimArgs
 from tuner.sim.comm import NcclInfo, allreduce_backends, resolve_nccl
 from tuner.sim.events import Failure, Notice
 from tuner.sim.faults import Fault, applies
+from tuner.sim.lossy import resolve_lossy
 from tuner.sim.perf_model import MODEL_DRAFTERS, PerfConfig
 from tuner.sim.profile import Profile
 
@@ -100,6 +101,9 @@ class Effective:
     perf: PerfConfig
     asked: Mapping[str, Any] = field(default_factory=dict)
     load_format: str = "auto"        # "dummy": random weights (the model answers nonsense)
+    quantization: str | None = None  # --quantization (None: the profile model's own format)
+    lossy: tuple[str, ...] = ()      # lossy knobs in effect (tuner.sim.lossy)
+    lossy_drop: float = 0.0          # their true accuracy drop: known-answer items flipped
 
     def notices_for(self, phase: str) -> list[Notice]:
         return [n for n in self.notices if n.phase == phase]
@@ -134,6 +138,7 @@ def asked_config(args: SimArgs, env: Mapping[str, str], profile: Profile) -> dic
         "max_num_batched_tokens": args.max_num_batched_tokens or profile.defaults.max_num_batched_tokens,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "kv_cache_dtype": args.kv_cache_dtype,
+        "quantization": args.quantization,
         "dtype": args.dtype,
         "enable_prefix_caching": args.enable_prefix_caching is not False,
     }
@@ -341,8 +346,11 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
     failure = failure or nccl_failure
     util = float(over.get("gpu_memory_utilization", args.gpu_memory_utilization))
     kv_dtype = str(over.get("kv_cache_dtype", args.kv_cache_dtype))
-    memory = _memory(args, env, profile, limits, graphs, util, kv_dtype)
-    failure = failure or memory.failure
+    lossy = resolve_lossy(args.quantization, kv_dtype, dtype, profile, env)
+    if lossy.refused is not None:
+        raise ConfigError(lossy.refused)
+    memory = _memory(args, env, profile, limits, graphs, util, kv_dtype, lossy.weights_factor)
+    failure = failure or memory.failure or lossy.failure
     prefix = bool(over.get("enable_prefix_caching",
                            True if args.enable_prefix_caching is None else args.enable_prefix_caching))
     tp, pp, block = limits.tp, limits.pp, profile.defaults.block_size
@@ -360,7 +368,7 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
         async_scheduling=async_sched, kv_fp8=kv_dtype.startswith("fp8"),
         activation_bytes=4 if dtype == "float32" else 2, max_num_seqs=limits.mns,
         max_num_batched_tokens=limits.mnbt, kv_capacity_tokens=max(memory.kv_tokens, block),
-        block_size=block, enable_prefix_caching=prefix)
+        block_size=block, enable_prefix_caching=prefix, weights_factor=lossy.weights_factor if cuda else 1.0)
     return Effective(
         profile=profile, model=args.model,
         served_model_names=tuple(args.served_model_name or [args.model]),
@@ -374,7 +382,8 @@ def resolve(args: SimArgs, env: Mapping[str, str], profile: Profile,
         allreduce_backends=backends, nccl=nccl, kv_cache_gib=memory.kv_gib, kv_cache_tokens=memory.kv_tokens,
         weights_gib_per_rank=memory.weights_gib, corruption=corruption, numerics_salt=salt,
         log_stats_interval_s=max(_log_stats_interval(env), 0.1), notices=tuple(notices),
-        failure=failure, perf=perf, asked=asked, load_format=str(args.load_format))
+        failure=failure, perf=perf, asked=asked, load_format=str(args.load_format),
+        quantization=lossy.quantization, lossy=lossy.knobs, lossy_drop=lossy.drop)
 
 
 def _silent_overrides(faults: Sequence[Fault], asked: Mapping[str, Any]) -> dict[str, Any]:
@@ -514,13 +523,13 @@ def _world_size_failure(env: Mapping[str, str], profile: Profile, limits: _Limit
 
 
 def _memory(args: SimArgs, env: Mapping[str, str], profile: Profile, limits: _Limits, graphs: _Graphs,
-            util: float, kv_dtype: str) -> _Memory:
+            util: float, kv_dtype: str, weights_factor: float = 1.0) -> _Memory:
     """Weights, KV-cache size and the first memory failure vLLM would report."""
     failure: Failure | None = None
     hw, model = profile.hardware, profile.model
     cuda = hw.platform == "cuda"
     tp, pp, mnbt, max_len = limits.tp, limits.pp, limits.mnbt, limits.max_len
-    weights = model.weights_gib / (tp * pp)
+    weights = model.weights_gib * weights_factor / (tp * pp)   # fp8 weights: fewer bytes
     act = (profile.defaults.activation_fixed_gib
            + profile.defaults.activation_gib_per_1k_batched_tokens * mnbt / 1000)
     graph_mem = profile.startup.graph_memory_gib_per_size * len(graphs.run_sizes) * (

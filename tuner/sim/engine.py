@@ -288,7 +288,8 @@ class Engine:
             lps = []
             for i in range(start, start + n):
                 cands = top_candidates(plan.ctx, i, plan.greedy[i], max(req.logprobs, 5),
-                                       self.eff.numerics_salt, flat=plan.family == "dummy")
+                                       self.eff.numerics_salt, flat=plan.family == "dummy",
+                                       alt=plan.alts.get(i))
                 chosen = next((lp for cid, lp in cands if cid == plan.ids[i]), cands[-1][1] - 1)
                 lps.append((chosen, cands[:req.logprobs]))
         reason = plan.finish_reason if done else None

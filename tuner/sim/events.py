@@ -28,4 +28,4 @@ class Failure:
     message: str
     frames: tuple[str, ...] = ()
     nccl_line: str | None = None
-    stage: str = "init"   # engine failures: init, comm, load, attn or kv (when it is printed)
+    stage: str = "init"   # engine failures: init, comm, load, attn, kv or kv_backend (when printed)

@@ -118,7 +118,7 @@ def engine_config_line(eff: Effective) -> str:
         "local_cache_dir": None, "fast_moe_cold_start": False, "static_all_moe_layers": [],
     }
     spec = eff.spec.render() if eff.spec else "None"
-    quant = p.model.quantization or "None"
+    quant = eff.quantization or "None"
     device = "cuda" if p.hardware.platform == "cuda" else "cpu"
     return (
         f"Initializing a V1 LLM engine (v{VERSION}) with config: model={eff.model!r}, "

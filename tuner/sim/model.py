@@ -5,16 +5,21 @@ correctly (arithmetic, repeat-a-line, number words to digits, capitals, key/valu
 correctness probe can tell a healthy configuration from a broken one; copy-heavy prompts get
 outputs that copy spans of the prompt (so real n-gram speculation finds matches); anything
 else gets pseudo-natural prose of a natural length. Broken configurations are simulated by
-`garble`, which keeps the shape of the text but changes its content.
+`garble`, which keeps the shape of the text but changes its content. A lossy configuration
+(fp8 KV cache or weights, tuner.sim.lossy) answers a few known-answer prompts with a
+plausible wrong answer (`wrong_answer`), its first differing token the reference's near-tie
+runner-up, so only the answer changes, never the numerics.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tuner.sim.lossy import answers_wrong
 from tuner.sim.perf_model import unit_hash
 from tuner.sim.tokenizer import EOS_ID, Tokenizer
 
@@ -282,22 +287,75 @@ def _repeated_span(ids: Sequence[int], n: int = 8) -> bool:
     return False
 
 
-def natural_output(prompt: str, prompt_ids: Sequence[int]) -> tuple[str, list[str]]:
-    """(family, greedy output pieces without EOS)."""
+# ------------------------------------------------------------------------------ lossy answers
+_OTHER_NAMES = ("Alice", "Bruno", "Chloe", "Daniel", "Elena", "Farid", "Grace", "Hugo")
+
+
+def wrong_answer(family: str, answer: str, prompt: str) -> str:
+    """A plausible wrong answer to a known-answer prompt (what a lossy configuration says
+    when it gets the item wrong): another number, capital, word, name or function; never
+    the right one, never garbage. Deterministic in the prompt."""
+    h = int.from_bytes(hashlib.blake2b(prompt.encode("utf-8"), digest_size=8).digest(), "big")
+    if re.fullmatch(r"-?\d+", answer):
+        value = int(answer)
+        step = 1 + h % 9
+        return str(value - step if value - step >= 0 and h % 2 else value + step)
+    if family == "capital":
+        cities = sorted({c for c in CAPITALS.values() if c != answer})
+        return cities[h % len(cities)]
+    if family == "code":
+        return "def solve(a, b):"
+    if family == "translation":
+        words = sorted({w for pair in _WORDS_FR_ES.values() for w in pair if w != answer})
+        return words[h % len(words)]
+    if family == "recall":
+        names = [n for n in _OTHER_NAMES if n != answer]
+        return names[h % len(names)]
+    if family == "repeat":
+        words = answer.split(" ")
+        i = h % len(words)
+        core = words[i].strip(".,;:!?")
+        new = next(w for k in range(len(WORDS)) if (w := WORDS[(h + k) % len(WORDS)]) != core.lower())
+        words[i] = words[i].replace(core, new.capitalize() if core[:1].isupper() else new, 1) if core else new
+        return " ".join(words)
+    others = [w for w in WORDS if w != answer.lower()]
+    return others[h % len(others)]
+
+
+def _first_difference(a: Sequence[str], b: Sequence[str]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def natural_output(prompt: str, prompt_ids: Sequence[int], lossy_drop: float = 0.0
+                   ) -> tuple[str, list[str], dict[int, str]]:
+    """(family, greedy output pieces without EOS, near-tie runner-ups by position).
+
+    A known-answer prompt's runner-up at the first token where the right and the wrong
+    answer differ is the other answer's token: the item is a near tie there, and a lossy
+    configuration (``lossy_drop`` > 0, tuner.sim.lossy) that flips it picks the wrong one."""
     seed = text_hash(prompt_ids)
     lead = bool(prompt) and not prompt[-1].isspace()
     found = family_answer(prompt)
     if found:
         family, answer = found
-        return family, TOKENIZER.pieces((" " if lead else "") + answer)
+        right = TOKENIZER.pieces((" " if lead else "") + answer)
+        wrong = TOKENIZER.pieces((" " if lead else "") + wrong_answer(family, answer, prompt))
+        if answers_wrong(prompt, lossy_drop):
+            right, wrong = wrong, right
+        at = _first_difference(right, wrong)
+        alts = {at: wrong[at]} if at is not None and at < len(right) and at < len(wrong) else {}
+        return family, right, alts
     user = _user_text(prompt)
     body = user.split("\n", 1)[1] if "\n" in user.strip() else user.split(":", 1)[-1]
     passage = TOKENIZER.pieces(body.strip("\n"))
     if (COPY_WORDS.search(user) and len(passage) >= 30) or _repeated_span(prompt_ids):
         if not COPY_WORDS.search(user):
             passage = TOKENIZER.pieces(user)
-        return "copy", _copy_output(seed, passage, 400)
-    return "open", _prose(seed, 20 + seed % 181, lead)
+        return "copy", _copy_output(seed, passage, 400), {}
+    return "open", _prose(seed, 20 + seed % 181, lead), {}
 
 
 # ------------------------------------------------------------------------------ plans
@@ -313,12 +371,15 @@ class Plan:
     ctx: int                    # per-request hash for logprob distributions
     garbled_from: int | None = None
     greedy: list[int] = field(default_factory=list)   # top-1 token per position (pre-sampling)
+    alts: dict[int, int] = field(default_factory=dict)  # near-tie runner-up per position
 
     def garble(self, start: int, salt: int) -> None:
         """From `start` on, replace content with fluent-looking wrong tokens (same shape)."""
         if self.garbled_from is not None and self.garbled_from <= start:
             return
         self.garbled_from = start
+        # Garbage has no near ties: its logprobs stay those of a broken configuration.
+        self.alts = {i: alt for i, alt in self.alts.items() if i < start}
         for i in range(start, len(self.ids)):
             if self.ids[i] == EOS_ID:
                 continue
@@ -340,15 +401,18 @@ class Plan:
 
 
 def plan_output(prompt: str, prompt_ids: Sequence[int], *, max_tokens: int, ignore_eos: bool,
-                temperature: float = 0.0, seed: int = 0, dummy: bool = False) -> Plan:
+                temperature: float = 0.0, seed: int = 0, dummy: bool = False,
+                lossy_drop: float = 0.0) -> Plan:
     """Every token of a request's answer. ``dummy``: the server loads random weights
     (``--load-format dummy``): deterministic words that answer nothing, as vLLM's dummy
-    weights do (docs/probe.md, dummy weights)."""
-    family, pieces = natural_output(prompt, prompt_ids)
+    weights do (docs/probe.md, dummy weights). ``lossy_drop``: the configuration's true
+    accuracy drop (tuner.sim.lossy; 0 for a lossless one)."""
+    family, pieces, alt_pieces = natural_output(prompt, prompt_ids, lossy_drop)
     ctx = text_hash(prompt_ids)
     if dummy:
         lead = bool(prompt) and not prompt[-1].isspace()
         family, pieces = "dummy", _prose(ctx ^ DUMMY_SALT, max(1, len(pieces)), lead)
+        alt_pieces = {}
     if ignore_eos:
         if len(pieces) < max_tokens:
             pieces = pieces + _prose(ctx ^ 0x5EED, max_tokens - len(pieces), True)
@@ -360,7 +424,8 @@ def plan_output(prompt: str, prompt_ids: Sequence[int], *, max_tokens: int, igno
         pieces = pieces + [""]
         finish = "stop" if len(ids) <= max_tokens else "length"
         ids, pieces = ids[:max_tokens], pieces[:max_tokens]
-    plan = Plan(ids, pieces, finish, family, ctx, greedy=list(ids))
+    plan = Plan(ids, pieces, finish, family, ctx, greedy=list(ids),
+                alts={i: TOKENIZER.piece_id(p) for i, p in alt_pieces.items() if i < len(ids)})
     if temperature > 0:
         for i, tok in enumerate(ids):
             if tok == EOS_ID:
@@ -393,10 +458,17 @@ DUMMY_LOGPROB = -10.802672
 DUMMY_STEP = 9.5367431640625e-07
 
 
+# A near tie's runner-up (Plan.alts) sits this many nats below the top token, at most: fp8
+# flips real tokens up to ~1.4 nats below (KV cache) and beyond 2 (weights); the simulator
+# keeps its lossy flips under 2 nats, where a loosened corruption rule calls them numerics.
+NEAR_TIE_MAX_NATS = 1.5
+
+
 def top_candidates(ctx: int, pos: int, chosen: int, k: int, salt: int, *,
-                   flat: bool = False) -> list[tuple[int, float]]:
+                   flat: bool = False, alt: int | None = None) -> list[tuple[int, float]]:
     """Deterministic top-k (id, logprob) with `chosen` first; gaps >= 0.6 nats, so tiny
-    numeric noise never changes the ranking. ``flat``: dummy weights, all about equal."""
+    numeric noise never changes the ranking. ``flat``: dummy weights, all about equal.
+    ``alt``: a near-tie runner-up, second at 0.2 to NEAR_TIE_MAX_NATS below `chosen`."""
     if flat:
         ids = [chosen] + [w for w in dict.fromkeys(WORD_IDS[_h(ctx, pos, j, 22) % len(WORD_IDS)]
                                                   for j in range(1, 4 * max(k, 1))) if w != chosen]
@@ -404,6 +476,10 @@ def top_candidates(ctx: int, pos: int, chosen: int, k: int, salt: int, *,
     lp1 = -(0.02 + 0.6 * unit_hash(ctx, pos, 21) ** 2)
     out = [(chosen, lp1 + _noise(salt, ctx, pos, 0))]
     used = {chosen}
+    if alt is not None and alt != chosen and k > 1:
+        gap = 0.2 + (NEAR_TIE_MAX_NATS - 0.2) * unit_hash(ctx, pos, 24)
+        out.append((alt, lp1 - gap + _noise(salt, ctx, pos, 1)))
+        used.add(alt)
     j = 1
     while len(out) < max(k, 1):
         cand = WORD_IDS[_h(ctx, pos, j, 22) % len(WORD_IDS)]

@@ -31,6 +31,7 @@ class PerfConfig:
     prompt_lookup_max: int = 5
     async_scheduling: bool = True
     kv_fp8: bool = False
+    weights_factor: float = 1.0         # share of weight-streaming time left (fp8 weights: less)
     activation_bytes: int = 2
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192

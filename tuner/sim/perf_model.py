@@ -112,7 +112,7 @@ class CostModel:
             used = 1.0 - miss ** independent
         else:
             used = 0.0
-        weights_ms = (perf.dense_ms + perf.expert_ms * used) * self._scale
+        weights_ms = (perf.dense_ms + perf.expert_ms * used) * self._scale * cfg.weights_factor
         compute_ms = perf.per_token_ms * tokens * self._scale
         attn_scale = self._scale if model.kv_sharded_by_tp else 1.0
         attn_ms = perf.attention_us_per_ctx_token * shape.context_tokens / 1e3 * attn_scale

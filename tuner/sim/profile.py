@@ -59,6 +59,9 @@ class HardwareSpec(_Strict):
     datacenter_blackwell: bool = Field(description="Default max capture size 1024 instead of 512.")
     nccl_version: str
     cpu_kvcache_default_gib: float = Field(default=4.0, gt=0, description="CPU: KV space default.")
+    # vLLM's CPU attention takes an fp8 KV cache only on x86 with AVX-512 or AMX; the 2-core
+    # box of tiny-cpu has neither, so vLLM refuses it there (docs/simulator.md, lossy settings).
+    cpu_avx512: bool = Field(default=False, description="CPU: AVX-512 or AMX present (fp8 KV cache runs).")
 
 
 class AttentionSpec(_Strict):
@@ -132,6 +135,10 @@ class PerfSpec(_Strict):
     drafter_accept_prob: list[float] = Field(description="Per-position acceptance of model drafters.")
     pp_send_us: float = Field(ge=0)
     kv_fp8_speedup: float = Field(gt=0, description="Attention cost divisor with an fp8 KV cache.")
+    fp8_weights_factor: float = Field(
+        0.5, gt=0, le=1, description="Share of the weight bytes, and so of the weight-streaming "
+        "time of a step, left with --quantization fp8 (GPU; 0.5: bytes halve, more where "
+        "embeddings and the LM head stay 16-bit or fp8 GEMMs fall short of 2x).")
 
 
 class StartupSpec(_Strict):
@@ -202,6 +209,10 @@ class Profile(_Strict):
     noise: NoiseSpec = Field(default_factory=NoiseSpec)
     model_runner: Literal["v1", "v2"] = Field(description="Decides capture bar wording.")
     arctic_inference_installed: bool = False
+    # True accuracy drop of a lossy setting (tuner/sim/lossy.py), per knob, summed when both
+    # are on; None: tuner.sim.lossy.DEFAULT_DROPS. TUNER_SIM_LOSSY_DROP overrides both.
+    lossy_accuracy_drop: dict[Literal["kv_cache_dtype", "quantization"], float] | None = Field(
+        None, description="Accuracy drop per lossy knob (0 <= drop <= 1).")
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
@@ -214,6 +225,10 @@ class Profile(_Strict):
             raise ValueError("perf.drafter_accept_prob needs at least one position")
         if self.hardware.free_memory_gib > self.hardware.memory_gib:
             raise ValueError("hardware.free_memory_gib exceeds memory_gib")
+        for knob, drop in (self.lossy_accuracy_drop or {}).items():
+            if not 0.0 <= drop <= 1.0:
+                raise ValueError(f"lossy_accuracy_drop.{knob} = {drop}: an accuracy drop must be "
+                                 "between 0 and 1")
         return self
 
 

@@ -279,7 +279,8 @@ class SimServer:
                     self.n_requests * 17 + j
                 plan = plan_output(text, ids, max_tokens=want, ignore_eos=body.ignore_eos,
                                    temperature=temperature, seed=seed + j,
-                                   dummy=self.eff.load_format == "dummy")
+                                   dummy=self.eff.load_format == "dummy",
+                                   lossy_drop=self.eff.lossy_drop)
                 reqs.append(GenRequest(f"{p_i}-{j}", ids, plan, logprobs=logprobs,
                                        read_cache=read_cache, index=p_i * body.n + j))
         return reqs

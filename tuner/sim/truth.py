@@ -225,7 +225,7 @@ class Evaluator:
         if eff.failure is not None:
             reason = failure_reason(eff.failure)
             # A start failing after torch.compile (KV-cache sizing) has written its entry.
-            cc = compile_fields(eff, env, tm) if eff.failure.stage == "kv" else {}
+            cc = compile_fields(eff, env, tm) if eff.failure.stage in ("kv", "kv_backend") else {}
             return PointTruth(values, "failed", reason, eff.failure.message.splitlines()[0],
                               startup_s=tm.prepare_s + startup_s(eff, until=eff.failure.stage),
                               stop_s=tm.stop_s, **cc)

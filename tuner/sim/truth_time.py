@@ -60,6 +60,8 @@ def startup_s(eff: Effective, until: str | None = None) -> float:
     if until == "kv":
         return t
     t += st.kv_init_s
+    if until == "kv_backend":
+        return t
     if eff.capture_sizes:
         per = {"FULL_AND_PIECEWISE": st.capture_piecewise_s_per_size + st.capture_full_s_per_size,
                "PIECEWISE": st.capture_piecewise_s_per_size}.get(eff.cudagraph_mode, st.capture_full_s_per_size)

@@ -80,6 +80,8 @@ class EffectiveConfig(BaseModel):
     model: str | None = None
     platform: str | None = Field(None, description="device_config of the engine: cuda, cpu, ...")
     dtype: str | None = None
+    quantization: str | None = Field(None, description="engine config line, as printed: 'None', 'fp8'")
+    kv_cache_dtype: str | None = Field(None, description="engine config line: auto, fp8, fp8_e4m3, ...")
     tensor_parallel_size: int | None = None
     pipeline_parallel_size: int | None = None
     world_size: int | None = None
@@ -159,6 +161,8 @@ _ENGINE_FIELDS: tuple[tuple[str, re.Pattern[str], Callable[[str], Any]], ...] = 
     ("disable_custom_all_reduce",
      re.compile(r", disable_custom_all_reduce=(True|False)\b"), _to_bool),
     ("enforce_eager", re.compile(r", enforce_eager=(True|False)\b"), _to_bool),
+    ("quantization", re.compile(r", quantization=([\w\-]+)"), str),
+    ("kv_cache_dtype", re.compile(r", kv_cache_dtype=([\w\-]+)"), str),
     ("platform", re.compile(r", device_config=(\w+)"), str),
     ("compilation_mode", re.compile(r"'mode': <CompilationMode\.(\w+): \d+>"), str),
     ("cudagraph_mode_configured", re.compile(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)"), str),

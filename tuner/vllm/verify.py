@@ -183,6 +183,15 @@ def _from_field(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
     return _check(k, asked, status, got, eff.evidence.get(field))
 
 
+def _optional_field(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
+    """A field the engine line prints as ``None`` when off (``quantization=None``): asking
+    for none of it (null, "none") is verified like any value."""
+    off = asked is None or (isinstance(asked, str) and asked.strip().lower() in _OFF)
+    if not off:
+        return _from_field(k, asked, eff)
+    return _from_field(k, "None", eff).model_copy(update={"asked": asked})
+
+
 def _dtype(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
     if k.values.canonical(asked) == "auto":
         # auto resolves from the model's config.json, which the log does not show.
@@ -399,6 +408,7 @@ def _unlogged_env(k: Knob, asked: Any, eff: EffectiveConfig) -> KnobCheck:
 RULES: Mapping[str, Rule] = {
     "args": _from_args,
     "field": _from_field,
+    "optional_field": _optional_field,
     "dtype": _dtype,
     "cudagraph_mode": _cudagraph_mode,
     "compilation_mode": _compilation_mode,
