@@ -115,6 +115,8 @@ BOUNDS: tuple[Bound, ...] = (
         *((f"probe.reference.concurrency[{i}]", c) for i, c in enumerate(s.probe.reference.concurrency or ()))]),
     Bound("probe.request_timeout_s", _DAY, "seconds",
           _one("probe.request_timeout_s", lambda s: s.probe.request_timeout_s)),
+    Bound("quality.max_items", 100_000, "known-answer items",
+          _one("quality.max_items", lambda s: None if s.quality is None else s.quality.max_items)),
 )
 
 _BY_NAME = {b.name: b for b in BOUNDS}

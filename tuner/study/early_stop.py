@@ -36,8 +36,9 @@ Five rules, each safe on its own:
    * latencies (``ttft_ms``, ``tpot_ms``, ``itl_ms``, ``e2el_ms``, any statistic) and per-user
      speed (``output_tok_s_per_user``) at a higher level: the value at the highest measured
      level below it (latency does not fall, per-user speed does not rise with load);
-   * trial-level metrics (``startup_s``, ``probe_s``: a third objective on startup time) are
-     exact once known (``TRIAL_LEVEL``); ``trial_s`` is unbounded;
+   * trial-level metrics (``startup_s``, ``probe_s``: a third objective on startup time;
+     ``accuracy_drop``, from the quality gate that runs with the probe) are exact once known
+     (``TRIAL_LEVEL``); ``trial_s`` is unbounded;
    * goodput (``goodput_req_s``, ``goodput_tok_s``) at level C: the bound of the throughput
      it is a part of (``request_per_s``, ``output_tok_s``) measured at a level below, as
      above (good requests are a subset of the completed ones); ``slo_attained``: 1;
@@ -128,7 +129,7 @@ DEFAULT_MAX_GAP = 4.0
 INSIDE_MARGIN = 0.25
 INSIDE_MIN_SHARE = 0.5
 INSIDE_SUBWINDOWS = 3
-# The pseudo-level of trial-level metrics (startup_s, probe_s, trial_s) in a plan's targets.
+# The pseudo-level of trial-level metrics (tuner.study.trial_metrics) in a plan's targets.
 TRIAL_LEVEL = 0
 
 Levels = Mapping[int | str, Mapping[str, float]]

@@ -12,13 +12,13 @@ from pydantic import Field, field_validator, model_validator
 from tuner.load.load_spec import rate_level_name
 from tuner.load.trace_spec import TRACE_LEVEL
 from tuner.study.spec_base import Strict
+from tuner.study.trial_metrics import TRIAL_METRICS
 
 __all__ = ["ObjectiveSpec", "LimitSpec", "MAX_RATE", "TRIAL_METRICS", "level_label", "open_level"]
 
 
 _METRIC = re.compile(r"^[a-z_]+(\.(mean|p50|p90|p99))?$")
 MAX_RATE = "max_rate@slo"
-TRIAL_METRICS = ("startup_s", "probe_s", "trial_s")
 
 
 def level_label(metric: str, concurrency: int | str, rate: float | None, level: str | None = None) -> str:
@@ -42,7 +42,7 @@ def open_level(item: object) -> str | None:
 
 class ObjectiveSpec(Strict):
     metric: str = Field(description="e.g. output_tok_s, tpot_ms.mean, ttft_ms.p99, startup_s, "
-                        "goodput_req_s, max_rate@slo")
+                        "accuracy_drop (with a quality: section), goodput_req_s, max_rate@slo")
     concurrency: int | Literal["max", "min"] = Field(
         "max", description="load level the metric is read at (ignored for trial-level metrics)"
     )

@@ -28,6 +28,10 @@ class _ParamBase(Strict):
         description="active only when every named parameter has one of the given values",
     )
     default: Any = Field(None, description="the server's value when this knob is not set")
+    lossy: bool | None = Field(
+        None, description="true: every value but the baseline's changes the model's answers (searched "
+        "only under a quality: budget); false: none does, whatever the knob table says (e.g. the "
+        "quantization a checkpoint is stored in); unset: the knob table decides (tuner/vllm/lossy.py)")
     description: str = ""
 
     @property

@@ -19,6 +19,7 @@ from tuner.study.outcome import TrialOutcome
 from tuner.study.outcome_summary import OutcomeSummary
 from tuner.study.pareto import pareto_front
 from tuner.study.spec import StudySpec
+from tuner.study.trial_metrics import TRIAL_METRICS, trial_metric_value
 from tuner.study.trials import (
     EARLY_STOPPED,
     KIND_RUN,
@@ -52,9 +53,6 @@ def level_of(spec: StudySpec, item: ObjectiveSpec | Any) -> int:
     return level_for(spec, item.concurrency)
 
 
-TRIAL_METRICS = ("startup_s", "probe_s", "trial_s")
-
-
 def max_rate_value(outcome: TrialOutcome) -> float | None:
     """The trial's max_rate@slo: its search's answer (0.0 when the SLO was unmet at every
     allowed rate); None when it was not searched or stopped early (told by its bound)."""
@@ -67,8 +65,7 @@ def max_rate_value(outcome: TrialOutcome) -> float | None:
 
 def metric_value(spec: StudySpec, outcome: TrialOutcome, item: Any) -> float | None:
     if item.metric in TRIAL_METRICS:
-        seconds = getattr(outcome, item.metric)
-        return None if seconds is None else float(seconds)
+        return trial_metric_value(outcome, item.metric)
     if item.metric == MAX_RATE:
         return max_rate_value(outcome)
     if (name := open_level(item)) is not None:

@@ -17,14 +17,14 @@ from __future__ import annotations
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from tuner.load.load_spec import LoadSpec
 from tuner.load.slo import GOODPUT_KEYS, SloSpec
 from tuner.probe.spec import ProbeSpec
 from tuner.secrets import is_secret_name
 from tuner.study.bounds import bound_errors, unknown_bound_names
-from tuner.study.objectives import MAX_RATE, TRIAL_METRICS, LimitSpec, ObjectiveSpec
+from tuner.study.objectives import MAX_RATE, LimitSpec, ObjectiveSpec
 from tuner.study.parameters import (
     ForbiddenSpec,
     Parameter,
@@ -33,9 +33,11 @@ from tuner.study.parameters import (
     check_in_domain,
     multicast_candidates,
 )
+from tuner.study.quality import QualitySpec, quality_problem
 from tuner.study.server_spec import ServerSpec, fixed_targets
 from tuner.study.spec_base import Scalar, Seconds, Strict
 from tuner.study.study_name import check_study_name
+from tuner.study.trial_metrics import ACCURACY_DROP, TRIAL_METRIC_DIRECTION, TRIAL_METRICS
 from tuner.study.weights import study_probe_mode
 from tuner.vllm.compile_cache import check_cache_dir
 from tuner.vllm.multicast import multicast_use
@@ -204,6 +206,9 @@ class StudySpec(Strict):
         "level, and the search for max_rate@slo (tuner.load.slo)")
     load: LoadSpec = Field(default_factory=LoadSpec)
     probe: ProbeSpec = Field(default_factory=ProbeSpec)
+    quality: QualitySpec | None = Field(
+        None, description="the accuracy budget lossy values (fp8 KV cache, quantized weights, a "
+        "parameter marked lossy: true) are searched under; without it they are refused")
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     verify: VerifySpec = Field(default_factory=VerifySpec)
@@ -217,7 +222,7 @@ class StudySpec(Strict):
         return check_study_name(name)
 
     @model_validator(mode="after")
-    def _check_study(self) -> StudySpec:
+    def _check_study(self, info: ValidationInfo) -> StudySpec:
         # Sizes and finiteness first: the checks below build parameter domains, and the
         # rest of the tuner sizes buffers and waits by these numbers.
         if problem := _unusable(self):
@@ -292,6 +297,8 @@ class StudySpec(Strict):
             raise ValueError(f"objectives: the same objective is listed twice: {labels}")
         # The probe's mode against the server's weights (dummy: reference-only).
         study_probe_mode(self)
+        if problem := quality_problem(self, saved=bool((info.context or {}).get("saved"))):
+            raise ValueError(problem)
         return self
 
     @property
@@ -356,6 +363,13 @@ def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -
             raise ValueError(f"{where}: {MAX_RATE} can only be maximized (a higher rate within "
                              "the SLO is better)")
         return
+    if metric == ACCURACY_DROP:
+        if spec.quality is None:
+            raise ValueError(f"{where}: {ACCURACY_DROP} needs a quality: section (the accuracy budget the "
+                             "drop is measured under), e.g. quality: {max_accuracy_drop: 0.02}")
+        if isinstance(item, ObjectiveSpec) and item.direction != TRIAL_METRIC_DIRECTION[metric]:
+            raise ValueError(f"{where}: {ACCURACY_DROP} can only be minimized (a smaller loss of "
+                             "accuracy is better)")
     if metric in GOODPUT_KEYS and spec.slo is None:
         raise ValueError(f"{where}: {metric} needs an slo: section (requests are good when "
                          "they meet it), e.g. slo: {ttft_ms.p99: 2000}")

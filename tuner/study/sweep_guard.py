@@ -141,8 +141,9 @@ class SweepGuard:
         self.inside_margin = plan.inside_margin
         self._measured: dict[int | str, dict[str, float]] = {}
         self.record: dict[str, Any] | None = None
-        # Trial-level metrics known before the sweep (startup_s, probe_s): objectives on
-        # them are planned at level 0 (scoring.early_stop_plan) and exact from the start.
+        # Trial-level metrics known before the sweep (startup_s, probe_s, accuracy_drop):
+        # objectives on them are planned at level 0 (scoring.early_stop_plan) and exact from
+        # the start.
         self.trial_metrics: dict[str, float | None] = {}
 
     @property

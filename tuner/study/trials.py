@@ -29,6 +29,7 @@ from tuner.study.noise import (
 )
 from tuner.study.outcome_summary import Failure, OutcomeSummary
 from tuner.study.pareto import Point, pareto_front
+from tuner.study.trial_metrics import TRIAL_METRICS, trial_metric_value
 from tuner.vllm.compile_cache import CompileRecord
 from tuner.vllm.startup import StartupRecord
 
@@ -39,9 +40,8 @@ __all__ = ["TrialRecord", "KIND_RUN", "KIND_DUPLICATE", "KIND_FORBIDDEN", "KIND_
            "TOKEN_COUNT_MISMATCH", "label_measured", "noisy_points", "outcome_word", "point_key",
            "record_points", "front_records", "stop_record_text"]
 
-# Trial-level objectives (tuner.study.objectives.TRIAL_METRICS, MAX_RATE), named here so the
-# record stays free of the spec's pydantic models.
-_TRIAL_METRICS = ("startup_s", "probe_s", "trial_s")
+# max_rate@slo (tuner.study.objectives.MAX_RATE), named here so the record stays free of
+# the spec's pydantic models.
 _MAX_RATE = "max_rate@slo"
 
 
@@ -71,8 +71,8 @@ def label_measured(label: str, outcome: OutcomeSummary) -> bool:
     if label == _MAX_RATE:
         record = outcome.max_rate or {}
         return record.get("status") != "stopped" and record.get("max_rate") is not None
-    if label in _TRIAL_METRICS:
-        return getattr(outcome, label) is not None
+    if label in TRIAL_METRICS:
+        return trial_metric_value(outcome, label) is not None
     metric, sep, level = label.rpartition("@c")
     levels: Mapping[str, Any] = outcome.levels
     if not sep:
