@@ -45,6 +45,9 @@ STUDY: dict[str, Any] = {
     "quality": {"max_accuracy_drop": 0.05, "items": 20, "max_items": 40},
 }
 LOSSLESS = {"kv": "auto", "quant": None, "seqs": 64}
+PLAIN = {"quality": None, "objectives": STUDY["objectives"][:1],
+         "parameters": [{"name": "seqs", "flag": "max_num_seqs", "kind": "categorical", "values": [64, 128],
+                         "default": 64}]}
 
 
 def parse(**changes: Any) -> StudySpec:
@@ -71,7 +74,7 @@ def test_only_a_lossy_trial_of_a_quality_study_gets_a_plan() -> None:
     assert plan.lossy["kv"].value == "fp8" and "8 bits" in plan.lossy["kv"].reason
     assert "lossy: true" in plan.lossy["seqs"].reason
     assert reference_plan(spec) == QualityPlan(spec=spec.quality)
-    plain = parse(quality=None, parameters=STUDY["parameters"][2:3], objectives=STUDY["objectives"][:1])
+    plain = parse(**PLAIN)
     assert quality_plan(plain, {"seqs": 128}, reference) is None and reference_plan(plain) is None
 
 
@@ -146,8 +149,7 @@ def test_a_failed_gate_is_infeasible_as_quality_failed_with_its_speed_kept() -> 
     assert trials.outcome_word("COMPLETE", trials.KIND_RUN, bad, None) == "quality_failed"
     assert scoring.constraints(spec, _outcome("pass"))["quality"] == 0.0
     assert scoring.constraints(spec, _outcome(None))["quality"] == 0.0   # lossless: no gate
-    assert "quality" not in scoring.constraints(parse(quality=None, parameters=STUDY["parameters"][2:3],
-                                                      objectives=STUDY["objectives"][:1]), _outcome(None))
+    assert "quality" not in scoring.constraints(parse(**PLAIN), _outcome(None))
     text = scoring.result_text(["output_tok_s@c4"], [100.0], _outcome("fail"), bad)
     assert "output_tok_s@c4=100" in text and "quality=drop 25.0 pts" in text and ": fail at 80 items" in text
 

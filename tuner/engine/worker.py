@@ -47,6 +47,7 @@ from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.quality_plan import loosened_probe
 from tuner.study.server_spec import ServerSpec
 from tuner.study.sweep_guard import SweepGuard
+from tuner.study.trial_metrics import ACCURACY_DROP, trial_metric_value
 from tuner.study.weights import DUMMY
 from tuner.vllm.log_digest import LogDigest
 from tuner.vllm.verify import verify
@@ -427,7 +428,8 @@ class TrialWorker:
         if request.kind == "reference":
             return  # the reference job records answers; its speed is of no interest
         spec, began, guard = request.load, time.monotonic(), guard or SweepGuard(None)
-        guard.trial_metrics = {"startup_s": outcome.startup_s, "probe_s": outcome.probe_s}
+        guard.trial_metrics = {"startup_s": outcome.startup_s, "probe_s": outcome.probe_s,
+                               ACCURACY_DROP: trial_metric_value(outcome, ACCURACY_DROP)}
         slo = request.slo
         sweep = await run_sweep(
             self._server.base_url, request.served_model_name, spec,

@@ -19,6 +19,7 @@ measures: whether the changed answers are still right.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -26,10 +27,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from tuner.probe.quality_items import QualityReference
 from tuner.probe.quality_stats import LossyValue
 from tuner.probe.spec import ProbeSpec
-from tuner.study.quality import QualitySpec
-from tuner.vllm.lossy import lossy_reason
+from tuner.study.quality import QualitySpec, lossy_settings
+from tuner.study.spec import StudySpec
 
-__all__ = ["QualityPlan", "loosened_probe", "lossy_values", "quality_plan", "reference_plan"]
+__all__ = ["QualityPlan", "loosened_probe", "quality_plan", "reference_plan"]
 
 
 class QualityPlan(BaseModel):
@@ -43,48 +44,25 @@ class QualityPlan(BaseModel):
     reference: QualityReference | None = None
 
 
-def lossy_values(spec: Any, values: dict[str, Any]) -> dict[str, LossyValue]:
-    """Parameter name -> its lossy value and why, for a trial of ``spec`` (a StudySpec) at
-    ``values``: the knob table's verdict on the parameter's target, unless the parameter
-    says ``lossy:`` itself (true: any value other than the baseline's is lossy)."""
+def quality_plan(spec: StudySpec, values: Mapping[str, Any],
+                 reference: QualityReference | None) -> QualityPlan | None:
+    """The plan of a trial at ``values`` (tuner.study.quality.lossy_settings names its lossy
+    values); None for a study without a quality budget or a lossless trial (no gate)."""
 
-    out: dict[str, LossyValue] = {}
-    for param in spec.parameters:
-        if param.name not in values:
-            continue
-        value = values[param.name]
-        marked = getattr(param, "lossy", None)
-        if marked is True:
-            if value != spec.baseline.get(param.name, param.default):
-                out[param.name] = LossyValue(value=value, reason=f"{param.name} is marked lossy: true")
-            continue
-        if marked is False:
-            continue
-        reason = lossy_reason(param.target, value)
-        if reason is not None:
-            out[param.name] = LossyValue(value=value, reason=reason)
-    return out
-
-
-def quality_plan(spec: Any, values: dict[str, Any], reference: QualityReference | None) -> QualityPlan | None:
-    """The plan of a trial at ``values``; None for a study without a quality budget or a
-    lossless trial (no gate)."""
-
-    quality = getattr(spec, "quality", None)
-    if quality is None:
+    if spec.quality is None:
         return None
-    lossy = lossy_values(spec, values)
+    lossy = lossy_settings(spec, values)
     if not lossy:
         return None
-    return QualityPlan(spec=quality, lossy=lossy, reference=reference)
+    return QualityPlan(spec=spec.quality, reference=reference,
+                       lossy={name: LossyValue(value=value, reason=why) for name, (value, why) in lossy.items()})
 
 
-def reference_plan(spec: Any) -> QualityPlan | None:
+def reference_plan(spec: StudySpec) -> QualityPlan | None:
     """The plan of the study's reference job: answer every quality item; None without a
     quality budget."""
 
-    quality = getattr(spec, "quality", None)
-    return None if quality is None else QualityPlan(spec=quality)
+    return None if spec.quality is None else QualityPlan(spec=spec.quality)
 
 
 def loosened_probe(probe: ProbeSpec, plan: QualityPlan | None) -> ProbeSpec:
