@@ -199,3 +199,10 @@ def test_the_stored_answers_are_reused_only_for_the_same_items(tmp_path: Path) -
     assert "cannot be used (it holds 40 items, the study asks 60)" in said[-1]
     host.paths.quality_reference_json.write_text("{not json")
     assert referencing._stored_quality(host, probe) is None and "unreadable" in said[-1]
+
+
+def test_a_quality_study_needs_the_reference_job() -> None:
+    from tuner.errors import SpecError
+
+    with pytest.raises(SpecError, match=r"quality: needs the probe's reference \(probe.reference.enabled is false\)"):
+        parse(probe={"reference": {"enabled": False}})

@@ -110,9 +110,6 @@ def prepare_reference(host: JobHost, clock: Any) -> Prepared | None:
     """
 
     spec = host.spec
-    if spec.quality is not None and not (spec.probe.enabled and spec.probe.reference.enabled):
-        raise StudyError("quality: the quality budget is held against the reference's answers, which the "
-                         "reference job records: it needs probe.enabled and probe.reference.enabled true")
     if not spec.probe.enabled:
         return Prepared(spec.probe, None)
     # `tuner run` already made the files absolute against the study file; a relative

@@ -216,4 +216,7 @@ def _judging_problem(spec: Any) -> str | None:
     if spec.probe.mode == "reference_only":
         return ("quality: probe.mode is reference_only, which judges no known answer, and the accuracy "
                 "drop is measured on them; set probe.mode to full (or auto) or remove quality:")
+    if not spec.probe.reference.enabled:
+        return ("quality: needs the probe's reference (probe.reference.enabled is false): the reference job "
+                "records the reference's answers every lossy trial is paired with; turn it on or remove quality:")
     return None
