@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tests.conftest import run_tuner, wait_no_orphans, write_study
 from tests.faultkit import FAST, SIM_ENV
@@ -124,3 +125,20 @@ def test_status_shows_each_gated_trial_verdict_drop_and_bound(study: dict) -> No
                for line in lines), lines
     if word == "FAIL":
         assert study["text"].count("quality_failed") >= 2
+
+
+def test_a_reference_below_min_reference_accuracy_stops_the_study_before_any_trial(
+        tmp_path: Path, orphan_check: list[str]) -> None:
+    # The simulator's reference answers about 0.88 of the items right: a floor of 0.99 refuses it.
+    path, marker = _study(tmp_path, 0.0)
+    data = yaml.safe_load(path.read_text())
+    data["quality"]["min_reference_accuracy"] = 0.99
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    orphan_check.append(marker)
+    results = tmp_path / "results"
+    out = run_tuner("run", str(path), "--results", str(results), timeout=600)
+    assert out.returncode == 3, out.stdout[-3000:] + out.stderr[-3000:]
+    assert "of the 200 quality items right, below quality.min_reference_accuracy 0.99" in out.stderr
+    root = results / path.stem
+    assert len(json.loads((root / "quality_reference.json").read_text())["answers"]) == 200  # the evidence
+    assert not list((root / "trials").glob("*/command.json")), "a trial ran against a reference refused"
