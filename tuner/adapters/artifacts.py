@@ -298,6 +298,12 @@ class StudyPaths:
 
         return self.root / "reference_probe.json"
 
+    @property
+    def quality_reference_json(self) -> Path:
+        """The reference's answers to the quality items (a study with a quality budget)."""
+
+        return self.root / "quality_reference.json"
+
     def pid_files(self) -> list[Path]:
         # Every server a worker starts writes one: trials, confirmation re-runs, the reference.
         return sorted([*(self.root / "trials").glob("*/server.pid"),

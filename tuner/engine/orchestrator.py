@@ -39,6 +39,7 @@ from tuner.engine.referencing import WORKER_WAIT_S, pinned, prepare_reference, s
 from tuner.engine.samplers import make_sampler, suggest
 from tuner.engine.tie_runs import separate_ties
 from tuner.errors import StorageUnavailable, StudyError, Terminated
+from tuner.probe.quality_items import QualityReference
 from tuner.probe.record import Reference
 from tuner.secrets import Redactor, api_key_ref, known_values
 from tuner.store.handle import StudyHandle, check_storage_covers_folder, make_storage
@@ -48,6 +49,7 @@ from tuner.study.between_starts import StudyNoise
 from tuner.study.confirmation import choose_candidates, reserve_seconds
 from tuner.study.outcome import TrialOutcome, TrialRequest
 from tuner.study.pareto import pareto_front
+from tuner.study.quality_plan import quality_plan
 from tuner.study.scoring import outcome_summary, result_text, stop_text, values_text
 from tuner.study.space import trial_command, trial_ignore_eos
 from tuner.study.spec import StudySpec
@@ -112,6 +114,7 @@ class StudyLoop:
         # What every trial's probe is judged with (tuner.engine.referencing.prepare_reference).
         self.probe = study_probe(spec, spec.probe)
         self.reference: Reference | None = None
+        self.quality_reference: QualityReference | None = None   # its answers to the quality items
 
     @property
     def interrupted(self) -> bool:
@@ -132,7 +135,6 @@ class StudyLoop:
 
     def missing_result(self, number: int, item: Finished) -> TrialOutcome:
         """The outcome of a trial its worker returned none for (cancelled, lost)."""
-
         now = time.time()
         return TrialOutcome(number=number, status="failed", reason=item.error, message=item.message,
                             detected_unix=now, finished_unix=now)
@@ -288,13 +290,12 @@ class StudyLoop:
             load=load, probe=self.probe,
             ignore_eos=trial_ignore_eos(spec, command.asked), reference=self.reference, early_stop=early_stop,
             slo=spec.slo, search_max_rate=spec.searches_max_rate, prestart=spec.execution.startup.prestart,
-            searched_env=spec.searched_env)
+            searched_env=spec.searched_env, quality=quality_plan(spec, values, self.quality_reference))
 
     # -- telling -------------------------------------------------------------------------
 
     def tell(self, study: optuna.Study, item: Finished) -> None:
         """Record a trial that ended (``Finished`` from the executor)."""
-
         number = int(item.request["number"])
         trial = self._in_flight.pop(number, None)
         if trial is None:
@@ -511,7 +512,6 @@ class Orchestrator(StudyLoop):
 
     def _stop_now(self, study: optuna.Study) -> None:
         """Second Ctrl-C: kill the local servers and the workers, without waiting."""
-
         for item in self.kill_running_now():
             try:
                 self.tell(study, item)
@@ -548,7 +548,6 @@ class Orchestrator(StudyLoop):
 
     def job_host(self) -> JobHost:
         """What the reference job and the confirmation re-runs need of this run."""
-
         def request(number: int, values: dict[str, Any], group: int, folder: Path) -> TrialRequest:
             return self.trial_request(number, values, group=group, trial_dir=folder, early_stop=None)
 
@@ -562,7 +561,7 @@ class Orchestrator(StudyLoop):
         prepared = prepare_reference(self.job_host(), time.monotonic)
         if prepared is None:
             return False
-        self.probe, self.reference = prepared.probe, prepared.reference
+        self.probe, self.reference, self.quality_reference = prepared.probe, prepared.reference, prepared.quality
         return True
 
     def confirm_front(self, study: optuna.Study) -> None:

@@ -20,6 +20,7 @@ from tuner.adapters.artifacts import atomic_write_json
 from tuner.engine.execution import Finished, JobHost, NoWorkersLeft
 from tuner.errors import ArtifactWriteError, StudyError
 from tuner.probe.client import load_probe_items
+from tuner.probe.quality_items import QualityReference, quality_items
 from tuner.probe.record import Reference
 from tuner.probe.recording import load_reference_sources
 from tuner.probe.spec import ProbeSpec, fit_to_study, mode_text, resolve_mode
@@ -27,6 +28,7 @@ from tuner.probe.verdict import with_reference_accuracy
 from tuner.secrets import Redactor, api_key_ref, known_values
 from tuner.study.command import ReferenceConfiguration, reference_configuration
 from tuner.study.outcome import TrialOutcome, TrialRequest
+from tuner.study.quality_plan import reference_plan
 from tuner.study.weights import dummy_weights
 from tuner.vllm.knobs import RenderedCommand, shell_line
 
@@ -85,11 +87,12 @@ def study_probe(spec: Any, probe: ProbeSpec) -> ProbeSpec:
 @dataclass(frozen=True)
 class Prepared:
     """What every trial's probe is judged with: the probe section (with the reference's
-    known-answer accuracy once there is a reference) and the reference as JSON (None:
-    known answers only)."""
+    known-answer accuracy once there is a reference), the reference as JSON (None: known
+    answers only) and the reference's answers to the quality items (None: no quality budget)."""
 
     probe: ProbeSpec
     reference: Reference | None
+    quality: QualityReference | None = None
 
 
 def prepare_reference(host: JobHost, clock: Any) -> Prepared | None:
@@ -118,11 +121,15 @@ def prepare_reference(host: JobHost, clock: Any) -> Prepared | None:
     served = spec.server.served_model_name or spec.server.model
     sources = load_reference_sources(probe)
     reference = _stored_reference(host, probe, sources, served)
-    if reference is None:
-        reference = _record_reference(host, probe, clock)
-        if reference is None:
+    quality = None if spec.quality is None else _stored_quality(host, probe)
+    if reference is None or (spec.quality is not None and quality is None):
+        recorded = _record_reference(host, probe, clock)
+        if recorded is None:
             return None
-    return Prepared(with_reference_accuracy(probe, reference), reference)
+        reference, quality = recorded
+    if quality is not None:
+        _check_quality(host, quality)
+    return Prepared(with_reference_accuracy(probe, reference), reference, quality)
 
 
 def _stored_reference(host: JobHost, probe: ProbeSpec, sources: list[Any], served: str) -> Reference | None:
@@ -146,8 +153,48 @@ def _stored_reference(host: JobHost, probe: ProbeSpec, sources: list[Any], serve
     return stored
 
 
-def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference | None:
-    """Run the reference job on a GPU group and keep its result; None when interrupted."""
+def _stored_quality(host: JobHost, probe: ProbeSpec) -> QualityReference | None:
+    """quality_reference.json when it holds this study's quality items (resume)."""
+
+    path = host.paths.quality_reference_json
+    try:
+        stored = QualityReference.model_validate_json(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        host.progress(f"[reference] {path} is unreadable ({type(exc).__name__}); recording the reference again")
+        return None
+    assert host.spec.quality is not None
+    why = stored.mismatch(quality_items(probe, host.spec.quality.max_items))
+    if why is not None:
+        host.progress(f"[reference] the stored quality answers cannot be used ({why}); recording the reference again")
+        return None
+    return stored
+
+
+def _check_quality(host: JobHost, quality: QualityReference) -> None:
+    """Stop the study when the reference itself scores below ``quality.min_reference_accuracy``
+    on the quality items: a budget of accuracy points on a model that gets most questions
+    wrong measures nothing (a configuration cannot lose what the model never had)."""
+
+    budget = host.spec.quality
+    if budget is None:
+        return
+    accuracy, n = quality.accuracy, len(quality.answers)
+    if accuracy < budget.min_reference_accuracy:
+        raise StudyError(
+            f"the reference configuration answered {accuracy:.2f} of the {n} quality items right, below "
+            f"quality.min_reference_accuracy {budget.min_reference_accuracy:g}: an accuracy budget means "
+            "nothing on questions the model mostly gets wrong. Lower quality.min_reference_accuracy if the "
+            f"model is this weak, or use a stronger model. Its answers: {host.paths.quality_reference_json}")
+    host.progress(f"[reference] quality items: {accuracy:.2f} of {n} answered right; lossy trials may lose "
+                  f"at most {budget.max_accuracy_drop:g} of it (quality.max_accuracy_drop)")
+
+
+def _record_reference(host: JobHost, probe: ProbeSpec,
+                      clock: Any) -> tuple[Reference, QualityReference | None] | None:
+    """Run the reference job on a GPU group and keep its result (the reference, and its
+    answers to the quality items); None when interrupted."""
 
     spec, executor = host.spec, host.executor
     stop_grace = spec.server.stop_timeout
@@ -180,7 +227,7 @@ def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference 
             gpu_free_timeout_s=spec.execution.gpu_free_timeout,
             deadline_s=spec.budget.trial_timeout, load=spec.load, probe=probe, ignore_eos=True,
             prestart=spec.execution.startup.prestart,
-            searched_env=spec.searched_env,
+            searched_env=spec.searched_env, quality=reference_plan(spec),
         )
         host.progress(f"[reference] recording the study's reference on group {group}: {config.label}")
         executor.submit(group, request.model_dump(mode="json"), method="run_reference",
@@ -200,8 +247,9 @@ def _record_reference(host: JobHost, probe: ProbeSpec, clock: Any) -> Reference 
 
 
 def _keep_reference(host: JobHost, item: Finished, config: ReferenceConfiguration,
-                    probe: ProbeSpec) -> Reference | None:
-    """Save what the reference job returned; the reference when it can be trusted."""
+                    probe: ProbeSpec) -> tuple[Reference, QualityReference | None] | None:
+    """Save what the reference job returned; the reference when it can be trusted, with its
+    answers to the quality items (written whatever they score: the evidence)."""
 
     paths = host.paths
     log = paths.reference_dir / "server.log"
@@ -243,6 +291,7 @@ def _keep_reference(host: JobHost, item: Finished, config: ReferenceConfiguratio
             f"{problem or 'the reference job returned no reference'}.\nComparing trials with a "
             f"broken reference proves nothing, so the study stops. Details: {paths.reference_probe_json}, "
             f"server log {log}")
+    quality = _keep_quality(host, item.result.get("quality"), config)
     _write(host, paths.reference_json, reference.model_dump(mode="json"))
     accuracy = reference.known_answers_accuracy
     judged = (mode_text(probe, dummy_weights=dummy_weights(host.spec)) if probe.reference_only
@@ -250,7 +299,20 @@ def _keep_reference(host: JobHost, item: Finished, config: ReferenceConfiguratio
     host.progress(
         f"[reference] recorded {len(reference.prompts)} prompts in {outcome.trial_s or 0:.1f}s "
         f"({judged}, agrees with itself); every trial is compared with it")
-    return reference
+    return reference, quality
+
+
+def _keep_quality(host: JobHost, raw: Any, config: ReferenceConfiguration) -> QualityReference | None:
+    """quality_reference.json from the reference job's answers (a study with a quality budget)."""
+
+    if host.spec.quality is None:
+        return None
+    if raw is None:
+        raise StudyError("the reference job returned no answers to the quality items; "
+                         f"`tuner resume {host.name}` records the reference again")
+    quality = QualityReference.model_validate(raw).model_copy(update={"label": config.label})
+    _write(host, host.paths.quality_reference_json, quality.model_dump(mode="json"))
+    return quality
 
 
 def _write(host: JobHost, path: Path, data: Any) -> None:

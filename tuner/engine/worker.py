@@ -30,6 +30,7 @@ from tuner.adapters.environment import current_environment
 from tuner.adapters.launcher import ServerProcess
 from tuner.engine.leftovers import clear_leftovers
 from tuner.engine.prestart import SpareSlot, imports_ahead, note_settled, startup_seconds
+from tuner.engine.quality_run import quality_gate, record_quality_reference
 from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCancelled, TrialError, TrialTimeout
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.results import level_key
@@ -43,8 +44,10 @@ from tuner.probe.trial import reference_known_answers, run_trial_probe
 from tuner.probe.verdict import validate_reference
 from tuner.secrets import API_KEY_ENV, Redactor, api_key, bearer
 from tuner.study.outcome import TrialOutcome, TrialRequest
+from tuner.study.quality_plan import loosened_probe
 from tuner.study.server_spec import ServerSpec
 from tuner.study.sweep_guard import SweepGuard
+from tuner.study.trial_metrics import ACCURACY_DROP, trial_metric_value
 from tuner.study.weights import DUMMY
 from tuner.vllm.log_digest import LogDigest
 from tuner.vllm.verify import verify
@@ -332,7 +335,8 @@ class TrialWorker:
         if request.kind == "reference":
             await self._record_reference(request, outcome)
             return
-        spec, reference = request.probe, request.reference
+        # A lossy trial (request.quality): the corruption rule loosened, then the quality gate.
+        spec, reference = loosened_probe(request.probe, request.quality), request.reference
         began = time.monotonic()
         # Both layers: known answers, then agreement with the study's reference (token
         # agreement to the first divergence, top-k there, teacher-forced prompt logprobs).
@@ -341,6 +345,10 @@ class TrialWorker:
                                        capture_sizes=getattr(self, "_capture_sizes", []),
                                        boundaries=getattr(self, "_boundaries", []),
                                        deadline_s=self._remaining(request), headers=self._headers)
+        if result.passed and request.quality is not None:
+            outcome.quality = await quality_gate(self._server.base_url, request.served_model_name, spec,
+                                                 request.quality, deadline_s=self._remaining(request),
+                                                 headers=self._headers)
         outcome.probe_s = time.monotonic() - began
         outcome.probe_passed = result.passed
         outcome.probe_reason = result.reason
@@ -364,6 +372,9 @@ class TrialWorker:
         sources = load_reference_sources(spec, items=items)
         problems: list[str] = []
         known, reference, self_check = await self._record_bank_reference(request, spec, items, sources, problems)
+        quality = None if request.quality is None or reference is None else await record_quality_reference(
+            self._server.base_url, request.served_model_name, spec, request.quality,
+            deadline_s=self._remaining(request), headers=self._headers)
         verdict = validate_reference(known, reference=reference, self_check=self_check,
                                      reference_only=spec.reference_only)
         if verdict is not None:
@@ -384,6 +395,7 @@ class TrialWorker:
             "known_answers": known.model_dump(mode="json"),
             "self_check": None if self_check is None else self_check.model_dump(mode="json"),
             "problem": outcome.probe_reason if problems else None,
+            "quality": None if quality is None else quality.model_dump(mode="json"),
         }
 
     async def _record_bank_reference(self, request: TrialRequest, spec: ProbeSpec, items: list[Any],
@@ -416,7 +428,8 @@ class TrialWorker:
         if request.kind == "reference":
             return  # the reference job records answers; its speed is of no interest
         spec, began, guard = request.load, time.monotonic(), guard or SweepGuard(None)
-        guard.trial_metrics = {"startup_s": outcome.startup_s, "probe_s": outcome.probe_s}
+        guard.trial_metrics = {"startup_s": outcome.startup_s, "probe_s": outcome.probe_s,
+                               ACCURACY_DROP: trial_metric_value(outcome, ACCURACY_DROP)}
         slo = request.slo
         sweep = await run_sweep(
             self._server.base_url, request.served_model_name, spec,

@@ -13,8 +13,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.load.load_spec import LoadSpec
 from tuner.load.slo import SloSpec
+from tuner.probe.quality_stats import QualityRecord
 from tuner.probe.record import Reference
 from tuner.probe.spec import ProbeSpec
+from tuner.study.quality_plan import QualityPlan
 from tuner.study.sweep_guard import SweepPlan
 
 __all__ = ["TrialRequest", "TrialOutcome", "PHASES"]
@@ -78,6 +80,10 @@ class TrialRequest(BaseModel):
     searched_env: list[str] = Field(
         default_factory=list, description="the environment variables the study searches (their "
         "values change from trial to trial): a spare interpreter starts without them")
+    quality: QualityPlan | None = Field(
+        default=None, description="the quality gate (study.quality_plan): the budget, the trial's "
+        "lossy values and the reference's answers to pair with; in the reference job, the items "
+        "to answer. None: no gate (no quality budget, or a lossless trial)")
 
 
 class TrialOutcome(BaseModel):
@@ -153,4 +159,8 @@ class TrialOutcome(BaseModel):
         default=None, description="the between-start CV the level intervals carry (the study's "
         "override or its measured noise when the trial started, tuner.study.between_starts); readers "
         "replace it with the study's current one. None: an outcome from before it was recorded")
+    quality: QualityRecord | None = Field(
+        default=None, description="the quality gate's verdict on a lossy trial (probe.quality_stats: "
+        "paired accuracy drop, its interval, pass or fail); None: no gate ran (lossless, no "
+        "budget, or the corruption rule failed it first)")
     warnings: list[str] = Field(default_factory=list)

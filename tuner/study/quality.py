@@ -54,6 +54,30 @@ class QualitySpec(Strict):
     min_reference_accuracy: float = Field(
         0.5, description="the reference's accuracy on the quality items must reach this, else the "
         "study stops before any trial (a drop from a model that cannot answer means nothing)")
+    # A lossy trial's corruption rule (tuner.study.quality_plan.loosened_probe): fp8 flips
+    # tokens the reference was fairly sure of. Real fp8 on an H200 flipped greedy tokens at
+    # reference gaps up to 1.4 nats (fp8 KV cache) and a few above 2 nats (fp8 weights; 3.4 with
+    # both), while garbage replaces tokens far below or outside the reference's top-k.
+    lossy_near_tie_nats: float = Field(
+        4.0, description="a lossy trial's probe.reference.near_tie_nats (never lower than the study's "
+        "own): a replaced token up to this many nats below the reference's is numerics, not corruption")
+    lossy_min_prompt_top1: float = Field(
+        0.8, description="a lossy trial's probe.reference.min_prompt_top1 (never higher than the "
+        "study's own): teacher-forced positions that must agree with the reference")
+
+    @field_validator("lossy_near_tie_nats")
+    @classmethod
+    def _check_nats(cls, value: float) -> float:
+        if not value > 0:
+            raise ValueError(f"{value!r} is not allowed; give a number of nats above 0 (e.g. 4.0)")
+        return value
+
+    @field_validator("lossy_min_prompt_top1")
+    @classmethod
+    def _check_top1(cls, value: float) -> float:
+        if not 0 <= value <= 1:
+            raise ValueError(f"{value!r} is not allowed; give a fraction from 0 to 1 (e.g. 0.8)")
+        return value
 
     @field_validator("max_accuracy_drop")
     @classmethod
@@ -192,4 +216,7 @@ def _judging_problem(spec: Any) -> str | None:
     if spec.probe.mode == "reference_only":
         return ("quality: probe.mode is reference_only, which judges no known answer, and the accuracy "
                 "drop is measured on them; set probe.mode to full (or auto) or remove quality:")
+    if not spec.probe.reference.enabled:
+        return ("quality: needs the probe's reference (probe.reference.enabled is false): the reference job "
+                "records the reference's answers every lossy trial is paired with; turn it on or remove quality:")
     return None

@@ -33,11 +33,15 @@ def trial_metric_value(outcome: object, metric: str) -> float | None:
     """``metric`` (one of TRIAL_METRICS) as ``outcome`` holds it, None when not measured.
 
     Seconds are the outcome's own attributes; ``accuracy_drop`` is the quality record's
-    ``drop`` (``outcome.quality``: a model, or its JSON mapping in a stored summary), absent
-    for a trial with no lossy value or an outcome written before the quality gate existed.
+    ``drop`` (``outcome.quality``: a model, or its JSON mapping in a stored summary), and 0.0
+    for a trial without one: a lossless trial computes in the reference's numerics class, so
+    its drop is 0 by construction (docs/probe.md, "the gate in a study"); a lossy trial the
+    corruption rule failed before any gate ran is infeasible (probe_failed) whatever it is told.
     """
     if metric == ACCURACY_DROP:
         quality = getattr(outcome, "quality", None)
+        if quality is None:
+            return 0.0
         value = quality.get("drop") if isinstance(quality, Mapping) else getattr(quality, "drop", None)
     else:
         value = getattr(outcome, metric, None)

@@ -310,7 +310,7 @@ class TrialRecord:
 
 def outcome_word(state: str, kind: str, constraints: Mapping[str, float], failure_reason: Any) -> str:
     """A finished trial's verdict in one word: ``failed:<reason>``, ``forbidden``,
-    ``duplicate``, ``not_applied``, ``probe_failed``, ``load_errors``,
+    ``duplicate``, ``not_applied``, ``probe_failed``, ``quality_failed``, ``load_errors``,
     ``token_count_mismatch``, ``limit_missed``,
     ``unstable``, ``stopped_early`` (its values are bounds, not measurements) or ``feasible``."""
 
@@ -322,6 +322,8 @@ def outcome_word(state: str, kind: str, constraints: Mapping[str, float], failur
         return "not_applied"
     if constraints.get("probe", 0) > 0:
         return "probe_failed"
+    if constraints.get("quality", 0) > 0:
+        return "quality_failed"
     if constraints.get("load_errors", 0) > 0:
         return "load_errors"
     if constraints.get(TOKEN_COUNT_MISMATCH, 0) > 0:

@@ -90,6 +90,9 @@ def choose_record(
 def _why(record: TrialRecord) -> str:
     if record.outcome == "probe_failed":
         return str(record.summary.probe_reason or "correctness probe failed")
+    if record.outcome == "quality_failed":
+        quality = record.summary.quality
+        return quality.summary() if quality is not None else "accuracy drop not shown within the budget"
     if record.outcome == "not_applied":
         bad = record.summary.mismatches
         return "; ".join(mismatch_text(m) for m in bad) or "not applied"

@@ -30,6 +30,8 @@ __all__ = ["pareto_png", "best_so_far_png", "importance_png", "startup_png", "wo
 OUTCOME_STYLE = {
     "feasible": ("o", "#1f77b4", "feasible"),
     "probe_failed": ("X", "#d62728", "probe failed"),
+    # A lossy configuration whose accuracy drop was not shown inside the study's budget.
+    "quality_failed": ("x", "#bcbd22", "over the quality budget"),
     "not_applied": ("^", "#ff7f0e", "config not applied"),
     "limit_missed": ("s", "#9467bd", "limit missed"),
     "load_errors": ("P", "#8c564b", "requests failed"),
@@ -37,8 +39,6 @@ OUTCOME_STYLE = {
     "token_count_mismatch": ("D", "#e377c2", "token counts not believed"),
     # Stopped inside its sweep: one objective is the optimistic bound it was judged on.
     "stopped_early": ("v", "#7f7f7f", "stopped early (bound)"),
-    # Lost more accuracy than the study's quality budget allows (or was not shown inside it).
-    "quality_failed": ("x", "#b71c1c", "quality budget missed"),
 }
 
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from tuner.adapters.artifacts import StudyPaths, read_json, saved_budget
 from tuner.load.host_steadiness import check_text
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
+from tuner.probe.quality_text import quality_line
 from tuner.store.records import StoredStudy, read_records_direct, read_sqlite_study
 from tuner.study.confirmation_text import summary_text
 from tuner.study.durations import format_duration
@@ -94,7 +95,6 @@ def _level_order(level: str) -> tuple[int, float | str]:
 
 def _spec_method(checks: list[dict[str, Any]]) -> str | None:
     """The speculative method the server ran (its asked-vs-got table), if it says."""
-
     for check in checks:
         if check.get("target") == "speculative_config.method":
             got = check.get("got") if check.get("got") is not None else check.get("asked")
@@ -107,7 +107,6 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
     """One trial as status shows it. ``handle``: read its asked-vs-got table into
     ``checks`` (and the ``searched`` knobs it could not verify into ``unverified``);
     ``paths`` alone: read it only for the speculative method's name."""
-
     outcome = record.summary
     verification = read_verification(handle, record.number) if handle is not None else {}
     checks = list(verification.get("checks", []))
@@ -162,6 +161,8 @@ def _trial_row(record: TrialRecord, handle: StudyHandle | StudyPaths | None = No
         "checks": checks,
         "unverified": unverified(checks, searched),
         "parallel": verification.get("parallel"),  # ranks, the all-reduce (vllm.parallel)
+        # A lossy trial's quality gate (probe.quality_stats.QualityRecord) as JSON.
+        "quality": None if outcome.quality is None else outcome.quality.model_dump(mode="json"),
     }
 
 
@@ -513,6 +514,8 @@ def _trial_lines(row: dict[str, Any], labels: list[str], directions: list[str]) 
             lines.append(f"          evidence: {m['evidence'][:200]}")
     if row["probe_passed"] is False:
         lines.append(f"        probe failed: {row['probe_reason']}")
+    if row.get("quality"):
+        lines.append(f"        {quality_line(row['quality'])}")
     if row.get("probe_s") is not None:
         share = (f" ({row['probe_share']:.0%} of {row['trial_s']:.0f}s)"
                  if row.get("probe_share") is not None else "")
