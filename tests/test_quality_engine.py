@@ -160,7 +160,7 @@ def test_accuracy_drop_is_the_gates_drop_and_zero_for_a_lossless_trial() -> None
     assert scoring.metric_value(spec, _outcome("fail"), objective) == pytest.approx(0.25)
     assert scoring.metric_value(spec, _outcome(None), objective) == 0.0
     summary = scoring.outcome_summary(_outcome("fail"))
-    assert summary.quality is not None and summary.quality["verdict"] == "fail"
+    assert summary.quality is not None and summary.quality.verdict == "fail"
     stored = OutcomeSummary.from_attr(summary.as_attr())
     assert stored.quality == summary.quality
     assert "quality" not in scoring.outcome_summary(_outcome(None)).as_attr()

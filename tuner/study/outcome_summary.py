@@ -197,6 +197,8 @@ class OutcomeSummary:
                 out[f.name] = value.to_json() if isinstance(value, (CompileRecord, StartupRecord)) else value
         if not self.agreement_stored:
             del out["probe_agreement"]
+        if self.quality is None:
+            del out["quality"]   # only a lossy trial of a quality study has one
         return out
 
     @property

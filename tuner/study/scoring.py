@@ -93,6 +93,10 @@ def constraints(spec: StudySpec, outcome: TrialOutcome) -> dict[str, float]:
         else float(max(1, len(outcome.mismatches))),
         "load_errors": failed,
     }
+    if spec.quality is not None:
+        # A lossy trial whose accuracy drop was not shown inside the budget (probe.quality_stats):
+        # infeasible like a failed probe, its speed kept. Every trial of a quality study has it.
+        result["quality"] = 1.0 if outcome.quality is not None and outcome.quality.verdict == "fail" else 0.0
     mismatched = sum(float(level.get("token_mismatch") or 0.0) for level in
                      (*outcome.levels.values(), *outcome.rate_levels.values()))
     if mismatched:
@@ -248,6 +252,8 @@ def result_text(labels: list[str], values: list[float | None], outcome: TrialOut
     probe = {True: "pass", False: "FAIL", None: "off"}[outcome.probe_passed]
     applied = {True: "yes", False: "NO", None: "?"}[outcome.applied]
     text = " ".join(parts) + f" probe={probe} applied={applied}"
+    if outcome.quality is not None:
+        text += f" quality={outcome.quality.summary()}"
     if outcome.max_rate and MAX_RATE not in labels:
         text += f" max_rate@slo={max_rate_value_text(outcome.max_rate)}"
     if violated.get("load_errors", 0) > 0:
