@@ -18,6 +18,7 @@ from tuner.adapters.artifacts import StudyPaths
 from tuner.engine import referencing
 from tuner.engine.quality_run import gate_record
 from tuner.errors import StudyError
+from tuner.probe.numerics import judge
 from tuner.probe.quality_items import QualityAnswer, QualityReference, prompt_hash, quality_items
 from tuner.probe.quality_stats import LossyValue, PairedCounts
 from tuner.probe.spec import ProbeSpec
@@ -94,6 +95,7 @@ def test_a_lossy_trial_gets_the_loosened_corruption_rule_never_a_stricter_one() 
     probe = ProbeSpec()
     loose = loosened_probe(probe, plan)
     assert loose.reference.near_tie_nats == 4.0 and loose.reference.min_prompt_top1 == 0.8
+    assert loose.reference.outside_top_k_by_bound and not probe.reference.outside_top_k_by_bound
     assert loose.bank == probe.bank and loose.reference.max_corrupt == probe.reference.max_corrupt
     assert loosened_probe(probe, None) is probe
     lenient = ProbeSpec(reference={"near_tie_nats": 6.0, "min_prompt_top1": 0.5})
@@ -206,3 +208,23 @@ def test_a_quality_study_needs_the_reference_job() -> None:
 
     with pytest.raises(SpecError, match=r"quality: needs the probe's reference \(probe.reference.enabled is false\)"):
         parse(probe={"reference": {"enabled": False}})
+
+
+# -- a token outside the reference's top-k -----------------------------------------------------------
+
+
+def test_outside_the_top_k_is_judged_by_its_bound_only_for_a_lossy_trial() -> None:
+    """The H100 case (2026-12-07, fp8 KV cache): the trial chose a token outside the bf16
+    reference's top-5, whose five spanned 0.125 nats - a flat position, not a confident token
+    replaced. A lossless trial still calls any token outside the top-k corruption; a lossy one
+    only when the bound on its gap is past the loosened near tie (garbage: nats below)."""
+
+    flat_top = {18: -1.000, 7: -1.025, 9: -1.05, 11: -1.1, 13: -1.125}
+    confident_top = {18: -0.01, 7: -6.0, 9: -6.5, 11: -7.0, 13: -7.5}
+    strict = judge(flat_top, 18, -1.0, 1933, 5, 1.0)
+    assert strict.kind == "corrupt" and strict.gap_at_least == pytest.approx(0.125)
+    loose = judge(flat_top, 18, -1.0, 1933, 5, 4.0, outside_by_bound=True)
+    assert (loose.kind, loose.gap, loose.rank) == ("near_tie", None, None)
+    assert loose.gap_at_least == pytest.approx(0.125)
+    garbage = judge(confident_top, 18, -0.01, 1933, 5, 4.0, outside_by_bound=True)
+    assert garbage.kind == "corrupt" and garbage.gap_at_least == pytest.approx(7.49)

@@ -76,7 +76,8 @@ def _distances(
 
 
 def compare_generation(
-    reference: Generation, trial: Generation, k: int, near_tie: float = 1.0
+    reference: Generation, trial: Generation, k: int, near_tie: float = 1.0,
+    outside_by_bound: bool = False,
 ) -> DecodeComparison:
     """One prompt, token by token, judged by the numerics rule (:mod:`tuner.probe.numerics`).
 
@@ -97,7 +98,7 @@ def compare_generation(
         if ref_tok == got_tok:
             gaps.append(abs(reference.logprobs[idx] - trial.logprobs[idx]))
             continue
-        j = judge(reference.top[idx], ref_tok, reference.logprobs[idx], got_tok, k, near_tie)
+        j = judge(reference.top[idx], ref_tok, reference.logprobs[idx], got_tok, k, near_tie, outside_by_bound)
         ref_in = ref_tok in top_k_ids(trial.top[idx], k)
         got_in = got_tok in top_k_ids(reference.top[idx], k)
         gap_text = f"{j.gap:.3f}" if j.gap is not None else f">= {j.gap_at_least:.3f}"
@@ -165,6 +166,7 @@ def compare_forced(
     trial: Sequence[ForcedStep],
     k: int = 5,
     near_tie: float = 1.0,
+    outside_by_bound: bool = False,
 ) -> ForcedComparison:
     """Every teacher-forced position judged by the numerics rule: where the trial's top-1
     differs from the reference's, the reference's logprob gap between the two decides
@@ -191,7 +193,7 @@ def compare_forced(
             close += 1
         elif not broken and ref.top1 is not None and got.top1 is not None:
             ref_lp = ref.top[ref.top1]
-            verdict = judge(ref.top, ref.top1, ref_lp, got.top1, k, near_tie)
+            verdict = judge(ref.top, ref.top1, ref_lp, got.top1, k, near_tie, outside_by_bound)
             bound = verdict.gap if verdict.gap is not None else verdict.gap_at_least
             worst = bound if worst is None else max(worst, bound)
             if verdict.kind == "near_tie":

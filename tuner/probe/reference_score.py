@@ -159,6 +159,7 @@ def score_generation_row(
     ans: ReferenceAnswer | None,
     k: int,
     near_tie: float = 1.0,
+    outside_by_bound: bool = False,
 ) -> tuple[PromptScore, list[float]]:
     """One prompt's decode comparison as a stored row, plus its matched-position gaps."""
     row = PromptScore(
@@ -176,7 +177,7 @@ def score_generation_row(
             "no answer recorded" if ans is None else (ans.error or "no generation")
         )
         return row, []
-    cmp = compare_generation(prompt.generation, ans.generation, k, near_tie)
+    cmp = compare_generation(prompt.generation, ans.generation, k, near_tie, outside_by_bound)
     row.verdict = cmp.verdict
     row.gap = cmp.gap if cmp.gap is not None else cmp.gap_at_least
     row.trial_rank = cmp.trial_rank
@@ -203,6 +204,7 @@ def score_forced_row(
     row: PromptScore,
     k: int,
     near_tie: float = 1.0,
+    outside_by_bound: bool = False,
 ) -> tuple[int, int, int, list[float], str | None]:
     """(positions, top-1 matches, close positions, gaps, error) of one teacher-forced
     prompt; fills ``row``.
@@ -217,7 +219,7 @@ def score_forced_row(
         row.forced_top1 = row.forced_close = 0.0
         why = "no answer recorded" if ans is None else (ans.error or "no steps")
         return positions, 0, 0, [], f"{prompt.id}: {why}"
-    fc = compare_forced(prompt.forced, ans.forced, k, near_tie)
+    fc = compare_forced(prompt.forced, ans.forced, k, near_tie, outside_by_bound)
     row.forced_corrupt = fc.corrupt
     row.forced_worst_gap = fc.worst_gap
     row.overlap = (
@@ -250,6 +252,7 @@ def _level_rows(
     forced_ids: set[str],
     k: int,
     near_tie: float,
+    outside_by_bound: bool = False,
 ) -> tuple[list[PromptScore], list[float], ForcedTotals]:
     """The scored rows of one level, its decode gaps and (when ``forced_ids``) its
     teacher-forced totals."""
@@ -260,12 +263,13 @@ def _level_rows(
         if sent is not None and prompt.id not in sent:
             continue
         row, gaps = score_generation_row(
-            prompt, level, got.get((prompt.id, level, "generate")), k, near_tie
+            prompt, level, got.get((prompt.id, level, "generate")), k, near_tie, outside_by_bound
         )
         decode_gaps.extend(gaps)
         if prompt.id in forced_ids:
             fans = got.get((prompt.id, level, "forced"))
-            pos, hits, close_hits, fgaps, err = score_forced_row(prompt, fans, row, k, near_tie)
+            pos, hits, close_hits, fgaps, err = score_forced_row(prompt, fans, row, k, near_tie,
+                                                                 outside_by_bound)
             forced.positions += pos
             forced.hits += hits
             forced.close += close_hits
@@ -397,6 +401,7 @@ def score_reference(
             forced_ids if forced_here else set(),
             k,
             spec.near_tie_nats,
+            spec.outside_top_k_by_bound,
         )
         result = level_figures(
             level, rows, decode_gaps, forced, forced_here, level not in full_levels

@@ -277,6 +277,13 @@ class ReferenceSpec(BaseModel):
             "vs N; benchmarks/probe_calibration.py), corruption starts at about 0.75."
         ),
     )
+    outside_top_k_by_bound: bool = Field(
+        default=False,
+        description="A trial token outside the reference's top-k is corruption (False), or is "
+        "judged by the lower bound on its gap like any other (True: a near tie when the "
+        "reference's k-th token lies within near_tie_nats of its own). Set for lossy trials "
+        "(tuner.study.quality_plan.loosened_probe sets it).",
+    )
     max_corrupt: int = Field(
         default=0,
         ge=0,
