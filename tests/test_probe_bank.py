@@ -221,3 +221,18 @@ def test_plan_score_tolerates_near_ties_and_fails_corruption_with_evidence():
     bad = score_plan(ref, answers(corrupt), spec.reference, plan)
     assert not bad.passed and "1 corrupt position" in bad.reason
     assert victim in bad.reason and "batch 2" in bad.reason and "la femme" in bad.reason
+
+    def outside(g, pid, level):  # a token the reference did not list, at the tied position
+        if pid not in strata_of:
+            return g
+        return Generation(tokens=[g.tokens[0], 9999, 77], logprobs=g.logprobs, top=g.top, finish_reason="length")
+
+    # Outside the top-k is corruption for a lossless trial, whatever the bound (5.9 nats here)...
+    assert not score_plan(ref, answers(outside), spec.reference, plan).passed
+    # ... and for a lossy one (tuner.study.quality_plan.loosened_probe) it is judged by the bound:
+    # within a loosened near tie of 6 nats it is numerics, past 5 nats corruption.
+    lossy = spec.reference.model_copy(update={"near_tie_nats": 6.0, "outside_top_k_by_bound": True})
+    judged = score_plan(ref, answers(outside), lossy, plan)
+    assert judged.passed and sum(lvl.near_ties for lvl in judged.levels) > 0, judged.reason
+    tighter = lossy.model_copy(update={"near_tie_nats": 5.0})
+    assert not score_plan(ref, answers(outside), tighter, plan).passed

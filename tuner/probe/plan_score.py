@@ -74,7 +74,8 @@ def _level(
         repeat = seen.get(pid, 0)
         seen[pid] = repeat + 1
         row, gaps = score_generation_row(
-            by_id[pid], level, got.get((pid, level, "generate", repeat)), k, spec.near_tie_nats
+            by_id[pid], level, got.get((pid, level, "generate", repeat)), k, spec.near_tie_nats,
+            spec.outside_top_k_by_bound
         )
         decode_gaps.extend(gaps)
         rows.append(row)
@@ -90,7 +91,8 @@ def _level(
             detail="teacher-forced",
         )
         pos, hits, _, fgaps, err = score_forced_row(
-            by_id[pid], got.get((pid, level, "forced", 0)), row, k, spec.near_tie_nats
+            by_id[pid], got.get((pid, level, "forced", 0)), row, k, spec.near_tie_nats,
+            spec.outside_top_k_by_bound
         )
         if err is not None:
             row.verdict, row.error, row.detail = "error", err, err
