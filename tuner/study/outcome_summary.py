@@ -20,13 +20,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
-
-from tuner.probe.quality_stats import QualityRecord
 from tuner.vllm.compile_cache import CompileRecord
 from tuner.vllm.startup import StartupRecord
+
+if TYPE_CHECKING:
+    from tuner.probe.quality_stats import QualityRecord
 
 __all__ = ["SUMMARY_VERSION", "OutcomeSummary", "Failure", "read_quality"]
 
@@ -57,9 +57,18 @@ def _mapping(value: Any) -> dict[str, Any] | None:
 def read_quality(value: Any) -> QualityRecord | None:
     """A trial's quality-gate record (``outcome.quality``) as stored, or as the worker holds
     it; None for a lossless trial and for one that does not read as a record (a view shows
-    the trial without it rather than failing on it)."""
+    the trial without it rather than failing on it).
 
-    if isinstance(value, QualityRecord) or value is None:
+    pydantic is imported only here, when a record is there to read: ``tuner status`` of a
+    study without lossy values stays free of it (tests/test_status_fast.py)."""
+
+    if value is None:
+        return None
+    from pydantic import ValidationError
+
+    from tuner.probe.quality_stats import QualityRecord
+
+    if isinstance(value, QualityRecord):
         return value
     if not isinstance(value, Mapping):
         return None
@@ -192,7 +201,7 @@ class OutcomeSummary:
         for f in fields(self):
             value = getattr(self, f.name)
             if f.name not in _NOT_STORED:
-                if isinstance(value, QualityRecord):
+                if f.name == "quality" and value is not None:
                     value = value.model_dump(mode="json")
                 out[f.name] = value.to_json() if isinstance(value, (CompileRecord, StartupRecord)) else value
         if not self.agreement_stored:
