@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from tuner.study.spec_base import Strict
 from tuner.study.weights import dummy_weights
@@ -72,11 +72,12 @@ class QualitySpec(Strict):
             raise ValueError(f"{value!r} is not allowed; give a number of nats above 0 (e.g. 4.0)")
         return value
 
-    @field_validator("lossy_min_prompt_top1")
+    @field_validator("lossy_min_prompt_top1", "min_reference_accuracy")
     @classmethod
-    def _check_top1(cls, value: float) -> float:
+    def _check_fraction(cls, value: float, info: ValidationInfo) -> float:
         if not 0 <= value <= 1:
-            raise ValueError(f"{value!r} is not allowed; give a fraction from 0 to 1 (e.g. 0.8)")
+            example = {"lossy_min_prompt_top1": 0.8, "min_reference_accuracy": 0.5}[info.field_name or ""]
+            raise ValueError(f"{value!r} is not allowed; give a fraction from 0 to 1 (e.g. {example})")
         return value
 
     @field_validator("max_accuracy_drop")
@@ -100,13 +101,6 @@ class QualitySpec(Strict):
         if value < 20:
             raise ValueError(f"{value!r} is not allowed; give 20 or more (fewer items cannot tell a "
                              "small drop from chance)")
-        return value
-
-    @field_validator("min_reference_accuracy")
-    @classmethod
-    def _check_reference(cls, value: float) -> float:
-        if not 0 <= value <= 1:
-            raise ValueError(f"{value!r} is not allowed; give a fraction from 0 to 1 (e.g. 0.5)")
         return value
 
     @model_validator(mode="after")
