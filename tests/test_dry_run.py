@@ -106,6 +106,7 @@ def test_the_profile_fits_the_study_unless_the_study_names_one() -> None:
     assert shipped == {"d8b-h100": "llama8b-h100", "smollm2-h200": "llama8b-h100", "smollm2-cpu": "tiny-cpu",
                        "smollm2-cpu-slo": "tiny-cpu", "smollm2-cpu-chat": "tiny-cpu",
                        "smollm2-cpu-synthetic": "tiny-cpu", "smollm2-cpu-tp": "tiny-cpu",
+                       "smollm2-cpu-lossy": "tiny-cpu", "smollm2-h100-lossy": "llama8b-h100",
                        "glm5-8xpcie": "glm5-8xpcie", "glm5-8xpcie-large": "glm5-8xpcie",
                        "glm5-8xpcie-slo": "glm5-8xpcie", "demo": "glm5-8xpcie"}
     data = yaml.safe_load(D8B.read_text())
