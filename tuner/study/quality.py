@@ -57,7 +57,9 @@ class QualitySpec(Strict):
     # A lossy trial's corruption rule (tuner.study.quality_plan.loosened_probe): fp8 flips
     # tokens the reference was fairly sure of. Real fp8 on an H200 flipped greedy tokens at
     # reference gaps up to 1.4 nats (fp8 KV cache) and a few above 2 nats (fp8 weights; 3.4 with
-    # both), while garbage replaces tokens far below or outside the reference's top-k.
+    # both), while garbage replaces tokens far below the reference's. A token outside the
+    # reference's top-k is judged by the bound on its gap in a lossy trial (fp8 on an H100 chose
+    # such tokens where the top-5 spanned 0.125-0.625 nats): reference.outside_top_k_by_bound.
     lossy_near_tie_nats: float = Field(
         4.0, description="a lossy trial's probe.reference.near_tie_nats (never lower than the study's "
         "own): a replaced token up to this many nats below the reference's is numerics, not corruption")
