@@ -30,6 +30,7 @@ VALIDATE_RSS_LIMIT_MB = 400
 # fails fast instead of taking the machine's memory), then prints the peak RSS.
 _MEASURED = textwrap.dedent("""
     import contextlib, io, json, resource, sys
+    from tests.peak_memory import own_peak_rss_kb
     resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
     from tuner.commands.main import main
     err = io.StringIO()
@@ -42,7 +43,7 @@ _MEASURED = textwrap.dedent("""
         code = "exception"
         err.write("Traceback (most recent call last):\\n" + repr(exc))
     print(json.dumps({"code": code, "stderr": err.getvalue(),
-                      "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "rss_mb": own_peak_rss_kb() / 1024}))
 """)
 
 

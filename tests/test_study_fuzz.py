@@ -3,7 +3,7 @@ anchors, encodings, duplicates, deletions, nesting, truncation) through `tuner v
 
 Each input must end in exit 0 (a valid study) or exit 2 with error lines only - never a
 traceback or another exit code - within a per-input time and a stated memory bound for
-the whole pass (peak RSS of the validating process, measured with resource.getrusage).
+the whole pass (peak RSS of the validating process's own address space, VmHWM: see tests/peak_memory.py).
 """
 
 from __future__ import annotations
@@ -144,6 +144,7 @@ def _get(node: Any, path: tuple) -> Any:
 
 _RUNNER = textwrap.dedent("""
     import contextlib, io, json, resource, sys, time
+    from tests.peak_memory import own_peak_rss_kb
     resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
     from tuner.commands.main import main
     results = []
@@ -159,7 +160,7 @@ _RUNNER = textwrap.dedent("""
         results.append({"path": path, "code": code, "stderr": err.getvalue()[-3000:],
                         "problem": problem, "seconds": time.monotonic() - began})
     print(json.dumps({"results": results,
-                      "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                      "rss_mb": own_peak_rss_kb() / 1024}))
 """)
 
 

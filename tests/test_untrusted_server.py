@@ -55,10 +55,11 @@ def simulator(tmp_path: Path, faults: list[dict[str, Any]]) -> AbstractContextMa
 
 # The measure command in this process's interpreter, reporting its own peak memory on exit.
 _MEASURE = """
-import resource, sys
+import sys
+from tests.peak_memory import own_peak_rss_kb
 from tuner.commands.main import main
 code = main(sys.argv[1:])
-print(f"peak-rss-kb {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", file=sys.stderr)
+print(f"peak-rss-kb {own_peak_rss_kb()}", file=sys.stderr)
 sys.exit(code)
 """
 
