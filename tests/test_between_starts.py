@@ -229,3 +229,18 @@ def test_a_worker_is_never_handed_a_floor_a_load_spec_refuses() -> None:
     assert wild.half_width("x@c1") / Z95 > 1          # t95(1) x a 24 % spread
     LoadSpec(noise_floor=wild.floor())                # accepted: capped below 1
     assert wild.floor() < 1
+
+
+def test_only_objectives_read_at_a_level_carry_the_between_start_noise() -> None:
+    """startup_s is one reading and accuracy_drop has the quality gate's own interval: neither is
+    said to be 'assumed 3 % between starts', and neither sets the worker's floor."""
+    labels = ["output_tok_s@c32", "accuracy_drop", "startup_s", "max_rate@slo"]
+    runs = [({"a": 1}, {"output_tok_s@c32": 100.0, "startup_s": 20.0}),
+            ({"a": 1}, {"output_tok_s@c32": 101.0, "startup_s": 40.0})]
+    noise = study_noise(labels, runs)
+    lines = noise.lines()
+    assert [line.split(":")[0] for line in lines] == ["output_tok_s@c32"]
+    # startup_s moved by a factor of 2 between the starts: it must not widen every interval.
+    assert noise.floor() == pytest.approx(noise.half_width("output_tok_s@c32") / Z95)
+    assert set(noise.as_dict()["labels"]) == {"output_tok_s@c32"}
+    assert study_noise(["accuracy_drop"], []).lines() == []

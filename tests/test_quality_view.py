@@ -195,3 +195,13 @@ def test_a_damaged_record_breaks_no_view(handle: _Handle, tmp_path: Path) -> Non
     assert "quality.png" not in paths and "Quality budget" not in paths["report.html"].read_text()
     assert "lossy" not in render_export(handle.spec, handle.name, next(r for r in records if r.number == 4), "shell")
     assert "quality" not in pareto_payload(handle.name, records, labels, directions, now=0.0)["front"][0]
+
+
+def test_the_drop_is_read_with_its_own_interval_not_the_start_noise(handle: _Handle) -> None:
+    """A lossy trial's accuracy_drop carries the larger side of the gate's interval (0.8 pts
+    [-0.4, 2.1]: ±1.3 pts); a lossless trial's drop is exact (0 by construction)."""
+    records, _, _ = _records(handle)
+    by_number = {r.number: r for r in records}
+    assert by_number[4].noise(["accuracy_drop"])["accuracy_drop"] == pytest.approx(0.013)
+    assert by_number[6].noise(["accuracy_drop"])["accuracy_drop"] == pytest.approx(0.029)
+    assert by_number[0].noise(["accuracy_drop"])["accuracy_drop"] is None

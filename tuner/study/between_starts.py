@@ -52,8 +52,7 @@ from typing import Any, Literal
 from tuner.load.uncertainty import Z95, t95
 
 __all__ = ["ASSUMED_CV", "CONFIDENCE", "NOISY_CV", "LabelNoise", "StudyNoise", "chi2_quantile", "estimate_label",
-           "noise_tolerances",
-           "own_part", "pooled_log_sd", "study_noise"]
+           "noise_tolerances", "own_part", "pooled_log_sd", "read_at_level", "study_noise"]
 
 # Between-start CV used until the study has measured one: the figure benchmarks/level_stability.py
 # targets on a GPU-bound box (3 % at c=32). Said as "assumed" wherever it is shown.
@@ -67,6 +66,14 @@ CONFIDENCE = 0.99
 MAX_FLOOR = 0.99
 
 Source = Literal["measured", "assumed", "override"]
+
+
+def read_at_level(label: str) -> bool:
+    """Whether an objective is read at a load level (``metric@c32``, ``metric@r2.0``), which is
+    what a fresh start moves. Trial-level metrics are not widened by it: ``startup_s`` is one
+    reading, ``accuracy_drop`` carries its own paired interval from the quality gate, and
+    ``max_rate@slo`` its search's bracket."""
+    return "@" in label and label != "max_rate@slo"
 
 
 def _lower_gamma_regularized(a: float, x: float) -> float:
@@ -205,7 +212,7 @@ class StudyNoise:
         bound a value could have)."""
         if self.override is not None:
             return self.override
-        return min(MAX_FLOOR, max((self.half_width(label) for label in self.labels),
+        return min(MAX_FLOOR, max((self.half_width(label) for label in self.labels if read_at_level(label)),
                                   default=Z95 * ASSUMED_CV) / Z95)
 
     def widen(self, label: str, value: float, ci95: float | None, baked_floor: float | None) -> float | None:
@@ -230,14 +237,14 @@ class StudyNoise:
 
     def too_noisy(self) -> list[str]:
         """The labels whose measured spread is above ``NOISY_CV``."""
-        return [n.label for n in self.measured.values() if n.cv > NOISY_CV]
+        return [n.label for n in self.measured.values() if n.cv > NOISY_CV and read_at_level(n.label)]
 
     def as_dict(self) -> dict[str, Any]:
         return {"override": self.override, "assumed_cv": ASSUMED_CV,
                 "labels": {label: {"source": self.source(label), "half_width": self.half_width(label),
                                    "run_width": self.run_widths.get(label), "run_scale": self.run_scale(label),
                                    **({} if label not in self.measured else self.measured[label].as_dict())}
-                           for label in self.labels},
+                           for label in self.labels if read_at_level(label)},
                 "too_noisy": self.too_noisy()}
 
     def lines(self) -> list[str]:
@@ -246,7 +253,7 @@ class StudyNoise:
             return [f"load.noise_floor {self.override:g} set by the study: every interval gets "
                     f"±{Z95 * self.override:.1%} for what a fresh start changes (not measured)"]
         out = []
-        for label in self.labels:
+        for label in filter(read_at_level, self.labels):
             found = self.measured.get(label)
             if found is None:
                 out.append(f"{label}: not measured yet (no configuration has two fresh starts); "

@@ -29,7 +29,7 @@ from tuner.study.noise import (
 )
 from tuner.study.outcome_summary import Failure, OutcomeSummary
 from tuner.study.pareto import Point, pareto_front
-from tuner.study.trial_metrics import TRIAL_METRICS, trial_metric_value
+from tuner.study.trial_metrics import ACCURACY_DROP, TRIAL_METRICS, trial_metric_value
 from tuner.vllm.compile_cache import CompileRecord
 from tuner.vllm.startup import StartupRecord
 
@@ -212,6 +212,8 @@ class TrialRecord:
                 out[label] = None
             elif label == "max_rate@slo":
                 out[label] = max_rate_noise(self.summary.max_rate)
+            elif label == ACCURACY_DROP:
+                out[label] = self._drop_half_width()
             else:
                 ci = label_noise(levels, label)
                 value = self.values.get(label)
@@ -220,6 +222,12 @@ class TrialRecord:
                     ci = study.widen(label, value, ci, self.summary.noise_floor)
                 out[label] = ci
         return out
+
+    def _drop_half_width(self) -> float | None:
+        """The larger side of the quality gate's interval on the drop (docs/probe.md); None for a
+        lossless trial, whose drop is 0 by construction."""
+        q = self.summary.quality
+        return None if q is None else max(q.drop_high - q.drop, q.drop - q.drop_low)
 
     def own_noise(self, labels: Sequence[str]) -> dict[str, float]:
         """Each objective read at a level: its run's own 95 % half-width relative to its value,
