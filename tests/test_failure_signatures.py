@@ -70,7 +70,7 @@ def test_reason_ids() -> None:
         "engine_core_failed", "worker_failed", "engine_dead", "gpu_memory_insufficient",
         "no_kv_cache_memory", "max_model_len_too_large", "cuda_oom", "invalid_config",
         "unsupported_cudagraph_mode", "unsupported_speculative_method", "missing_dependency",
-        "nccl_error",
+        "nccl_error", "unsupported_kv_cache_dtype",
     }
     assert len(set(REASONS)) == len(REASONS)
     assert set(REASONS) >= GENERIC_REASONS
@@ -225,6 +225,11 @@ FATAL_LINES = [
      "(support: AttentionCGSupport.NEVER); please try cudagraph_mode=PIECEWISE, and make sure compilation "
      "mode is VLLM_COMPILE", "unsupported_cudagraph_mode"),
     ("NotImplementedError: Unsupported speculative method: 'mtp'", "unsupported_speculative_method"),
+    # vLLM 0.32 CPU build (cpu_attn.py, _get_attn_isa) on an AVX2-only host, and for a head size
+    # not divisible by 32
+    ("(EngineCore pid=1) NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
+     "unsupported_kv_cache_dtype"),
+    ("NotImplementedError: FP8 KV cache requires head_size divisible by 32 on CPU.", "unsupported_kv_cache_dtype"),
     ("ImportError: Arctic Inference is required for suffix decoding. Install via "
      "`pip install arctic-inference==0.1.1`.", "missing_dependency"),
     ("ModuleNotFoundError: No module named 'flashinfer'", "missing_dependency"),

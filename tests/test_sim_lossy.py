@@ -25,6 +25,7 @@ from tuner.sim.model import CAPITALS, NEAR_TIE_MAX_NATS, TOKENIZER, chat_prompt,
 from tuner.sim.perf_model import estimate
 from tuner.sim.profile import ProfileError, load_profile, parse_profile
 from tuner.vllm.effective_config import parse_effective_config
+from tuner.vllm.failure_signatures import FatalLineScanner, trial_reason
 from tuner.vllm.verify import verify
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -257,3 +258,12 @@ def test_the_cpu_build_stops_with_vllms_error_after_sizing_the_cache(start) -> N
     assert "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX." in log
     assert log.index("CPU KV cache size:") < log.index("NotImplementedError")
     assert "kv_cache_dtype=fp8" in log
+    # The whole log as the launcher reads it: the root cause, not the engine's generic wrapper,
+    # and a trial told invalid_config (the platform refuses the value; the server is not broken).
+    scanner = FatalLineScanner()
+    found = None
+    for line in log.splitlines():
+        found = scanner.feed_line(line) or found
+    found = found or scanner.finish()
+    assert found is not None and found.reason == "unsupported_kv_cache_dtype", found
+    assert trial_reason(found) == "invalid_config"

@@ -91,6 +91,12 @@ _RULES: tuple[_Rule, ...] = (
     _Rule("unsupported_speculative_method",
           "the model does not support the requested speculative method",
           re.compile(_EXC + r"NotImplementedError: Unsupported speculative method\b")),
+    # vLLM's CPU attention backend refuses an fp8 KV cache on an x86 host without AVX-512 or
+    # AMX, and for a head size not divisible by 32 (cpu_attn.py, _get_attn_isa): the platform
+    # cannot run this value, as an unsupported cudagraph mode, not a broken server.
+    _Rule("unsupported_kv_cache_dtype",
+          "this platform cannot run the requested KV-cache dtype",
+          re.compile(_EXC + r"NotImplementedError: FP8 KV cache (?:on CPU )?requires\b")),
     _Rule("missing_dependency", "a Python dependency is missing",
           re.compile(_EXC + r"(?:ImportError|ModuleNotFoundError): ")),
     _Rule("cuda_error", "CUDA error",
@@ -123,7 +129,8 @@ RUNTIME_REASONS = frozenset({"cuda_oom", "nccl_error", "cuda_error"}) | GENERIC_
 # Signatures that mean "vLLM refuses this configuration" (at argument parsing, config
 # building or engine init): a trial failing with one of them is told ``invalid_config``,
 # whatever the detail; the signature's own reason stays in the trial's outcome.
-CONFIG_REASONS = frozenset({"invalid_config", "unsupported_cudagraph_mode", "unsupported_speculative_method"})
+CONFIG_REASONS = frozenset({"invalid_config", "unsupported_cudagraph_mode", "unsupported_speculative_method",
+                            "unsupported_kv_cache_dtype"})
 
 _QUIET_LEVELS = frozenset({"DEBUG", "INFO", "WARNING"})
 _SHUTDOWN_RE = re.compile(r"^\[shutdown\] ")
