@@ -146,7 +146,7 @@ def test_objective_at_unmeasured_concurrency() -> None:
 
 def test_bad_metric_name_and_direction() -> None:
     message = error_of(BASE + "objectives:\n  - {metric: tok/s, concurrency: 1, direction: up}\n")
-    assert "'tok/s' is not a metric name" in message
+    assert "'tok/s' is not a metric the tuner measures" in message
     assert "'maximize'" in message and "'minimize'" in message
 
 
@@ -185,3 +185,17 @@ def test_duplicate_target() -> None:
     """
     text = BASE.replace("load:", textwrap.indent(textwrap.dedent(extra).strip("\n"), "  ") + "\nload:")
     assert "both set compilation_config.cudagraph_mode" in error_of(text)
+
+
+def test_an_objective_or_limit_on_a_metric_nobody_measures_is_refused_with_a_suggestion(tmp_path) -> None:
+    """A typo in a metric name would read as "not measured" in every trial, hours later."""
+    from tuner.study.objectives import KNOWN_METRICS, LimitSpec, ObjectiveSpec
+
+    with pytest.raises(ValueError, match=r"'output_tok_z' is not a metric the tuner measures; did you mean "
+                                         r"'output_tok_s'\?"):
+        ObjectiveSpec(metric="output_tok_z", direction="maximize")
+    with pytest.raises(ValueError, match=r"'latency_ms\.p99' is not a metric the tuner measures; use e\.g\."):
+        LimitSpec(metric="latency_ms.p99", max=100)
+    for name in ("output_tok_s", "tpot_ms.p99", "goodput_tok_s", "stability_ratio", "run_output_tok_s",
+                 "accuracy_drop", "startup_s"):
+        assert name in KNOWN_METRICS

@@ -4,21 +4,28 @@ or bounded."""
 
 from __future__ import annotations
 
+import difflib
 import re
 from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from tuner.load.load_spec import rate_level_name
+from tuner.load.metrics import EXTRA_FLAT_KEYS, FLAT_KEYS
+from tuner.load.slo import GOODPUT_KEYS
 from tuner.load.trace_spec import TRACE_LEVEL
 from tuner.study.spec_base import Strict
 from tuner.study.trial_metrics import TRIAL_METRICS
 
-__all__ = ["ObjectiveSpec", "LimitSpec", "MAX_RATE", "TRIAL_METRICS", "level_label", "open_level"]
+__all__ = ["KNOWN_METRICS", "ObjectiveSpec", "LimitSpec", "MAX_RATE", "TRIAL_METRICS", "level_label", "open_level"]
 
 
 _METRIC = re.compile(r"^[a-z_]+(\.(mean|p50|p90|p99))?$")
 MAX_RATE = "max_rate@slo"
+# Every name a level or a trial carries a value under (docs/study-file.md): a name outside it
+# would be read as "not measured" in every trial, so it is refused before any server starts.
+KNOWN_METRICS: frozenset[str] = frozenset(
+    (*FLAT_KEYS, *(k for k in EXTRA_FLAT_KEYS if _METRIC.match(k)), *GOODPUT_KEYS, *TRIAL_METRICS, MAX_RATE))
 
 
 def level_label(metric: str, concurrency: int | str, rate: float | None, level: str | None = None) -> str:
@@ -57,11 +64,13 @@ class ObjectiveSpec(Strict):
     @field_validator("metric")
     @classmethod
     def _check_metric(cls, metric: str) -> str:
-        if metric != MAX_RATE and not _METRIC.match(metric):
+        if metric not in KNOWN_METRICS:
+            close = difflib.get_close_matches(metric, sorted(KNOWN_METRICS), n=1, cutoff=0.75)
+            hint = f"did you mean {close[0]!r}? " if close else ""
             raise ValueError(
-                f"{metric!r} is not a metric name; use e.g. output_tok_s, request_per_s, "
+                f"{metric!r} is not a metric the tuner measures; {hint}use e.g. output_tok_s, request_per_s, "
                 "tpot_ms.mean, ttft_ms.p99, e2el_ms.p50, goodput_req_s, or one of "
-                + ", ".join((*TRIAL_METRICS, MAX_RATE))
+                + ", ".join((*TRIAL_METRICS, MAX_RATE)) + " (every name: docs/study-file.md)"
             )
         return metric
 
