@@ -436,7 +436,7 @@ class TrialWorker:
             ignore_eos=request.ignore_eos, deadline_s=self._remaining(request), headers=self._headers,
             levels=guard.levels(spec.concurrency), after_level=guard.after_level,
             inside_level=guard.inside_level if guard.enabled else None,
-            slo=slo, max_rate=spec.rate_search if request.search_max_rate else None,
+            slo=slo, max_rate=spec.rate_search if request.search_max_rate else None, holding=request.holding,
             # A miss near the boundary may be noise: the bound early stop uses is the search's
             # lowest miss widened by its precision (never stopped on a bound noise could cross).
             stop_search=(lambda levels, bound: guard.during_search(

@@ -38,6 +38,7 @@ from dataclasses import asdict
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.load.efficiency import Holding, efficiency_flat
 from tuner.load.records import RequestRecord
 from tuner.load.slo import LevelSlo
 from tuner.load.stats import Stat
@@ -271,6 +272,9 @@ class LevelMetrics(BaseModel):
         default=None,
         description="Goodput and the SLO's verdict, when the study has an slo: section "
         "(tuner.load.goodput.level_slo; flat keys tuner.load.slo.GOODPUT_KEYS).")
+    holding: Holding | None = Field(
+        default=None, description="What the trial's server holds and costs, when the request says so: "
+        "per-GPU and per-dollar figures (tuner.load.efficiency; flat keys EFFICIENCY_KEYS).")
 
     def flat(self) -> dict[str, float]:
         """Scalar metrics under the stable :data:`FLAT_KEYS` then :data:`EXTRA_FLAT_KEYS`;
@@ -306,6 +310,8 @@ class LevelMetrics(BaseModel):
             out[key] = out.pop(key)
         if self.slo is not None:
             out.update(self.slo.flat())
+        if self.holding is not None:      # from the final figures: repeats' medians, noise floor in
+            out.update(efficiency_flat(out, self.holding))
         return out
 
     def flat_single(self) -> dict[str, float]:

@@ -23,6 +23,7 @@ import httpx
 from tuner.adapters.http_client import server_client
 from tuner.load.closed_loop import run_level
 from tuner.load.dataset_file import open_draw
+from tuner.load.efficiency import Holding
 from tuner.load.load_spec import LoadSpec
 from tuner.load.loop_lag import LoopLagMonitor
 from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_repeats
@@ -75,6 +76,7 @@ async def run_sweep(
     slo: SloSpec | None = None,
     max_rate: RateSearchSpec | None = None,
     stop_search: Callable[[dict[int | str, dict[str, float]], float], bool] | None = None,
+    holding: Holding | None = None,
 ) -> SweepResult:
     """Warm up and measure every concurrency level of ``load_spec``.
 
@@ -96,6 +98,8 @@ async def run_sweep(
             and the levels after it; True ends the level there and stops the sweep
             (tuner.study.sweep_guard.SweepGuard.inside_level). The halted level is not
             measured: it is listed first in ``stopped_levels``.
+        holding: what the server holds and costs: every level then carries its per-GPU and
+            per-dollar figures (tuner.load.efficiency). None: neither.
     """
     t_start = time.monotonic()
     started_at = datetime.now(UTC).isoformat()
@@ -111,7 +115,7 @@ async def run_sweep(
             aux, base_url, model, load_spec, notes)
         sweep = SweepContext(
             aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes,
-            lengths, slo, draw,
+            lengths, slo, draw, holding,
         )
         results, skipped, stopped = await _concurrency_levels(
             sweep, order, after_level, inside_level)

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from tuner.load.dataset_draw import DatasetDraw
+from tuner.load.efficiency import Holding
 from tuner.load.goodput import level_slo
 from tuner.load.load_spec import LoadSpec
 from tuner.load.prometheus import MetricsSnapshot, server_side_metrics
@@ -43,14 +44,17 @@ class SweepContext:
     lengths: LengthModel | None = None  # sizing: steady, calibrated through /tokenize
     slo: SloSpec | None = None  # judged at every level
     dataset: DatasetDraw | None = None  # requests from the user's file instead of synthetic ones
+    holding: Holding | None = None  # what the server holds and costs: per-GPU and per-dollar figures
 
     def judged(self, level: LevelResult | None) -> LevelResult | None:
-        """``level`` with its goodput and SLO verdict (unchanged without an SLO)."""
-        if level is None or self.slo is None:
+        """``level`` with its goodput and SLO verdict, and what it holds (unchanged without
+        either)."""
+        if level is None or (self.slo is None and self.holding is None):
             return level
-        metrics = level.metrics.model_copy(
-            update={"slo": level_slo(level.records, level.metrics, self.slo)})
-        return level.model_copy(update={"metrics": metrics})
+        update: dict[str, Any] = {"holding": self.holding}
+        if self.slo is not None:
+            update["slo"] = level_slo(level.records, level.metrics, self.slo)
+        return level.model_copy(update={"metrics": level.metrics.model_copy(update=update)})
 
 
 async def fitted_plan(sw: SweepContext, n: int, stream: str, level: str) -> tuple[list[RequestPlan], bool]:

@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.load.efficiency import Holding
 from tuner.load.load_spec import LoadSpec
 from tuner.load.slo import SloSpec
 from tuner.probe.quality_stats import QualityRecord
@@ -84,6 +85,9 @@ class TrialRequest(BaseModel):
         default=None, description="the quality gate (study.quality_plan): the budget, the trial's "
         "lossy values and the reference's answers to pair with; in the reference job, the items "
         "to answer. None: no gate (no quality budget, or a lossless trial)")
+    holding: Holding | None = Field(
+        default=None, description="what the trial's server holds and costs an hour: every level's per-GPU "
+        "and per-dollar figures (tuner.load.efficiency); None: a CPU study without a price")
 
 
 class TrialOutcome(BaseModel):

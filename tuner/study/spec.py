@@ -19,11 +19,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
+from tuner.load.efficiency import Holding
 from tuner.load.load_spec import LoadSpec
 from tuner.load.slo import GOODPUT_KEYS, SloSpec
 from tuner.probe.spec import ProbeSpec
 from tuner.secrets import is_secret_name
 from tuner.study.bounds import bound_errors, unknown_bound_names
+from tuner.study.cost import CostSpec, trial_holding
 from tuner.study.objectives import MAX_RATE, LimitSpec, ObjectiveSpec
 from tuner.study.parameters import (
     ForbiddenSpec,
@@ -209,6 +211,9 @@ class StudySpec(Strict):
     quality: QualitySpec | None = Field(
         None, description="the accuracy budget lossy values (fp8 KV cache, quantized weights, a "
         "parameter marked lossy: true) are searched under; without it they are refused")
+    cost: CostSpec | None = Field(
+        None, description="what one trial's hardware costs an hour ({gpu_hour: 2.49} or {node_hour: 20}): "
+        "every level then says what a million output tokens cost (usd_per_mtok)")
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     sampler: SamplerSpec = Field(default_factory=SamplerSpec)
     verify: VerifySpec = Field(default_factory=VerifySpec)
@@ -289,6 +294,9 @@ class StudySpec(Strict):
                 f"server.gpus_per_trial: {self.server.gpus_per_trial} is fewer than "
                 f"tensor_parallel_size x pipeline_parallel_size = {tp * pp}"
             )
+        if self.cost is not None and self.cost.gpu_hour is not None and self.server.gpus_per_trial == 0:
+            raise ValueError("cost.gpu_hour: a trial holds no GPUs (server.gpus_per_trial is 0); price the "
+                             "machine instead, cost: {node_hour: ...}")
         for where, items in (("objectives", self.objectives), ("limits", self.limits)):
             for item in items:
                 _check_level(where, item, self)
@@ -306,6 +314,11 @@ class StudySpec(Strict):
         """An objective or a limit names max_rate@slo: every trial searches it."""
         return (any(o.metric == MAX_RATE for o in self.objectives)
                 or any(lim.metric == MAX_RATE for lim in self.limits))
+
+    @property
+    def holding(self) -> Holding | None:
+        """What one trial holds and costs (per-GPU and per-dollar figures at every level)."""
+        return trial_holding(self.server.gpus_per_trial, self.cost)
 
     @property
     def searched_env(self) -> list[str]:
@@ -370,6 +383,12 @@ def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -
         if isinstance(item, ObjectiveSpec) and item.direction != TRIAL_METRIC_DIRECTION[metric]:
             raise ValueError(f"{where}: {ACCURACY_DROP} can only be minimized (a smaller loss of "
                              "accuracy is better)")
+    if metric == "usd_per_mtok" and spec.cost is None:
+        raise ValueError(f"{where}: usd_per_mtok needs a cost: section (what a trial's hardware costs an "
+                         "hour), e.g. cost: {gpu_hour: 2.49}")
+    if metric == "output_tok_s_per_gpu" and spec.server.gpus_per_trial == 0:
+        raise ValueError(f"{where}: output_tok_s_per_gpu needs GPUs, and server.gpus_per_trial is 0 (a CPU "
+                         "build); use output_tok_s, or usd_per_mtok with cost: {node_hour: ...}")
     if metric in GOODPUT_KEYS and spec.slo is None:
         raise ValueError(f"{where}: {metric} needs an slo: section (requests are good when "
                          "they meet it), e.g. slo: {ttft_ms.p99: 2000}")
