@@ -69,7 +69,7 @@ NOT_YET_TYPED: set[str] = set()
 # Modules above the pure layer that are strict too: the whole study engine (the loop, the
 # samplers, the reference, confirmation and tie re-runs, recovery, the trial worker and the
 # Ray executor, where Ray's own untyped calls are marked), the whole store, and the views'
-# quality section.
+# quality and serving-curve sections.
 TYPED_ABOVE_PURE = [
     "tuner.engine.confirming", "tuner.engine.execution", "tuner.engine.measure", "tuner.engine.orchestrator",
     "tuner.engine.recovery", "tuner.engine.referencing", "tuner.engine.runfile", "tuner.engine.samplers",
@@ -78,7 +78,7 @@ TYPED_ABOVE_PURE = [
     "tuner.engine.worker", "tuner.engine.ray_executor",
     "tuner.store.handle", "tuner.store.storage_lock", "tuner.store.records", "tuner.store.folder",
     "tuner.store.spec_guard",
-    "tuner.views.quality_view",
+    "tuner.views.quality_view", "tuner.views.serving_curve",
 ]
 # What .ci/run type-checks with mypy --strict: the pure modules with code, and those above.
 TYPED = sorted((set(PURE) - NOT_YET_TYPED - {"tuner.load", "tuner.probe", "tuner.study", "tuner.vllm"})

@@ -1,6 +1,6 @@
 """Figures of a study (matplotlib, Agg backend): Pareto front, best-so-far, knob importance,
 startup time by phase, the workload's lengths and a trace's arrivals, speed against the
-quality budget's accuracy drop.
+quality budget's accuracy drop, the serving curve and energy per token against concurrency.
 
 Each function takes plain records and returns PNG bytes, so the report can both embed
 them (self-contained HTML) and write them as files.
@@ -21,10 +21,11 @@ import matplotlib.pyplot as plt
 from tuner.study.pareto import Point, pareto_front
 from tuner.study.trials import KIND_RUN, TrialRecord
 from tuner.views.quality_view import speed_label
+from tuner.views.serving_curve import ENERGY_FIGURE, PER_USER, SERVING_FIGURE, Curve, ServingCurves, throughput_axis
 from tuner.vllm.startup import PHASE_LABELS, PHASES
 
 __all__ = ["pareto_png", "best_so_far_png", "importance_png", "startup_png", "workload_png", "arrivals_png",
-           "quality_png", "OUTCOME_STYLE"]
+           "quality_png", "serving_curve_png", "energy_png", "serving_figures", "OUTCOME_STYLE"]
 
 # outcome -> (marker, colour, legend label)
 OUTCOME_STYLE = {
@@ -260,3 +261,81 @@ def quality_png(records: Sequence[TrialRecord], labels: Sequence[str], direction
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")
     return _png(fig)
+
+
+def _bars(cis: Sequence[float | None]) -> list[float] | None:
+    """Error bar half-widths, 0 where a level has none; None (no bars) when none has one."""
+
+    return None if all(ci is None for ci in cis) else [ci or 0.0 for ci in cis]
+
+
+def _curve_style(curve: Curve, i: int) -> dict[str, Any]:
+    """The baseline black and dashed with diamonds, the front's trials in the tab10 colours."""
+
+    if curve.baseline:
+        return {"color": "black", "ls": "--", "marker": "D", "mfc": "none"}
+    return {"color": plt.get_cmap("tab10")(i % 10), "ls": "-", "marker": "o"}
+
+
+def serving_curve_png(curves: ServingCurves) -> bytes | None:
+    """Throughput per GPU (y; per server on a CPU study) against output tokens/s per user (x),
+    one line per configuration through its levels by concurrency, each point marked ``c=N``,
+    the levels' 95 % intervals as error bars; None when no configuration has a point."""
+
+    drawn = curves.drawn
+    if not drawn:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 5))
+    for i, curve in enumerate(drawn):
+        pts = curve.points
+        ax.errorbar([p.per_user for p in pts], [p.throughput for p in pts],
+                    xerr=_bars([p.per_user_ci for p in pts]), yerr=_bars([p.throughput_ci for p in pts]),
+                    capsize=3, lw=1.5, ms=6, label=curve.name, zorder=3, **_curve_style(curve, i))
+        for p in pts:
+            ax.annotate(f"c={p.concurrency}", (p.per_user, p.throughput), textcoords="offset points",
+                        xytext=(6, 4), fontsize=8)
+    if curves.left_out:
+        ax.text(0.99, 0.01, f"{curves.left_out} level(s) left out (not measured, see the caption)",
+                transform=ax.transAxes, ha="right", va="bottom", fontsize=8, color="#555")
+    ax.set_xlabel(f"output tokens/s per user ({PER_USER}; higher: faster for each user)")
+    ax.set_ylabel(throughput_axis(curves.gpus))
+    ax.set_xlim(left=0)
+    ax.set_ylim(bottom=0)
+    ax.set_title("Serving curve: throughput against speed per user")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _png(fig)
+
+
+def energy_png(curves: ServingCurves) -> bytes | None:
+    """Joules per output token (y) against concurrency (x, log 2 when the levels span 4x or
+    more), one line per configuration with its levels' 95 % intervals; None when no level of
+    the drawn configurations measured energy."""
+
+    measured = curves.with_energy
+    if not measured:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for i, curve in enumerate(measured):
+        pts = curve.energy
+        ax.errorbar([p.concurrency for p in pts], [p.joules_per_token for p in pts],
+                    yerr=_bars([p.ci for p in pts]), capsize=3, lw=1.5, ms=6, label=curve.name, zorder=3,
+                    **_curve_style(curve, i))
+    levels = sorted({p.concurrency for c in measured for p in c.energy})
+    if levels[0] > 0 and levels[-1] >= 4 * levels[0]:
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(levels, [str(c) for c in levels])
+    ax.set_xlabel("concurrency (requests in flight)")
+    ax.set_ylabel("joules per output token (lower is better)")
+    ax.set_ylim(bottom=0)
+    ax.set_title("Energy per token against concurrency")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return _png(fig)
+
+
+def serving_figures(curves: ServingCurves) -> dict[str, bytes]:
+    """The serving curve and the energy figure by file name, each where it has something to draw."""
+
+    drawn = {SERVING_FIGURE: serving_curve_png(curves), ENERGY_FIGURE: energy_png(curves)}
+    return {name: figure for name, figure in drawn.items() if figure is not None}

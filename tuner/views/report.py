@@ -37,11 +37,13 @@ from tuner.views.plots import (
     importance_png,
     pareto_png,
     quality_png,
+    serving_figures,
     startup_png,
     workload_png,
 )
 from tuner.views.quality_view import QUALITY_FIGURE, quality_html, quality_md
 from tuner.views.saved_spec import searched_targets, study_noise_at
+from tuner.views.serving_curve import CURVE_FIGURES, ServingCurves, select_curves, serving_html, serving_md
 from tuner.views.status import read_checks, value_text
 from tuner.views.workload_view import FIGURE, TRACE_FIGURE, workload_html, workload_md
 from tuner.vllm.knobs import mismatch_text
@@ -317,7 +319,9 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
     directions = [d.name.lower() for d in study.directions]
     make_private_dir(out_dir)
     workload = handle.paths.workload_profile()
+    curves = select_curves(records, labels, directions, handle.spec.server.gpus_per_trial)
     figures, importances, importance_note = _figures(study, records, labels, directions, workload)
+    figures.update(serving_figures(curves))
     paths = _write_figures(out_dir, figures)
 
     runs = [r for r in records if r.kind == KIND_RUN]
@@ -341,7 +345,7 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         baseline=baseline, confirmations=confirmations, counts=counts,
         elapsed=float(study.user_attrs.get("elapsed_s", 0.0)), workload=workload,
         ties=noise_ties(records, labels, directions), pick=pick, export_text=export_text,
-        noise_lines=between.lines())
+        noise_lines=between.lines(), curves=curves)
     slo_html, slo_md = ("", [])
     if handle.spec.slo is not None:
         slo_html, slo_md = slo_section(handle.spec.slo.text(), front)
@@ -437,6 +441,7 @@ class _Shown:
     export_text: str  # the chosen configuration as a shell command
     noise_lines: list[str]  # the study's noise between fresh starts (tuner.study.between_starts)
     workload: dict[str, Any] | None  # workload.json (tuner.load.workload_profile), if the study has one
+    curves: ServingCurves  # the serving curve's configurations and points (tuner.views.serving_curve)
 
     def ratio(self, r: TrialRecord, label: str) -> str:
         base = self.baseline.measured_values() if self.baseline is not None else {}
@@ -505,6 +510,7 @@ beyond its own run (tuner.study.between_starts):</p><ul>{noise_html}</ul></div>
 {separation}
 {host_html}
 <p>Baseline: {baseline_text}.</p>
+{serving_html(shown.curves, {n: _img(figures[n], n) for n in CURVE_FIGURES if n in figures})}
 {workload_html(shown.workload, [_img(figures[n], n) for n in (FIGURE, TRACE_FIGURE) if n in figures])}
 {slo_html}
 {quality_html(runs, labels, directions, _img(figures[QUALITY_FIGURE], "speed against accuracy drop")
@@ -550,6 +556,7 @@ def _report_md(shown: _Shown, slo_md: list[str], shown_figures: set[str]) -> str
     if (host := shown.handle.paths.last_host_check()) is not None:
         md += ["", check_text(host) + "."]
     md += [line.strip() for line in environment_lines(*shown.handle.paths.environment())]
+    md += serving_md(shown.curves, shown_figures)
     md += workload_md(shown.workload, [n for n in (FIGURE, TRACE_FIGURE) if n in shown_figures])
     md += slo_md
     md += quality_md(runs, labels, shown.directions, QUALITY_FIGURE in shown_figures)
