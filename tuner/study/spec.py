@@ -294,9 +294,7 @@ class StudySpec(Strict):
                 f"server.gpus_per_trial: {self.server.gpus_per_trial} is fewer than "
                 f"tensor_parallel_size x pipeline_parallel_size = {tp * pp}"
             )
-        if self.cost is not None and self.cost.gpu_hour is not None and self.server.gpus_per_trial == 0:
-            raise ValueError("cost.gpu_hour: a trial holds no GPUs (server.gpus_per_trial is 0); price the "
-                             "machine instead, cost: {node_hour: ...}")
+        _check_cost(self)
         for where, items in (("objectives", self.objectives), ("limits", self.limits)):
             for item in items:
                 _check_level(where, item, self)
@@ -357,6 +355,13 @@ def _unusable(value: Any, path: str = "") -> str | None:
         if found := _unusable(child, child_path):
             return found
     return None
+
+
+def _check_cost(spec: StudySpec) -> None:
+    """A per-GPU price needs GPUs to multiply."""
+    if spec.cost is not None and spec.cost.gpu_hour is not None and spec.server.gpus_per_trial == 0:
+        raise ValueError("cost.gpu_hour: a trial holds no GPUs (server.gpus_per_trial is 0); price the "
+                         "machine instead, cost: {node_hour: ...}")
 
 
 def _check_level(where: str, item: ObjectiveSpec | LimitSpec, spec: StudySpec) -> None:
