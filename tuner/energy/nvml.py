@@ -44,8 +44,10 @@ def import_pynvml() -> Any | str:
     """The ``pynvml`` module, or why it cannot be had."""
     try:
         return importlib.import_module("pynvml")
+    except ModuleNotFoundError:
+        return f"no NVML (pynvml not installed: {INSTALL_HINT})"
     except ImportError as exc:
-        return f"no NVML (pynvml not installed: {INSTALL_HINT}; {exc})"
+        return f"no NVML (pynvml cannot be imported: {exc})"
 
 
 def _label(gpu: int | str) -> str:
