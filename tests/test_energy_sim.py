@@ -52,7 +52,10 @@ def in_flight_s(records: Sequence[RequestRecord], start: float, end: float) -> f
     return covered
 
 
+# quiethost: the simulator writes its counter from its event loop every 50 ms, and a loop
+# held up by a busy host writes late, which the interval's resolution term does not cover.
 @pytest.mark.slow
+@pytest.mark.quiethost
 def test_the_simulators_modelled_energy_is_recovered_within_the_stated_interval(tmp_path: Path) -> None:
     cap = tmp_path / "powercap"
     spec = load_profile("tiny-cpu").power_spec
@@ -62,7 +65,7 @@ def test_the_simulators_modelled_energy_is_recovered_within_the_stated_interval(
         assert isinstance(source, RaplSource), source
         with EnergySampler(source) as sampler:
             quiet_from = time.monotonic()
-            time.sleep(1.5)
+            time.sleep(2.5)
             # The records' time base: run_level takes time.monotonic() as it starts, within
             # microseconds of this (far inside the 50 ms sampling period).
             origin = time.monotonic()
