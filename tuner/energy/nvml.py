@@ -166,7 +166,10 @@ def open_nvml(gpus: Sequence[int | str], period_s: float = POWER_PERIOD_S,
                                    f"power readings are supported: {exc})") from exc
             handles.append(handle)
             counter.append(has_counter)
-        return NvmlSource(module, gpus, handles, counter, period_s)
+        try:
+            return NvmlSource(module, gpus, handles, counter, period_s)
+        except module.NVMLError as exc:
+            raise _Refused(f"no NVML energy (reading {', '.join(map(str, gpus))} failed: {exc})") from exc
     except _Refused as exc:
         try:
             module.nvmlShutdown()
