@@ -26,7 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # The pure layer, by module name (packages too: their __init__ is a docstring). A module
 # joins when it passes the checks below.
 PURE = [
-    "tuner.errors", "tuner.views.export_formats", "tuner.load", "tuner.load.live_window", "tuner.load.load_spec",
+    "tuner.errors", "tuner.energy.per_token", "tuner.energy.series", "tuner.energy.source",
+    "tuner.views.export_formats", "tuner.load", "tuner.load.live_window", "tuner.load.load_spec",
     "tuner.load.metrics", "tuner.load.prometheus", "tuner.load.protocol", "tuner.load.records",
     "tuner.load.results", "tuner.load.sse", "tuner.load.stats", "tuner.load.steady",
     "tuner.load.slo", "tuner.load.efficiency", "tuner.load.goodput", "tuner.load.rate_search", "tuner.load.max_rate_text",
@@ -68,9 +69,11 @@ PURE = [
 NOT_YET_TYPED: set[str] = set()
 # Modules above the pure layer that are strict too: the whole study engine (the loop, the
 # samplers, the reference, confirmation and tie re-runs, recovery, the trial worker and the
-# Ray executor, where Ray's own untyped calls are marked), the whole store, and the views'
-# quality and serving-curve sections.
+# Ray executor, where Ray's own untyped calls are marked), the whole store, the views'
+# quality and serving-curve sections, the energy sources and their sampler, and the
+# simulator's power model.
 TYPED_ABOVE_PURE = [
+    "tuner.energy.detect", "tuner.energy.nvml", "tuner.energy.rapl", "tuner.energy.sampler",
     "tuner.engine.confirming", "tuner.engine.execution", "tuner.engine.measure", "tuner.engine.orchestrator",
     "tuner.engine.recovery", "tuner.engine.referencing", "tuner.engine.runfile", "tuner.engine.samplers",
     "tuner.engine.tie_runs", "tuner.engine.prestart", "tuner.engine.leftovers", "tuner.engine.pareto_file",
@@ -78,7 +81,7 @@ TYPED_ABOVE_PURE = [
     "tuner.engine.worker", "tuner.engine.ray_executor",
     "tuner.store.handle", "tuner.store.storage_lock", "tuner.store.records", "tuner.store.folder",
     "tuner.store.spec_guard",
-    "tuner.views.quality_view", "tuner.views.serving_curve",
+    "tuner.views.quality_view", "tuner.views.serving_curve", "tuner.sim.power",
 ]
 # What .ci/run type-checks with mypy --strict: the pure modules with code, and those above.
 TYPED = sorted((set(PURE) - NOT_YET_TYPED - {"tuner.load", "tuner.probe", "tuner.study", "tuner.vllm"})
@@ -97,6 +100,7 @@ RANK = {
     "tuner.probe": 4,         # the correctness probe's client (its rules are pure)
     "tuner.load": 3,          # the load generator's sockets and processes (its rules are pure)
     "tuner.adapters": 2,      # processes, /proc, nvidia-smi, files, the HTTP client
+    "tuner.energy": 2,        # energy counters: NVML, RAPL sysfs, the sampling thread (its arithmetic is pure)
     "tuner": 0,
 }
 

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import uvicorn
 
@@ -36,6 +37,7 @@ from tuner.sim.logs import (
     sim_notice,
     traceback_lines,
 )
+from tuner.sim.power import POWERCAP_DIR_ENV, write_counters
 from tuner.sim.profile import Profile, ProfileError, load_profile
 from tuner.sim.server import QuietServer, SimServer, api_tokens
 
@@ -339,12 +341,14 @@ class Sim:
                     "Application startup complete."):
             self.log.raw(f"INFO:     {msg}", "APIServer")
         tasks = [asyncio.create_task(engine.run()), asyncio.create_task(engine.stats_loop())]
+        # Not among the tasks waited on: a counter that cannot be written is no reason to stop serving.
+        power = asyncio.create_task(self.power_counters(engine)) if self.env.get(POWERCAP_DIR_ENV) else None
         await asyncio.wait([serve, stopper, *tasks], return_when=asyncio.FIRST_COMPLETED)
         engine.dead = True
         crashed = serve.done() and not self.stop.is_set()   # uvicorn died on its own
         server.should_exit = server.force_exit = True
         rc = self.shutdown(server) or (1 if crashed else 0)
-        for t in tasks + [stopper]:
+        for t in tasks + [stopper] + ([power] if power else []):
             t.cancel()
         try:
             await asyncio.wait_for(serve, timeout=0.5)
@@ -354,6 +358,17 @@ class Sim:
                     "Application shutdown complete."):
             self.log.raw(f"INFO:     {msg}", "APIServer")
         return rc
+
+    async def power_counters(self, engine: Engine) -> None:
+        """The simulated energy counters under TUNER_SIM_POWERCAP_DIR (tuner/sim/power.py), one
+        zone per device served on: the group's GPUs, or the CPU packages."""
+        hw = self.eff.profile.hardware
+        zones = self.eff.tp * self.eff.pp if hw.platform == "cuda" else hw.num_devices
+        root = Path(self.env[POWERCAP_DIR_ENV])
+        try:
+            await write_counters(root, zones, self.eff.profile.power_spec, engine.busy, self.scale)
+        except OSError as exc:
+            self.log.api("WARNING", "power.py:1", f"simulated energy counters under {root} stopped: {exc}")
 
     async def _until_stopped(self, coro) -> int | None:
         task = asyncio.ensure_future(coro)

@@ -24,6 +24,7 @@ from tuner.sim.logs import LogWriter, spec_line, stats_line
 from tuner.sim.model import TOKENIZER, NgramIndex, Plan, count_accepted, last_user_text, top_candidates, user_turns
 from tuner.sim.noise import StepNoise
 from tuner.sim.perf_model import NGRAM_METHODS, CostModel, Scheduled, Scheduler, SeqState, unit_hash
+from tuner.sim.power import BusyClock
 
 TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
@@ -114,6 +115,8 @@ class Engine:
         seed = spec.seed if spec.seed is not None else noise_seed
         self.noise = StepNoise(spec, seed if seed is not None else random.SystemRandom().randrange(2**31))
         self._first_request: float | None = None
+        # When the engine has work: the utilisation its simulated power follows (power.py).
+        self.busy = BusyClock()
 
     # -- requests --------------------------------------------------------------------------
     def submit(self, req: GenRequest) -> None:
@@ -217,8 +220,10 @@ class Engine:
     async def run(self) -> None:
         while True:
             if not self.sched.has_work():
+                self.busy.idle(self.clock())
                 self._wake.clear()
                 await self._wake.wait()
+                self.busy.work(self.clock())
                 self._t = None
                 continue
             plan = self.sched.schedule(self._draft)

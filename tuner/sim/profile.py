@@ -195,6 +195,27 @@ class NoiseSpec(_Strict):
         None, description="Seed of the draws; None: a fresh seed every server start.")
 
 
+class PowerSpec(_Strict):
+    """Electrical power the simulated hardware draws, per device: per GPU on a CUDA profile,
+    per CPU package on a CPU one (tuner/sim/power.py writes it as an energy counter). Power
+    is ``idle_w + (busy_w - idle_w) * utilisation``, utilisation the share of time the
+    engine has work. Defaults where a profile names none: DEFAULT_POWER."""
+
+    idle_w: float = Field(ge=0, description="Watts with no request in the engine.")
+    busy_w: float = Field(gt=0, description="Watts while the engine has work (at most the TDP).")
+
+    @model_validator(mode="after")
+    def _busy_at_least_idle(self) -> PowerSpec:
+        if self.busy_w < self.idle_w:
+            raise ValueError(f"power.busy_w {self.busy_w} is below power.idle_w {self.idle_w}")
+        return self
+
+
+# An H100/H200-class GPU: ~70 W idle with a model loaded, 700 W board limit (SXM). A CPU
+# package: a desktop/server part's ~20 W idle and 65 W under load.
+DEFAULT_POWER = {"cuda": PowerSpec(idle_w=70.0, busy_w=700.0), "cpu": PowerSpec(idle_w=20.0, busy_w=65.0)}
+
+
 class Profile(_Strict):
     name: str
     description: str
@@ -213,6 +234,12 @@ class Profile(_Strict):
     # are on; None: tuner.sim.lossy.DEFAULT_DROPS. TUNER_SIM_LOSSY_DROP overrides both.
     lossy_accuracy_drop: dict[Literal["kv_cache_dtype", "quantization"], float] | None = Field(
         None, description="Accuracy drop per lossy knob (0 <= drop <= 1).")
+    power: PowerSpec | None = Field(None, description="Watts per device; None: DEFAULT_POWER by platform.")
+
+    @property
+    def power_spec(self) -> PowerSpec:
+        """The profile's power, or the platform's default."""
+        return self.power or DEFAULT_POWER[self.hardware.platform]
 
     @model_validator(mode="after")
     def _consistent(self) -> Profile:
