@@ -68,8 +68,8 @@ PURE = [
 NOT_YET_TYPED: set[str] = set()
 # Modules above the pure layer that are strict too: the whole study engine (the loop, the
 # samplers, the reference, confirmation and tie re-runs, recovery, the trial worker and the
-# Ray executor, where Ray's own untyped calls are marked), the whole store, and the views'
-# quality section.
+# Ray executor, where Ray's own untyped calls are marked), the whole store, the views'
+# quality section, and the simulator's quality gate.
 TYPED_ABOVE_PURE = [
     "tuner.engine.confirming", "tuner.engine.execution", "tuner.engine.measure", "tuner.engine.orchestrator",
     "tuner.engine.recovery", "tuner.engine.referencing", "tuner.engine.runfile", "tuner.engine.samplers",
@@ -79,6 +79,7 @@ TYPED_ABOVE_PURE = [
     "tuner.store.handle", "tuner.store.storage_lock", "tuner.store.records", "tuner.store.folder",
     "tuner.store.spec_guard",
     "tuner.views.quality_view",
+    "tuner.sim.quality_gate",
 ]
 # What .ci/run type-checks with mypy --strict: the pure modules with code, and those above.
 TYPED = sorted((set(PURE) - NOT_YET_TYPED - {"tuner.load", "tuner.probe", "tuner.study", "tuner.vllm"})
