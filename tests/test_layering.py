@@ -71,7 +71,7 @@ NOT_YET_TYPED: set[str] = set()
 # samplers, the reference, confirmation and tie re-runs, recovery, the trial worker and the
 # Ray executor, where Ray's own untyped calls are marked), the whole store, the views'
 # quality and serving-curve sections, the energy sources and their sampler, and the
-# simulator's power model.
+# simulator's power model and quality gate.
 TYPED_ABOVE_PURE = [
     "tuner.energy.detect", "tuner.energy.nvml", "tuner.energy.rapl", "tuner.energy.sampler",
     "tuner.engine.confirming", "tuner.engine.execution", "tuner.engine.measure", "tuner.engine.orchestrator",
@@ -81,7 +81,7 @@ TYPED_ABOVE_PURE = [
     "tuner.engine.worker", "tuner.engine.ray_executor",
     "tuner.store.handle", "tuner.store.storage_lock", "tuner.store.records", "tuner.store.folder",
     "tuner.store.spec_guard",
-    "tuner.views.quality_view", "tuner.views.serving_curve", "tuner.sim.power",
+    "tuner.views.quality_view", "tuner.views.serving_curve", "tuner.sim.power", "tuner.sim.quality_gate",
 ]
 # What .ci/run type-checks with mypy --strict: the pure modules with code, and those above.
 TYPED = sorted((set(PURE) - NOT_YET_TYPED - {"tuner.load", "tuner.probe", "tuner.study", "tuner.vllm"})

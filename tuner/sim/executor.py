@@ -14,6 +14,10 @@ at the verdict for a knob the log shows not applied while starting), the probe, 
 level (warm-up included), a stop. With ``compile_cache`` the servers share vLLM's
 torch.compile cache, as on a real node: a trial whose compile key a trial compiled before
 it started loads instead of compiling, and starts ``PointTruth.hit_saving_s`` sooner.
+A lossy trial of a study with ``quality:`` runs the quality gate after a passing probe
+(``tuner.sim.quality_gate``: answers drawn with the point's true accuracy drop, judged by
+the real gate's statistics): its items take their time inside the probe's, its record is
+the outcome's ``quality`` (a fail: ``quality_failed``, the load still measured).
 
 Early stop (``EarlyStopPolicy``, None: never): the trial walks the worker's steps
 (``tuner.engine.worker.Worker.run_trial``) and consults the worker's own guard
@@ -40,12 +44,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tuner.engine.execution import Finished
+from tuner.probe.quality_stats import QualityRecord
 from tuner.sim.ground_truth import Measured, measure
+from tuner.sim.quality_gate import ITEM_S, gate_plan, simulate_gate, simulated_reference, true_record
 from tuner.sim.truth import PointTruth, StartupVerdict
 from tuner.study import early_stop
 from tuner.study.outcome import TrialOutcome
 from tuner.study.spec import StudySpec
 from tuner.study.sweep_guard import SweepGuard
+from tuner.study.trial_metrics import ACCURACY_DROP
 
 __all__ = ["SimExecutor", "EarlyStopPolicy", "TrialLog"]
 
@@ -96,6 +103,7 @@ class TrialLog:
     true_front: bool = False        # stopped before its objectives were measured, yet a true front point
     compile: str | None = None      # torch.compile cache: "hit", "miss", None (nothing compiled)
     compile_saved_s: float = 0.0    # startup seconds the hit saved
+    quality: str | None = None      # the quality gate's verdict ("pass", "fail"), None: no gate ran
 
     @property
     def seconds(self) -> float:
@@ -114,6 +122,7 @@ class _Play:
     wrong: bool = False
     compile: str | None = None
     compile_saved_s: float = 0.0
+    quality: QualityRecord | None = None   # the gate's record (a lossy trial past the probe)
 
     @property
     def stopped(self) -> str | None:
@@ -140,12 +149,14 @@ class SimExecutor:
                  seed: int = 0, noise: float = 0.0, policy: EarlyStopPolicy | None = None,
                  verdict: Callable[[dict[str, Any]], StartupVerdict | None] | None = None,
                  compile_cache: bool = False, true_front: set[str] | None = None,
-                 stop_when: Callable[[list[TrialLog]], bool] | None = None) -> None:
+                 stop_when: Callable[[list[TrialLog]], bool] | None = None,
+                 quality_item_s: float = ITEM_S) -> None:
         """``policy`` None: never stop early. ``verdict(values)``: the log that shows a knob
         not applied while the server starts, and when (``Evaluator.startup_verdict``).
         ``true_front``: keys of the true front's points (for ``TrialLog.true_front``).
         ``stop_when(logs)``: once true, no group takes a new trial (a benchmark that has
-        found what it looks for)."""
+        found what it looks for). ``quality_item_s``: seconds per quality item a lossy
+        trial's gate asks (``tuner.sim.quality_gate.ITEM_S``)."""
 
         self.spec = spec
         self.lookup = lookup
@@ -157,6 +168,8 @@ class SimExecutor:
         self.compile_cache = compile_cache
         self.true_front = true_front or set()
         self.stop_when = stop_when
+        self.quality_item_s = quality_item_s
+        self._quality_reference: list[tuple[str, bool]] | None = None   # simulated_reference, once
         self.now = 0.0
         self.trials: list[TrialLog] = []
         self._heap: list[tuple[float, int, int]] = []
@@ -247,7 +260,12 @@ class SimExecutor:
 
         spec = self.spec
         rng = random.Random(f"{self.seed}|{number}|noise")
-        m = measure(spec, truth, noise=self.noise, rng=rng)
+        # The gate's record, should the trial get past a passing probe (its draws are its own
+        # seed's, so whether it runs changes nothing else); told with the measurement.
+        plan = None if truth.failed or not truth.probe_passed else gate_plan(spec, request)
+        gate = None if plan is None else simulate_gate(plan, self._reference(), truth.lossy_drop, seed=self.seed,
+                                                       number=number, item_s=self.quality_item_s)
+        m = measure(spec, truth, noise=self.noise, rng=rng, quality=gate)
         start = self.now
         t = start + truth.startup_s - saving
         if truth.failed:
@@ -260,11 +278,15 @@ class SimExecutor:
             if seen is not None and guard.stop_while_starting(request["asked"], seen.effective):
                 return _Play(start + seen.seconds + truth.stop_s, m, guard.record)
         probed = bool(request["probe"]["enabled"]) and not guard.stop_after("verify", applied=truth.applied)
+        # The worker runs the gate inside its probe step, after a passing probe.
+        quality = gate if probed else None
+        probe_s = truth.probe_s + (0.0 if quality is None else quality.probe_s)
         if probed:
-            t += truth.probe_s
+            t += probe_s
         if guard.stop_after("probe", probe_passed=truth.probe_passed if probed else None):
-            return _Play(t + truth.stop_s, m, guard.record, probed=probed)
-        guard.trial_metrics = {"startup_s": truth.startup_s - saving, "probe_s": truth.probe_s if probed else None}
+            return _Play(t + truth.stop_s, m, guard.record, probed=probed, quality=quality)
+        guard.trial_metrics = {"startup_s": truth.startup_s - saving, "probe_s": probe_s if probed else None,
+                               ACCURACY_DROP: 0.0 if quality is None else quality.drop}
         levels = guard.levels(spec.load.concurrency)
         # The load generator judges inside a level with one client process and no repeats
         # (tuner.load.sweep).
@@ -278,12 +300,23 @@ class SimExecutor:
                     # simulated levels carry no interval, so neither does this one).
                     told = {**measured, **{int(k): v for k, v in guard.measured_levels(0.0).items()}}
                     return _Play(t + seconds + truth.stop_s, m, guard.record, told, probed,
-                                 self._wrong(m, guard))
+                                 self._wrong(m, guard), quality=quality)
             t += truth.levels[c].load_s
             measured[c] = m.levels[c]
             if later and guard.after_level(dict(measured), later):
-                return _Play(t + truth.stop_s, m, guard.record, measured, probed, self._wrong(m, guard))
-        return _Play(t + truth.stop_s, m, levels=m.levels, probed=probed)
+                return _Play(t + truth.stop_s, m, guard.record, measured, probed, self._wrong(m, guard),
+                             quality=quality)
+        return _Play(t + truth.stop_s, m, levels=m.levels, probed=probed, quality=quality)
+
+    def _reference(self) -> list[tuple[str, bool]]:
+        """The study's simulated reference answers to its quality items ([] without ``quality:``),
+        computed the first time a gate or the truth needs them, as the reference job answers once."""
+
+        if self._quality_reference is None:
+            quality = self.spec.quality
+            self._quality_reference = [] if quality is None else simulated_reference(self.spec.probe,
+                                                                                     quality.max_items)
+        return self._quality_reference
 
     def _wrong(self, m: Measured, guard: SweepGuard) -> bool:
         """Whether a trial stopped on a bound would have entered, fully measured, the front
@@ -342,17 +375,18 @@ class SimExecutor:
         if truth.failed:
             return TrialOutcome(number=number, status="failed", reason=truth.reason, message=truth.message,
                                 phase="start", startup_s=startup_s, trial_s=trial_s)
+        gate_s = 0.0 if play.quality is None else play.quality.probe_s
         return TrialOutcome(
             number=number, status="completed", startup_s=startup_s,
-            probe_s=truth.probe_s if play.probed else None, trial_s=trial_s,
+            probe_s=truth.probe_s + gate_s if play.probed else None, trial_s=trial_s,
             levels={str(c): dict(m) for c, m in play.levels.items()},
             applied=truth.applied, mismatches=[{"target": t} for t in truth.mismatches],
             probe_passed=truth.probe_passed if play.probed else None, early_stop=play.record,
-            compile={"cache": play.compile} if play.compile else None)
+            compile={"cache": play.compile} if play.compile else None, quality=play.quality)
 
     def _log(self, job: _Job) -> None:
         truth, play = job.truth, job.play
-        true_m = measure(self.spec, truth)
+        true_m = measure(self.spec, truth, quality=true_record(self.spec, truth, self._reference()))
         full = not truth.failed and play.stopped in (None, "dominated_exact")
         self.trials.append(TrialLog(
             number=int(job.request["number"]), values=dict(job.request["values"]),
@@ -361,5 +395,6 @@ class SimExecutor:
             true_values=true_m.objectives, started_s=job.started_s, finished_s=play.finished_s,
             stopped=play.stopped, stopped_after=play.after, would_enter_front=play.wrong,
             true_front=truth.key in self.true_front and not full,
-            compile=play.compile, compile_saved_s=play.compile_saved_s))
+            compile=play.compile, compile_saved_s=play.compile_saved_s,
+            quality=None if play.quality is None else play.quality.verdict))
 

@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tuner.probe.quality_stats import QualityRecord
+from tuner.sim.quality_gate import simulated_reference, true_record
 from tuner.sim.truth import PointTruth
 from tuner.study import space
 from tuner.study.outcome import TrialOutcome
@@ -45,13 +47,14 @@ STRICT_REF_MARGIN = 0.1
 # ------------------------------------------------------------------------------- scoring
 
 
-def _outcome(truth: PointTruth, levels: Mapping[int, Mapping[str, float]]) -> TrialOutcome:
+def _outcome(truth: PointTruth, levels: Mapping[int, Mapping[str, float]],
+             quality: QualityRecord | None) -> TrialOutcome:
     """The outcome a worker would report for this point: what tuner.study.scoring reads."""
 
     return TrialOutcome(number=0, status="completed", applied=truth.applied,
                         mismatches=[{"target": t} for t in truth.mismatches],
                         probe_passed=truth.probe_passed,
-                        levels={str(c): dict(m) for c, m in levels.items()})
+                        levels={str(c): dict(m) for c, m in levels.items()}, quality=quality)
 
 
 @dataclass(frozen=True)
@@ -68,9 +71,11 @@ class Measured:
 
 
 def measure(spec: StudySpec, truth: PointTruth, *, noise: float = 0.0,
-            rng: random.Random | None = None) -> Measured:
+            rng: random.Random | None = None, quality: QualityRecord | None = None) -> Measured:
     """The outcome a trial reports: level metrics with multiplicative lognormal noise
-    (sigma ``noise``), objectives and constraints as tuner.study.scoring computes them."""
+    (sigma ``noise``), objectives and constraints as tuner.study.scoring computes them.
+    ``quality``: the quality gate's record of a lossy trial (its ``accuracy_drop`` and
+    ``quality`` constraint); None: no gate ran."""
 
     if truth.failed:
         return Measured(None, {}, {})
@@ -82,7 +87,7 @@ def measure(spec: StudySpec, truth: PointTruth, *, noise: float = 0.0,
         else:
             levels[c] = dict(lv.metrics)
     # Objectives and constraints exactly as the orchestrator computes them (tuner.study.scoring).
-    outcome = _outcome(truth, levels)
+    outcome = _outcome(truth, levels, quality)
     objectives = []
     for o in spec.objectives:
         value = metric_value(spec, outcome, o)
@@ -162,11 +167,14 @@ class GroundTruth:
     @classmethod
     def build(cls, spec: StudySpec, points: list[PointTruth]) -> GroundTruth:
         labels = [o.label for o in spec.objectives]
-        directions = [o.direction for o in spec.objectives]
+        directions: list[str] = [o.direction for o in spec.objectives]
         table = cls(spec.name, labels, directions, points)
         pts = []
+        answers = [] if spec.quality is None else simulated_reference(spec.probe, spec.quality.max_items)
         for i, p in enumerate(points):
-            m = measure(spec, p)
+            # A lossy point of a quality study is on the true front only if its true drop is
+            # within the budget (what a gate with no sampling error would find).
+            m = measure(spec, p, quality=true_record(spec, p, answers))
             if m.objectives is not None:
                 pts.append(Point(i, m.objectives, m.feasible))
         front = pareto_front(pts, directions)

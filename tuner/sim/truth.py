@@ -66,7 +66,8 @@ __all__ = [
 # alters what evaluate() returns for a point: benchmarks/truth.py keys its cache on it
 # (front, reference and hypervolume are recomputed on every load).
 # 3: a failed start's reason is the real loop's classification of its error line.
-EVAL_VERSION = 3     # 2: compile-cache fields (compile_key, compile_s, compile_hit_s, compile_at_s)
+# 4: a lossy point's true accuracy drop (lossy_drop, tuner.sim.lossy), for the quality gate.
+EVAL_VERSION = 4     # 2: compile-cache fields (compile_key, compile_s, compile_hit_s, compile_at_s)
 # Probe requests are short known-answer questions (tuner.probe.items): a few dozen
 # prompt tokens, answers well under the probe's max_tokens; a dozen per level (the retired
 # template probe's default count, which this cost model was set against).
@@ -108,6 +109,9 @@ class PointTruth:
     compile_s: float = 0.0
     compile_hit_s: float = 0.0
     compile_at_s: float = 0.0
+    # The configuration's true accuracy drop on known-answer items (tuner.sim.lossy: 0 for a
+    # lossless one): what the simulated quality gate (tuner.sim.quality_gate) samples from.
+    lossy_drop: float = 0.0
 
     @property
     def hit_saving_s(self) -> float:
@@ -127,6 +131,10 @@ class PointTruth:
         data = asdict(self)
         data["levels"] = {str(c): asdict(lv) for c, lv in self.levels.items()}
         data["mismatches"] = list(self.mismatches)
+        if not self.lossy_drop:
+            # Left out at 0 (every point of a lossless space): the cached tables of such
+            # spaces keep their rows, so a restamp, not a rebuild, carries them over.
+            del data["lossy_drop"]
         return data
 
     @classmethod
@@ -140,7 +148,8 @@ class PointTruth:
                    stop_s=float(data["stop_s"]), compile_key=data.get("compile_key"),
                    compile_s=float(data.get("compile_s", 0.0)),
                    compile_hit_s=float(data.get("compile_hit_s", 0.0)),
-                   compile_at_s=float(data.get("compile_at_s", 0.0)))
+                   compile_at_s=float(data.get("compile_at_s", 0.0)),
+                   lossy_drop=float(data.get("lossy_drop", 0.0)))
 
 
 @dataclass(frozen=True)
@@ -240,7 +249,7 @@ class Evaluator:
         return PointTruth(values, "completed", None, None, applied=not wrong, mismatches=wrong,
                           probe_passed=probe_ok, levels=levels,
                           startup_s=tm.prepare_s + startup_s(eff), probe_s=self._probe_s(eff.perf),
-                          stop_s=tm.stop_s, **compile_fields(eff, env, tm))
+                          stop_s=tm.stop_s, lossy_drop=eff.lossy_drop, **compile_fields(eff, env, tm))
 
     def startup_verdict(self, values: dict[str, Any]) -> StartupVerdict | None:
         """What the worker's early stop while starting sees of ``values``: the simulated
