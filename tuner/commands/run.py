@@ -104,6 +104,7 @@ def check_study_inputs(spec: StudySpec, source: str) -> str:
     Returns where the names were checked against (the recording or the vLLM asked)."""
 
     from tuner.adapters.vllm_arguments import arguments_for, study_targets
+    from tuner.engine.trial_energy import energy_refusal
     from tuner.study.server_spec import exposure_warning
     from tuner.study.spec import dummy_weights_warning
     from tuner.vllm.argument_names import check_names
@@ -113,6 +114,8 @@ def check_study_inputs(spec: StudySpec, source: str) -> str:
     errors = [f"{source}: {p}" for p in problems if p.error]
     if errors:
         raise SpecError("\n".join(errors + [f"{source}: (names checked against {known.source})"]))
+    if refusal := energy_refusal(spec):
+        raise SpecError(f"{source}: {refusal}")
     for problem in problems:
         say(f"[warning] {source}: {problem}")
     for warning in (exposure_warning(spec.server), dummy_weights_warning(spec)):

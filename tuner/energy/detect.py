@@ -23,7 +23,12 @@ from tuner.energy.nvml import POWER_PERIOD_S, open_nvml
 from tuner.energy.rapl import DEFAULT_POWERCAP_ROOT, RAPL_UPDATE_S, open_rapl
 from tuner.energy.source import EnergySource, NoEnergySource
 
-__all__ = ["detect_energy_source", "energy_unavailable"]
+__all__ = ["SIM_POWERCAP_DIR_ENV", "SIM_WRITE_PERIOD_S", "detect_energy_source", "energy_unavailable"]
+
+# Where the simulator keeps its RAPL-format counters (tuner.sim.power writes them), and how
+# often it writes them: how stale a reading of them may be.
+SIM_POWERCAP_DIR_ENV = "TUNER_SIM_POWERCAP_DIR"
+SIM_WRITE_PERIOD_S = 0.05
 
 
 def detect_energy_source(gpus: Sequence[int | str], *, powercap_root: Path | None = None,

@@ -31,6 +31,7 @@ from tuner.adapters.launcher import ServerProcess
 from tuner.engine.leftovers import clear_leftovers
 from tuner.engine.prestart import SpareSlot, imports_ahead, note_settled, startup_seconds
 from tuner.engine.quality_run import quality_gate, record_quality_reference
+from tuner.engine.trial_energy import TrialEnergy, simulator_energy_env
 from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCancelled, TrialError, TrialTimeout
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.results import level_key
@@ -275,7 +276,7 @@ class TrialWorker:
     async def _start(self, request: TrialRequest, trial_dir: Path, guard: SweepGuard | None,
                      outcome: TrialOutcome) -> float:
         env = dict(os.environ)
-        env.update(request.env)
+        env.update({**request.env, **simulator_energy_env(request.argv)})
         log_path = trial_dir / "server.log"
         with contextlib.suppress(FileNotFoundError):
             log_path.unlink()  # a retried trial starts a clean log
@@ -431,17 +432,19 @@ class TrialWorker:
         guard.trial_metrics = {"startup_s": outcome.startup_s, "probe_s": outcome.probe_s,
                                ACCURACY_DROP: trial_metric_value(outcome, ACCURACY_DROP)}
         slo = request.slo
-        sweep = await run_sweep(
-            self._server.base_url, request.served_model_name, spec,
-            ignore_eos=request.ignore_eos, deadline_s=self._remaining(request), headers=self._headers,
-            levels=guard.levels(spec.concurrency), after_level=guard.after_level,
-            inside_level=guard.inside_level if guard.enabled else None,
-            slo=slo, max_rate=spec.rate_search if request.search_max_rate else None, holding=request.holding,
-            # A miss near the boundary may be noise: the bound early stop uses is the search's
-            # lowest miss widened by its precision (never stopped on a bound noise could cross).
-            stop_search=(lambda levels, bound: guard.during_search(
-                levels, bound * (1 + spec.rate_search.precision))) if guard.enabled else None,
-        )
+        with TrialEnergy(request.argv, os.environ.get("CUDA_VISIBLE_DEVICES")) as energy:
+            sweep = await run_sweep(
+                self._server.base_url, request.served_model_name, spec,
+                ignore_eos=request.ignore_eos, deadline_s=self._remaining(request), headers=self._headers,
+                levels=guard.levels(spec.concurrency), after_level=guard.after_level,
+                inside_level=guard.inside_level if guard.enabled else None,
+                slo=slo, max_rate=spec.rate_search if request.search_max_rate else None, holding=request.holding,
+                # A miss near the boundary may be noise: the bound early stop uses is the search's
+                # lowest miss widened by its precision (never stopped on a bound noise could cross).
+                stop_search=(lambda levels, bound: guard.during_search(
+                    levels, bound * (1 + spec.rate_search.precision))) if guard.enabled else None,
+                energy=energy.source)
+        outcome.warnings.extend(energy.notes)
         outcome.load_s = time.monotonic() - began
         for level in sweep.levels:
             key = str(level.concurrency)

@@ -39,6 +39,7 @@ from dataclasses import asdict
 from pydantic import BaseModel, ConfigDict, Field
 
 from tuner.load.efficiency import Holding, efficiency_flat
+from tuner.load.level_energy import LevelEnergy
 from tuner.load.records import RequestRecord
 from tuner.load.slo import LevelSlo
 from tuner.load.stats import Stat
@@ -275,6 +276,9 @@ class LevelMetrics(BaseModel):
     holding: Holding | None = Field(
         default=None, description="What the trial's server holds and costs, when the request says so: "
         "per-GPU and per-dollar figures (tuner.load.efficiency; flat keys EFFICIENCY_KEYS).")
+    energy: LevelEnergy | None = Field(
+        default=None, description="The steady window's energy, where a source could be read "
+        "(tuner.load.level_energy; flat keys ENERGY_KEYS). With repeats: the median repeat's.")
 
     def flat(self) -> dict[str, float]:
         """Scalar metrics under the stable :data:`FLAT_KEYS` then :data:`EXTRA_FLAT_KEYS`;
@@ -312,6 +316,11 @@ class LevelMetrics(BaseModel):
             out.update(self.slo.flat())
         if self.holding is not None:      # from the final figures: repeats' medians, noise floor in
             out.update(efficiency_flat(out, self.holding))
+        if self.energy is not None:       # what changes between starts, as for the speed figures
+            energy = self.energy.flat()
+            for key in ("joules_per_token", "joules_per_request", "watts"):
+                energy[f"{key}.ci95"] = with_noise_floor(energy[f"{key}.ci95"], energy[key], self.noise_floor)
+            out.update(energy)
         return out
 
     def flat_single(self) -> dict[str, float]:

@@ -21,9 +21,11 @@ from typing import Any
 import httpx
 
 from tuner.adapters.http_client import server_client
+from tuner.energy.source import EnergySource
 from tuner.load.closed_loop import run_level
 from tuner.load.dataset_file import open_draw
 from tuner.load.efficiency import Holding
+from tuner.load.level_meter import LevelMeter
 from tuner.load.load_spec import LoadSpec
 from tuner.load.loop_lag import LoopLagMonitor
 from tuner.load.metrics import LevelMetrics, compute_level_metrics, summarize_repeats
@@ -77,6 +79,7 @@ async def run_sweep(
     max_rate: RateSearchSpec | None = None,
     stop_search: Callable[[dict[int | str, dict[str, float]], float], bool] | None = None,
     holding: Holding | None = None,
+    energy: EnergySource | None = None,
 ) -> SweepResult:
     """Warm up and measure every concurrency level of ``load_spec``.
 
@@ -100,6 +103,8 @@ async def run_sweep(
             measured: it is listed first in ``stopped_levels``.
         holding: what the server holds and costs: every level then carries its per-GPU and
             per-dollar figures (tuner.load.efficiency). None: neither.
+        energy: a readable energy counter (tuner.energy): every closed-loop level then carries
+            its steady window's joules per token (tuner.load.level_meter). None: not measured.
     """
     t_start = time.monotonic()
     started_at = datetime.now(UTC).isoformat()
@@ -115,7 +120,7 @@ async def run_sweep(
             aux, base_url, model, load_spec, notes)
         sweep = SweepContext(
             aux, base_url, model, load_spec, ignore_eos, can_fit, budget, headers, notes,
-            lengths, slo, draw, holding,
+            lengths, slo, draw, holding, energy,
         )
         results, skipped, stopped = await _concurrency_levels(
             sweep, order, after_level, inside_level)
@@ -253,15 +258,18 @@ async def _sweep_level(
         if before is None:
             before = await scrape_metrics(aux, base_url)
         lag = LoopLagMonitor()
-        run = await run_level(
-            base_url, model, plan,
-            concurrency=c, api=spec.api, deadline_s=level_budget,
-            request_timeout_s=spec.request_timeout_s, headers=headers,
-            processes=spec.client_processes, checkpoint=checkpoint, lag=lag,
-        )
+        with LevelMeter(sw.energy) as meter:
+            # run_level's own start follows within microseconds: far below the sampling period.
+            origin = time.monotonic()
+            run = await run_level(
+                base_url, model, plan,
+                concurrency=c, api=spec.api, deadline_s=level_budget,
+                request_timeout_s=spec.request_timeout_s, headers=headers,
+                processes=spec.client_processes, checkpoint=checkpoint, lag=lag,
+            )
         deadline_hit = deadline_hit or len(run) < len(plan)
-        runs.append(compute_level_metrics(run, concurrency=c, planned=len(plan),
-                                          client_lag_ms=lag.samples_ms))
+        runs.append(meter.attach(compute_level_metrics(run, concurrency=c, planned=len(plan),
+                                                       client_lag_ms=lag.samples_ms), origin))
         if repeat:
             run = [r.model_copy(update={"repeat": repeat}) for r in run]
         records.extend(run)
@@ -311,9 +319,10 @@ async def _sweep_steady_level(
                                  request_timeout_s=spec.request_timeout_s, headers=sw.headers,
                                  continuous_usage=True)
         async with LoopLagMonitor() as lag:
-            run = await run_steady_level(lv, streams[0], streams[1], rule, checkpoint)
-        runs.append(steady_metrics(run, c, spec.stability_subwindows, spec.stability_max_ratio,
-                                   client_lag_ms=lag.samples_ms))
+            with LevelMeter(sw.energy) as meter:
+                run = await run_steady_level(lv, streams[0], streams[1], rule, checkpoint)
+        runs.append(meter.attach(steady_metrics(run, c, spec.stability_subwindows, spec.stability_max_ratio,
+                                                client_lag_ms=lag.samples_ms), lv.t0))
         stopped_unsteady = stopped_unsteady or run.stop_reason != "stable"
         recs = run.records if not repeat else [
             r.model_copy(update={"repeat": repeat}) for r in run.records]

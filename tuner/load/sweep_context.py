@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 
+from tuner.energy.source import EnergySource
 from tuner.load.dataset_draw import DatasetDraw
 from tuner.load.efficiency import Holding
 from tuner.load.goodput import level_slo
@@ -45,6 +46,7 @@ class SweepContext:
     slo: SloSpec | None = None  # judged at every level
     dataset: DatasetDraw | None = None  # requests from the user's file instead of synthetic ones
     holding: Holding | None = None  # what the server holds and costs: per-GPU and per-dollar figures
+    energy: EnergySource | None = None  # sampled beside every closed-loop level (tuner.load.level_meter)
 
     def judged(self, level: LevelResult | None) -> LevelResult | None:
         """``level`` with its goodput and SLO verdict, and what it holds (unchanged without

@@ -26,15 +26,17 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tuner.energy.detect import SIM_POWERCAP_DIR_ENV, SIM_WRITE_PERIOD_S
 from tuner.sim.profile import PowerSpec
 
 __all__ = ["POWERCAP_DIR_ENV", "RANGE_UJ", "WRITE_PERIOD_S", "BusyClock", "PowercapDir", "energy_j",
            "write_counters"]
 
-POWERCAP_DIR_ENV = "TUNER_SIM_POWERCAP_DIR"
-# How often the counter is written: a reader sees a value at most this stale. 20 Hz is as
+# The variable and how often the counter is written (a reader sees a value at most this
+# stale): named in tuner.energy.detect, which the tuner's worker reads them with. 20 Hz is as
 # fine as NVML's own counter (~100 ms) and costs a file write per device every 50 ms.
-WRITE_PERIOD_S = 0.05
+POWERCAP_DIR_ENV = SIM_POWERCAP_DIR_ENV
+WRITE_PERIOD_S = SIM_WRITE_PERIOD_S
 # A real package zone's max_energy_range_uj (2^38 - 1 scaled: 262 kJ), so the counter
 # wraps as a real one does, after ~6 minutes of 700 W.
 RANGE_UJ = 262_143_328_850

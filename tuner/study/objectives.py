@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from tuner.load.efficiency import EFFICIENCY_KEYS
+from tuner.load.level_energy import ENERGY_KEYS
 from tuner.load.load_spec import rate_level_name
 from tuner.load.metrics import EXTRA_FLAT_KEYS, FLAT_KEYS
 from tuner.load.slo import GOODPUT_KEYS
@@ -26,8 +27,8 @@ MAX_RATE = "max_rate@slo"
 # Every name a level or a trial carries a value under (docs/study-file.md): a name outside it
 # would be read as "not measured" in every trial, so it is refused before any server starts.
 KNOWN_METRICS: frozenset[str] = frozenset(
-    (*FLAT_KEYS, *(k for k in EXTRA_FLAT_KEYS if _METRIC.match(k)), *GOODPUT_KEYS, *EFFICIENCY_KEYS, *TRIAL_METRICS,
-     MAX_RATE))
+    (*FLAT_KEYS, *(k for k in EXTRA_FLAT_KEYS if _METRIC.match(k)), *GOODPUT_KEYS, *EFFICIENCY_KEYS, *ENERGY_KEYS,
+     *TRIAL_METRICS, MAX_RATE))
 
 
 def level_label(metric: str, concurrency: int | str, rate: float | None, level: str | None = None) -> str:

@@ -1,0 +1,85 @@
+"""Which energy counter a trial's levels are sampled from, opened once the server is up.
+
+A real server: NVML over the GPUs Ray gave this worker (``CUDA_VISIBLE_DEVICES``), or RAPL
+on a CPU build (tuner.energy.detect). The simulator plays the hardware: started with
+``TUNER_SIM_POWERCAP_DIR`` it writes RAPL-format counters for the devices it models, and
+the worker reads those instead, so the whole energy path runs without a GPU. The directory
+is one per worker process, not per trial: a spare interpreter started for the next trial
+(execution.startup.prestart) must see the environment that trial's server will get.
+
+Where nothing can be read, the trial's levels carry no energy figures, and the first trial
+of the worker says why in its warnings (an energy objective is refused before the study
+starts, at validate; this is the note for a study that did not ask).
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from tuner.energy.detect import SIM_POWERCAP_DIR_ENV, SIM_WRITE_PERIOD_S, detect_energy_source, energy_unavailable
+from tuner.energy.source import EnergySource, NoEnergySource
+from tuner.load.level_energy import ENERGY_KEYS
+from tuner.study.preflight import is_simulator
+from tuner.study.spec import StudySpec
+
+__all__ = ["TrialEnergy", "energy_refusal", "simulator_energy_env"]
+
+_powercap_dir: Path | None = None
+_noted = False
+
+
+def energy_refusal(spec: StudySpec) -> str | None:
+    """Why the study's energy objectives or limits cannot be measured on this machine (one
+    line naming the first of them), or None: it names none, serves the simulator, or a
+    counter can be read (NVML over its first GPUs, RAPL on a CPU build)."""
+    named: list[tuple[str, str]] = [(f"objectives[{i}]", o.metric) for i, o in enumerate(spec.objectives)]
+    named += [(f"limits[{i}]", lim.metric) for i, lim in enumerate(spec.limits)]
+    for where, metric in named:
+        if metric in ENERGY_KEYS and not is_simulator(spec.server.command):
+            reason = energy_unavailable(list(range(spec.server.gpus_per_trial)))
+            if reason is not None:
+                return (f"{where}.metric: {metric} needs an energy counter, and none can be read on this "
+                        f"machine: {reason}")
+    return None
+
+
+def _worker_powercap_dir() -> Path:
+    global _powercap_dir
+    if _powercap_dir is None:
+        _powercap_dir = Path(tempfile.mkdtemp(prefix=f"tuner-powercap-{os.getpid()}-"))
+        atexit.register(shutil.rmtree, _powercap_dir, True)
+    return _powercap_dir
+
+
+def simulator_energy_env(argv: Sequence[str]) -> dict[str, str]:
+    """The environment the simulator writes its counters by; nothing for a real server."""
+    return {SIM_POWERCAP_DIR_ENV: str(_worker_powercap_dir())} if is_simulator(argv) else {}
+
+
+class TrialEnergy:
+    """The trial's energy source (``source``; None: none), and the note on why there is none."""
+
+    def __init__(self, argv: Sequence[str], gpus: str | None) -> None:
+        global _noted
+        if is_simulator(argv):
+            found = detect_energy_source([], powercap_root=_worker_powercap_dir(),
+                                         powercap_update_s=SIM_WRITE_PERIOD_S)
+        else:
+            found = detect_energy_source([g for g in (gpus or "").split(",") if g.strip()])
+        self.source: EnergySource | None = None if isinstance(found, NoEnergySource) else found
+        self.notes: list[str] = []
+        if isinstance(found, NoEnergySource) and not _noted:
+            _noted = True
+            self.notes.append(f"energy not measured: {found.reason}")
+
+    def __enter__(self) -> TrialEnergy:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.source is not None:
+            self.source.close()
