@@ -30,8 +30,8 @@ PURE = [
     "tuner.views.export_formats", "tuner.load", "tuner.load.live_window", "tuner.load.load_spec",
     "tuner.load.metrics", "tuner.load.prometheus", "tuner.load.protocol", "tuner.load.records",
     "tuner.load.results", "tuner.load.sse", "tuner.load.stats", "tuner.load.steady",
-    "tuner.load.slo", "tuner.load.efficiency", "tuner.load.goodput", "tuner.load.rate_search", "tuner.load.max_rate_text",
-    "tuner.load.token_counts",
+    "tuner.load.slo", "tuner.load.efficiency", "tuner.load.level_energy", "tuner.load.goodput",
+    "tuner.load.rate_search", "tuner.load.max_rate_text", "tuner.load.token_counts",
     "tuner.load.uncertainty", "tuner.load.window", "tuner.load.host_steadiness", "tuner.load.dataset",
     "tuner.load.dataset_draw", "tuner.load.trace_prompts", "tuner.load.trace_spec", "tuner.load.level_names",
     "tuner.load.filler",
@@ -74,6 +74,7 @@ NOT_YET_TYPED: set[str] = set()
 # simulator's power model and quality gate.
 TYPED_ABOVE_PURE = [
     "tuner.energy.detect", "tuner.energy.nvml", "tuner.energy.rapl", "tuner.energy.sampler",
+    "tuner.load.level_meter", "tuner.engine.trial_energy",
     "tuner.engine.confirming", "tuner.engine.execution", "tuner.engine.measure", "tuner.engine.orchestrator",
     "tuner.engine.recovery", "tuner.engine.referencing", "tuner.engine.runfile", "tuner.engine.samplers",
     "tuner.engine.tie_runs", "tuner.engine.prestart", "tuner.engine.leftovers", "tuner.engine.pareto_file",
