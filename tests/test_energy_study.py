@@ -48,9 +48,14 @@ def test_a_study_on_the_simulator_measures_joules_per_token_at_every_level(tmp_p
             assert abs(top["joules_per_token"] - expected) <= top["joules_per_token.ci95"] + 0.03 * expected
             assert trial["values"]["joules_per_token@cmax"] == pytest.approx(top["joules_per_token"])
             assert trial["noise"]["joules_per_token@cmax"] is not None
+            # The idle draw, measured once by the worker with the server up and nothing sent.
+            idle_w = gpus * PROFILE["power"]["idle_w"] / scale
+            assert outcome["energy"]["idle_w"] == pytest.approx(idle_w, rel=0.05), outcome["energy"]
+            assert outcome["energy"]["source"].startswith("RAPL")
         front = json.loads((results / name / "pareto.json").read_text())["front"]
         assert front and all("joules_per_token@cmax" in entry["values"] for entry in front)
-        assert "joules_per_token@cmax=" in run_tuner("status", name, "--results", str(results)).stdout
+        text = run_tuner("status", name, "--results", str(results)).stdout
+        assert "joules_per_token@cmax=" in text and "  energy: RAPL" in text and "idle draw" in text
     finally:
         assert not wait_no_orphans(marker)
 

@@ -16,4 +16,5 @@ Modules:
 * ``nvml``       NVIDIA GPUs through nvidia-ml-py (``pynvml``, optional extra ``gpu``).
 * ``sampler``    the background thread that samples a source during a level.
 * ``detect``     which source this trial can use, or the one-line reason there is none.
+* ``energy_text`` pure: the status line on a study's counter and idle draw.
 """

@@ -14,14 +14,19 @@ starts, at validate; this is the note for a study that did not ask).
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import os
 import shutil
 import tempfile
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from tuner.energy.detect import SIM_POWERCAP_DIR_ENV, SIM_WRITE_PERIOD_S, detect_energy_source, energy_unavailable
+from tuner.energy.per_token import IdleDraw, idle_draw
+from tuner.energy.sampler import EnergySampler
 from tuner.energy.source import EnergySource, NoEnergySource
 from tuner.load.level_energy import ENERGY_KEYS
 from tuner.study.preflight import is_simulator
@@ -29,8 +34,14 @@ from tuner.study.spec import StudySpec
 
 __all__ = ["TrialEnergy", "energy_refusal", "simulator_energy_env"]
 
+# The idle interval: five parts of 0.6 s (its interval's spread, tuner.energy.per_token) are
+# ten of NVML's ~100 ms counter refreshes each; 3 s once per worker is nothing against a trial.
+IDLE_S = 3.0
+SETTLE_S = 0.5
+
 _powercap_dir: Path | None = None
 _noted = False
+_idle: dict[str, IdleDraw] = {}
 
 
 def energy_refusal(spec: StudySpec) -> str | None:
@@ -62,7 +73,13 @@ def simulator_energy_env(argv: Sequence[str]) -> dict[str, str]:
 
 
 class TrialEnergy:
-    """The trial's energy source (``source``; None: none), and the note on why there is none."""
+    """The trial's energy source (``source``; None: none), and the note on why there is none.
+
+    ``record()`` is what the trial's outcome keeps: the source, and the idle draw, measured
+    once per worker process (the first trial with a source: ``IDLE_S`` seconds with the
+    server up and no request in flight, after ``SETTLE_S`` for the probe's last kernels to
+    finish) and repeated in every later outcome of that worker.
+    """
 
     def __init__(self, argv: Sequence[str], gpus: str | None) -> None:
         global _noted
@@ -73,9 +90,27 @@ class TrialEnergy:
             found = detect_energy_source([g for g in (gpus or "").split(",") if g.strip()])
         self.source: EnergySource | None = None if isinstance(found, NoEnergySource) else found
         self.notes: list[str] = []
+        self.reason = found.reason if isinstance(found, NoEnergySource) else None
         if isinstance(found, NoEnergySource) and not _noted:
             _noted = True
             self.notes.append(f"energy not measured: {found.reason}")
+
+    async def record(self) -> dict[str, Any]:
+        """The outcome's energy record, measuring the idle draw first if this worker has not."""
+        if self.source is None:
+            return {"unavailable": self.reason}
+        idle = _idle.get(self.source.name)
+        if idle is None:
+            await asyncio.sleep(SETTLE_S)
+            with EnergySampler(self.source) as sampler:
+                began = time.monotonic()
+                await asyncio.sleep(IDLE_S)
+                ended = time.monotonic()
+            try:
+                idle = _idle[self.source.name] = idle_draw(sampler.series, began, ended, self.source.resolution)
+            except ValueError:      # the counter could not be read through the interval
+                return {"source": self.source.name}
+        return {"source": self.source.name, "idle_w": idle.watts, "idle_ci95": idle.ci95, "idle_s": idle.seconds}
 
     def __enter__(self) -> TrialEnergy:
         return self

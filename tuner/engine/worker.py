@@ -60,11 +60,6 @@ STARTUP_LOG_POLL_S = 1.0  # how often a starting server's log is checked for a d
 logger = logging.getLogger(__name__)
 
 
-def _json_flat(flat: dict[str, float]) -> dict[str, float | None]:
-    """NaN ("no sample" in metrics) as null, which JSON and the Optuna storage want."""
-    return {k: (None if v != v else v) for k, v in flat.items()}
-
-
 def _default_priority() -> int:
     """This process's niceness (its servers inherit it), back to 0 where allowed: Ray runs
     workers at nice 15 unless RAY_worker_niceness=0, and only root may undo that."""
@@ -433,6 +428,7 @@ class TrialWorker:
                                ACCURACY_DROP: trial_metric_value(outcome, ACCURACY_DROP)}
         slo = request.slo
         with TrialEnergy(request.argv, os.environ.get("CUDA_VISIBLE_DEVICES")) as energy:
+            outcome.energy = await energy.record()
             sweep = await run_sweep(
                 self._server.base_url, request.served_model_name, spec,
                 ignore_eos=request.ignore_eos, deadline_s=self._remaining(request), headers=self._headers,
@@ -448,7 +444,7 @@ class TrialWorker:
         outcome.load_s = time.monotonic() - began
         for level in sweep.levels:
             key = str(level.concurrency)
-            outcome.levels[key] = _json_flat(level.metrics.flat())
+            outcome.levels[key] = level.metrics.flat_json()
             if level.server_side is not None:
                 outcome.server_side[key] = level.server_side
             write_records_jsonl(trial_dir / f"requests-c{level.concurrency}.jsonl", level.records)
@@ -456,7 +452,7 @@ class TrialWorker:
         # (r2.0, trace): objectives and limits read them with rate: <rate> or level: trace.
         for level in sweep.rate_levels:
             name = level_key(level)
-            outcome.rate_levels[name] = _json_flat(level.metrics.flat())
+            outcome.rate_levels[name] = level.metrics.flat_json()
             write_records_jsonl(trial_dir / f"requests-{name}.jsonl", level.records)
         if sweep.max_rate is not None:
             outcome.max_rate = sweep.max_rate.model_dump(mode="json")

@@ -323,6 +323,10 @@ class LevelMetrics(BaseModel):
             out.update(energy)
         return out
 
+    def flat_json(self) -> dict[str, float | None]:
+        """:meth:`flat` with NaN ("no sample") as null, which JSON and the Optuna storage want."""
+        return {k: (None if v != v else v) for k, v in self.flat().items()}
+
     def flat_single(self) -> dict[str, float]:
         """:meth:`flat` of this one run without the intervals, ignoring :attr:`repeats`."""
         out: dict[str, float] = {

@@ -167,4 +167,8 @@ class TrialOutcome(BaseModel):
         default=None, description="the quality gate's verdict on a lossy trial (probe.quality_stats: "
         "paired accuracy drop, its interval, pass or fail); None: no gate ran (lossless, no "
         "budget, or the corruption rule failed it first)")
+    energy: dict[str, Any] | None = Field(
+        default=None, description="the trial's energy counter (engine.trial_energy): {source, idle_w, "
+        "idle_ci95, idle_s} where one could be read (idle: the worker's first trial, once), "
+        "{unavailable: reason} where none; None: no load measured")
     warnings: list[str] = Field(default_factory=list)

@@ -157,6 +157,7 @@ class OutcomeSummary:
     gpu_wait_s: float | None = None
     noise_floor: float | None = None
     quality: QualityRecord | None = None
+    energy: dict[str, Any] | None = None
 
     @classmethod
     def from_attr(cls, raw: Any) -> OutcomeSummary:
@@ -190,6 +191,7 @@ class OutcomeSummary:
             startup=StartupRecord.from_json(_mapping(raw.get("startup"))),
             signature=_mapping(raw.get("signature")), gpu_wait_s=_number(raw.get("gpu_wait_s")),
             noise_floor=_number(raw.get("noise_floor")), quality=read_quality(raw.get("quality")),
+            energy=_mapping(raw.get("energy")),
         )
 
     def as_attr(self) -> dict[str, Any]:
@@ -208,6 +210,8 @@ class OutcomeSummary:
             del out["probe_agreement"]
         if self.quality is None:
             del out["quality"]   # only a lossy trial of a quality study has one
+        if self.energy is None:
+            del out["energy"]    # only a trial that ran its load has one
         return out
 
     @property

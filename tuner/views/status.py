@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tuner.adapters.artifacts import StudyPaths, read_json, saved_budget
+from tuner.energy.energy_text import energy_lines
 from tuner.load.host_steadiness import check_text
 from tuner.load.max_rate_text import max_rate_text, max_rate_value_text
 from tuner.probe.quality_text import quality_line
@@ -25,7 +26,7 @@ from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_point
 from tuner.views.saved_spec import searched_targets, study_noise_at
 from tuner.views.workload_view import workload_lines
 from tuner.vllm.parallel import parallel_lines
-from tuner.vllm.startup import PHASE_LABELS, PHASES, figures_text, median_phases
+from tuner.vllm.startup import figures_text, median_phases, study_startup_lines
 from tuner.vllm.startup import summary_text as startup_summary_text
 from tuner.vllm.unverified import unverified, unverified_summary, unverified_text
 
@@ -291,7 +292,8 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
         "between_starts": {**between.as_dict(), "lines": between.lines()} if labels else None,
         "probe_mode": paths.probe_mode(),
         "environment": (environment := paths.environment())[0],
-        "environment_changes": environment[1],
+        "environment_changes": environment[1], "energy": next((r.summary.energy for r in reversed(runs)
+                                                              if r.summary.energy), None),
         "workload": paths.workload_profile(),
         # What the folder no longer says as it was measured (tuner.study.integrity).
         "spec_changes": spec_changes,
@@ -422,7 +424,8 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
         lines.extend(f"    {line}" for line in status["between_starts"]["lines"])
     if status.get("probe_mode"):
         lines.append(f"  probe: {status['probe_mode']}")
-    lines.extend(environment_lines(status.get("environment"), status.get("environment_changes") or []))
+    lines.extend(environment_lines(status.get("environment"), status.get("environment_changes") or [])
+                 + energy_lines(status.get("energy")))
     lines.extend(workload_lines(status.get("workload")))
     lines.extend(integrity_lines(status))
     lines.extend(_running_lines(status))
@@ -430,7 +433,7 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     if skipped["duplicate"] or skipped["forbidden"]:
         lines.append(f"  not run: {skipped['duplicate']} duplicate, {skipped['forbidden']} forbidden proposals")
     if status.get("startup"):
-        lines.extend(_startup_summary_lines(status["startup"]))
+        lines.extend(study_startup_lines(status["startup"]))
     labels = [o["label"] for o in status["objectives"]]
     base = status["baseline"]
     lines.append("")
@@ -532,21 +535,6 @@ def _trial_lines(row: dict[str, Any], labels: list[str], directions: list[str]) 
     if row.get("max_rate"):
         lines.append(f"        {max_rate_text(row['max_rate'])}")
     return lines
-
-
-def _startup_summary_lines(summary: dict[str, Any]) -> list[str]:
-    """``startup: median 87s over 6 servers (62% of trial time), compile cache 2 hit / 4 miss``
-    and the median phases."""
-    med = summary["median"]
-    share = f", {summary['share']:.0%} of trial time" if summary.get("share") is not None else ""
-    caches = summary.get("compile_cache") or {}
-    cache = (", torch.compile cache " + " / ".join(f"{n} {k}" for k, n in sorted(caches.items()))
-             if caches else "")
-    phases = " + ".join(f"{PHASE_LABELS[p]} {med[p]:.1f}" for p in PHASES if p in med)
-    spare = (f"; {summary['prestarted']} from a spare interpreter ({summary['ahead_s']:.0f} s of imports "
-             "done ahead, not in trial time)" if summary.get("prestarted") else "")
-    return [f"  startup: median {med['total']:.1f}s over {summary['trials']} server(s){share}{cache}{spare}",
-            f"    median phases (s): {phases}"]
 
 
 def _rerun_startup_lines(confirmation: dict[str, Any]) -> list[str]:

@@ -51,7 +51,7 @@ from typing import Any
 from tuner.vllm.compile_cache import CompileRecord
 
 __all__ = ["PHASES", "PHASE_LABELS", "StartupRecord", "StartupScan", "summary_text", "figures_text",
-           "median_phases", "has_log_stamp"]
+           "median_phases", "has_log_stamp", "study_startup_lines"]
 
 PHASES: tuple[str, ...] = ("imports", "api_config", "engine_spawn", "weights", "compile", "kv_cache",
                            "graph_capture", "warmup", "api_start", "serve")
@@ -344,3 +344,18 @@ def median_phases(records: Sequence[StartupRecord | Mapping[str, Any]]) -> dict[
            for p in PHASES if any((r.phases or {}).get(p) is not None for r in done)}
     out["total"] = round(median([float(r.total_s) for r in done if r.total_s is not None]), 3)
     return out
+
+
+def study_startup_lines(summary: dict[str, Any]) -> list[str]:
+    """``startup: median 87s over 6 servers (62% of trial time), compile cache 2 hit / 4 miss``
+    and the median phases."""
+    med = summary["median"]
+    share = f", {summary['share']:.0%} of trial time" if summary.get("share") is not None else ""
+    caches = summary.get("compile_cache") or {}
+    cache = (", torch.compile cache " + " / ".join(f"{n} {k}" for k, n in sorted(caches.items()))
+             if caches else "")
+    phases = " + ".join(f"{PHASE_LABELS[p]} {med[p]:.1f}" for p in PHASES if p in med)
+    spare = (f"; {summary['prestarted']} from a spare interpreter ({summary['ahead_s']:.0f} s of imports "
+             "done ahead, not in trial time)" if summary.get("prestarted") else "")
+    return [f"  startup: median {med['total']:.1f}s over {summary['trials']} server(s){share}{cache}{spare}",
+            f"    median phases (s): {phases}"]
