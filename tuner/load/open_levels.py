@@ -7,10 +7,12 @@ search's rate levels (:mod:`tuner.load.max_rate`). Each is sent by
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tuner.load.dataset import TraceRequest
+from tuner.load.level_meter import LevelMeter
 from tuner.load.load_spec import rate_level_name
 from tuner.load.loop_lag import LoopLagMonitor
 from tuner.load.max_rate import search_max_rate
@@ -195,11 +197,13 @@ async def _rate_run(sw: SweepContext, acc: _RateRuns, repeat: int) -> bool:
     if acc.before is None:
         acc.before = await scrape_metrics(sw.aux, sw.base_url)
     async with LoopLagMonitor() as lag:
-        run = await run_rate_level(
-            sw.base_url, sw.model, plan, schedule,
-            api=spec.api, deadline_s=level_budget, request_timeout_s=spec.request_timeout_s,
-            max_in_flight=spec.max_in_flight, headers=sw.headers,
-        )
+        with LevelMeter(sw.energy) as meter:
+            origin = time.monotonic()     # run_rate_level's start follows within microseconds
+            run = await run_rate_level(
+                sw.base_url, sw.model, plan, schedule,
+                api=spec.api, deadline_s=level_budget, request_timeout_s=spec.request_timeout_s,
+                max_in_flight=spec.max_in_flight, headers=sw.headers,
+            )
     if run.cap_waits:
         held = "the trace's timing was" if acc.selected is not None else "the arrival rate was"
         sw.notes.append(
@@ -207,8 +211,8 @@ async def _rate_run(sw: SweepContext, acc: _RateRuns, repeat: int) -> bool:
             f"(max_in_flight={spec.max_in_flight}); {held} not held"
         )
     acc.deadline_hit = acc.deadline_hit or len(run.records) < len(plan)
-    acc.runs.append(rate_level_metrics(run, acc.rate, cap=spec.max_in_flight, planned=len(plan),
-                                       client_lag_ms=lag.samples_ms))
+    acc.runs.append(meter.attach(rate_level_metrics(run, acc.rate, cap=spec.max_in_flight, planned=len(plan),
+                                                    client_lag_ms=lag.samples_ms), origin))
     recs = run.records
     if acc.selected is not None:
         # Each record says where its request sits in the trace, beside when it was due and sent.
