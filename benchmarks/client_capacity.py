@@ -9,6 +9,9 @@ pinned to its own core, one token per SSE chunk):
   ``StreamedResponseHandler`` + ``json.loads`` per message, ``perf_counter`` per message,
   a ``TCPConnector`` as in ``benchmarks/serve.py``, a semaphore around every request);
 * ``httpx-lines``  a plain httpx ``aiter_lines()`` + ``json.loads`` loop;
+* ``tuner-energy`` ``tuner`` with energy sampled beside the level as a worker does (a 50 ms
+  thread reading a RAPL-format counter): its figure against ``tuner``'s is what measuring
+  energy costs the load generator (issue 40: within 5 %);
 * ``tuner-chat``   the tuner's generator on the chat API, one-message requests;
 * ``tuner-turns``  the same on a user's own traffic (issue 33): chat conversations of four
   turns from a dataset (tuner.load.dataset_draw), each turn sent after the previous reply
@@ -56,7 +59,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
-CLIENTS = ("tuner", "tuner-chat", "tuner-turns", "aiohttp-vllm", "httpx-lines")
+CLIENTS = ("tuner", "tuner-energy", "tuner-chat", "tuner-turns", "aiohttp-vllm", "httpx-lines")
 MODEL = "instant"
 
 
@@ -79,12 +82,13 @@ async def client_tuner(url: str, c: int, n: int, max_tokens: int, processes: int
                     max_tokens=max_tokens, ignore_eos=True, target_prompt_tokens=4)
         for i in range(n)
     ]
-    t0 = time.monotonic()
-    kwargs: dict[str, Any] = {"t0": t0}
+    started: list[float] = []
+    kwargs: dict[str, Any] = {"on_start": started.append}
     if processes > 1:
         kwargs["processes"] = processes
     records = await run_level(url, MODEL, plan, concurrency=c, api=api,  # type: ignore[arg-type]
                               deadline_s=None, request_timeout_s=300, **kwargs)
+    t0 = started[0]     # the records' time base: absolute times for the figures
     rows = []
     for r in records:
         ts = r.chunk_times_s
@@ -105,6 +109,30 @@ def _conversations(n: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+async def client_tuner_energy(url: str, c: int, n: int, max_tokens: int, processes: int) -> list[list[Any]]:
+    """``tuner`` with a level's energy sampled beside it, as a worker does (tuner.load.level_meter):
+    the sampler thread reads a RAPL-format counter every 50 ms. The counter is a file in a
+    temporary powercap tree (a real /sys/class/powercap read costs the same system call),
+    so the column shows what sampling costs the client, whatever machine runs it."""
+    import tempfile
+
+    from tuner.energy.rapl import open_rapl
+    from tuner.load.level_meter import LevelMeter
+
+    with tempfile.TemporaryDirectory() as root:
+        zone = Path(root) / "intel-rapl:0"
+        zone.mkdir()
+        (zone / "name").write_text("package-0\n")
+        (zone / "energy_uj").write_text("1000\n")
+        (zone / "max_energy_range_uj").write_text("262143328850\n")
+        source = open_rapl(Path(root))
+        assert not hasattr(source, "reason"), source
+        with LevelMeter(source) as meter:   # type: ignore[arg-type]
+            rows = await client_tuner(url, c, n, max_tokens, processes)
+        assert len(meter._series) >= 2
+        return rows
+
+
 async def client_tuner_turns(url: str, c: int, n: int, max_tokens: int, processes: int) -> list[list[Any]]:
     from tuner.load.closed_loop import run_level
     from tuner.load.dataset import parse_dataset
@@ -113,12 +141,13 @@ async def client_tuner_turns(url: str, c: int, n: int, max_tokens: int, processe
     draw = DatasetDraw(parse_dataset(_conversations(n), "openai-chat", source="bench"), seed=0,
                        output_tokens=max_tokens, ignore_eos=True)
     plan = draw.take(n)
-    t0 = time.monotonic()
-    kwargs: dict[str, Any] = {"t0": t0}
+    started: list[float] = []
+    kwargs: dict[str, Any] = {"on_start": started.append}
     if processes > 1:
         kwargs["processes"] = processes
     records = await run_level(url, MODEL, plan, concurrency=c, api="chat",
                               deadline_s=None, request_timeout_s=300, **kwargs)
+    t0 = started[0]
     rows = []
     for r in records:
         ts = r.chunk_times_s
@@ -264,6 +293,7 @@ _CLIENT_FUNCS = {
     "tuner": client_tuner,
     "tuner-chat": lambda url, c, n, max_tokens, processes: client_tuner(url, c, n, max_tokens, processes, "chat"),
     "tuner-turns": client_tuner_turns,
+    "tuner-energy": client_tuner_energy,
     "aiohttp-vllm": client_aiohttp_vllm,
     "httpx-lines": client_httpx_lines,
 }
@@ -275,9 +305,11 @@ def child_main(args: argparse.Namespace) -> int:
         os.sched_setaffinity(0, {args.cpu})
     func = _CLIENT_FUNCS[args.child]
     # Import outside the measured span: only the run's own CPU time counts.
-    if args.child in ("tuner", "tuner-chat", "tuner-turns"):
+    if args.child in ("tuner", "tuner-energy", "tuner-chat", "tuner-turns"):
+        import tuner.energy.rapl
         import tuner.load.closed_loop
         import tuner.load.dataset_draw
+        import tuner.load.level_meter
         import tuner.load.workload  # noqa: F401
     elif args.child == "aiohttp-vllm":
         import aiohttp  # noqa: F401
@@ -512,6 +544,10 @@ def _summarize(report: dict[str, Any], levels: list[int], delay_ms: float) -> No
         for name in best:
             print(f"{name:16s}" + "".join(f"{best[name].get(str(c), float('nan')):12.0f}"
                                           for c in levels))
+        if "tuner" in best and "tuner-energy" in best:
+            ratio = {str(c): best["tuner-energy"][str(c)] / best["tuner"][str(c)] for c in levels}
+            report[f"energy_vs_tuner_{key}"] = ratio
+            print(f"{'energy/tuner':16s}" + "".join(f"{ratio[str(c)]:12.2f}" for c in levels))
         if "tuner" in best and "aiohttp-vllm" in best:
             ratio = {str(c): best["tuner"][str(c)] / best["aiohttp-vllm"][str(c)] for c in levels}
             report[f"tuner_vs_aiohttp_{key}"] = ratio

@@ -36,6 +36,7 @@ async def run_level(
     processes: int = 1,
     checkpoint: Callable[[dict[str, Any]], bool] | None = None,
     lag: LoopLagMonitor | None = None,
+    on_start: Callable[[float], None] | None = None,
 ) -> list[RequestRecord]:
     """Run ``plan`` in a closed loop of ``concurrency`` streams.
 
@@ -60,6 +61,9 @@ async def run_level(
             raises :class:`tuner.load.streams.LevelHalted` with the finished records.
         lag: collects how late the event loop(s) running the streams woke: this one, or
             each client shard's.
+        on_start: told the level's time base (the ``time.monotonic()`` value its records
+            are relative to) once it is fixed: for shards, after every shard is ready. What
+            is sampled beside the level (its energy) is put on the records' time by it.
 
     Returns:
         One record per issued request, in issue order.
@@ -76,8 +80,10 @@ async def run_level(
     )
     if processes > 1 and concurrency > 1:
         records = await run_sharded(lv, plan, deadline_s=deadline_s,
-                                    processes=min(processes, concurrency), lag=lag)
+                                    processes=min(processes, concurrency), lag=lag, on_start=on_start)
     else:
+        if on_start is not None:
+            on_start(lv.t0)
         counter = itertools.count()
         # Watched only when the caller reads the samples: an unread monitor is a wake-up
         # every 5 ms for nothing.

@@ -28,6 +28,7 @@ class LevelMeter:
         self.source = source
         self._sampler = None if source is None else EnergySampler(source)
         self._series: list[tuple[float, float]] = []
+        self.origin: float | None = None
 
     def __enter__(self) -> LevelMeter:
         if self._sampler is not None:
@@ -39,10 +40,17 @@ class LevelMeter:
         if self._sampler is not None:
             self._series = self._sampler.stop()
 
-    def attach(self, metrics: LevelMetrics, origin: float) -> LevelMetrics:
-        """``metrics`` with the energy of its window; ``origin``: the level's start on the
-        sampler's clock (time.monotonic). Unchanged without a source or a covered window."""
-        if self.source is None or not self._series:
+    def started(self, origin: float) -> None:
+        """The level's time base (``run_level``'s ``on_start``): its records' zero on the
+        sampler's clock (time.monotonic)."""
+        self.origin = origin
+
+    def attach(self, metrics: LevelMetrics, origin: float | None = None) -> LevelMetrics:
+        """``metrics`` with the energy of its window, the series put on the level's time base
+        (``origin``, else what :meth:`started` was told). Unchanged without a source, a time
+        base or a covered window."""
+        origin = self.origin if origin is None else origin
+        if self.source is None or not self._series or origin is None:
             return metrics
         found = level_energy(
             shifted(self._series, origin), source=self.source.name, resolution=self.source.resolution,

@@ -7,7 +7,6 @@ search's rate levels (:mod:`tuner.load.max_rate`). Each is sent by
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -198,11 +197,10 @@ async def _rate_run(sw: SweepContext, acc: _RateRuns, repeat: int) -> bool:
         acc.before = await scrape_metrics(sw.aux, sw.base_url)
     async with LoopLagMonitor() as lag:
         with LevelMeter(sw.energy) as meter:
-            origin = time.monotonic()     # run_rate_level's start follows within microseconds
             run = await run_rate_level(
                 sw.base_url, sw.model, plan, schedule,
                 api=spec.api, deadline_s=level_budget, request_timeout_s=spec.request_timeout_s,
-                max_in_flight=spec.max_in_flight, headers=sw.headers,
+                max_in_flight=spec.max_in_flight, headers=sw.headers, on_start=meter.started,
             )
     if run.cap_waits:
         held = "the trace's timing was" if acc.selected is not None else "the arrival rate was"
@@ -212,7 +210,7 @@ async def _rate_run(sw: SweepContext, acc: _RateRuns, repeat: int) -> bool:
         )
     acc.deadline_hit = acc.deadline_hit or len(run.records) < len(plan)
     acc.runs.append(meter.attach(rate_level_metrics(run, acc.rate, cap=spec.max_in_flight, planned=len(plan),
-                                                    client_lag_ms=lag.samples_ms), origin))
+                                                    client_lag_ms=lag.samples_ms)))
     recs = run.records
     if acc.selected is not None:
         # Each record says where its request sits in the trace, beside when it was due and sent.

@@ -7,7 +7,7 @@ import asyncio
 import gc
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tuner.load.load_spec import Api
@@ -43,6 +43,7 @@ async def run_rate_level(
     max_in_flight: int,
     headers: dict[str, str] | None = None,
     continuous_usage: bool = True,
+    on_start: Callable[[float], None] | None = None,
 ) -> RateRun:
     """Run ``plan`` open loop: request i is sent at ``t0 + schedule[i]``.
 
@@ -60,7 +61,8 @@ async def run_rate_level(
             non-decreasing (:func:`tuner.load.workload.arrival_schedule`).
         deadline_s: no request due at or after this many seconds is sent (None: no limit).
         max_in_flight: the safety cap (>= 1).
-        Other arguments as :func:`tuner.load.closed_loop.run_level`.
+        Other arguments (``on_start``: told the level's time base) as
+        :func:`tuner.load.closed_loop.run_level`.
 
     Returns:
         :class:`RateRun`; records are in issue order, ``concurrency`` = ``max_in_flight``.
@@ -77,6 +79,8 @@ async def run_rate_level(
         base_url, model, api, concurrency=max_in_flight,
         request_timeout_s=request_timeout_s, headers=headers, continuous_usage=continuous_usage,
     )
+    if on_start is not None:
+        on_start(lv.t0)
     sender = _Sender(lv, plan, max_in_flight)
     # A full collection walks every object of the process (a worker with Ray, Optuna and
     # pydantic loaded: 65-115 ms measured on two cores), and a send due meanwhile goes out

@@ -33,7 +33,7 @@ import struct
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -107,11 +107,13 @@ async def run_sharded(
     deadline_s: float | None,
     processes: int,
     lag: LoopLagMonitor | None = None,
+    on_start: Callable[[float], None] | None = None,
 ) -> list[RequestRecord]:
     """:func:`tuner.load.closed_loop.run_level` over ``processes`` client processes.
 
     The time base is taken again once every shard is ready, so the shards' start-up is not
-    part of the level. ``lag`` receives each shard's event-loop lateness samples.
+    part of the level (``on_start`` is told it). ``lag`` receives each shard's event-loop
+    lateness samples.
     """
     concurrency = lv.concurrency
     per_shard = split_concurrency(concurrency, processes)
@@ -139,6 +141,8 @@ async def run_sharded(
                 if msg != "ready":
                     raise RuntimeError(f"client shard failed to start: {msg}")
         origin = time.monotonic()
+        if on_start is not None:
+            on_start(origin)
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write(_frame(origin))

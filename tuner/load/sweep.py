@@ -259,17 +259,15 @@ async def _sweep_level(
             before = await scrape_metrics(aux, base_url)
         lag = LoopLagMonitor()
         with LevelMeter(sw.energy) as meter:
-            # run_level's own start follows within microseconds: far below the sampling period.
-            origin = time.monotonic()
             run = await run_level(
                 base_url, model, plan,
                 concurrency=c, api=spec.api, deadline_s=level_budget,
                 request_timeout_s=spec.request_timeout_s, headers=headers,
-                processes=spec.client_processes, checkpoint=checkpoint, lag=lag,
+                processes=spec.client_processes, checkpoint=checkpoint, lag=lag, on_start=meter.started,
             )
         deadline_hit = deadline_hit or len(run) < len(plan)
         runs.append(meter.attach(compute_level_metrics(run, concurrency=c, planned=len(plan),
-                                                       client_lag_ms=lag.samples_ms), origin))
+                                                       client_lag_ms=lag.samples_ms)))
         if repeat:
             run = [r.model_copy(update={"repeat": repeat}) for r in run]
         records.extend(run)
