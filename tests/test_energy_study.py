@@ -28,7 +28,10 @@ def idle_w_of(gpus: int, scale: float) -> float:
 @pytest.mark.slow
 def test_a_study_on_the_simulator_measures_joules_per_token_at_every_level(tmp_path: Path) -> None:
     path, marker = write_study(tmp_path, updates={"budget.n_trials": 2, "objectives": ENERGY_OBJECTIVES,
-                                                  "load.request_rates": [4.0], "load.rate_duration_s": 8})
+                                                  "load.request_rates": [4.0], "load.rate_duration_s": 8,
+                                                  # a limit no trial can miss: checked, and carried
+                                                  "limits": [{"metric": "joules_per_request", "concurrency": 1,
+                                                              "max": 1e9}]})
     results, name = tmp_path / "results", path.stem
     try:
         run = run_tuner("run", str(path), "--results", str(results), timeout=900)
