@@ -42,7 +42,7 @@ def cmd_dry_run(args: argparse.Namespace) -> int:
     spec = load_spec_file(args.file)
     # The names the file gives are the real study's: a misspelled knob must stop the dry run
     # as it would stop the night.
-    check_study_inputs(spec, args.file)
+    check_study_inputs(spec, args.file, energy_here=False)   # the simulator has its own counters
     timeout_s = _option_duration(args.timeout, "--timeout")
     name = dry_run_name(args.study or spec.name)
     try:

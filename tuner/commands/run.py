@@ -97,10 +97,12 @@ def resolve_dataset(spec: StudySpec, base_dir: Path, *, source: str) -> StudySpe
     return spec.model_copy(update={"load": load})
 
 
-def check_study_inputs(spec: StudySpec, source: str) -> str:
+def check_study_inputs(spec: StudySpec, source: str, *, energy_here: bool = True) -> str:
     """Before any server starts: every flag, config field and variable the study names must
     exist in its vLLM (tuner.vllm.argument_names), else SpecError naming each with the closest
     names; doubtful names and a server listening beyond loopback are printed as warnings.
+    ``energy_here``: the trials run on this machine, whose energy counter an energy objective
+    needs (not on a Ray cluster, nor in a dry run: the simulator has its own).
     Returns where the names were checked against (the recording or the vLLM asked)."""
 
     from tuner.adapters.vllm_arguments import arguments_for, study_targets
@@ -114,7 +116,7 @@ def check_study_inputs(spec: StudySpec, source: str) -> str:
     errors = [f"{source}: {p}" for p in problems if p.error]
     if errors:
         raise SpecError("\n".join(errors + [f"{source}: (names checked against {known.source})"]))
-    if refusal := energy_refusal(spec):
+    if energy_here and (refusal := energy_refusal(spec)):
         raise SpecError(f"{source}: {refusal}")
     for problem in problems:
         say(f"[warning] {source}: {problem}")
@@ -565,7 +567,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from tuner.store.handle import create_or_open
 
     spec = load_spec_file(args.file)
-    check_study_inputs(spec, args.file)
+    check_study_inputs(spec, args.file, energy_here=getattr(args, "ray_address", None) is None)
     timeout_s = _option_duration(args.timeout, "--timeout")
     _check_port(args.port)
     # A new study is checked before its folder exists: a folder made for a study that could

@@ -89,6 +89,9 @@ class TrialEnergy:
         else:
             found = detect_energy_source([g for g in (gpus or "").split(",") if g.strip()])
         self.source: EnergySource | None = None if isinstance(found, NoEnergySource) else found
+        # What status says it read: the simulator's counters are its model, not this machine's.
+        self.label = None if self.source is None else (
+            f"the simulator's modelled power ({self.source.name})" if is_simulator(argv) else self.source.name)
         self.notes: list[str] = []
         self.reason = found.reason if isinstance(found, NoEnergySource) else None
         if isinstance(found, NoEnergySource) and not _noted:
@@ -109,8 +112,8 @@ class TrialEnergy:
             try:
                 idle = _idle[self.source.name] = idle_draw(sampler.series, began, ended, self.source.resolution)
             except ValueError:      # the counter could not be read through the interval
-                return {"source": self.source.name}
-        return {"source": self.source.name, "idle_w": idle.watts, "idle_ci95": idle.ci95, "idle_s": idle.seconds}
+                return {"source": self.label}
+        return {"source": self.label, "idle_w": idle.watts, "idle_ci95": idle.ci95, "idle_s": idle.seconds}
 
     def __enter__(self) -> TrialEnergy:
         return self
