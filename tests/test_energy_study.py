@@ -89,3 +89,21 @@ def test_an_energy_objective_is_refused_where_no_counter_can_be_read(tmp_path: P
     assert run.stderr.strip().splitlines() == [
         f"error: {path}: objectives[0].metric: joules_per_token needs an energy counter, and none can be read on "
         f"this machine: {reason}"]
+
+
+def test_a_cluster_run_or_a_dry_run_does_not_need_this_machines_counter(tmp_path: Path) -> None:
+    """The trials of `--ray-address` run on the cluster's nodes and a dry run's on the
+    simulator, which has counters of its own: only a run here needs this machine's."""
+    from tuner.commands.run import check_study_inputs
+    from tuner.errors import SpecError
+    from tuner.study.study_file import parse_study
+
+    data = yaml.safe_load((ROOT / "search_spaces" / "demo.yaml").read_text())
+    data["server"].update(command=["vllm", "serve"], gpus_per_trial=1, flags={}, env={})
+    data["objectives"] = ENERGY_OBJECTIVES
+    spec = parse_study(yaml.safe_dump(data), "gpu.yaml")
+    if energy_unavailable([0]) is None:
+        pytest.skip("this machine can read a GPU's energy")
+    with pytest.raises(SpecError, match="joules_per_token needs an energy counter"):
+        check_study_inputs(spec, "gpu.yaml")
+    check_study_inputs(spec, "gpu.yaml", energy_here=False)
