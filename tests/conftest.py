@@ -411,3 +411,24 @@ def copy_cpu_example(tmp_path: Path) -> Path:
     root = tmp_path / "results"
     shutil.copytree(CPU_EXAMPLE, root / CPU_EXAMPLE.name)
     return root
+
+
+def rebuilt_study(original: Any, name: str,
+                  edit: Callable[[int, dict[str, Any], dict[str, float]], None]) -> Any:
+    """An in-memory copy of an Optuna study with each trial's user attributes and constraints
+    passed through ``edit(number, attrs, constraints)`` (changed in place): a committed example
+    read as if its trials had stored something else (tests of the views)."""
+    import optuna
+
+    study = optuna.create_study(directions=original.directions, study_name=name)
+    study.set_metric_names(list(original.metric_names or []))
+    for key, value in original.user_attrs.items():
+        study.set_user_attr(key, value)
+    for t in original.get_trials(deepcopy=True):
+        attrs = dict(t.user_attrs)
+        constraints = {k.split(":", 1)[1]: v for k, v in t.system_attrs.items() if k.startswith("constraints:")}
+        edit(t.number, attrs, constraints)
+        study.add_trial(optuna.trial.create_trial(
+            state=t.state, values=t.values, params=t.params, distributions=t.distributions,
+            user_attrs=attrs, constraints=constraints or None))
+    return study

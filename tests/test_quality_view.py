@@ -18,7 +18,7 @@ import optuna
 import pytest
 import yaml
 
-from tests.conftest import CPU_EXAMPLE, copy_cpu_example
+from tests.conftest import CPU_EXAMPLE, copy_cpu_example, rebuilt_study
 from tuner.probe.quality_stats import QualityRecord
 from tuner.store.folder import FolderStudyHandle, open_for_reading
 from tuner.store.records import read_records
@@ -56,24 +56,15 @@ class _Handle(FolderStudyHandle):
     edits: dict[int, dict[str, Any]] = {}
 
     def load(self) -> optuna.Study:
-        original = super().load()
-        study = optuna.create_study(directions=original.directions, study_name=self.name)
-        study.set_metric_names(list(original.metric_names or []))
-        for key, value in original.user_attrs.items():
-            study.set_user_attr(key, value)
-        for t in original.get_trials(deepcopy=True):
-            attrs = dict(t.user_attrs)
-            constraints = {k.split(":", 1)[1]: v for k, v in t.system_attrs.items() if k.startswith("constraints:")}
-            edit = self.edits.get(t.number, {})
-            if "quality" in edit:
-                attrs["outcome"] = {**attrs["outcome"], "quality": edit["quality"]}
-            if edit.get("verdict"):
-                attrs["verdict"] = edit["verdict"]
+        def edit(number: int, attrs: dict[str, Any], constraints: dict[str, float]) -> None:
+            change = self.edits.get(number, {})
+            if "quality" in change:
+                attrs["outcome"] = {**attrs["outcome"], "quality": change["quality"]}
+            if change.get("verdict"):
+                attrs["verdict"] = change["verdict"]
                 constraints["quality"] = 1.0
-            study.add_trial(optuna.trial.create_trial(
-                state=t.state, values=t.values, params=t.params, distributions=t.distributions,
-                user_attrs=attrs, constraints=constraints or None))
-        return study
+
+        return rebuilt_study(super().load(), self.name, edit)
 
 
 EDITS = {4: {"quality": PASSED}, 6: {"quality": FAILED, "verdict": "quality_failed"}, 2: {"quality": DAMAGED}}

@@ -18,7 +18,7 @@ from typing import Any
 
 import optuna
 
-from tests.conftest import CPU_EXAMPLE, copy_cpu_example
+from tests.conftest import CPU_EXAMPLE, copy_cpu_example, rebuilt_study
 from tuner.store.folder import FolderStudyHandle, open_for_reading
 from tuner.store.records import read_records
 from tuner.study.trials import TrialRecord
@@ -56,20 +56,11 @@ class _Edited(FolderStudyHandle):
     edit: Edit | None = None
 
     def load(self) -> optuna.Study:
-        original = super().load()
-        study = optuna.create_study(directions=original.directions, study_name=self.name)
-        study.set_metric_names(list(original.metric_names or []))
-        for key, value in original.user_attrs.items():
-            study.set_user_attr(key, value)
-        for t in original.get_trials(deepcopy=True):
-            attrs = dict(t.user_attrs)
+        def edit(number: int, attrs: dict[str, Any], constraints: dict[str, float]) -> None:
             if self.edit is not None and isinstance(attrs.get("outcome"), dict):
-                attrs["outcome"] = self.edit(t.number, attrs["outcome"])
-            constraints = {k.split(":", 1)[1]: v for k, v in t.system_attrs.items() if k.startswith("constraints:")}
-            study.add_trial(optuna.trial.create_trial(
-                state=t.state, values=t.values, params=t.params, distributions=t.distributions,
-                user_attrs=attrs, constraints=constraints or None))
-        return study
+                attrs["outcome"] = self.edit(number, attrs["outcome"])
+
+        return rebuilt_study(super().load(), self.name, edit)
 
 
 def _handle(tmp_path: Path, edit: Edit | None) -> _Edited:
