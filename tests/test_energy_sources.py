@@ -147,16 +147,18 @@ def test_nvml_energy_counters_are_summed_in_joules(pynvml_in_sys_modules: Any, n
 def test_nvml_samples_power_where_there_is_no_counter(no_new_threads: None) -> None:
     # GPU 1 has no energy counter (pre-Volta): its 200 W is sampled and integrated.
     mod = fake_pynvml({0: 1_000}, {0: 300_000, 1: 200_000})
+    before = time.monotonic()           # the integration starts inside open_nvml
     src = open_nvml([0, 1], period_s=0.01, nvml=mod)
     assert isinstance(src, NvmlSource)
-    t0 = time.monotonic()
+    opened = time.monotonic()
     time.sleep(0.3)
     joules = src.read()
-    elapsed = time.monotonic() - t0
+    ended = time.monotonic()
     src.close()
     assert "GPU 1 power sampled every 10 ms" in src.name
-    # 200 W x the time integrated so far (which lags the read by a period or two; more on a busy box)
-    assert 200 * (elapsed - 0.25) <= joules <= 200 * (elapsed + 0.05)
+    # 200 W x the time integrated so far: at most since before the open, at least since it
+    # returned less a few periods of lag (more on a busy box).
+    assert 200 * (ended - opened - 0.25) <= joules <= 200 * (ended - before + 0.05)
     assert src.resolution.update_s >= 1.0
 
 
@@ -243,3 +245,25 @@ def test_the_sampler_samples_on_the_monotonic_clock_and_stops(no_new_threads: No
     assert sampler.stop() == series                         # stopping twice is harmless
     with pytest.raises(ValueError):
         EnergySampler(src, period_s=0)                      # type: ignore[arg-type]
+
+
+def test_without_pynvml_the_copy_vllm_ships_is_used_without_importing_vllm(tmp_path, monkeypatch) -> None:
+    """vLLM ships pynvml as vllm/third_party/pynvml.py: a GPU box with vLLM needs no extra
+    package, and loading the copy must not run vLLM's own __init__ (torch and the rest)."""
+    import sys
+
+    from tuner.energy.nvml import INSTALL_HINT, import_pynvml
+
+    monkeypatch.setitem(sys.modules, "pynvml", None)          # "not installed"
+    package = tmp_path / "vllm"
+    (package / "third_party").mkdir(parents=True)
+    (package / "__init__.py").write_text("raise RuntimeError('vllm/__init__ must not run')\n")
+    (package / "third_party" / "pynvml.py").write_text(
+        "import sys\nTHIS = sys.modules[__name__]\ndef nvmlInit():\n    return None\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    found = import_pynvml()
+    assert not isinstance(found, str) and found.THIS is found and callable(found.nvmlInit)
+    assert "vllm" not in sys.modules
+    (package / "third_party" / "pynvml.py").unlink()
+    assert import_pynvml() == f"no NVML (pynvml not installed: {INSTALL_HINT})"

@@ -18,9 +18,12 @@ nvidia-smi numbers them, which is NVML's order, or a UUID, as CUDA_VISIBLE_DEVIC
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from tuner.energy.per_token import CounterResolution
@@ -41,13 +44,39 @@ INSTALL_HINT = "pip install 'vllm-tuner[gpu]'"
 
 
 def import_pynvml() -> Any | str:
-    """The ``pynvml`` module, or why it cannot be had."""
+    """The ``pynvml`` module, or why it cannot be had: the installed one, else the copy vLLM
+    ships (``vllm/third_party/pynvml.py``), so a GPU box with vLLM needs no extra package."""
     try:
         return importlib.import_module("pynvml")
     except ModuleNotFoundError:
-        return f"no NVML (pynvml not installed: {INSTALL_HINT})"
+        shipped = _vllm_pynvml()
+        return shipped if shipped is not None else f"no NVML (pynvml not installed: {INSTALL_HINT})"
     except ImportError as exc:
         return f"no NVML (pynvml cannot be imported: {exc})"
+
+
+def _vllm_pynvml() -> Any | None:
+    """vLLM's own copy of pynvml, loaded from its file: ``import vllm.third_party.pynvml``
+    would run vLLM's package ``__init__`` (torch and the rest) in the tuner's worker."""
+    try:
+        found = importlib.util.find_spec("vllm")
+    except (ImportError, ValueError):
+        return None
+    for folder in (found.submodule_search_locations or []) if found is not None else []:
+        path = Path(folder) / "third_party" / "pynvml.py"
+        spec = importlib.util.spec_from_file_location("_tuner_vllm_pynvml", path) if path.is_file() else None
+        if spec is None or spec.loader is None:
+            continue
+        module = importlib.util.module_from_spec(spec)
+        # pynvml looks itself up in sys.modules while it loads (to attach its error classes).
+        sys.modules[spec.name] = module
+        try:
+            spec.loader.exec_module(module)
+        except Exception:   # a copy that does not load is no copy; the reason stays "not installed"
+            sys.modules.pop(spec.name, None)
+            return None
+        return module
+    return None
 
 
 def _label(gpu: int | str) -> str:
