@@ -26,9 +26,9 @@ from tuner.energy.source import EnergySource, NoEnergySource
 __all__ = ["SIM_POWERCAP_DIR_ENV", "SIM_WRITE_PERIOD_S", "detect_energy_source", "energy_unavailable"]
 
 # Where the simulator keeps its RAPL-format counters (tuner.sim.power writes them), and how
-# often it writes them: how stale a reading of them may be.
+# often it writes them: how stale a reading of them may be (NVML's own counter: ~100 ms).
 SIM_POWERCAP_DIR_ENV = "TUNER_SIM_POWERCAP_DIR"
-SIM_WRITE_PERIOD_S = 0.05
+SIM_WRITE_PERIOD_S = 0.1
 
 
 def detect_energy_source(gpus: Sequence[int | str], *, powercap_root: Path | None = None,

@@ -287,7 +287,7 @@ class StudyLoop:
             trial_dir=str(trial_dir.resolve()), startup_timeout_s=spec.server.startup_timeout,
             stop_timeout_s=spec.server.stop_timeout, gpu_free_timeout_s=spec.execution.gpu_free_timeout,
             deadline_s=spec.budget.trial_timeout,
-            load=load, probe=self.probe, holding=spec.holding,
+            load=load, probe=self.probe, holding=spec.holding, idle_draw=spec.names_energy,
             ignore_eos=trial_ignore_eos(spec, command.asked), reference=self.reference, early_stop=early_stop,
             slo=spec.slo, search_max_rate=spec.searches_max_rate, prestart=spec.execution.startup.prestart,
             searched_env=spec.searched_env, quality=quality_plan(spec, values, self.quality_reference))

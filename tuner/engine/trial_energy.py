@@ -75,10 +75,11 @@ def simulator_energy_env(argv: Sequence[str]) -> dict[str, str]:
 class TrialEnergy:
     """The trial's energy source (``source``; None: none), and the note on why there is none.
 
-    ``record()`` is what the trial's outcome keeps: the source, and the idle draw, measured
-    once per worker process (the first trial with a source: ``IDLE_S`` seconds with the
-    server up and no request in flight, after ``SETTLE_S`` for the probe's last kernels to
-    finish) and repeated in every later outcome of that worker.
+    ``record()`` is what the trial's outcome keeps: the source, and - in a study that names an
+    energy objective or limit - the idle draw, measured once per worker process (the first
+    trial with a source: ``IDLE_S`` seconds with the server up and no request in flight, after
+    ``SETTLE_S`` for the probe's last kernels to finish) and repeated in every later outcome
+    of that worker. Other studies do not spend those seconds; their levels still carry energy.
     """
 
     def __init__(self, argv: Sequence[str], gpus: str | None) -> None:
@@ -98,11 +99,14 @@ class TrialEnergy:
             _noted = True
             self.notes.append(f"energy not measured: {found.reason}")
 
-    async def record(self) -> dict[str, Any]:
-        """The outcome's energy record, measuring the idle draw first if this worker has not."""
+    async def record(self, *, measure_idle: bool) -> dict[str, Any]:
+        """The outcome's energy record, measuring the idle draw first if this worker has not
+        and ``measure_idle`` (the study names an energy objective or limit)."""
         if self.source is None:
             return {"unavailable": self.reason}
         idle = _idle.get(self.source.name)
+        if idle is None and not measure_idle:
+            return {"source": self.label}
         if idle is None:
             await asyncio.sleep(SETTLE_S)
             with EnergySampler(self.source) as sampler:

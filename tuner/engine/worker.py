@@ -428,7 +428,7 @@ class TrialWorker:
                                ACCURACY_DROP: trial_metric_value(outcome, ACCURACY_DROP)}
         slo = request.slo
         with TrialEnergy(request.argv, os.environ.get("CUDA_VISIBLE_DEVICES")) as energy:
-            outcome.energy = await energy.record()
+            outcome.energy = await energy.record(measure_idle=request.idle_draw)
             sweep = await run_sweep(
                 self._server.base_url, request.served_model_name, spec,
                 ignore_eos=request.ignore_eos, deadline_s=self._remaining(request), headers=self._headers,

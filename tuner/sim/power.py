@@ -9,8 +9,9 @@ runs against it without a GPU.
 Each device draws ``idle_w + (busy_w - idle_w) * utilisation`` (the profile's ``power``),
 utilisation being the share of time the engine has work (a request waiting or running):
 from the first step after work arrives until nothing is left. The counter is exact at the
-moment it is written, every ``WRITE_PERIOD_S`` (20 Hz) from a task in the engine's event
-loop, which knows when the engine has work without locks.
+moment it is written, every ``WRITE_PERIOD_S`` (10 Hz): a task in the engine's event loop,
+which knows when the engine has work without locks, computes it, and a thread writes the
+files.
 
 Power is drawn in *simulated* time: at ``TUNER_SIM_TIME_SCALE`` s, one wall second is
 1/s simulated seconds, so the counter advances ``P / s`` joules per wall second. Throughput
@@ -33,8 +34,8 @@ __all__ = ["POWERCAP_DIR_ENV", "RANGE_UJ", "WRITE_PERIOD_S", "BusyClock", "Power
            "write_counters"]
 
 # The variable and how often the counter is written (a reader sees a value at most this
-# stale): named in tuner.energy.detect, which the tuner's worker reads them with. 20 Hz is as
-# fine as NVML's own counter (~100 ms) and costs a file write per device every 50 ms.
+# stale): named in tuner.energy.detect, which the tuner's worker reads them with. 10 Hz is
+# NVML's own counter's refresh, and a file write per device every 100 ms.
 POWERCAP_DIR_ENV = SIM_POWERCAP_DIR_ENV
 WRITE_PERIOD_S = SIM_WRITE_PERIOD_S
 # A real package zone's max_energy_range_uj (2^38 - 1 scaled: 262 kJ), so the counter
@@ -101,4 +102,6 @@ async def write_counters(root: Path, zones: int, spec: PowerSpec, busy: BusyCloc
     while True:
         await asyncio.sleep(period_s)
         now = clock()
-        tree.write(energy_j(spec, now - start, busy.seconds(now), time_scale))
+        # The files are written from a thread: a write per device (8 on a TP-8 profile) on a
+        # busy host must not hold up the event loop that streams the simulated tokens.
+        await asyncio.to_thread(tree.write, energy_j(spec, now - start, busy.seconds(now), time_scale))

@@ -85,6 +85,9 @@ class TrialRequest(BaseModel):
         default=None, description="the quality gate (study.quality_plan): the budget, the trial's "
         "lossy values and the reference's answers to pair with; in the reference job, the items "
         "to answer. None: no gate (no quality budget, or a lossless trial)")
+    idle_draw: bool = Field(
+        default=False, description="measure the idle draw (once per worker) beside the levels' energy: "
+        "the study names an energy objective or limit (3.5 s a worker other studies do not spend)")
     holding: Holding | None = Field(
         default=None, description="what the trial's server holds and costs an hour: every level's per-GPU "
         "and per-dollar figures (tuner.load.efficiency); None: a CPU study without a price")

@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
 
 from tuner.load.efficiency import Holding
+from tuner.load.level_energy import ENERGY_KEYS
 from tuner.load.load_spec import LoadSpec
 from tuner.load.slo import GOODPUT_KEYS, SloSpec
 from tuner.probe.spec import ProbeSpec
@@ -312,6 +313,12 @@ class StudySpec(Strict):
         """An objective or a limit names max_rate@slo: every trial searches it."""
         return (any(o.metric == MAX_RATE for o in self.objectives)
                 or any(lim.metric == MAX_RATE for lim in self.limits))
+
+    @property
+    def names_energy(self) -> bool:
+        """An objective or a limit reads an energy figure (tuner.load.level_energy)."""
+        return any(o.metric in ENERGY_KEYS for o in self.objectives) or any(
+            lim.metric in ENERGY_KEYS for lim in self.limits)
 
     @property
     def holding(self) -> Holding | None:
