@@ -468,6 +468,10 @@ def test_sweep_halted_inside_a_level_stops_the_sweep(served: Served, monkeypatch
     assert calls == []
 
 
+# quiethost: its TPOTs depend on how the replies split across the client's reads around the
+# planted stalls, which a host busy with a vLLM server shifts (a CI rehearsal read a median
+# TPOT of 5.6 ms where the stalls alone give under 1 ms).
+@pytest.mark.quiethost
 def test_a_stalled_client_loop_is_caught_and_its_bursts_give_no_tpot(served: Served) -> None:
     """The server streams 16 tokens 2 ms apart after a 30 ms first token; the client's own
     event loop is blocked for 80 ms at a time (a busy host, as on CI beside a vLLM server).

@@ -130,6 +130,9 @@ def test_a_blocked_event_loop_does_not_shift_later_arrivals(served: Served) -> N
     assert all(r.dispatch_s >= r.scheduled_s for r in run.records)
 
 
+# quiethost: the cap's waits are counted from sends 50 ms apart; beside a vLLM server a
+# starved client sent one late enough to find a slot free (CI rehearsal: 5 waits, not 6).
+@pytest.mark.quiethost
 def test_cap_binds_and_the_wait_is_recorded(served: Served) -> None:
     n = 8
     schedule = [0.05 * (i + 1) for i in range(n)]  # all due within 0.4 s
