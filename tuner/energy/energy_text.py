@@ -21,7 +21,8 @@ def energy_lines(record: Mapping[str, Any] | None) -> list[str]:
         return [f"  energy: not measured ({record['unavailable']})"]
     idle = record.get("idle_w")
     if not isinstance(idle, (int, float)):
-        return [f"  energy: {record.get('source')}; idle draw not measured"]
+        return [f"  energy: {record.get('source')} (the idle draw is measured for a study with an energy "
+                "objective or limit)"]
     ci = record.get("idle_ci95")
     spread = f" ±{ci:.1f}" if isinstance(ci, (int, float)) else ""
     return [f"  energy: {record.get('source')}; idle draw {idle:.1f}{spread} W (server up, no request, "

@@ -4,8 +4,9 @@ A real server: NVML over the GPUs Ray gave this worker (``CUDA_VISIBLE_DEVICES``
 on a CPU build (tuner.energy.detect). The simulator plays the hardware: started with
 ``TUNER_SIM_POWERCAP_DIR`` it writes RAPL-format counters for the devices it models, and
 the worker reads those instead, so the whole energy path runs without a GPU. The directory
-is one per worker process, not per trial: a spare interpreter started for the next trial
-(execution.startup.prestart) must see the environment that trial's server will get.
+is in the study's folder, one per worker process, not per trial: a spare interpreter started
+for the next trial (execution.startup.prestart) must see the environment that trial's server
+will get.
 
 Where nothing can be read, the trial's levels carry no energy figures, and the first trial
 of the worker says why in its warnings (an energy objective is refused before the study
@@ -15,10 +16,7 @@ starts, at validate; this is the note for a study that did not ask).
 from __future__ import annotations
 
 import asyncio
-import atexit
 import os
-import shutil
-import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,7 +37,6 @@ __all__ = ["TrialEnergy", "energy_refusal", "simulator_energy_env"]
 IDLE_S = 3.0
 SETTLE_S = 0.5
 
-_powercap_dir: Path | None = None
 _noted = False
 _idle: dict[str, IdleDraw] = {}
 
@@ -59,17 +56,15 @@ def energy_refusal(spec: StudySpec) -> str | None:
     return None
 
 
-def _worker_powercap_dir() -> Path:
-    global _powercap_dir
-    if _powercap_dir is None:
-        _powercap_dir = Path(tempfile.mkdtemp(prefix=f"tuner-powercap-{os.getpid()}-"))
-        atexit.register(shutil.rmtree, _powercap_dir, True)
-    return _powercap_dir
+def _powercap_dir(trial_dir: str | Path) -> Path:
+    """Where this worker's simulator writes its counters: in the study's folder (beside its
+    vllm-cache, gone with it), one folder per worker process, the same for all its trials."""
+    return Path(trial_dir).resolve().parent.parent / "sim-powercap" / str(os.getpid())
 
 
-def simulator_energy_env(argv: Sequence[str]) -> dict[str, str]:
+def simulator_energy_env(argv: Sequence[str], trial_dir: str | Path) -> dict[str, str]:
     """The environment the simulator writes its counters by; nothing for a real server."""
-    return {SIM_POWERCAP_DIR_ENV: str(_worker_powercap_dir())} if is_simulator(argv) else {}
+    return {SIM_POWERCAP_DIR_ENV: str(_powercap_dir(trial_dir))} if is_simulator(argv) else {}
 
 
 class TrialEnergy:
@@ -82,10 +77,10 @@ class TrialEnergy:
     of that worker. Other studies do not spend those seconds; their levels still carry energy.
     """
 
-    def __init__(self, argv: Sequence[str], gpus: str | None) -> None:
+    def __init__(self, argv: Sequence[str], gpus: str | None, trial_dir: str | Path) -> None:
         global _noted
         if is_simulator(argv):
-            found = detect_energy_source([], powercap_root=_worker_powercap_dir(),
+            found = detect_energy_source([], powercap_root=_powercap_dir(trial_dir),
                                          powercap_update_s=SIM_WRITE_PERIOD_S)
         else:
             found = detect_energy_source([g for g in (gpus or "").split(",") if g.strip()])

@@ -271,7 +271,7 @@ class TrialWorker:
     async def _start(self, request: TrialRequest, trial_dir: Path, guard: SweepGuard | None,
                      outcome: TrialOutcome) -> float:
         env = dict(os.environ)
-        env.update({**request.env, **simulator_energy_env(request.argv)})
+        env.update({**request.env, **simulator_energy_env(request.argv, request.trial_dir)})
         log_path = trial_dir / "server.log"
         with contextlib.suppress(FileNotFoundError):
             log_path.unlink()  # a retried trial starts a clean log
@@ -427,7 +427,7 @@ class TrialWorker:
         guard.trial_metrics = {"startup_s": outcome.startup_s, "probe_s": outcome.probe_s,
                                ACCURACY_DROP: trial_metric_value(outcome, ACCURACY_DROP)}
         slo = request.slo
-        with TrialEnergy(request.argv, os.environ.get("CUDA_VISIBLE_DEVICES")) as energy:
+        with TrialEnergy(request.argv, os.environ.get("CUDA_VISIBLE_DEVICES"), request.trial_dir) as energy:
             outcome.energy = await energy.record(measure_idle=request.idle_draw)
             sweep = await run_sweep(
                 self._server.base_url, request.served_model_name, spec,
