@@ -20,8 +20,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.energy.per_token import CounterResolution, joules_per_token
+from tuner.energy.per_token import CounterResolution, window_joules_per_token
 from tuner.energy.series import EnergySeries
+from tuner.load.window import WindowRates
 
 __all__ = ["ENERGY_KEYS", "LevelEnergy", "level_energy"]
 
@@ -63,20 +64,16 @@ def level_energy(series: EnergySeries, *, source: str, resolution: CounterResolu
     """The level's energy over its window, ``series`` on the level's time base; None when
     the window holds no tokens or the series does not cover it (the sampler started late or
     failed: a partial figure would be wrong, not noisy)."""
-    if window_start_s is None or window_end_s is None or window_end_s <= window_start_s:
-        return None
-    if subwindow_output_tok_s and subwindow_s:
-        tokens = [r * subwindow_s for r in subwindow_output_tok_s]
-    else:
-        tokens = [output_tok_s * (window_end_s - window_start_s)]
+    rates = WindowRates(output_tok_s=output_tok_s, window_start_s=window_start_s, window_end_s=window_end_s,
+                        subwindow_s=subwindow_s, subwindow_output_tok_s=list(subwindow_output_tok_s))
     try:
-        found = joules_per_token(series, window_start_s, window_end_s, tokens, resolution)
+        found = window_joules_per_token(series, rates, resolution)
     except ValueError:
         return None
     if found is None:
         return None
     return LevelEnergy(
-        source=source, window_s=window_end_s - window_start_s, joules=found.joules,
+        source=source, window_s=found.window_end_s - found.window_start_s, joules=found.joules,
         output_tokens=found.output_tokens, watts=found.mean_watts, joules_per_token=found.joules_per_token,
         ci95=found.ci95, n=found.n,
         tokens_per_request=total_output_tokens / completed if completed else None)
