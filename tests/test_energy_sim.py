@@ -11,6 +11,8 @@ level must be the profile's idle watts, within its interval. Plus the power mode
 from __future__ import annotations
 
 import asyncio
+import os
+import stat
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,15 +21,17 @@ import pytest
 
 from tests.sim_process import serving_sim
 from tests.waiting import wait_for
+from tuner.adapters.artifacts import StudyPaths
 from tuner.energy.per_token import idle_draw, window_joules_per_token
 from tuner.energy.rapl import RaplSource, open_rapl
 from tuner.energy.sampler import EnergySampler
 from tuner.energy.series import shifted
+from tuner.engine.trial_energy import simulator_energy_env
 from tuner.load.closed_loop import run_level
 from tuner.load.records import RequestRecord
 from tuner.load.window import WindowPolicy, window_rates
 from tuner.load.workload import RequestPlan
-from tuner.sim.power import RANGE_UJ, WRITE_PERIOD_S, BusyClock, PowercapDir, energy_j
+from tuner.sim.power import POWERCAP_DIR_ENV, RANGE_UJ, WRITE_PERIOD_S, BusyClock, PowercapDir, energy_j
 from tuner.sim.profile import DEFAULT_POWER, PowerSpec, ProfileError, load_profile, parse_profile
 
 SCALE = 0.05
@@ -128,6 +132,21 @@ def test_the_powercap_tree_reads_as_rapl_and_wraps(tmp_path: Path) -> None:
     assert source.read() == pytest.approx(2 * (RANGE_UJ / 1e6 + 1.0))
 
 
+def test_the_powercap_tree_is_owner_only_like_the_study_folder_it_lives_in(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        tree = PowercapDir(tmp_path / "sim-powercap" / "123", 2)
+        tree.write(1.0)
+    finally:
+        os.umask(old)
+    made = [p for p in (tmp_path / "sim-powercap").rglob("*")] + [tmp_path / "sim-powercap"]
+    assert len(made) == 2 + 2 * 4                          # 2 folders; 2 zones, each a folder of 3 files
+    loose = [f"{oct(stat.S_IMODE(p.stat().st_mode))} {p}" for p in made
+             if (p.is_dir() and stat.S_IMODE(p.stat().st_mode) != 0o700)
+             or (p.is_file() and stat.S_IMODE(p.stat().st_mode) & 0o077)]
+    assert not loose
+
+
 def test_profiles_carry_power_or_get_the_platforms_default() -> None:
     assert load_profile("llama8b-h100").power_spec == PowerSpec(idle_w=70, busy_w=700)
     text = (Path(__file__).parents[1] / "tuner/sim/profiles/tiny-cpu.yaml").read_text()
@@ -135,3 +154,18 @@ def test_profiles_carry_power_or_get_the_platforms_default() -> None:
     assert bare.power is None and bare.power_spec == DEFAULT_POWER["cpu"]
     with pytest.raises(ProfileError, match="busy_w 50.0 is below power.idle_w 60.0"):
         parse_profile(text.replace("idle_w: 20.0", "idle_w: 60.0").replace("busy_w: 65.0", "busy_w: 50.0"), "x")
+
+
+def test_every_job_of_a_study_writes_its_counters_in_the_study_folder(tmp_path: Path) -> None:
+    # The reference job's folder is one level down, a trial's or a re-run's two: all of them
+    # put the simulator's counters in the study's folder, never beside it in the results root.
+    study = tmp_path / "results" / "s1"
+    paths = StudyPaths(study)
+    study.mkdir(parents=True)
+    paths.study_json.write_text("{}")
+    argv = ["python", "-m", "tuner.sim", "serve"]
+    for job in (paths.reference_dir, study / "trials" / "0007", paths.confirm_dir(7, 1)):
+        job.mkdir(parents=True)
+        env = simulator_energy_env(argv, job)
+        assert env == {POWERCAP_DIR_ENV: str(study.resolve() / "sim-powercap" / str(os.getpid()))}, job
+    assert simulator_energy_env(["vllm", "serve", "m"], study / "trials" / "0007") == {}

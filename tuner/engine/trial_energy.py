@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tuner.adapters.artifacts import StudyPaths
 from tuner.energy.detect import SIM_POWERCAP_DIR_ENV, SIM_WRITE_PERIOD_S, detect_energy_source, energy_unavailable
 from tuner.energy.per_token import IdleDraw, idle_draw
 from tuner.energy.sampler import EnergySampler
@@ -58,8 +59,13 @@ def energy_refusal(spec: StudySpec) -> str | None:
 
 def _powercap_dir(trial_dir: str | Path) -> Path:
     """Where this worker's simulator writes its counters: in the study's folder (beside its
-    vllm-cache, gone with it), one folder per worker process, the same for all its trials."""
-    return Path(trial_dir).resolve().parent.parent / "sim-powercap" / str(os.getpid())
+    vllm-cache, gone with it), one folder per worker process, the same for all its trials.
+
+    A job's folder sits at some depth in the study's (trials/0007, confirm/0007-1,
+    reference): the study's is the nearest above it holding study.json."""
+    here = Path(trial_dir).resolve()
+    study = next((p for p in here.parents if StudyPaths(p).study_json.is_file()), here.parent)
+    return study / "sim-powercap" / str(os.getpid())
 
 
 def simulator_energy_env(argv: Sequence[str], trial_dir: str | Path) -> dict[str, str]:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from tuner.adapters.artifacts import make_private_dir, open_private
 from tuner.energy.detect import SIM_POWERCAP_DIR_ENV, SIM_WRITE_PERIOD_S
 from tuner.sim.profile import PowerSpec
 
@@ -73,14 +74,17 @@ def energy_j(spec: PowerSpec, wall_s: float, busy_s: float, time_scale: float) -
 
 
 class PowercapDir:
-    """A powercap tree of ``zones`` package zones under ``root``, each counter at zero."""
+    """A powercap tree of ``zones`` package zones under ``root``, each counter at zero.
+
+    It lives in the study's folder, so it is owner-only like the rest of it (0700 folders,
+    0600 files), whatever the umask."""
 
     def __init__(self, root: Path, zones: int) -> None:
         self.paths = [root / f"intel-rapl:{i}" for i in range(zones)]
         for i, path in enumerate(self.paths):
-            path.mkdir(parents=True, exist_ok=True)
-            (path / "name").write_text(f"package-{i}\n", encoding="ascii")
-            (path / "max_energy_range_uj").write_text(f"{RANGE_UJ}\n", encoding="ascii")
+            make_private_dir(path)
+            _write(path / "name", f"package-{i}\n")
+            _write(path / "max_energy_range_uj", f"{RANGE_UJ}\n")
         self.write(0.0)
 
     def write(self, joules: float) -> None:
@@ -89,8 +93,14 @@ class PowercapDir:
         text = f"{int(joules * 1e6) % RANGE_UJ}\n"
         for path in self.paths:
             tmp = path / ".energy_uj.tmp"
-            tmp.write_text(text, encoding="ascii")
+            _write(tmp, text)
             os.replace(tmp, path / "energy_uj")
+
+
+def _write(path: Path, text: str) -> None:
+    """``text`` into an owner-only file (no fsync: a counter 10 times a second is not kept)."""
+    with open_private(path, "w") as fh:
+        fh.write(text)
 
 
 async def write_counters(root: Path, zones: int, spec: PowerSpec, busy: BusyClock, time_scale: float,
