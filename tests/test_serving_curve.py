@@ -225,3 +225,21 @@ def test_energy_on_one_trial_only_draws_that_trial() -> None:
                                                                        "error bars the 95 % intervals where the "
                                                                        "level has one.")
     assert select_curves([without], LABELS, DIRECTIONS, gpus=1).with_energy == ()
+
+
+def test_energy_spanning_ten_times_goes_on_a_log_axis() -> None:
+    # c=1 on a GPU spends the idle draw on a handful of tokens: 10 J against 0.4 J at c=32.
+    spread = _run(3, {"1": {"output_tok_s": 70.0, "output_tok_s_per_user": 70.0, "joules_per_token": 9.7,
+                            "joules_per_token.ci95": 12.0},
+                      "32": {"output_tok_s": 1300.0, "output_tok_s_per_user": 40.0, "joules_per_token": 0.43}},
+                  values=(1300.0, 100.0))
+    curves = select_curves([spread], LABELS, DIRECTIONS, gpus=1)
+    assert curves.energy_spans_decades
+    assert serving_md(curves, {ENERGY_FIGURE})[-1].endswith("the energy axis is logarithmic (the figures span "
+                                                            "10x or more).")
+    figure = energy_png(curves)            # the bar past zero is cut, not an error on a log axis
+    assert figure is not None and figure[:8] == PNG
+    close = _run(4, {"1": {"output_tok_s": 70.0, "output_tok_s_per_user": 70.0, "joules_per_token": 3.9},
+                     "32": {"output_tok_s": 1300.0, "output_tok_s_per_user": 40.0, "joules_per_token": 0.43}},
+                 values=(1300.0, 100.0))
+    assert not select_curves([close], LABELS, DIRECTIONS, gpus=1).energy_spans_decades

@@ -308,26 +308,36 @@ def serving_curve_png(curves: ServingCurves) -> bytes | None:
 
 
 def energy_png(curves: ServingCurves) -> bytes | None:
-    """Joules per output token (y) against concurrency (x, log 2 when the levels span 4x or
-    more), one line per configuration with its levels' 95 % intervals; None when no level of
-    the drawn configurations measured energy."""
+    """Joules per output token (y, logarithmic when the figures span 10x or more) against
+    concurrency (x, log 2 when the levels span 4x or more), one line per configuration with
+    its levels' 95 % intervals; None when no level of the drawn configurations measured
+    energy."""
 
     measured = curves.with_energy
     if not measured:
         return None
+    log_y = curves.energy_spans_decades
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
     for i, curve in enumerate(measured):
         pts = curve.energy
+        bars = _bars([p.ci for p in pts])
+        yerr: list[float] | list[list[float]] | None = bars
+        if bars is not None and log_y:
+            # A lower bar at or past zero has no place on a log axis: it stops at a tenth of the value.
+            yerr = [[min(b, 0.9 * p.joules_per_token) for b, p in zip(bars, pts, strict=True)], bars]
         ax.errorbar([p.concurrency for p in pts], [p.joules_per_token for p in pts],
-                    yerr=_bars([p.ci for p in pts]), capsize=3, lw=1.5, ms=6, label=curve.name, zorder=3,
-                    **_curve_style(curve, i))
+                    yerr=yerr, capsize=3, lw=1.5, ms=6, label=curve.name, zorder=3, **_curve_style(curve, i))
     levels = sorted({p.concurrency for c in measured for p in c.energy})
     if levels[0] > 0 and levels[-1] >= 4 * levels[0]:
         ax.set_xscale("log", base=2)
     ax.set_xticks(levels, [str(c) for c in levels])
     ax.set_xlabel("concurrency (requests in flight)")
-    ax.set_ylabel("joules per output token (lower is better)")
-    ax.set_ylim(bottom=0)
+    if log_y:
+        ax.set_yscale("log")
+        ax.set_ylabel("joules per output token (log; lower is better)")
+    else:
+        ax.set_ylabel("joules per output token (lower is better)")
+        ax.set_ylim(bottom=0)
     ax.set_title("Energy per token against concurrency")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8, loc="best")

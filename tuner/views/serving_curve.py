@@ -99,6 +99,15 @@ class ServingCurves:
     def left_out(self) -> int:
         return self.stopped_early + self.without_metrics + self.infeasible_levels
 
+    @property
+    def energy_spans_decades(self) -> bool:
+        """Whether the energy figures span 10x or more (c=1 against a full batch does on a
+        GPU: the idle draw over a handful of tokens), so the energy axis is logarithmic
+        and the full batch's points are not flattened onto zero."""
+
+        values = [p.joules_per_token for c in self.with_energy for p in c.energy]
+        return bool(values) and min(values) > 0 and max(values) >= 10 * min(values)
+
 
 def _number(value: object) -> float | None:
     """A finite metric value; None for a missing, non-numeric or non-finite one."""
@@ -210,7 +219,8 @@ def _energy_caption(curves: ServingCurves) -> str:
     names = ", ".join(c.name for c in curves.with_energy)
     return (f"Energy per output token ({ENERGY}, joules: the trial's GPUs together over the level's steady window) "
             f"against concurrency, for the levels that measured it ({names}); error bars the 95 % intervals "
-            "where the level has one.")
+            "where the level has one" + ("; the energy axis is logarithmic (the figures span 10x or more)."
+                                         if curves.energy_spans_decades else "."))
 
 
 def serving_html(curves: ServingCurves, figures: Mapping[str, str]) -> str:
