@@ -103,7 +103,8 @@ def test_the_profile_fits_the_study_unless_the_study_names_one() -> None:
     assert set(PROFILES) <= set(builtin_profiles())
     files = sorted((ROOT / "search_spaces").glob("*.yaml"))
     shipped = {f.stem: pick_profile(parse_study(f.read_text()))[0] for f in files}
-    assert shipped == {"d8b-h100": "llama8b-h100", "smollm2-h200": "llama8b-h100", "smollm2-cpu": "tiny-cpu",
+    assert shipped == {"d8b-h100": "llama8b-h100", "d8b-h100-energy": "llama8b-h100", "smollm2-h200": "llama8b-h100",
+                       "smollm2-cpu": "tiny-cpu",
                        "smollm2-cpu-slo": "tiny-cpu", "smollm2-cpu-chat": "tiny-cpu",
                        "smollm2-cpu-synthetic": "tiny-cpu", "smollm2-cpu-tp": "tiny-cpu",
                        "smollm2-cpu-lossy": "tiny-cpu", "smollm2-h100-lossy": "llama8b-h100",
@@ -224,4 +225,34 @@ def test_the_one_gpu_study_dry_run_end_to_end(tmp_path: Path) -> None:
     assert status["finished_trials"] == 9 and status["front"]
     outcomes = [json.loads(f.read_text()) for f in (results / "d8b-h100-dry-run" / "trials").glob("*/outcome.json")]
     assert len(outcomes) == 9 and not [o["reason"] for o in outcomes if o["status"] != "completed"]
+    assert not wait_no_orphans(marker)
+
+
+@pytest.mark.slow
+def test_the_gpu_energy_study_dry_run_measures_every_mode_and_draws_both_figures(tmp_path: Path) -> None:
+    # The GPU step of issue 40, rehearsed: the grid's three modes all measured (the baseline's
+    # three noise starts first), the profile's 70 W idle draw recovered, both figures drawn.
+    path, marker = write_study(tmp_path, base="d8b-h100-energy.yaml", name="d8b-h100-energy")
+    results = tmp_path / "results"
+    run = run_tuner("run", "--dry-run", str(path), "--results", str(results), timeout=600)
+    print(run.stdout[-3000:])
+    assert run.returncode == 0, run.stderr[-3000:]
+    folder = results / "d8b-h100-energy-dry-run"
+    outcomes = [json.loads(f.read_text()) for f in sorted(folder.glob("trials/*/outcome.json"))]
+    assert [o["status"] for o in outcomes] == ["completed"] * 5
+    modes = {(json.loads(f.read_text())["argv"].count("--enforce-eager"),
+              next((a for a in json.loads(f.read_text())["argv"] if "cudagraph_mode" in a), None))
+             for f in folder.glob("trials/*/command.json")}
+    assert len(modes) == 3, modes
+    for o in outcomes:
+        for c in ("1", "32"):
+            level = o["levels"][c]
+            assert level["joules_per_token"] > 0 and level["joules_per_token.ci95"] > 0
+            assert level["usd_per_mtok"] > 0 and level["output_tok_s_per_gpu"] == level["output_tok_s"]
+    assert outcomes[0]["energy"]["idle_w"] == pytest.approx(70.0, rel=0.15)
+    assert all(o["energy"]["idle_w"] == outcomes[0]["energy"]["idle_w"] for o in outcomes)   # once a worker
+    report = run_tuner("report", "d8b-h100-energy-dry-run", "--results", str(results), timeout=300)
+    assert report.returncode == 0, report.stderr[-2000:]
+    assert (folder / "report" / "serving_curve.png").stat().st_size > 10_000
+    assert (folder / "report" / "energy_per_token.png").stat().st_size > 10_000
     assert not wait_no_orphans(marker)
