@@ -49,7 +49,7 @@ PURE = [
     "tuner.study.outcome", "tuner.study.outcome_summary", "tuner.study.parameters", "tuner.study.pareto",
     "tuner.study.planner", "tuner.study.policy", "tuner.study.preflight", "tuner.study.quality",
     "tuner.study.quality_plan",
-    "tuner.study.safe_yaml", "tuner.study.sampling",
+    "tuner.study.safe_yaml", "tuner.study.sampling", "tuner.study.simulated",
     "tuner.study.scoring", "tuner.study.server_spec", "tuner.study.spec_base", "tuner.study.surrogate",
     "tuner.study.sweep_guard",
     "tuner.study.space", "tuner.study.spec", "tuner.study.study_file", "tuner.study.study_name",

@@ -33,6 +33,7 @@ from tuner.study.study_name import check_study_name
 from tuner.study.trial_folders import DAMAGED_SUFFIX, TRIAL_FILES, TrialFolders, looks_numbered, sort_out
 
 __all__ = [
+    "DRY_RUN_JSON",
     "StudyPaths",
     "atomic_write_text",
     "atomic_write_json",
@@ -48,6 +49,7 @@ __all__ = [
 # their owner only (0700 folders, 0600 files), whatever the umask.
 DIR_MODE = 0o700
 FILE_MODE = 0o600
+DRY_RUN_JSON = "dry-run.json"
 _T = TypeVar("_T")
 
 
@@ -230,6 +232,17 @@ class StudyPaths:
         ``probe_mode``: "reference-only (dummy weights: known answers not judged)"), or None."""
 
         said = (read_json(self.reference_probe_json, dict) or {}).get("probe_mode")
+        return said if isinstance(said, str) else None
+
+    @property
+    def dry_run_json(self) -> Path:
+        """Written by `tuner run --dry-run`: the folder is a rehearsal on the simulator."""
+        return self.root / DRY_RUN_JSON
+
+    def dry_run_of(self) -> str | None:
+        """The study file this folder's dry run stood in for, or None: not a dry run."""
+
+        said = (read_json(self.dry_run_json, dict) or {}).get("study_file")
         return said if isinstance(said, str) else None
 
     def last_host_check(self) -> dict[str, Any] | None:

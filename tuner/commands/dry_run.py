@@ -14,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from tuner.adapters.artifacts import DRY_RUN_JSON
 from tuner.errors import SpecError, StudyError
 
 if TYPE_CHECKING:
@@ -23,7 +24,7 @@ __all__ = ["cmd_dry_run", "MARKER"]
 
 # Written into the dry run's folder: what it is and how it differs from the study file. A
 # folder without it is never removed by the next dry run.
-MARKER = "dry-run.json"
+MARKER = DRY_RUN_JSON
 
 
 def cmd_dry_run(args: argparse.Namespace) -> int:

@@ -232,7 +232,8 @@ def cmd_export(args: argparse.Namespace) -> int:
         notes = noise_notes(records, labels, directions, record)
         text = render_export(handle.spec, handle.name, record, args.format, notes,
                              handle.paths.probe_agreement(record.number, record.summary),
-                             environment_for(record.number, *handle.paths.environment()))
+                             environment_for(record.number, *handle.paths.environment()),
+                             handle.paths.dry_run_of())
         if args.check:
             return _check_export(handle, record, args)
     except (ExportError, ValueError) as exc:

@@ -28,7 +28,7 @@ from tuner.energy.per_token import IdleDraw, idle_draw
 from tuner.energy.sampler import EnergySampler
 from tuner.energy.source import EnergySource, NoEnergySource
 from tuner.load.level_energy import ENERGY_KEYS
-from tuner.study.preflight import is_simulator
+from tuner.study.simulated import is_simulator
 from tuner.study.spec import StudySpec
 
 __all__ = ["TrialEnergy", "energy_refusal", "simulator_energy_env"]

@@ -13,18 +13,15 @@ system, nvidia-smi, a socket bind); here they are only judged.
 
 from __future__ import annotations
 
-import posixpath
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from tuner.study.simulated import SIMULATOR_MODULE, is_simulator
 from tuner.study.spec import StudySpec
 from tuner.vllm.knobs import PYTHON_PLACEHOLDER
 
 __all__ = ["CommandFacts", "HostFacts", "is_simulator", "model_path_to_check", "group_count",
            "ports_to_check", "usable_gpus", "problems", "summary", "failure_text", "SIMULATOR_MODULE"]
-
-SIMULATOR_MODULE = "tuner.sim"
-
 
 @dataclass(frozen=True)
 class CommandFacts:
@@ -49,15 +46,6 @@ class HostFacts:
     visible_devices: str | None = None   # CUDA_VISIBLE_DEVICES when set
     ports: dict[int, str | None] = field(default_factory=dict)  # port -> why unusable (None: free)
     host_error: str | None = None        # server.host cannot be bound here at all
-
-
-def is_simulator(command: Sequence[str]) -> bool:
-    """The server is the built-in simulator (``{python} -m tuner.sim`` or ``tuner-sim``): it
-    serves any model name and needs no GPU."""
-
-    if posixpath.basename(command[0]) == "tuner-sim":
-        return True
-    return any(a == "-m" and b == SIMULATOR_MODULE for a, b in zip(command, command[1:]))
 
 
 def model_path_to_check(spec: StudySpec) -> str | None:

@@ -21,6 +21,7 @@ from tuner.study.confirmation import blocks_export
 from tuner.study.environment import summary as environment_summary
 from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.pareto import Filter, pick_point
+from tuner.study.simulated import simulated_label
 from tuner.study.space import trial_command
 from tuner.study.spec import StudySpec
 from tuner.study.trials import TrialRecord, noisy_points, record_points
@@ -141,7 +142,7 @@ def _value_lines(record: TrialRecord) -> list[str]:
 
 def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
                      notes: list[str] | None = None, agreement: str | None = None,
-                     environment: Mapping[str, Any] | None = None) -> Exported:
+                     environment: Mapping[str, Any] | None = None, dry_run_of: str | None = None) -> Exported:
     """The trial's command for export: rendered from the public server section, secret
     references marked, the metadata every format shows (``notes``: ties noise leaves
     around it, :func:`noise_notes`; ``agreement``: how far its answers moved from the
@@ -149,7 +150,9 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
     person deploying it should see how much; ``environment``: what it was measured with,
     tuner.study.environment - the same flags on another vLLM are another measurement). A trial
     with lossy values also names them and the accuracy drop its quality gate measured
-    (tuner.views.quality_view.quality_header; ``quality`` in the metadata)."""
+    (tuner.views.quality_view.quality_header; ``quality`` in the metadata). A study the
+    simulator served says so first (tuner.study.simulated; ``dry_run_of``: the study file
+    its dry run stood in for)."""
 
     public = spec.model_copy(update={"server": public_server(spec.server)})
     # 'python' rather than this machine's interpreter path: the export is for another box.
@@ -176,6 +179,9 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
             config[key.replace("_", "-")] = value
     title = f"tuner study {study_name}, trial {record.number}"
     header = [f"tuner export: study {study_name}, trial {record.number} ({record.outcome})"]
+    simulated = simulated_label(spec.server.command, spec.server.env, dry_run_of)
+    if simulated:
+        header.append(f"  {simulated}")
     header += _value_lines(record) + _slo_lines(spec, record) + [f"  {n}" for n in notes or []]
     quality = record.summary.quality
     if quality is not None:
@@ -196,6 +202,7 @@ def exported_command(spec: StudySpec, study_name: str, record: TrialRecord,
         "ties": list(notes or []),
         "probe_agreement": agreement,
         "environment": None if environment is None else dict(environment),
+        "simulated": simulated,
         "params": record.params,
         "slo": None if spec.slo is None else spec.slo.model_dump(mode="json"),
         "max_rate": record.summary.max_rate,
@@ -213,17 +220,17 @@ _WRITERS = {"shell": shell_text, "env": env_text, "json": json_text, "systemd": 
 
 def render_export(spec: StudySpec, study_name: str, record: TrialRecord, fmt: str,
                   notes: list[str] | None = None, agreement: str | None = None,
-                  environment: Mapping[str, Any] | None = None) -> str:
+                  environment: Mapping[str, Any] | None = None, dry_run_of: str | None = None) -> str:
     """The trial in format ``fmt``; ExportError when the format cannot carry it.
     ``notes`` (ties noise leaves around it, :func:`noise_notes`), ``agreement`` (its
     answers against the reference's) and ``environment`` (what it was measured with) go
-    into the metadata."""
+    into the metadata; ``dry_run_of``: see :func:`exported_command`."""
 
     writer = _WRITERS.get(fmt)
     if writer is None:
         raise ExportError(f"unknown format {fmt!r}; formats: {', '.join(FORMATS)}")
     try:
-        return writer(exported_command(spec, study_name, record, notes, agreement, environment))
+        return writer(exported_command(spec, study_name, record, notes, agreement, environment, dry_run_of))
     except ExportFormatError as exc:
         raise ExportError(f"{fmt}: {exc}") from None
 

@@ -28,6 +28,7 @@ from tuner.study.durations import format_duration
 from tuner.study.environment import environment_for, environment_lines
 from tuner.study.noise import noisy_front, plus_minus, tie_text, unstable_text
 from tuner.study.objectives import MAX_RATE
+from tuner.study.simulated import simulated_label
 from tuner.study.study_noise import with_study_noise
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points
 from tuner.views.export import ExportError, choose_record, noise_notes, render_export
@@ -334,7 +335,8 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         export_text = render_export(handle.spec, handle.name, chosen, "shell",
                                     noise_notes(records, labels, directions, chosen),
                                     handle.paths.probe_agreement(chosen.number, chosen.summary),
-                                    environment_for(chosen.number, *handle.paths.environment()))
+                                    environment_for(chosen.number, *handle.paths.environment()),
+                                    handle.paths.dry_run_of())
     except ExportError as exc:
         chosen, export_text = None, f"# nothing to export: {exc}\n"
     counts: dict[str, int] = {}
@@ -443,6 +445,12 @@ class _Shown:
     workload: dict[str, Any] | None  # workload.json (tuner.load.workload_profile), if the study has one
     curves: ServingCurves  # the serving curve's configurations and points (tuner.views.serving_curve)
 
+    @property
+    def simulated(self) -> str | None:
+        """The line that opens the page when the simulator served the study (tuner.study.simulated)."""
+        server = self.handle.spec.server
+        return simulated_label(server.command, server.env, self.handle.paths.dry_run_of())
+
     def ratio(self, r: TrialRecord, label: str) -> str:
         base = self.baseline.measured_values() if self.baseline is not None else {}
         value = r.measured_values().get(label)
@@ -495,6 +503,7 @@ def _report_html(shown: _Shown, records: list[TrialRecord], figures: dict[str, b
 <html lang="en"><head><meta charset="utf-8"><title>tuner report: {html.escape(handle.name)}</title>
 <style>{_CSS}</style></head><body>
 <h1>Study {html.escape(handle.name)}</h1>
+{f'<p class="unstable" id="simulated">{html.escape(shown.simulated)}.</p>' if shown.simulated else ""}
 <p>{len(runs)} trials run ({counts_text}),
 time used {format_duration(elapsed)}. Objectives: {objectives_text}.
 Generated {time.strftime("%Y-%m-%d %H:%M:%S")}.</p>
@@ -534,7 +543,7 @@ def _report_md(shown: _Shown, slo_md: list[str], shown_figures: set[str]) -> str
     """The Markdown summary (report.md); ``shown_figures``: the figure files written beside it."""
     labels, front, runs, counts = shown.labels, shown.front, shown.runs, shown.counts
     confirmations, ratio = shown.confirmations, shown.ratio
-    md = [f"# Study {shown.handle.name}", "",
+    md = [f"# Study {shown.handle.name}", "", *([f"**{shown.simulated}.**", ""] if shown.simulated else []),
           f"{len(runs)} trials run — " + ", ".join(f"{k}: {v}" for k, v in sorted(counts.items()))
           + f"; time used {format_duration(shown.elapsed)}.", "", "## Pareto front", "",
           "| trial | " + " | ".join(labels) + " | parameters |",

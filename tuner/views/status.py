@@ -21,6 +21,7 @@ from tuner.study.environment import environment_lines
 from tuner.study.integrity import damaged_rows, integrity_lines, spec_changes
 from tuner.study.noise import noisy_front, plus_minus, unstable_text
 from tuner.study.outcome_summary import OutcomeSummary
+from tuner.study.simulated import saved_spec_label, simulated_label
 from tuner.study.study_noise import with_study_noise
 from tuner.study.trials import KIND_RUN, TrialRecord, front_records, noisy_points, stop_record_text
 from tuner.views.saved_spec import searched_targets, study_noise_at
@@ -174,8 +175,10 @@ def build_status(handle: StudyHandle, study: optuna.Study) -> dict[str, Any]:
                          study.user_attrs, read_records_direct(study))
     meta = read_json(handle.paths.study_json, dict) or {}
     n_trials, timeout = _target(meta, handle.spec.budget.n_trials, handle.spec.budget.timeout)
+    server = handle.spec.server
     return _status(handle.paths, stored, n_trials, timeout, name=handle.name,
-                   spec_changes=list(getattr(handle, "spec_changes", [])))
+                   spec_changes=list(getattr(handle, "spec_changes", [])),
+                   simulated=simulated_label(server.command, server.env, handle.paths.dry_run_of()))
 
 
 def _target(meta: Any, n_trials: int, timeout: float | None) -> tuple[int, float | None]:
@@ -212,7 +215,8 @@ def status_from_folder(results_root: Path, name: str) -> dict[str, Any] | None:
     if stored is None:
         return None
     return _status(paths, stored, *_target(meta, *budget), name=name,
-                   spec_changes=spec_changes(meta.get("saved_spec"), data) or [])
+                   spec_changes=spec_changes(meta.get("saved_spec"), data) or [],
+                   simulated=saved_spec_label(data, paths.dry_run_of()))
 
 
 def _spec_data(spec_yaml: Path) -> Any:
@@ -248,7 +252,7 @@ def _saved_budget(data: Any) -> tuple[int, float | None] | None:
 
 
 def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: float | None, *,
-            name: str, spec_changes: list[str]) -> dict[str, Any]:
+            name: str, spec_changes: list[str], simulated: str | None) -> dict[str, Any]:
     labels = list(study.metric_names or [])
     between = study_noise_at(paths, study.records, labels)
     records = with_study_noise(study.records, between)
@@ -268,6 +272,8 @@ def _status(paths: StudyPaths, study: StoredStudy, target_trials: int, timeout: 
     trials = [_trial_row(r, paths, searched=searched) for r in runs]
     return {
         "study": name,
+        # A study the simulator served (a dry run, the quick start): no figure is measured.
+        "simulated": simulated,
         "running_now": study_is_running(paths),
         "target_trials": target_trials,
         "finished_trials": len(finished),
@@ -413,6 +419,7 @@ def format_status(status: dict[str, Any], *, verbose: bool = True) -> str:
     lines = [
         f"study {status['study']}: {status['finished_trials']}/{status['target_trials']} trials finished"
         + (" (running now)" if status["running_now"] else ""),
+        *([f"  {status['simulated']}"] if status.get("simulated") else []),
         "  outcomes: " + (", ".join(f"{k} {v}" for k, v in sorted(status["outcomes"].items())) or "none yet"),
         f"  time used {format_duration(status['elapsed_s'])}"
         + (f", left {format_duration(status['time_left_s'])}" if status["time_left_s"] is not None else ""),
