@@ -87,3 +87,55 @@ def test_without_a_source_or_a_covered_window_nothing_is_added(served: Served) -
     meter, records = asyncio.run(measure(ConstantPower()))
     # A series on the wrong time base does not cover the window: no figure rather than a wrong one.
     assert meter.attach(compute_level_metrics(records, concurrency=2), origin=-1e6).energy is None
+
+
+class WedgedPower(ConstantPower):
+    """A counter that stops answering after ``answers`` readings (a GPU whose driver is
+    wedged) until ``release`` is set."""
+
+    name = "wedged"
+
+    def __init__(self, answers: int) -> None:
+        super().__init__()
+        self.answers = answers
+        self.release = threading.Event()
+
+    def read(self) -> float:
+        if self.answers <= 0:
+            self.release.wait(60)
+        self.answers -= 1
+        return super().read()
+
+
+@pytest.mark.parametrize("answers", [0, 3])
+def test_a_counter_that_stops_answering_costs_the_level_its_energy_not_its_measurement(
+        served: Served, answers: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tuner.energy import sampler as sampler_module
+
+    monkeypatch.setattr(sampler_module, "START_WAIT_S", 0.3)
+    monkeypatch.setattr(sampler_module, "STOP_WAIT_S", 0.5)
+    source, notes = WedgedPower(answers), []
+
+    async def measure():
+        with LevelMeter(source, notes, "c=2") as meter:
+            records = await run_level(served.base_url, "fake", plan(16), concurrency=2, api="completions",
+                                      deadline_s=None, request_timeout_s=10.0, on_start=meter.started)
+        return meter, records
+
+    began = time.monotonic()
+    try:
+        meter, records = asyncio.run(measure())
+        took = time.monotonic() - began
+    finally:
+        source.release.set()        # the wedged read returns, and the sampler's thread ends
+    # Held up for the two waits at most, never for the 60 s the read hangs.
+    assert took < 8, took
+    metrics = compute_level_metrics(records, concurrency=2)
+    assert metrics.completed == 16 and metrics.output_tok_s > 0
+    assert meter.attach(metrics).energy is None       # the window is past the last reading
+    sampler = meter._sampler
+    assert sampler is not None and sampler.hung
+    assert sampler.last_error == ("wedged: the first reading did not return in 0.3 s" if answers == 0
+                                  else "wedged: a reading did not return in 0.5 s")
+    assert len(meter._series) == answers
+    assert notes == [f"c=2: energy not measured: {sampler.last_error}"]     # the sweep's warnings say why

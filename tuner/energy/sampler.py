@@ -9,6 +9,12 @@ after it (:meth:`EnergySampler.stop` takes a last sample), so the steady window 
 it. 50 ms: twenty readings a second cost nothing measurable, and the interpolation at the
 window's ends (:mod:`tuner.energy.series`) is then far finer than the counters' own
 refresh (NVML ~100 ms).
+
+Every reading is the thread's, never the caller's: a source that stops answering (a GPU
+whose driver is wedged, an NFS-mounted sysfs) holds the level up for at most
+``START_WAIT_S`` at its start and ``STOP_WAIT_S`` at its end, then the level goes on
+without the readings it did not give: its window is not covered, so it carries no energy
+figure (tuner.load.level_energy) rather than a hang until the trial's deadline.
 """
 
 from __future__ import annotations
@@ -20,9 +26,14 @@ from types import TracebackType
 
 from tuner.energy.source import EnergySource
 
-__all__ = ["DEFAULT_PERIOD_S", "EnergySampler"]
+__all__ = ["DEFAULT_PERIOD_S", "START_WAIT_S", "STOP_WAIT_S", "EnergySampler"]
 
 DEFAULT_PERIOD_S = 0.05
+# How long start waits for the first reading and stop for the thread's last: a reading
+# takes microseconds (sysfs) to a millisecond (NVML), so these are only ever reached by a
+# source that hangs.
+START_WAIT_S = 1.0
+STOP_WAIT_S = 2.0
 
 
 class EnergySampler:
@@ -30,8 +41,9 @@ class EnergySampler:
 
     Usable as a context manager (``with EnergySampler(src) as s: ...; s.series``). A
     reading that fails (OSError, or the source's own error) is skipped and counted in
-    ``failed_reads``: the interpolation spans the gap. The source is not closed here; its
-    owner closes it.
+    ``failed_reads``: the interpolation spans the gap. A reading that does not return is
+    waited for only so long (module doc); ``hung`` then says so and the series ends before
+    it. The source is not closed here; its owner closes it.
     """
 
     def __init__(self, source: EnergySource, period_s: float = DEFAULT_PERIOD_S,
@@ -45,8 +57,10 @@ class EnergySampler:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._first = threading.Event()
         self.failed_reads = 0
         self.last_error: str | None = None
+        self.hung = False
 
     def _sample(self) -> None:
         before = self.clock()
@@ -62,26 +76,40 @@ class EnergySampler:
             self._samples.append((t, joules))
 
     def _run(self) -> None:
+        self._sample()
+        self._first.set()
         while not self._stop.wait(self.period_s):
             self._sample()
+        self._sample()      # the last reading, after the level's last reply
 
     def start(self) -> None:
-        """Take a first sample now, then one every ``period_s`` from a thread."""
+        """Start the thread, which reads at once and then every ``period_s``; returns once
+        the first reading is in (or ``START_WAIT_S`` passed), so it precedes the level."""
         if self._thread is not None:
             raise RuntimeError("the sampler is already running")
         self._stop.clear()
-        self._sample()
+        self._first.clear()
         self._thread = threading.Thread(target=self._run, name="energy-sampler", daemon=True)
         self._thread.start()
+        if not self._first.wait(START_WAIT_S):
+            self._note_hung(f"the first reading did not return in {START_WAIT_S:g} s")
 
     def stop(self) -> list[tuple[float, float]]:
-        """Stop the thread (joined before returning), take a last sample, return the series."""
+        """Stop the thread (it takes a last reading, waited for up to ``STOP_WAIT_S``) and
+        return the series."""
         if self._thread is not None:
             self._stop.set()
-            self._thread.join()
+            self._thread.join(STOP_WAIT_S)
+            if self._thread.is_alive():
+                # Left to finish on its own (a daemon): whatever it reads later is not used.
+                self._note_hung(f"a reading did not return in {STOP_WAIT_S:g} s")
             self._thread = None
-            self._sample()
         return self.series
+
+    def _note_hung(self, what: str) -> None:
+        if not self.hung:       # the first hang is the cause; stop then waits on the same read
+            self.hung = True
+            self.last_error = f"{self.source.name}: {what}"
 
     @property
     def series(self) -> list[tuple[float, float]]:

@@ -5,7 +5,9 @@ sampler (a thread, tuner.energy.sampler) takes its first reading before the firs
 and its last after the last reply, so the steady window lies inside the series. ``attach``
 then puts the series on the level's time base (its start, the origin its request records
 are measured from) and adds the window's energy to the metrics (tuner.load.level_energy).
-Without a source it does nothing, so the levels are measured the same either way.
+Without a source it does nothing, so the levels are measured the same either way. A counter
+that stopped answering during the level (tuner.energy.sampler) costs the level its energy
+figure, never its measurement, and the sweep's notes say so (``notes``, ``level``).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ __all__ = ["LevelMeter"]
 class LevelMeter:
     """Samples ``source`` while the level runs (None: no energy source, nothing sampled)."""
 
-    def __init__(self, source: EnergySource | None) -> None:
+    def __init__(self, source: EnergySource | None, notes: list[str] | None = None, level: str = "") -> None:
         self.source = source
+        self._notes, self._level = notes, level
         self._sampler = None if source is None else EnergySampler(source)
         self._series: list[tuple[float, float]] = []
         self.origin: float | None = None
@@ -39,6 +42,8 @@ class LevelMeter:
                  tb: TracebackType | None) -> None:
         if self._sampler is not None:
             self._series = self._sampler.stop()
+            if self._sampler.hung and self._notes is not None:
+                self._notes.append(f"{self._level}: energy not measured: {self._sampler.last_error}")
 
     def started(self, origin: float) -> None:
         """The level's time base (``run_level``'s ``on_start``): its records' zero on the

@@ -196,7 +196,7 @@ async def _rate_run(sw: SweepContext, acc: _RateRuns, repeat: int) -> bool:
     if acc.before is None:
         acc.before = await scrape_metrics(sw.aux, sw.base_url)
     async with LoopLagMonitor() as lag:
-        with LevelMeter(sw.energy) as meter:
+        with LevelMeter(sw.energy, sw.notes, acc.name) as meter:
             run = await run_rate_level(
                 sw.base_url, sw.model, plan, schedule,
                 api=spec.api, deadline_s=level_budget, request_timeout_s=spec.request_timeout_s,

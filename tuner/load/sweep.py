@@ -258,7 +258,7 @@ async def _sweep_level(
         if before is None:
             before = await scrape_metrics(aux, base_url)
         lag = LoopLagMonitor()
-        with LevelMeter(sw.energy) as meter:
+        with LevelMeter(sw.energy, sw.notes, f"c={c}") as meter:
             run = await run_level(
                 base_url, model, plan,
                 concurrency=c, api=spec.api, deadline_s=level_budget,
@@ -317,7 +317,7 @@ async def _sweep_steady_level(
                                  request_timeout_s=spec.request_timeout_s, headers=sw.headers,
                                  continuous_usage=True)
         async with LoopLagMonitor() as lag:
-            with LevelMeter(sw.energy) as meter:
+            with LevelMeter(sw.energy, sw.notes, f"c={c}") as meter:
                 run = await run_steady_level(lv, streams[0], streams[1], rule, checkpoint)
         runs.append(meter.attach(steady_metrics(run, c, spec.stability_subwindows, spec.stability_max_ratio,
                                                 client_lag_ms=lag.samples_ms), lv.t0))
