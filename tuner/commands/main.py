@@ -188,7 +188,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from tuner.store.records import read_records
     from tuner.store.spec_guard import check_measured_command
     from tuner.study.pareto import check_pick, parse_filter
-    from tuner.views.export import ExportError, choose_record, render_export
+    from tuner.views.export import ExportError, choose_record, noise_notes, render_export
 
     if args.output:
         _check_output_file(args.output)
@@ -227,10 +227,9 @@ def cmd_export(args: argparse.Namespace) -> int:
                        "nothing exported (use --force to export it anyway)")
                 return 1
         from tuner.study.environment import environment_for
-        from tuner.views.export import noise_notes
 
-        notes = noise_notes(records, labels, directions, record)
-        text = render_export(handle.spec, handle.name, record, args.format, notes,
+        text = render_export(handle.spec, handle.name, record, args.format,
+                             noise_notes(records, labels, directions, record),
                              handle.paths.probe_agreement(record.number, record.summary),
                              environment_for(record.number, *handle.paths.environment()),
                              handle.paths.dry_run_of())
