@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -210,15 +211,22 @@ def test_the_field_notes_study_dry_run_end_to_end(tmp_path: Path) -> None:
     assert took < 180, f"the dry run took {took:.1f}s (the demo takes about 80-105 s on two cores)"
 
 
-@pytest.mark.slow
-def test_the_one_gpu_study_dry_run_end_to_end(tmp_path: Path) -> None:
-    # The 8B-on-one-H100 study: on the field-notes box (the default before it fit the study)
-    # every trial ran out of GPU memory; on its own profile it runs to a front.
-    path, marker = write_study(tmp_path, base="d8b-h100.yaml", name="d8b-h100")
+def _dry_run_shipped(tmp_path: Path, name: str) -> tuple[Any, Path, str]:
+    """`tuner run --dry-run` of search_spaces/NAME.yaml (its own port block and marker):
+    the finished run, the results root and the marker its processes carry."""
+    path, marker = write_study(tmp_path, base=f"{name}.yaml", name=name)
     results = tmp_path / "results"
     run = run_tuner("run", "--dry-run", str(path), "--results", str(results), timeout=600)
     print(run.stdout[-3000:])
     assert run.returncode == 0, run.stderr[-3000:]
+    return run, results, marker
+
+
+@pytest.mark.slow
+def test_the_one_gpu_study_dry_run_end_to_end(tmp_path: Path) -> None:
+    # The 8B-on-one-H100 study: on the field-notes box (the default before it fit the study)
+    # every trial ran out of GPU memory; on its own profile it runs to a front.
+    run, results, marker = _dry_run_shipped(tmp_path, "d8b-h100")
     assert "DRY RUN finished (d8b-h100-dry-run, simulator profile llama8b-h100)" in run.stdout
     assert "[dry run] simulator profile llama8b-h100 (an 8B Llama on one H100): one GPU a trial" in run.stdout
     status = json.loads(run_tuner("status", "d8b-h100-dry-run", "--results", str(results), "--json").stdout)
@@ -232,11 +240,7 @@ def test_the_one_gpu_study_dry_run_end_to_end(tmp_path: Path) -> None:
 def test_the_gpu_energy_study_dry_run_measures_every_mode_and_draws_both_figures(tmp_path: Path) -> None:
     # The GPU step of issue 40, rehearsed: the grid's three modes all measured (the baseline's
     # three noise starts first), the profile's 70 W idle draw recovered, both figures drawn.
-    path, marker = write_study(tmp_path, base="d8b-h100-energy.yaml", name="d8b-h100-energy")
-    results = tmp_path / "results"
-    run = run_tuner("run", "--dry-run", str(path), "--results", str(results), timeout=600)
-    print(run.stdout[-3000:])
-    assert run.returncode == 0, run.stderr[-3000:]
+    _, results, marker = _dry_run_shipped(tmp_path, "d8b-h100-energy")
     folder = results / "d8b-h100-energy-dry-run"
     outcomes = [json.loads(f.read_text()) for f in sorted(folder.glob("trials/*/outcome.json"))]
     assert [o["status"] for o in outcomes] == ["completed"] * 5
