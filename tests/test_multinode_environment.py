@@ -89,3 +89,38 @@ def test_a_node_is_judged_against_the_pin() -> None:
     unread = {"group": 1, "host": "b", "environment": None, "environment_error": "TimeoutExpired: 60 s"}
     assert _node_refusal(unread, pinned, allow_change=True) == (
         "its environment could not be read (TimeoutExpired: 60 s)")
+
+
+def test_a_node_without_an_energy_counter_is_refused_only_by_a_study_that_needs_one() -> None:
+    from tuner.commands.run import _node_refusal
+    from tuner.energy.detect import energy_unavailable
+    from tuner.engine.trial_energy import worker_energy_refusal
+
+    pinned = {"packages": {"vllm": "0.26.0"}, "gpus": ["NVIDIA H200"] * 8, "cluster": False, "host": "a"}
+    blind = {"group": 1, "host": "b", "environment": dict(pinned, host="b", cluster=True),
+             "energy_unavailable": "no NVML (nvmlInit failed: Driver Not Loaded)"}
+    assert _node_refusal(blind, pinned, allow_change=True, names_energy=True) == (
+        "the study names an energy objective or limit, and this node cannot read an energy counter: "
+        "no NVML (nvmlInit failed: Driver Not Loaded)")
+    assert _node_refusal(blind, pinned, allow_change=False, names_energy=False) is None
+    assert _node_refusal(dict(blind, energy_unavailable=None), pinned, allow_change=False, names_energy=True) is None
+    # What a worker reports: this machine's own reason for a real server's GPUs, nothing for the
+    # simulator (it writes its counters itself).
+    assert worker_energy_refusal(["python", "-m", "tuner.sim"], "0,1") is None
+    assert worker_energy_refusal(["vllm", "serve"], "0,1") == energy_unavailable(["0", "1"])
+    assert worker_energy_refusal(["vllm", "serve"], "") == energy_unavailable([])
+
+
+def test_the_worker_tells_the_driver_whether_its_node_can_read_energy() -> None:
+    from tuner.energy.detect import energy_unavailable
+    from tuner.engine.worker import TrialWorker
+    from tuner.study.study_file import parse_study
+
+    real = parse_study((ROOT / "search_spaces" / "d8b-h100-energy.yaml").read_text()).server
+    sim = parse_study((ROOT / "search_spaces" / "demo.yaml").read_text()).server
+    worker = TrialWorker(group_index=0)
+    assert "energy_unavailable" not in worker.describe()                 # one machine: run checked it
+    told = worker.describe(real.model_dump(mode="json"))
+    gpus = [g for g in told["gpus"].split(",") if g]
+    assert told["energy_unavailable"] == energy_unavailable(gpus)
+    assert worker.describe(sim.model_dump(mode="json"))["energy_unavailable"] is None

@@ -275,7 +275,7 @@ def _study_executor(handle: Any, args: argparse.Namespace, *, check_host: bool =
     # machine the check above already covers the workers.
     node_check: dict[str, Any] = {} if not cluster else {
         "server": spec.server.model_dump(mode="json"),
-        "accept": lambda info: _node_refusal(info, pinned, allow_change=allow_change)}
+        "accept": lambda info: _node_refusal(info, pinned, allow_change=allow_change, names_energy=spec.names_energy)}
     executor = RayExecutor(gpus_per_trial=spec.server.gpus_per_trial,
                            cpus_per_trial=spec.server.cpus_per_trial, groups=groups, progress=say,
                            **node_check)
@@ -342,16 +342,22 @@ def write_workload_profile(handle: Any) -> None:
         say(f"[workload] {line.strip()}")
 
 
-def _node_refusal(info: dict[str, Any], pinned: dict[str, Any], *, allow_change: bool) -> str | None:
+def _node_refusal(info: dict[str, Any], pinned: dict[str, Any], *, allow_change: bool,
+                  names_energy: bool = False) -> str | None:
     """Why a cluster node's trial worker must not run this study's trials: its environment
-    differs from the pinned one (each change named), or could not be read. With
-    --allow-environment-change a differing node is only named."""
+    differs from the pinned one (each change named), or could not be read, or - in a study
+    with an energy objective or limit (``names_energy``) - it cannot read an energy counter,
+    so every trial there would end without its objective. With --allow-environment-change
+    a differing node is only named."""
 
     from tuner.study.environment import differences
 
     env = info.get("environment")
     if env is None:
         return f"its environment could not be read ({info.get('environment_error', 'no answer')})"
+    if names_energy and info.get("energy_unavailable"):
+        return ("the study names an energy objective or limit, and this node cannot read an energy counter: "
+                f"{info['energy_unavailable']}")
     changed = differences(pinned, env)
     if not changed:
         return None

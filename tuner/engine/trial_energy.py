@@ -31,7 +31,7 @@ from tuner.load.level_energy import ENERGY_KEYS
 from tuner.study.simulated import is_simulator
 from tuner.study.spec import StudySpec
 
-__all__ = ["TrialEnergy", "energy_refusal", "simulator_energy_env"]
+__all__ = ["TrialEnergy", "energy_refusal", "simulator_energy_env", "worker_energy_refusal"]
 
 # The idle interval: five parts of 0.6 s (its interval's spread, tuner.energy.per_token) are
 # ten of NVML's ~100 ms counter refreshes each; 3 s once per worker is nothing against a trial.
@@ -55,6 +55,16 @@ def energy_refusal(spec: StudySpec) -> str | None:
                 return (f"{where}.metric: {metric} needs an energy counter, and none can be read on this "
                         f"machine: {reason}")
     return None
+
+
+def worker_energy_refusal(command: Sequence[str], gpus: str | None) -> str | None:
+    """Why this worker could not read its trials' energy (one line), or None: it can, or its
+    servers are the simulator, which writes counters of its own. On a Ray cluster a node
+    where this is not None gets no trial of a study that names an energy objective or limit
+    (validate and run check only the driver's machine there)."""
+    if is_simulator(command):
+        return None
+    return energy_unavailable([g for g in (gpus or "").split(",") if g.strip()])
 
 
 def _powercap_dir(trial_dir: str | Path) -> Path:

@@ -31,7 +31,7 @@ from tuner.adapters.launcher import ServerProcess
 from tuner.engine.leftovers import clear_leftovers
 from tuner.engine.prestart import SpareSlot, imports_ahead, note_settled, startup_seconds
 from tuner.engine.quality_run import quality_gate, record_quality_reference
-from tuner.engine.trial_energy import TrialEnergy, simulator_energy_env
+from tuner.engine.trial_energy import TrialEnergy, simulator_energy_env, worker_energy_refusal
 from tuner.errors import ArtifactWriteError, GpusNotFree, ServerDied, TrialCancelled, TrialError, TrialTimeout
 from tuner.load.record_files import write_records_jsonl
 from tuner.load.results import level_key
@@ -110,6 +110,7 @@ class TrialWorker:
             except Exception as exc:
                 info["environment"] = None
                 info["environment_error"] = f"{type(exc).__name__}: {exc}"
+            info["energy_unavailable"] = worker_energy_refusal(server.get("command") or [], info["gpus"])
         return info
 
     def discard_spare(self) -> None:
