@@ -50,13 +50,13 @@ def confirmed(tmp_path_factory: pytest.TempPathFactory):
         "parameters": [{"name": "case", "flag": "max_num_seqs", "kind": "categorical",
                         "values": [256, 258, 260], "default": 256}],
         "budget.n_trials": 3, "budget.trial_timeout": "60s",
-        # The latency objective is the median gap between tokens at c=1, not the mean TPOT: c=1
-        # measures two requests here, and one 370 ms stall of the simulator's process (CI,
-        # 2026-12-07, the vLLM install beside it) doubled trial 0's mean TPOT (4.1 -> 10.1 ms,
-        # "not reproducible") with its throughput within 1 %. These tests are about re-runs,
-        # not a loaded host; a 4x slower clock still moves the median 4x.
-        "objectives": [{"metric": "output_tok_s", "concurrency": "max", "direction": "maximize"},
-                       {"metric": "itl_ms.p50", "concurrency": 1, "direction": "minimize"}],
+        # Ten requests a level, not FAST's two: with two at c=1 one 370 ms stall of the
+        # simulator's process (CI, 2026-12-07, the vLLM install beside it) doubled trial 0's
+        # mean TPOT (4.1 -> 10.1 ms, "not reproducible", its throughput within 1 %); over ten it
+        # is +30 %. (The median gap between tokens is no cure: the simulator's tokens arrive
+        # one or two to a read, so it flips between 2.2 and 4.4 ms.) These tests are about
+        # re-runs, not a loaded host; a 4x slower clock still moves the mean 4x.
+        "load.min_requests": 10,
         # Loose on purpose: the simulated clock runs 5x fast on two shared cores, so
         # honest re-runs differ by tens of per cent; a 4x slower machine still fails it.
         "confirm": {"candidates": 2, "repeats": 1, "tolerance": 0.5},
