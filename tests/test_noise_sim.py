@@ -90,6 +90,9 @@ def _record(number: int, result: SweepResult) -> TrialRecord:
                        attrs={"outcome": {"levels": levels}})
 
 
+# quiethost: the plain level's window must open within 3 s, which the simulator's pace sets; beside
+# the real-vLLM lane it opened after 6.6 s (CI rehearsal, 2026-12-07), the host's doing, not the rule's.
+@pytest.mark.quiethost
 def test_a_slow_ramp_extends_the_level(tmp_path: Path) -> None:
     # Steps 3x as long at the first request, back to normal after 6 s (a slow JIT/clock ramp).
     # At half speed (x0.5) a step sleeps ~25 ms: the ramp, not the simulator's own CPU time
