@@ -64,7 +64,12 @@ def worker_energy_refusal(command: Sequence[str], gpus: str | None) -> str | Non
     (validate and run check only the driver's machine there)."""
     if is_simulator(command):
         return None
-    return energy_unavailable([g for g in (gpus or "").split(",") if g.strip()])
+    return energy_unavailable(_gpu_list(gpus))
+
+
+def _gpu_list(gpus: str | None) -> list[str]:
+    """The worker's GPUs as ``CUDA_VISIBLE_DEVICES`` names them (indices or UUIDs)."""
+    return [g for g in (gpus or "").split(",") if g.strip()]
 
 
 def _powercap_dir(trial_dir: str | Path) -> Path:
@@ -99,7 +104,7 @@ class TrialEnergy:
             found = detect_energy_source([], powercap_root=_powercap_dir(trial_dir),
                                          powercap_update_s=SIM_WRITE_PERIOD_S)
         else:
-            found = detect_energy_source([g for g in (gpus or "").split(",") if g.strip()])
+            found = detect_energy_source(_gpu_list(gpus))
         self.source: EnergySource | None = None if isinstance(found, NoEnergySource) else found
         # What status says it read: the simulator's counters are its model, not this machine's.
         self.label = None if self.source is None else (

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tuner.study.parameters import CategoricalParam, IntParam
-from tuner.study.simulated import PROFILE_ENV
+from tuner.study.simulated import PROFILE_ENV, SIMULATOR_MODULE
 from tuner.study.spec import StudySpec
 from tuner.vllm.knobs import PYTHON_PLACEHOLDER
 
@@ -29,7 +29,7 @@ __all__ = ["DryRun", "dry_run_spec", "dry_run_name", "pick_profile", "PROFILES",
            "TRIALS", "TIME_SCALE", "STARTUP_SCALE"]
 
 SUFFIX = "-dry-run"
-SIMULATOR_COMMAND = [PYTHON_PLACEHOLDER, "-m", "tuner.sim"]
+SIMULATOR_COMMAND = [PYTHON_PLACEHOLDER, "-m", SIMULATOR_MODULE]
 TIME_SCALE_ENV, STARTUP_SCALE_ENV = "TUNER_SIM_TIME_SCALE", "TUNER_SIM_STARTUP_SCALE"
 # The demo's clocks: tokens 10x faster than modelled, GLM-5's minutes of startup in about
 # two seconds. The reference alone took 284 s on the unscaled clock; 7 s on these.

@@ -16,12 +16,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tuner.study.simulated import SIMULATOR_MODULE, is_simulator
+from tuner.study.simulated import is_simulator
 from tuner.study.spec import StudySpec
 from tuner.vllm.knobs import PYTHON_PLACEHOLDER
 
-__all__ = ["CommandFacts", "HostFacts", "is_simulator", "model_path_to_check", "group_count",
-           "ports_to_check", "usable_gpus", "problems", "summary", "failure_text", "SIMULATOR_MODULE"]
+__all__ = ["CommandFacts", "HostFacts", "model_path_to_check", "group_count",
+           "ports_to_check", "usable_gpus", "problems", "summary", "failure_text"]
+
 
 @dataclass(frozen=True)
 class CommandFacts:

@@ -347,7 +347,8 @@ def write_report(handle: StudyHandle, out_dir: Path, *, pick: str = "knee") -> d
         baseline=baseline, confirmations=confirmations, counts=counts,
         elapsed=float(study.user_attrs.get("elapsed_s", 0.0)), workload=workload,
         ties=noise_ties(records, labels, directions), pick=pick, export_text=export_text,
-        noise_lines=between.lines(), curves=curves)
+        noise_lines=between.lines(), curves=curves,
+        simulated=simulated_label(handle.spec.server.command, handle.spec.server.env, handle.paths.dry_run_of()))
     slo_html, slo_md = ("", [])
     if handle.spec.slo is not None:
         slo_html, slo_md = slo_section(handle.spec.slo.text(), front)
@@ -444,12 +445,7 @@ class _Shown:
     noise_lines: list[str]  # the study's noise between fresh starts (tuner.study.between_starts)
     workload: dict[str, Any] | None  # workload.json (tuner.load.workload_profile), if the study has one
     curves: ServingCurves  # the serving curve's configurations and points (tuner.views.serving_curve)
-
-    @property
-    def simulated(self) -> str | None:
-        """The line that opens the page when the simulator served the study (tuner.study.simulated)."""
-        server = self.handle.spec.server
-        return simulated_label(server.command, server.env, self.handle.paths.dry_run_of())
+    simulated: str | None  # the opening line when the simulator served the study (tuner.study.simulated)
 
     def ratio(self, r: TrialRecord, label: str) -> str:
         base = self.baseline.measured_values() if self.baseline is not None else {}
