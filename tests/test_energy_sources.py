@@ -64,6 +64,14 @@ def test_rapl_sums_packages_only_and_undoes_the_wrap(tmp_path: Path) -> None:
     assert "intel-rapl:0, intel-rapl:1" in src.name
 
 
+def test_a_many_package_host_is_named_in_one_short_phrase(tmp_path: Path) -> None:
+    for i in range(8):
+        zone(tmp_path, f"intel-rapl:{i}", f"package-{i}", 0)
+    name = open_rapl(tmp_path).name
+    assert f"intel-rapl:0 ... intel-rapl:7, 8 packages under {tmp_path}" in name
+    assert "intel-rapl:3" not in name
+
+
 def test_rapl_reasons(tmp_path: Path) -> None:
     missing = open_rapl(tmp_path / "nowhere")
     assert isinstance(missing, NoEnergySource) and "does not exist" in missing.reason

@@ -68,7 +68,10 @@ class RaplSource:
 
     @property
     def name(self) -> str:
-        return f"RAPL package counters ({', '.join(z.name for z in self.zones)} under {self.zones[0].parent})"
+        # A many-socket host (or the simulator's eight GPUs) would make one status line a list.
+        names = [z.name for z in self.zones]
+        shown = ", ".join(names) if len(names) <= 2 else f"{names[0]} ... {names[-1]}, {len(names)} packages"
+        return f"RAPL package counters ({shown} under {self.zones[0].parent})"
 
     @property
     def resolution(self) -> CounterResolution:
