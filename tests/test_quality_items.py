@@ -83,5 +83,10 @@ def test_quality_line_says_verdict_drop_bound_budget_and_items() -> None:
     line = quality_line(raw)
     assert line.startswith("quality PASS: drop 1.5 pts [-0.4, 3.1] (95%), budget 5.0 pts, 400 items (2 looks)")
     assert "accuracy 0.605 vs reference 0.620" in line and "lossy: kv_cache_dtype=fp8" in line
+    assert "disagreed" not in line          # a record from before the paired table was kept
+    paired = quality_line({**raw, "pairs": {"both_right": 230, "ref_only": 18, "trial_only": 12,
+                                            "both_wrong": 140}})
+    assert ("accuracy 0.605 vs reference 0.620 (disagreed on 30: 18 only the reference right, "
+            "12 only the trial)") in paired
     capped = quality_line({**raw, "verdict": "fail", "decided_at_cap": True, "looks": 1})
     assert capped.startswith("quality FAIL:") and "(1 look)" in capped and "undecided at max_items" in capped

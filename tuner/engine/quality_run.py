@@ -118,4 +118,4 @@ def gate_record(counts: PairedCounts, plan: QualityPlan, *, looks: int, planned:
         drop=drop, drop_low=low, drop_high=high, confidence=quality.confidence,
         budget=quality.max_accuracy_drop, verdict="pass" if passed else "fail",
         decided_at_cap=not passed and low <= quality.max_accuracy_drop, looks=looks, probe_s=probe_s,
-        lossy=dict(plan.lossy))
+        lossy=dict(plan.lossy), pairs=counts)

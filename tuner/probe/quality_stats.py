@@ -255,12 +255,17 @@ class QualityRecord(BaseModel):
     looks: int = Field(ge=1, description="Looks taken (not planned).")
     probe_s: float = Field(ge=0.0)
     lossy: dict[str, LossyValue]
+    # The paired table the interval came from, so anyone can re-derive it (and see how often
+    # the two sides disagreed, which sets its width). None in records written before it was kept.
+    pairs: PairedCounts | None = None
 
     @model_validator(mode="after")
     def _ordered(self) -> QualityRecord:
         if not self.drop_low <= self.drop <= self.drop_high:
             raise ValueError(
                 f"drop_low <= drop <= drop_high must hold, got {self.drop_low}, {self.drop}, {self.drop_high}")
+        if self.pairs is not None and self.pairs.n != self.items:
+            raise ValueError(f"pairs: {self.pairs.n} paired items, but items is {self.items}")
         return self
 
     def summary(self) -> str:

@@ -37,11 +37,24 @@ def quality_line(raw: Mapping[str, Any]) -> str:
         parts.append("undecided at max_items: not shown inside the budget")
     ref, trial = _num(raw, "reference_accuracy"), _num(raw, "trial_accuracy")
     if ref is not None and trial is not None:
-        parts.append(f"accuracy {trial:.3f} vs reference {ref:.3f}")
+        parts.append(f"accuracy {trial:.3f} vs reference {ref:.3f}" + _disagreed(raw.get("pairs")))
     lossy = raw.get("lossy")
     if isinstance(lossy, Mapping) and lossy:
         parts.append("lossy: " + ", ".join(f"{name}={_value(v)}" for name, v in lossy.items()))
     return "; ".join(parts)
+
+
+def _disagreed(pairs: Any) -> str:
+    """`` (disagreed on 23: 12 only the reference right, 11 only the trial)``: the discordant
+    items, which alone move the drop and set its interval's width."""
+
+    if not isinstance(pairs, Mapping):
+        return ""
+    ref_only, trial_only = pairs.get("ref_only"), pairs.get("trial_only")
+    if not isinstance(ref_only, int) or not isinstance(trial_only, int):
+        return ""
+    return (f" (disagreed on {ref_only + trial_only}: {ref_only} only the reference right, "
+            f"{trial_only} only the trial)")
 
 
 def _value(entry: Any) -> str:
