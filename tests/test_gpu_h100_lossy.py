@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from tests.gpu_records import reparsed_startup
 from tuner.probe.quality_stats import PairedCounts, QualityRecord, drop_interval, look_confidence, look_sizes
 from tuner.store.handle import open_existing
 from tuner.store.records import read_records
-from tuner.vllm.log_digest import read_log
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "results" / "examples"
@@ -39,8 +40,7 @@ def test_it_ran_on_an_h100_and_every_lossy_knob_was_applied() -> None:
         checks = {c["target"]: c for c in _json(STUDY / "trials" / trial / "verification.json")["checks"]}
         assert checks[target]["got"] == value and checks[target]["status"] == "applied"
     # The fp8 KV cache holds twice the tokens in the same memory, read again from vLLM's log.
-    tokens = {t: read_log((STUDY / "trials" / t / "server.log").read_text(errors="replace"))
-              .startup(first_line_s=None, ready_s=None).kv_cache_tokens for t in ("0000", "0001", "0002")}
+    tokens = {t: reparsed_startup(STUDY / "trials" / t)["kv_cache_tokens"] for t in ("0000", "0001", "0002")}
     assert tokens["0001"] / tokens["0000"] == pytest.approx(2.0, rel=0.01)
     assert tokens["0002"] / tokens["0000"] == pytest.approx(1.0, rel=0.01)
 
@@ -69,7 +69,8 @@ def _tables(record: QualityRecord) -> list[PairedCounts]:
 
     n = record.items
     ref_right, trial_right = round(record.reference_accuracy * n), round(record.trial_accuracy * n)
-    planned = len(look_sizes(n, 800))
+    max_items = yaml.safe_load((STUDY / "spec.yaml").read_text(encoding="utf-8"))["quality"]["max_items"]
+    planned = len(look_sizes(n, max_items))
     found = []
     for ref_only in range(0, ref_right + 1):
         both_right = ref_right - ref_only

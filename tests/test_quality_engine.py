@@ -20,7 +20,7 @@ from tuner.engine.quality_run import gate_record
 from tuner.errors import StudyError
 from tuner.probe.numerics import judge
 from tuner.probe.quality_items import QualityAnswer, QualityReference, prompt_hash, quality_items
-from tuner.probe.quality_stats import LossyValue, PairedCounts, drop_interval, look_confidence
+from tuner.probe.quality_stats import LossyValue, PairedCounts, QualityRecord, drop_interval, look_confidence
 from tuner.probe.spec import ProbeSpec
 from tuner.study import scoring, trials
 from tuner.study.outcome import TrialOutcome, TrialRequest
@@ -133,15 +133,15 @@ def test_gate_record_pass_fail_and_undecided_at_the_cap() -> None:
 def test_the_record_keeps_its_paired_table_and_the_interval_rederives_from_it() -> None:
     counts = PairedCounts(both_right=50, ref_only=3, trial_only=1, both_wrong=26)
     stored = gate_record(counts, _plan(), looks=3, planned=3, probe_s=1.0).model_dump(mode="json")
-    read = type(gate_record(counts, _plan(), looks=3, planned=3, probe_s=1.0)).model_validate(stored)
+    read = QualityRecord.model_validate(stored)
     assert read.pairs == counts
     assert drop_interval(read.pairs, look_confidence(read.confidence, 3)) == (read.drop, read.drop_low,
                                                                                read.drop_high)
     # A table that does not add up to the record's items is refused, not stored.
     with pytest.raises(ValueError, match="pairs: 81 paired items, but items is 80"):
-        type(read).model_validate({**stored, "pairs": {**stored["pairs"], "both_wrong": 27}})
+        QualityRecord.model_validate({**stored, "pairs": {**stored["pairs"], "both_wrong": 27}})
     # Records written before the table was kept still read.
-    assert type(read).model_validate({k: v for k, v in stored.items() if k != "pairs"}).pairs is None
+    assert QualityRecord.model_validate({k: v for k, v in stored.items() if k != "pairs"}).pairs is None
 
 
 # -- how a verdict is told -------------------------------------------------------------------------
